@@ -1,0 +1,43 @@
+# Every target creates and fills its own virtual environment first, so each works on a fresh clone.
+PYTHON ?= python3
+VENV   := .venv
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.installed
+
+.DEFAULT_GOAL := help
+.PHONY: help venv demo test bench fuzz models coremltools-suite examples clean
+
+help: ## List the targets
+	@grep -E '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-18s %s\n", $$1, $$2}'
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e ".[test,bench]"
+	touch $(STAMP)
+
+venv: $(STAMP) ## Create .venv and install the project with its test extras
+
+demo: $(STAMP) ## Convert a PyTorch pre-norm transformer with and without the override; show what fused
+	$(PY) examples/demo.py
+
+test: $(STAMP) ## Run the test suite (bounded fuzzing included)
+	$(PY) -m pytest -q tests
+
+bench: $(STAMP) ## Benchmark against coremltools side by side; prints ratios, writes bench/out/scaling.png
+	$(PY) -m bench
+
+fuzz: $(STAMP) ## Long property-based fuzzing campaign through every generic pass
+	FUZZ_EXAMPLES=$${FUZZ_EXAMPLES:-3000} $(PY) -m pytest -q tests/test_fuzz.py -p no:cacheprovider
+
+models: $(STAMP) ## Real-model table: op counts with and without the override, passes that fired
+	$(PY) examples/real_models.py
+
+coremltools-suite: $(STAMP) ## Run coremltools' own tests of the replaced passes against our passes
+	$(PY) -m pytest -q tests/coremltools_suite
+
+examples: $(STAMP) ## Run every example script
+	@set -e; for f in examples/[0-9]*.py; do echo "== $$f"; $(PY) $$f; done
+
+clean: ## Remove the virtual environment and caches
+	rm -rf $(VENV) .pytest_cache .hypothesis bench/out

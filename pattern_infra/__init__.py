@@ -1,0 +1,64 @@
+"""Pattern-rewriting framework for Core ML's MIL.
+
+Write the sequence to find as an ``mb.program`` with uniquely named ops, write ``var_constraints`` and
+``transform_pattern`` taking a :class:`Pattern`, and call :func:`register_generic_pass`. Importing this
+package registers nothing; ``import generic_passes`` registers the project's passes.
+"""
+
+from .compiler import COMMUTATIVE_OPS, CompiledPattern, ConstRule, compile_pattern
+from .driver import DEFAULT_MAX_ITERATIONS, PassStats, SubPass, remove_dead_ops
+from .errors import (
+    FixpointError,
+    PassExecutionError,
+    PassRegistrationError,
+    PatternDefinitionError,
+    PatternInfraError,
+    UnsupportedOpError,
+    VerificationError,
+)
+from .matcher import Failure, Matcher, detect_pattern, lists_op_equality, pattern_detected
+from .pattern import Pattern
+from .registry import (
+    ENV_VAR,
+    PassContainer,
+    find_matches,
+    fuse_all_blocks,
+    fuse_one_block,
+    generic_passes,
+    override_enabled,
+    register_generic_pass,
+    run_log,
+)
+
+__all__ = [
+    "COMMUTATIVE_OPS",
+    "CompiledPattern",
+    "ConstRule",
+    "DEFAULT_MAX_ITERATIONS",
+    "ENV_VAR",
+    "Failure",
+    "FixpointError",
+    "Matcher",
+    "PassContainer",
+    "PassExecutionError",
+    "PassRegistrationError",
+    "PassStats",
+    "Pattern",
+    "PatternDefinitionError",
+    "PatternInfraError",
+    "SubPass",
+    "UnsupportedOpError",
+    "VerificationError",
+    "compile_pattern",
+    "detect_pattern",
+    "find_matches",
+    "fuse_all_blocks",
+    "fuse_one_block",
+    "generic_passes",
+    "lists_op_equality",
+    "override_enabled",
+    "pattern_detected",
+    "register_generic_pass",
+    "remove_dead_ops",
+    "run_log",
+]

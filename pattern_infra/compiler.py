@@ -1,0 +1,482 @@
+"""Turn a pattern written as an ``mb.program`` into a graph the matcher can search.
+
+A pattern program is read once, at registration, into a :class:`CompiledPattern`:
+
+1. Every non-``const`` op becomes a :class:`PatternNode` (its name, the op types it accepts, its number
+   of outputs, and one :class:`Edge` per input slot).
+2. Every function input becomes a *root* (``Edge.kind == "root"``): any program variable may stand there,
+   and it may have any number of consumers outside the match.
+3. Every ``const`` op becomes a *constant placeholder* (``Edge.kind == "const"``), one per use, with a
+   :class:`ConstRule` saying what the program must have in that slot: anything not computed inside the
+   match (``"any"``, the default, as in the design document), a compile-time constant (``"const"``), or a
+   constant of the same value within a tolerance (``"value"``).
+4. The *final ops* are the ops producing the program's outputs; their outputs may be used anywhere. Every
+   other op's outputs must be consumed only inside the match.
+
+The rules of the design document are enforced here, with an error naming the pattern, the op and the fix:
+unique op names, exactly one last op unless the program returns several outputs, at least one op, no op
+named like a reserved :class:`~pattern_infra.pattern.Pattern` attribute, no unused input, one connected
+pattern.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import numpy as np
+from coremltools.converters.mil.mil import Operation, Program, Var
+
+from .errors import PatternDefinitionError
+
+__all__ = [
+    "COMMUTATIVE_OPS",
+    "RESERVED_NAMES",
+    "ConstRule",
+    "Edge",
+    "PatternNode",
+    "CompiledPattern",
+    "compile_pattern",
+]
+
+logger = logging.getLogger(__name__)
+
+COMMUTATIVE_OPS: frozenset[str] = frozenset(
+    {
+        "add",
+        "mul",
+        "maximum",
+        "minimum",
+        "equal",
+        "not_equal",
+        "logical_and",
+        "logical_or",
+        "logical_xor",
+    }
+)
+"""MIL binary ops whose ``x`` and ``y`` may be swapped; the matcher tries both orders itself."""
+
+RESERVED_NAMES: frozenset[str] = frozenset(
+    {
+        "root_var",
+        "root_vars",
+        "final_op",
+        "final_ops",
+        "block",
+        "op_set",
+        "op_list",
+        "add_attribute",
+        "operand",
+        "consts",
+        "ops",
+        "groups",
+        "pattern_name",
+        "replace_output",
+        "replace_outputs",
+        "insert_before",
+    }
+)
+"""Names a pattern op may not take, because :class:`~pattern_infra.pattern.Pattern` uses them."""
+
+ConstMode = Literal["any", "const", "value"]
+
+
+@dataclass(frozen=True)
+class ConstRule:
+    """What a pattern constant demands of the program variable in its slot.
+
+    Whatever the mode, the variable may never be computed by an op inside the match.
+    """
+
+    mode: ConstMode = "any"
+    """``"any"``: anything; ``"const"``: a compile-time constant; ``"value"``: a constant close to the
+    pattern's value."""
+    rtol: float = 1e-5
+    """Relative tolerance of ``"value"``."""
+    atol: float = 1e-6
+    """Absolute tolerance of ``"value"``."""
+
+    def __post_init__(self) -> None:
+        if self.mode not in ("any", "const", "value"):
+            raise PatternDefinitionError(
+                f"ConstRule mode {self.mode!r} is not one of 'any', 'const', 'value'."
+            )
+
+    def accepts(self, var: Var, expected: np.ndarray | None) -> str | None:
+        """Returns None when ``var`` satisfies the rule, else the reason it does not."""
+        if self.mode == "any":
+            return None
+        val = var.val
+        if val is None:
+            return f"operand {var.name} is not a compile-time constant"
+        if self.mode == "const" or expected is None:
+            return None
+        got = np.asarray(val)
+        if got.dtype.kind not in "biuf" or expected.dtype.kind not in "biuf":
+            return None if np.array_equal(got, expected) else f"constant {var.name} differs"
+        try:
+            close = np.allclose(got, expected, rtol=self.rtol, atol=self.atol)
+        except ValueError:
+            close = False
+        if not close:
+            return (
+                f"constant {var.name} = {_short(got)} differs from the pattern's {_short(expected)}"
+            )
+        return None
+
+
+def _short(value: np.ndarray) -> str:
+    flat = np.asarray(value).ravel()
+    return repr(flat[0].item()) if flat.size == 1 else f"array{tuple(np.shape(value))}"
+
+
+@dataclass(frozen=True)
+class Edge:
+    """Where one input slot of a pattern op takes its value from."""
+
+    kind: Literal["root", "op", "const"]
+    """``root``: a pattern input; ``op``: an output of another pattern op; ``const``: a constant."""
+    index: int
+    """Root index, node index or constant index, according to ``kind``."""
+    output: int = 0
+    """Output index of the producing node, for ``kind == "op"``."""
+
+
+@dataclass
+class PatternNode:
+    """One non-const op of the pattern."""
+
+    index: int
+    """Position in :attr:`CompiledPattern.nodes` (program order of the pattern)."""
+    name: str
+    """The op's unique name in the pattern, used as ``pattern.<name>``."""
+    op_types: frozenset[str]
+    """Op types accepted at this node (one, or several alternatives)."""
+    num_outputs: int
+    """Number of outputs the program op must have."""
+    inputs: dict[str, Edge | tuple[Edge, ...]]
+    """Input slot name to its edge (a tuple for tuple inputs such as ``concat(values=...)``)."""
+    commutative: bool
+    """Whether ``x`` and ``y`` may be swapped when matching."""
+    is_final: bool = False
+    """Whether the outputs may be used outside the match."""
+    output_uses: list[int] = field(default_factory=list)
+    """For each output, how many pattern edges consume it."""
+    consumers: list[tuple[int, str, int, int]] = field(default_factory=list)
+    """Edges leaving this node: (consumer node, slot, position in a tuple slot or -1, output index)."""
+
+    @property
+    def op_type_label(self) -> str:
+        """The accepted op types, for messages."""
+        return "|".join(sorted(self.op_types))
+
+
+@dataclass
+class CompiledPattern:
+    """A pattern program read into nodes, roots and constants; immutable once built."""
+
+    name: str
+    """The pattern's name (the function name of the ``mb.program``)."""
+    program: Program
+    """The pattern program itself."""
+    nodes: list[PatternNode]
+    """Pattern ops in the pattern's program order."""
+    root_names: list[str]
+    """Names of the pattern's inputs, in order."""
+    root_consumers: list[list[tuple[int, str, int]]]
+    """For each root: (consumer node, slot, position or -1)."""
+    consts: list[tuple[str, np.ndarray | None, ConstRule]]
+    """For each constant use: (key ``"<op>.<slot>"``, value, rule)."""
+    const_names: list[str]
+    """For each constant use: the name of the pattern's const op."""
+    final_nodes: list[int]
+    """Indices of the final nodes, in the order the pattern returns them."""
+    by_name: dict[str, int]
+    """Node name to node index."""
+
+    def node(self, name: str) -> PatternNode:
+        """Returns the node named ``name``."""
+        return self.nodes[self.by_name[name]]
+
+    def describe(self) -> str:
+        """A one-line summary, for logs and messages."""
+        ops = ", ".join(f"{n.name}:{n.op_type_label}" for n in self.nodes)
+        return f"pattern {self.name!r} [{ops}]"
+
+
+def _function_of(ops_arrangement: Any, pattern_name: str):
+    if not isinstance(ops_arrangement, Program):
+        raise PatternDefinitionError(
+            f"Pattern {pattern_name!r} must be a MIL program built with @mb.program, got "
+            f"{type(ops_arrangement).__name__}. Decorate the pattern function with "
+            f"@mb.program(input_specs=[...])."
+        )
+    functions = ops_arrangement.functions
+    if "main" not in functions or len(functions) != 1:
+        raise PatternDefinitionError(
+            f"Pattern {pattern_name!r} must have exactly one function named 'main'; it has "
+            f"{sorted(functions)}."
+        )
+    return functions["main"]
+
+
+def pattern_name_of(ops_arrangement: Any) -> str:
+    """Best-effort name of a pattern program, for messages."""
+    name = getattr(ops_arrangement, "_pattern_name", None)
+    if name:
+        return str(name)
+    try:
+        ops = list(ops_arrangement.functions["main"].operations)
+    except (AttributeError, KeyError):
+        return "<pattern>"
+    real = [op.name for op in ops if op.op_type != "const"]
+    return real[-1] if real else "<empty pattern>"
+
+
+def compile_pattern(
+    ops_arrangement: Program,
+    *,
+    name: str | None = None,
+    commutative: bool | Iterable[str] = True,
+    alternatives: Mapping[str, Sequence[str]] | None = None,
+    constants: ConstMode | ConstRule = "any",
+    const_rules: Mapping[str, ConstMode | ConstRule] | None = None,
+) -> CompiledPattern:
+    """Reads a pattern program into a :class:`CompiledPattern`, enforcing the pattern rules.
+
+    Args:
+        ops_arrangement: The pattern, an ``mb.program`` whose ops all carry unique names.
+        name: Name used in messages; defaults to the name of the pattern's last op.
+        commutative: ``True`` lets every op in :data:`COMMUTATIVE_OPS` match either operand order;
+            ``False`` matches operand order exactly; an iterable names the pattern ops that may swap.
+        alternatives: Pattern op name to the op types accepted there, e.g. ``{"add_or_sub": ["add",
+            "sub"]}``. The op's own type must be among them.
+        constants: Default rule for every pattern constant (``"any"``, ``"const"``, ``"value"`` or a
+            :class:`ConstRule`).
+        const_rules: Per-constant rules, keyed by ``"<op name>.<slot>"`` (e.g. ``"pow.y"``) or by the name
+            of the pattern's const op.
+
+    Returns:
+        The compiled pattern.
+
+    Raises:
+        PatternDefinitionError: The pattern breaks a rule; the message names the rule and the fix.
+    """
+    pattern_name = name or pattern_name_of(ops_arrangement)
+    func = _function_of(ops_arrangement, pattern_name)
+    all_ops: list[Operation] = list(func.operations)
+    for op in all_ops:
+        if op.blocks:
+            raise PatternDefinitionError(
+                f"Pattern {pattern_name!r}: op {op.name!r} ({op.op_type}) has nested blocks; "
+                f"control flow cannot be part of a pattern. Match the ops around it instead."
+            )
+    real_ops = [op for op in all_ops if op.op_type != "const"]
+    if not real_ops:
+        raise PatternDefinitionError(
+            f"Pattern {pattern_name!r} has no op other than constants. A pattern needs at least one "
+            f"op to find, e.g. `return mb.relu(x=x, name='relu')`."
+        )
+    default_rule = constants if isinstance(constants, ConstRule) else ConstRule(constants)
+    rules = {k: (v if isinstance(v, ConstRule) else ConstRule(v)) for k, v in (const_rules or {}).items()}
+    alternatives = dict(alternatives or {})
+
+    by_name: dict[str, int] = {}
+    for i, op in enumerate(real_ops):
+        if op.name in by_name:
+            raise PatternDefinitionError(
+                f"Pattern {pattern_name!r}: two ops are named {op.name!r}. Give every op a unique "
+                f"`name=` argument."
+            )
+        if op.name in RESERVED_NAMES or op.name.startswith("_"):
+            raise PatternDefinitionError(
+                f"Pattern {pattern_name!r}: op name {op.name!r} is reserved by Pattern (or private). "
+                f"Rename the op, e.g. name='{op.name.strip('_')}_op'."
+            )
+        if not op.name.isidentifier():
+            raise PatternDefinitionError(
+                f"Pattern {pattern_name!r}: op name {op.name!r} is not a Python identifier, so "
+                f"`pattern.{op.name}` cannot read it. Use letters, digits and underscores."
+            )
+        by_name[op.name] = i
+    for key in alternatives:
+        if key not in by_name:
+            raise PatternDefinitionError(
+                f"Pattern {pattern_name!r}: alternatives name op {key!r}, which the pattern does not "
+                f"have. Pattern ops: {sorted(by_name)}."
+            )
+    if isinstance(commutative, bool):
+        swappable = {op.name for op in real_ops if op.op_type in COMMUTATIVE_OPS} if commutative else set()
+    else:
+        swappable = set(commutative)
+        unknown = swappable - set(by_name)
+        if unknown:
+            raise PatternDefinitionError(
+                f"Pattern {pattern_name!r}: commutative names unknown ops {sorted(unknown)}."
+            )
+
+    root_vars: list[Var] = list(func.inputs.values())
+    root_index = {id(v): i for i, v in enumerate(root_vars)}
+    op_of_output = {id(o): (by_name[op.name], j) for op in real_ops for j, o in enumerate(op.outputs)}
+    const_op_ids = {id(op) for op in all_ops if op.op_type == "const"}
+
+    consts: list[tuple[str, np.ndarray | None, ConstRule]] = []
+    const_names: list[str] = []
+    used_rule_keys: set[str] = set()
+
+    def edge_for(var: Var, op: Operation, slot: str) -> Edge:
+        if id(var) in root_index:
+            return Edge("root", root_index[id(var)])
+        if id(var) in op_of_output:
+            node, out = op_of_output[id(var)]
+            return Edge("op", node, out)
+        if var.op is not None and id(var.op) in const_op_ids:
+            key = f"{op.name}.{slot}"
+            rule = rules.get(key) or rules.get(var.op.name) or default_rule
+            if key in rules:
+                used_rule_keys.add(key)
+            if var.op.name in rules:
+                used_rule_keys.add(var.op.name)
+            value = None if var.val is None else np.asarray(var.val)
+            consts.append((key, value, rule))
+            const_names.append(var.op.name)
+            return Edge("const", len(consts) - 1)
+        raise PatternDefinitionError(
+            f"Pattern {pattern_name!r}: input {slot!r} of op {op.name!r} comes from {var.name!r}, "
+            f"which is neither a pattern input, a pattern op nor a constant."
+        )
+
+    nodes: list[PatternNode] = []
+    for i, op in enumerate(real_ops):
+        inputs: dict[str, Edge | tuple[Edge, ...]] = {}
+        for slot, value in op.inputs.items():
+            if isinstance(value, (tuple, list)):
+                inputs[slot] = tuple(edge_for(v, op, slot) for v in value)
+            else:
+                inputs[slot] = edge_for(value, op, slot)
+        types = alternatives.get(op.name)
+        op_types = frozenset(types) if types else frozenset({op.op_type})
+        if op.op_type not in op_types:
+            raise PatternDefinitionError(
+                f"Pattern {pattern_name!r}: alternatives for op {op.name!r} are {sorted(op_types)} "
+                f"but the op itself is {op.op_type!r}; include it."
+            )
+        can_swap = op.name in swappable and "x" in inputs and "y" in inputs
+        nodes.append(
+            PatternNode(
+                index=i,
+                name=op.name,
+                op_types=op_types,
+                num_outputs=len(op.outputs),
+                inputs=inputs,
+                commutative=can_swap,
+                output_uses=[0] * len(op.outputs),
+            )
+        )
+    unused_rules = set(rules) - used_rule_keys
+    if unused_rules:
+        raise PatternDefinitionError(
+            f"Pattern {pattern_name!r}: const_rules name {sorted(unused_rules)}, which are not "
+            f"constants of the pattern. Keys are '<op name>.<slot>' or a const op's name; constants: "
+            f"{sorted({k for k, _, _ in consts} | set(const_names))}."
+        )
+
+    root_consumers: list[list[tuple[int, str, int]]] = [[] for _ in root_vars]
+    for node in nodes:
+        for slot, edge in node.inputs.items():
+            for pos, e in _positions(edge):
+                if e.kind == "root":
+                    root_consumers[e.index].append((node.index, slot, pos))
+                elif e.kind == "op":
+                    nodes[e.index].output_uses[e.output] += 1
+                    nodes[e.index].consumers.append((node.index, slot, pos, e.output))
+
+    for r, users in enumerate(root_consumers):
+        if not users:
+            raise PatternDefinitionError(
+                f"Pattern {pattern_name!r}: input {list(func.inputs)[r]!r} is used by no op. Remove it "
+                f"from input_specs, or use it."
+            )
+
+    final_nodes = _final_nodes(pattern_name, func, nodes, op_of_output)
+    for idx in final_nodes:
+        nodes[idx].is_final = True
+    _check_connected(pattern_name, nodes, root_consumers)
+    compiled = CompiledPattern(
+        name=pattern_name,
+        program=ops_arrangement,
+        nodes=nodes,
+        root_names=list(func.inputs),
+        root_consumers=root_consumers,
+        consts=consts,
+        const_names=const_names,
+        final_nodes=final_nodes,
+        by_name=by_name,
+    )
+    logger.debug("compiled %s", compiled.describe())
+    return compiled
+
+
+def _positions(edge: Edge | tuple[Edge, ...]) -> list[tuple[int, Edge]]:
+    if isinstance(edge, tuple):
+        return list(enumerate(edge))
+    return [(-1, edge)]
+
+
+def _final_nodes(
+    pattern_name: str,
+    func: Any,
+    nodes: list[PatternNode],
+    op_of_output: dict[int, tuple[int, int]],
+) -> list[int]:
+    finals: list[int] = []
+    for out in func.outputs:
+        if id(out) not in op_of_output:
+            raise PatternDefinitionError(
+                f"Pattern {pattern_name!r} returns {out.name!r}, which no pattern op computes. Return "
+                f"the output of the pattern's last op."
+            )
+        node, _ = op_of_output[id(out)]
+        if node not in finals:
+            finals.append(node)
+    sinks = [n for n in nodes if not n.consumers]
+    stray = [n.name for n in sinks if n.index not in finals]
+    if stray:
+        last = [nodes[i].name for i in finals]
+        raise PatternDefinitionError(
+            f"Pattern {pattern_name!r} has more than one last op: {stray + last} have no consumer in "
+            f"the pattern but only {last} is returned. A pattern has one last op; to match several "
+            f"outputs, return every one of them from the pattern program."
+        )
+    return finals
+
+
+def _check_connected(
+    pattern_name: str, nodes: list[PatternNode], root_consumers: list[list[tuple[int, str, int]]]
+) -> None:
+    adjacency: list[set[int]] = [set() for _ in nodes]
+    for node in nodes:
+        for _, edge in node.inputs.items():
+            for _, e in _positions(edge):
+                if e.kind == "op":
+                    adjacency[node.index].add(e.index)
+                    adjacency[e.index].add(node.index)
+    for users in root_consumers:
+        ids = [u[0] for u in users]
+        for a in ids:
+            adjacency[a].update(ids)
+    seen = {0}
+    stack = [0]
+    while stack:
+        for nxt in adjacency[stack.pop()]:
+            if nxt not in seen:
+                seen.add(nxt)
+                stack.append(nxt)
+    if len(seen) != len(nodes):
+        apart = [n.name for n in nodes if n.index not in seen]
+        raise PatternDefinitionError(
+            f"Pattern {pattern_name!r} falls apart: ops {apart} share no variable with op "
+            f"{nodes[0].name!r}. Register unrelated sequences as separate patterns."
+        )

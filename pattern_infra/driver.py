@@ -1,0 +1,524 @@
+"""Apply compiled patterns to a program in time linear in its size, and lose nothing on failure.
+
+How a group of sub-passes runs on a program (``run_subpasses``):
+
+1. Every block, nested ones included, is listed once, and its ops are indexed by type once. New ops
+   created by transforms are added to the index as they are inserted (the block's op list is observed
+   for the duration of the pass), so later sub-passes see them without a rescan.
+2. For each sub-pass, in order, and each block: the anchor is the pattern op whose type is rarest in the
+   block, and only ops of that type are tried. After a match, the user's constraints and transform run;
+   matched ops left without consumers are removed in one call; the ops the rewrite created, the ops whose
+   operands changed and the producers of removed ops' operands are *touched*.
+3. Nothing is rescanned from the start. When a sweep is over, only anchor candidates within the pattern's
+   radius of a touched op are tried again, until a sweep changes nothing. A pass that is still rewriting
+   after ``max_iterations`` such rounds re-creates its own pattern: :class:`FixpointError`.
+4. The first time a transform is about to run, the program's structure is checkpointed (a shallow copy of
+   every block, op and variable: no tensor is copied). If a constraint or transform raises, the program
+   is restored from it, identical to what it was before the pass, and :class:`PassExecutionError` names
+   the pass, the pattern and the matched ops.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import Counter
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from coremltools.converters.mil.mil import Block, Operation, Program, Var
+from coremltools.converters.mil.mil.utils import CacheDoublyLinkedList
+
+from .compiler import CompiledPattern
+from .errors import FixpointError, PassExecutionError, PatternInfraError
+from .matcher import Matcher
+from .pattern import Pattern
+
+__all__ = [
+    "DEFAULT_MAX_ITERATIONS",
+    "PassStats",
+    "SubPass",
+    "iter_blocks",
+    "run_subpasses",
+    "find_in_program",
+    "remove_dead_ops",
+]
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_MAX_ITERATIONS = 32
+"""Rounds of re-visiting touched ops before a pass is declared to re-create its own pattern."""
+
+Constraints = Callable[[Pattern], Any]
+Transform = Callable[[Pattern], Any]
+
+
+@dataclass
+class PassStats:
+    """Counters of one sub-pass (or a whole pass), cumulative over runs."""
+
+    runs: int = 0
+    """How many times the sub-pass was applied to a program."""
+    attempts: int = 0
+    """Anchor ops tried."""
+    bind_attempts: int = 0
+    """Ops the matcher tried to bind (anchors included): its unit of work."""
+    matches: int = 0
+    """Complete structural matches."""
+    rejected: int = 0
+    """Matches that ``var_constraints`` turned down."""
+    declined: int = 0
+    """Matches whose transform returned False."""
+    rewrites: int = 0
+    """Matches rewritten."""
+    iterations: int = 0
+    """Sweeps done (the first one included)."""
+    seconds: float = 0.0
+    """Wall time spent."""
+
+    def add(self, other: PassStats) -> None:
+        """Adds ``other``'s counters to these."""
+        for name in self.__dataclass_fields__:
+            setattr(self, name, getattr(self, name) + getattr(other, name))
+
+
+@dataclass
+class SubPass:
+    """One pattern with its callbacks, as registered."""
+
+    compiled: CompiledPattern
+    """The pattern."""
+    var_constraints: Constraints | None
+    """Returns truthy to accept a match (None accepts all)."""
+    transform_pattern: Transform
+    """Rewrites a match; returning False declines (and must change nothing)."""
+    priority: int = 0
+    """Higher runs earlier in its group; equal priorities keep registration order."""
+    max_iterations: int = DEFAULT_MAX_ITERATIONS
+    """Cap on re-visit rounds, see :class:`FixpointError`."""
+    stats: PassStats = field(default_factory=PassStats)
+    """Cumulative counters."""
+    matcher: Matcher = field(init=False)
+    """The search for :attr:`compiled`."""
+
+    def __post_init__(self) -> None:
+        self.matcher = Matcher(self.compiled)
+
+    @property
+    def name(self) -> str:
+        """The pattern's name."""
+        return self.compiled.name
+
+
+def iter_blocks(prog: Program) -> Iterator[Block]:
+    """Every block of every function, outer blocks before the blocks nested in their ops."""
+    for func in prog.functions.values():
+        yield from _blocks_of(func)
+
+
+def _blocks_of(block: Block) -> Iterator[Block]:
+    yield block
+    for op in list(block.operations):
+        for inner in op.blocks:
+            yield from _blocks_of(inner)
+
+
+class _BlockState:
+    """Index of one block's ops by type, kept current while the pass runs."""
+
+    def __init__(self, block: Block) -> None:
+        self.block = block
+        ops = list(block.operations)
+        self.position: dict[int, int] = {id(op): i for i, op in enumerate(ops)}
+        self.by_type: dict[str, list[Operation]] = {}
+        for op in ops:
+            self.by_type.setdefault(op.op_type, []).append(op)
+        self.counts = Counter({t: len(v) for t, v in self.by_type.items()})
+        self.inserted: list[Operation] = []
+        self.removed_inputs: list[Operation] = []
+        self._observed = False
+
+    def observe(self) -> None:
+        """Records ops inserted into and removed from the block, until ``release``."""
+        if self._observed:
+            return
+        ops_list = self.block.operations
+        if not isinstance(ops_list, CacheDoublyLinkedList):
+            return
+        original_insert = ops_list.insert_op_before
+        original_remove = ops_list.remove
+        state = self
+
+        def insert_op_before(new_op: Operation, before_op: Operation | None = None) -> None:
+            original_insert(new_op, before_op)
+            state.inserted.append(new_op)
+            state.by_type.setdefault(new_op.op_type, []).append(new_op)
+            state.counts[new_op.op_type] += 1
+
+        def remove(op: Operation) -> None:
+            original_remove(op)
+            for var in op.get_flattened_inputs():
+                if var.op is not None:
+                    state.removed_inputs.append(var.op)
+            state.counts[op.op_type] -= 1
+
+        ops_list.insert_op_before = insert_op_before
+        ops_list.remove = remove
+        self._observed = True
+
+    def release(self) -> None:
+        """Stops observing the block."""
+        if self._observed:
+            ops_list = self.block.operations
+            for attr in ("insert_op_before", "remove"):
+                ops_list.__dict__.pop(attr, None)
+            self._observed = False
+
+    def order(self, ops: list[Operation]) -> list[Operation]:
+        """Sorts ``ops`` of this block into program order."""
+        if all(id(op) in self.position for op in ops):
+            return sorted(ops, key=lambda op: self.position[id(op)])
+        index = {id(op): i for i, op in enumerate(self.block.operations)}
+        return sorted(ops, key=lambda op: index.get(id(op), len(index)))
+
+
+class _Checkpoint:
+    """Shallow structural copy of a program: blocks, ops and variables, never tensors."""
+
+    def __init__(self, prog: Program) -> None:
+        self.blocks: list[tuple[Block, list[Operation], dict[str, Any]]] = []
+        self.objects: list[tuple[Any, dict[str, Any]]] = []
+        seen: set[int] = set()
+        for block in iter_blocks(prog):
+            ops = list(block.operations)
+            self.blocks.append((block, ops, _fields(block, skip=("operations",))))
+            for var in list(block.inputs.values() if isinstance(block.inputs, dict) else block.inputs):
+                self._keep(var, seen)
+            for op in ops:
+                self._keep(op, seen)
+                for var in op.outputs:
+                    self._keep(var, seen)
+
+    def _keep(self, obj: Any, seen: set[int]) -> None:
+        if id(obj) not in seen:
+            seen.add(id(obj))
+            self.objects.append((obj, _fields(obj)))
+
+    def restore(self) -> None:
+        """Puts every block, op and variable back as it was."""
+        for obj, saved in self.objects:
+            _set_fields(obj, saved)
+        for block, ops, saved in self.blocks:
+            _set_fields(block, saved)
+            block.operations = CacheDoublyLinkedList(ops)
+
+
+def _slot_names(cls: type) -> list[str]:
+    names: list[str] = []
+    for klass in cls.__mro__:
+        slots = klass.__dict__.get("__slots__", ())
+        names.extend([slots] if isinstance(slots, str) else slots)
+    return names
+
+
+def _copy_value(value: Any) -> Any:
+    if isinstance(value, (list, dict, set)):
+        return value.copy()
+    return value
+
+
+def _fields(obj: Any, skip: tuple[str, ...] = ()) -> dict[str, Any]:
+    saved: dict[str, Any] = {}
+    if hasattr(obj, "__dict__"):
+        for key, value in vars(obj).items():
+            if key not in skip:
+                saved[key] = _copy_value(value)
+    for key in _slot_names(type(obj)):
+        if key not in skip and key != "__dict__" and hasattr(obj, key):
+            saved[key] = _copy_value(getattr(obj, key))
+    return saved
+
+
+def _set_fields(obj: Any, saved: dict[str, Any]) -> None:
+    if hasattr(obj, "__dict__"):
+        for key in [k for k in vars(obj) if k not in saved and k != "operations"]:
+            del vars(obj)[key]
+    for key, value in saved.items():
+        object.__setattr__(obj, key, _copy_value(value))
+
+
+class _Run:
+    """One application of a group of sub-passes to a program."""
+
+    def __init__(self, prog: Program, pass_name: str, validate: bool) -> None:
+        self.prog = prog
+        self.pass_name = pass_name
+        self.validate = validate
+        self.checkpoint: _Checkpoint | None = None
+        self.states: dict[int, _BlockState] = {}
+
+    def state(self, block: Block) -> _BlockState:
+        st = self.states.get(id(block))
+        if st is None:
+            st = _BlockState(block)
+            self.states[id(block)] = st
+        return st
+
+    def fail(self, sub: SubPass, what: str, match: Pattern, exc: BaseException) -> PassExecutionError:
+        restored = self.restore()
+        ops = ", ".join(f"{op.name} ({op.op_type})" for op in match.op_list())
+        note = (
+            "The program was restored to its state before the pass."
+            if restored
+            else "The program had not been changed yet."
+        )
+        return PassExecutionError(
+            f"Pass {self.pass_name!r}, pattern {sub.name!r}: {what} raised "
+            f"{type(exc).__name__}: {exc}, on the match [{ops}]. {note}"
+        )
+
+    def restore(self) -> bool:
+        for st in self.states.values():
+            st.release()
+        if self.checkpoint is None:
+            return False
+        self.checkpoint.restore()
+        return True
+
+    def release(self) -> None:
+        for st in self.states.values():
+            st.release()
+
+
+def run_subpasses(
+    prog: Program,
+    subpasses: list[SubPass],
+    pass_name: str,
+    *,
+    validate: bool = True,
+) -> PassStats:
+    """Applies each sub-pass, in order, to every block of ``prog``.
+
+    Args:
+        prog: The program, changed in place.
+        subpasses: The sub-passes, already in run order.
+        pass_name: Pass id, for messages.
+        validate: Validate the program after each sub-pass.
+
+    Returns:
+        The counters of this run, summed over the sub-passes.
+
+    Raises:
+        PassExecutionError: A callback raised; the program is as it was before the call.
+        FixpointError: A sub-pass kept re-creating its pattern; the program is as it was before.
+    """
+    run = _Run(prog, pass_name, validate)
+    total = PassStats()
+    try:
+        blocks = list(iter_blocks(prog))
+        for sub in subpasses:
+            stats = PassStats(runs=1)
+            start = time.perf_counter()
+            bind_before = sub.matcher.bind_attempts
+            for block in blocks:
+                if block.outer_op is not None and block.outer_op.enclosing_block is None:
+                    continue  # removed with its op by an earlier rewrite
+                with block:
+                    _sweep(run, sub, run.state(block), stats)
+            stats.bind_attempts = sub.matcher.bind_attempts - bind_before
+            stats.seconds = time.perf_counter() - start
+            sub.stats.add(stats)
+            total.add(stats)
+            if validate and stats.rewrites:
+                prog.validate()
+    except PatternInfraError:
+        raise
+    except Exception as exc:  # an error of coremltools' own while applying the rewrite
+        run.restore()
+        raise PassExecutionError(
+            f"Pass {pass_name!r} failed while rewriting: {type(exc).__name__}: {exc}. The program "
+            f"was restored to its state before the pass."
+        ) from exc
+    finally:
+        run.release()
+    return total
+
+
+def _sweep(run: _Run, sub: SubPass, st: _BlockState, stats: PassStats) -> None:
+    matcher = sub.matcher
+    for node in matcher.nodes:
+        if not any(st.counts.get(t, 0) > 0 for t in node.op_types):
+            return  # cheap rejection: some pattern op type is absent from the block
+    anchor = matcher.choose_anchor(st.counts)
+    anchor_types = matcher.nodes[anchor].op_types
+    candidates = [op for t in sorted(anchor_types) for op in list(st.by_type.get(t, ()))]
+    if len(anchor_types) > 1:
+        candidates = st.order(candidates)
+    radius = len(matcher.nodes) + 1
+    block = st.block
+    iteration = 0
+    last: Pattern | None = None
+    while candidates:
+        iteration += 1
+        if iteration > sub.max_iterations:
+            run.restore()
+            ops = ", ".join(op.name for op in last.op_list()) if last else "?"
+            raise FixpointError(
+                f"Pass {run.pass_name!r}, pattern {sub.name!r}: still rewriting after "
+                f"{sub.max_iterations} rounds (last match: [{ops}]). Its transform re-creates the "
+                f"pattern it replaces; make the replacement differ from the pattern, or raise "
+                f"max_iterations. The program was restored to its state before the pass."
+            )
+        stats.iterations += 1
+        touched: list[Operation] = []
+        for op in candidates:
+            if op.enclosing_block is not block:
+                continue
+            stats.attempts += 1
+            match = matcher.match_at(op, block, anchor, order=st.order)
+            if match is None:
+                continue
+            stats.matches += 1
+            if not _accepts(run, sub, match):
+                stats.rejected += 1
+                continue
+            changed = _rewrite(run, sub, st, match)
+            if changed is None:
+                stats.declined += 1
+                continue
+            stats.rewrites += 1
+            last = match
+            touched.extend(changed)
+        candidates = _near(touched, block, anchor_types, radius) if touched else []
+
+
+def _accepts(run: _Run, sub: SubPass, match: Pattern) -> bool:
+    if sub.var_constraints is None:
+        return True
+    try:
+        return bool(sub.var_constraints(match))
+    except Exception as exc:
+        raise run.fail(sub, "var_constraints", match, exc) from exc
+
+
+def _rewrite(run: _Run, sub: SubPass, st: _BlockState, match: Pattern) -> list[Operation] | None:
+    """Runs the transform; returns the touched ops, or None if it declined."""
+    if run.checkpoint is None:
+        for state in run.states.values():
+            state.release()
+        run.checkpoint = _Checkpoint(run.prog)
+    st.observe()
+    block = st.block
+    outside_users = [
+        user for var in match.output_vars() for user in var.child_ops if id(user) not in _ids(match)
+    ]
+    n_inserted, n_removed = len(st.inserted), len(st.removed_inputs)
+    before = len(block.operations)
+    try:
+        result = sub.transform_pattern(match)
+    except Exception as exc:
+        raise run.fail(sub, "transform_pattern", match, exc) from exc
+    changed_structure = (
+        len(st.inserted) != n_inserted
+        or len(st.removed_inputs) != n_removed
+        or len(block.operations) != before
+    )
+    if result is False:
+        if changed_structure:
+            raise run.fail(
+                sub,
+                "transform_pattern",
+                match,
+                RuntimeError("it returned False (declined) after changing the program"),
+            )
+        return None
+    remove_dead_ops(match)
+    touched = st.inserted[n_inserted:] + st.removed_inputs[n_removed:]
+    touched.extend(outside_users)
+    touched.extend(v.op for v in match.root_vars if v is not None and v.op is not None)
+    return [op for op in touched if op.enclosing_block is block]
+
+
+def remove_dead_ops(match: Pattern) -> list[Operation]:
+    """Removes, in one call, the matched ops still in the block whose outputs nothing uses.
+
+    This is what lets a transform only build the replacement and redirect the outputs: the framework
+    deletes what the replacement made dead.
+
+    Returns:
+        The removed ops.
+    """
+    block = match.block
+    dead = [
+        op
+        for op in match.op_list()
+        if op.enclosing_block is block
+        and all(not v.child_ops and not v.consuming_blocks for v in op.outputs)
+    ]
+    if dead:
+        block.remove_ops(dead)
+    return dead
+
+
+def _ids(match: Pattern) -> set[int]:
+    return {id(op) for op in match.op_set}
+
+
+def _near(
+    touched: list[Operation], block: Block, anchor_types: frozenset[str], radius: int
+) -> list[Operation]:
+    """Anchor candidates within ``radius`` producer/consumer steps of a touched op."""
+    seen: dict[int, Operation] = {}
+    frontier = list(dict.fromkeys(touched))
+    for op in frontier:
+        seen[id(op)] = op
+    for _ in range(radius):
+        nxt: list[Operation] = []
+        for op in frontier:
+            neighbours: list[Operation] = []
+            for var in op.get_flattened_inputs():
+                if var.op is not None and var.op.op_type != "const":
+                    neighbours.append(var.op)
+            for var in op.outputs:
+                neighbours.extend(var.child_ops)
+            for other in neighbours:
+                if id(other) not in seen and other.enclosing_block is block:
+                    seen[id(other)] = other
+                    nxt.append(other)
+        frontier = nxt
+        if not frontier:
+            break
+    return [op for op in seen.values() if op.op_type in anchor_types and op.enclosing_block is block]
+
+
+def find_in_program(
+    prog: Program,
+    matcher: Matcher,
+    var_constraints: Constraints | None = None,
+) -> Iterator[Pattern]:
+    """Yields every match of ``matcher``'s pattern in ``prog``, lazily, without changing it.
+
+    Each anchor op yields at most one match; matches may overlap. Blocks are visited outer first.
+    """
+    for block in iter_blocks(prog):
+        st = _BlockState(block)
+        if any(not any(st.counts.get(t, 0) for t in node.op_types) for node in matcher.nodes):
+            continue
+        anchor = matcher.choose_anchor(st.counts)
+        types = matcher.nodes[anchor].op_types
+        candidates = st.order([op for t in sorted(types) for op in st.by_type.get(t, ())])
+        seen: set[frozenset[int]] = set()
+        for op in candidates:
+            if op.enclosing_block is not block:
+                continue
+            match = matcher.match_at(op, block, anchor, order=st.order)
+            if match is None:
+                continue
+            key = frozenset(id(o) for o in match.op_set)
+            if key in seen:
+                continue
+            if var_constraints is not None and not var_constraints(match):
+                continue
+            seen.add(key)
+            yield match

@@ -1,0 +1,499 @@
+"""Find a compiled pattern in a block: anchored, typed, backtracking search.
+
+Algorithm (per pattern, per block):
+
+1. **Plans, once per pattern.** For every pattern op taken as the *anchor*, a search order is computed
+   at registration: starting from the anchor, each further op is reached either *up* (the producer of an
+   input slot of an op already placed: a single candidate) or *down* (a consumer of a variable already
+   bound: one candidate per consumer of the right type). Up-steps are preferred; down-steps are only
+   needed for patterns with several outputs or ops joined through an input.
+2. **Anchor, once per block.** The driver indexes the block's ops by type; the anchor is the pattern op
+   whose type is rarest in the block, so most program ops are never looked at.
+3. **Binding an op** checks, in this order and before any recursion: op type (one of the
+   alternatives), number of outputs, same block, not already bound (a match is injective); then each
+   operand order the op allows (two for commutative ops, tried in place: no pattern copies); then every
+   data edge whose both ends are now bound: roots bound consistently, constants satisfying their rule,
+   producers and consumers being the very same variables.
+4. **Backtracking** undoes the bindings of a failed branch (ops, operand orders, roots).
+5. **Final checks** on a complete binding: outputs of non-final ops have exactly the pattern's uses
+   (so no consumer outside the match) and are not block outputs; no root and no constant slot is
+   computed inside the match.
+
+Cost: for an anchor candidate, each up-step is O(1) and each down-step O(consumers of one variable),
+so a pattern with only up-steps costs O(pattern size) per anchor op; the consumers of a variable are
+never permuted (no k! enumeration) because each pattern op picks one consumer at a time.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from coremltools.converters.mil.mil import Block, Operation, Var
+from coremltools.converters.mil.mil.var import InternalVar
+
+from .compiler import CompiledPattern, Edge, PatternNode, compile_pattern
+from .pattern import Pattern
+
+__all__ = [
+    "Failure",
+    "Matcher",
+    "detect_pattern",
+    "pattern_detected",
+    "lists_op_equality",
+]
+
+_UP = 0
+_DOWN = 1
+
+
+@dataclass(frozen=True)
+class _Step:
+    kind: int
+    node: int
+    # up: (source node, slot, position, output index); down: source is a root or a node output
+    src_kind: str = ""
+    src: int = 0
+    slot: str = ""
+    pos: int = -1
+    out: int = 0
+
+
+@dataclass
+class Failure:
+    """Why the search stopped where it did: the nearest partial match of an anchor."""
+
+    bound: int
+    """How many pattern ops were bound when it failed."""
+    node: str
+    """The pattern op being bound (or checked) when it failed."""
+    reason: str
+    """What differed, in words."""
+    ops: dict[str, str] = field(default_factory=dict)
+    """Pattern op name to the program op name bound at that moment."""
+
+
+def _input(op: Operation, slot: str) -> Any:
+    value = op._input_vars.get(slot)  # read-only use of the private map: op.inputs copies it
+    if value is None or isinstance(value, InternalVar):
+        return None
+    return value
+
+
+class Matcher:
+    """Searches one compiled pattern; stateless between calls except for counters."""
+
+    def __init__(self, compiled: CompiledPattern) -> None:
+        self.compiled = compiled
+        self.nodes: list[PatternNode] = compiled.nodes
+        self.plans: list[list[_Step]] = [self._plan(a) for a in range(len(compiled.nodes))]
+        self.op_types: frozenset[str] = frozenset(t for n in compiled.nodes for t in n.op_types)
+        self._const_slots = [
+            (node.index, slot, pos)
+            for node in compiled.nodes
+            for slot, edge in node.inputs.items()
+            for pos, e in _positions(edge)
+            if e.kind == "const"
+        ]
+        self.attempts = 0
+        """Anchor ops tried (across calls)."""
+        self.bind_attempts = 0
+        """Op bindings tried, anchors included (across calls): the matcher's unit of work."""
+
+    # -- planning -----------------------------------------------------------------------------------
+
+    def _plan(self, anchor: int) -> list[_Step]:
+        nodes = self.nodes
+        placed = {anchor}
+        steps = [_Step(_UP, anchor, src_kind="anchor")]
+        roots_bound: set[int] = set()
+
+        def note_roots(n: int) -> None:
+            for _, edge in nodes[n].inputs.items():
+                for _, e in _positions(edge):
+                    if e.kind == "root":
+                        roots_bound.add(e.index)
+
+        note_roots(anchor)
+        while len(placed) < len(nodes):
+            step = self._next_up(placed) or self._next_down(placed, roots_bound)
+            if step is None:  # compile_pattern guarantees connectivity
+                raise RuntimeError(f"pattern {self.compiled.name!r} could not be planned")
+            steps.append(step)
+            placed.add(step.node)
+            note_roots(step.node)
+        return steps
+
+    def _next_up(self, placed: set[int]) -> _Step | None:
+        for n in sorted(placed):
+            for slot, edge in self.nodes[n].inputs.items():
+                for pos, e in _positions(edge):
+                    if e.kind == "op" and e.index not in placed:
+                        return _Step(_UP, e.index, "op", n, slot, pos, e.output)
+        return None
+
+    def _next_down(self, placed: set[int], roots_bound: set[int]) -> _Step | None:
+        best: tuple[int, int, _Step] | None = None
+        for m, node in enumerate(self.nodes):
+            if m in placed:
+                continue
+            for slot, edge in node.inputs.items():
+                for pos, e in _positions(edge):
+                    if e.kind == "op" and e.index in placed:
+                        step = _Step(_DOWN, m, "op", e.index, slot, pos, e.output)
+                        rank = (0, m)
+                    elif e.kind == "root" and e.index in roots_bound:
+                        step = _Step(_DOWN, m, "root", e.index, slot, pos)
+                        rank = (1, m)
+                    else:
+                        continue
+                    if best is None or rank < best[:2]:
+                        best = (*rank, step)
+        return best[2] if best else None
+
+    def choose_anchor(self, type_counts: Mapping[str, int]) -> int:
+        """The pattern op whose accepted types are rarest among ``type_counts``; ties go to the last op."""
+        best_cost, best = None, 0
+        for node in reversed(self.nodes):
+            cost = sum(type_counts.get(t, 0) for t in node.op_types)
+            if best_cost is None or cost < best_cost:
+                best_cost, best = cost, node.index
+        return best
+
+    # -- search -------------------------------------------------------------------------------------
+
+    def match_at(
+        self,
+        op: Operation,
+        block: Block,
+        anchor: int,
+        *,
+        order: Callable[[list[Operation]], list[Operation]] | None = None,
+        trace: bool = False,
+        root_hint: Var | None = None,
+    ) -> Pattern | Failure | None:
+        """Tries to match with ``op`` bound to pattern op number ``anchor``.
+
+        Args:
+            op: The program op to place at the anchor.
+            block: The block the whole match must lie in.
+            anchor: Index of the anchor pattern op.
+            order: Sorts captured ops into program order for ``Pattern.op_list``.
+            trace: Return a :class:`Failure` describing the nearest miss instead of None.
+            root_hint: If given, the first root must be this variable.
+
+        Returns:
+            A :class:`Pattern` on success; on failure None, or a :class:`Failure` when tracing.
+        """
+        self.attempts += 1
+        search = _Search(self, block, self.plans[anchor], trace)
+        if root_hint is not None:
+            search.roots[0] = root_hint
+        if search.run(op):
+            return search.to_pattern(order)
+        return search.failure if trace else None
+
+
+def _positions(edge: Edge | tuple[Edge, ...]) -> list[tuple[int, Edge]]:
+    if isinstance(edge, tuple):
+        return list(enumerate(edge))
+    return [(-1, edge)]
+
+
+class _Search:
+    """State of one anchored search; undone on backtracking."""
+
+    __slots__ = ("m", "block", "plan", "trace", "ops", "assign", "roots", "used", "failure", "depth")
+
+    def __init__(self, matcher: Matcher, block: Block, plan: list[_Step], trace: bool) -> None:
+        n = len(matcher.nodes)
+        self.m = matcher
+        self.block = block
+        self.plan = plan
+        self.trace = trace
+        self.ops: list[Operation | None] = [None] * n
+        self.assign: list[dict[str, Any] | None] = [None] * n
+        self.roots: list[Var | None] = [None] * len(matcher.compiled.root_names)
+        self.used: dict[int, int] = {}
+        self.failure: Failure | None = None
+        self.depth = 0
+
+    def fail(self, node: int, reason: str | Callable[[], str]) -> bool:
+        if self.trace and (self.failure is None or self.depth >= self.failure.bound):
+            self.failure = Failure(
+                bound=self.depth,
+                node=self.m.nodes[node].name,
+                reason=reason() if callable(reason) else reason,
+                ops={self.m.nodes[i].name: o.name for i, o in enumerate(self.ops) if o is not None},
+            )
+        return False
+
+    def run(self, anchor_op: Operation) -> bool:
+        return self.bind(self.plan[0].node, anchor_op, 0)
+
+    def step(self, i: int) -> bool:
+        if i == len(self.plan):
+            return self.final_checks()
+        st = self.plan[i]
+        if st.kind == _UP:
+            var = self.slot_var(st.src, st.slot, st.pos)
+            producer = var.op if var is not None else None
+            if producer is None:
+                return self.fail(st.node, lambda: f"operand {st.slot} of {self.m.nodes[st.src].name} "
+                                 f"is a graph input, not the output of an op")
+            outs = producer.outputs
+            if st.out >= len(outs) or outs[st.out] is not var:
+                return self.fail(st.node, lambda: f"operand {st.slot} of {self.m.nodes[st.src].name} "
+                                 f"is not output {st.out} of {producer.name}")
+            return self.bind(st.node, producer, i)
+        if st.src_kind == "root":
+            var = self.roots[st.src]
+        else:
+            src_op = self.ops[st.src]
+            var = src_op.outputs[st.out] if src_op is not None else None
+        if var is None:
+            return False
+        tried = False
+        for consumer in dict.fromkeys(var.child_ops):
+            if consumer.op_type in self.m.nodes[st.node].op_types and id(consumer) not in self.used:
+                tried = True
+                if self.bind(st.node, consumer, i):
+                    return True
+        if not tried:
+            return self.fail(st.node, lambda: f"no unmatched consumer of {var.name} has type "
+                             f"{self.m.nodes[st.node].op_type_label}")
+        return False
+
+    def slot_var(self, node: int, slot: str, pos: int) -> Var | None:
+        assigned = self.assign[node]
+        if assigned is None:
+            return None
+        value = assigned.get(slot)
+        if pos >= 0:
+            return value[pos] if isinstance(value, tuple) and pos < len(value) else None
+        return value
+
+    def bind(self, n: int, op: Operation, i: int) -> bool:
+        self.m.bind_attempts += 1
+        node = self.m.nodes[n]
+        if op.op_type not in node.op_types:
+            return self.fail(n, lambda: f"op type differs at {node.name}: pattern wants "
+                             f"{node.op_type_label}, program has {op.op_type} ({op.name})")
+        if len(op.outputs) != node.num_outputs:
+            return self.fail(n, lambda: f"{op.name} has {len(op.outputs)} outputs, pattern op "
+                             f"{node.name} has {node.num_outputs}")
+        if op.enclosing_block is not self.block:
+            return self.fail(n, lambda: f"{op.name} lies in another block")
+        if id(op) in self.used:
+            return self.fail(n, lambda: f"{op.name} is already matched by another pattern op")
+        for assignment in self.assignments(node, op):
+            saved_roots = list(self.roots)
+            if self.check_edges(node, op, assignment):
+                self.ops[n] = op
+                self.assign[n] = assignment
+                self.used[id(op)] = n
+                self.depth += 1
+                if self.step(i + 1):
+                    return True
+                self.depth -= 1
+                del self.used[id(op)]
+                self.ops[n] = None
+                self.assign[n] = None
+            self.roots = saved_roots
+        return False
+
+    def assignments(self, node: PatternNode, op: Operation) -> Iterator[dict[str, Any]]:
+        values: dict[str, Any] = {}
+        for slot in node.inputs:
+            value = _input(op, slot)
+            if value is None:
+                self.fail(node.index, lambda: f"{op.name} has no operand {slot!r}")
+                return
+            values[slot] = value
+        yield values
+        if node.commutative and values["x"] is not values["y"]:
+            swapped = dict(values)
+            swapped["x"], swapped["y"] = values["y"], values["x"]
+            yield swapped
+
+    def check_edges(self, node: PatternNode, op: Operation, assignment: dict[str, Any]) -> bool:
+        for slot, edge in node.inputs.items():
+            value = assignment[slot]
+            if isinstance(edge, tuple):
+                if not isinstance(value, tuple) or len(value) != len(edge):
+                    return self.fail(node.index, lambda: f"operand slot differs at {node.name}.{slot}: "
+                                     f"pattern has {len(edge)} values")
+                for pos, (e, v) in enumerate(zip(edge, value)):
+                    if not self.check_edge(node, slot, e, v):
+                        return False
+            elif isinstance(value, tuple) or not self.check_edge(node, slot, edge, value):
+                return False
+        for consumer, slot, pos, out in node.consumers:
+            if self.ops[consumer] is not None:
+                var = self.slot_var(consumer, slot, pos)
+                if var is not op.outputs[out]:
+                    return self.fail(node.index, lambda: f"operand slot differs: "
+                                     f"{self.m.nodes[consumer].name}.{slot} does not read {op.name}")
+        return True
+
+    def check_edge(self, node: PatternNode, slot: str, edge: Edge, var: Var) -> bool:
+        if edge.kind == "root":
+            bound = self.roots[edge.index]
+            if bound is None:
+                self.roots[edge.index] = var
+                return True
+            if bound is not var:
+                return self.fail(node.index, lambda: f"operand slot differs at {node.name}.{slot}: "
+                                 f"{var.name} where input {self.m.compiled.root_names[edge.index]!r} "
+                                 f"is {bound.name}")
+            return True
+        if edge.kind == "const":
+            _, expected, rule = self.m.compiled.consts[edge.index]
+            if rule.mode == "any":
+                return True
+            reason = rule.accepts(var, expected)
+            if reason is not None:
+                return self.fail(node.index, f"constant differs at {node.name}.{slot}: {reason}")
+            return True
+        producer = self.ops[edge.index]
+        if producer is not None and producer.outputs[edge.output] is not var:
+            return self.fail(node.index, lambda: f"operand slot differs at {node.name}.{slot}: "
+                             f"{var.name} is not the output of {producer.name}")
+        return True
+
+    def final_checks(self) -> bool:
+        for node in self.m.nodes:
+            if node.is_final:
+                continue
+            op = self.ops[node.index]
+            for j, var in enumerate(op.outputs):
+                if var.consuming_blocks:
+                    return self.fail(node.index, lambda: f"intermediate {var.name} of {node.name} is "
+                                     f"a block output")
+                if len(var.child_ops) != node.output_uses[j]:
+                    return self.fail(node.index, lambda: f"extra consumer of intermediate {var.name} "
+                                     f"({node.name}): used {len(var.child_ops)} times, the pattern "
+                                     f"uses it {node.output_uses[j]} times")
+        for r, var in enumerate(self.roots):
+            if var is not None and var.op is not None and id(var.op) in self.used:
+                return self.fail(0, lambda: f"input {self.m.compiled.root_names[r]!r} is bound to "
+                                 f"{var.name}, which the match itself computes")
+        for n, slot, pos in self.m._const_slots:
+            var = self.slot_var(n, slot, pos)
+            if var is not None and var.op is not None and id(var.op) in self.used:
+                return self.fail(n, lambda: f"constant slot {self.m.nodes[n].name}.{slot} is wired "
+                                 f"from inside the match ({var.name})")
+        return True
+
+    def to_pattern(self, order: Callable[[list[Operation]], list[Operation]] | None) -> Pattern:
+        compiled = self.m.compiled
+        ops = {node.name: self.ops[node.index] for node in compiled.nodes}
+        operands = {node.name: dict(self.assign[node.index]) for node in compiled.nodes}
+        consts: dict[str, Var] = {}
+        for (n, slot, pos), (key, _, _), cname in zip(
+            self.m._const_slots, compiled.consts, compiled.const_names
+        ):
+            var = self.slot_var(n, slot, pos)
+            consts[key] = var
+            consts.setdefault(cname, var)
+        return Pattern(
+            compiled=compiled,
+            ops=ops,
+            root_vars=list(self.roots),
+            block=self.block,
+            operands=operands,
+            consts=consts,
+            order=order,
+        )
+
+
+# -- design-document helpers, kept importable ---------------------------------------------------------
+
+_COMPILED: dict[int, tuple[Any, CompiledPattern, Matcher]] = {}
+
+
+def _pattern_function(root_var: Var) -> Any:
+    for op in root_var.child_ops:
+        return op.enclosing_block
+    raise ValueError(f"pattern root variable {root_var.name} has no consumer")
+
+
+def detect_pattern(program_op: Operation, ops_arrangement_root_var: Var, block: Block) -> tuple[bool, Pattern | None]:
+    """Design-document entry point: is the pattern there, with ``program_op`` as its first op?
+
+    Args:
+        program_op: A program op, tried as the pattern's first op (the first consumer of its root).
+        ops_arrangement_root_var: The root variable of the pattern program.
+        block: The block to search.
+
+    Returns:
+        ``(True, pattern)`` on a match, else ``(False, None)``.
+    """
+    matcher = _function_matcher(_pattern_function(ops_arrangement_root_var))
+    found = matcher.match_at(program_op, block, 0)
+    return (True, found) if isinstance(found, Pattern) else (False, None)
+
+
+def _function_matcher(function: Any) -> Matcher:
+    cached = _COMPILED.get(id(function))
+    if cached is None or cached[0] is not function:
+        compiled = compile_pattern(_as_program(function))
+        cached = (function, compiled, Matcher(compiled))
+        _COMPILED[id(function)] = cached
+    return cached[2]
+
+
+def _as_program(function: Any) -> Any:
+    from coremltools.converters.mil.mil import Program
+
+    program = Program()
+    program.functions["main"] = function
+    return program
+
+
+def pattern_detected(
+    pattern: Pattern,
+    program_op: Operation,
+    pattern_op: Operation,
+    program_root_var: Var,
+    pattern_root_var: Var,
+    block: Block,
+) -> bool:
+    """Design-document helper: does the pattern match with ``program_op`` standing for ``pattern_op``?
+
+    On success the captured ops are added to ``pattern`` (``pattern.<name>``), with its root variable,
+    block and final op.
+
+    Args:
+        pattern: The Pattern to fill.
+        program_op: Program op placed at ``pattern_op``.
+        pattern_op: An op of the pattern program.
+        program_root_var: Program variable standing for the pattern's root.
+        pattern_root_var: The pattern program's root variable.
+        block: The block to search.
+
+    Returns:
+        Whether the whole pattern matched.
+    """
+    function = pattern_op.enclosing_block
+    matcher = _function_matcher(function)
+    anchor = matcher.compiled.by_name[pattern_op.name]
+    found = matcher.match_at(program_op, block, anchor, root_hint=program_root_var)
+    if not isinstance(found, Pattern):
+        return False
+    for name, op in found.ops.items():
+        pattern.add_op(name, op)
+    pattern.set_root_var(program_root_var)
+    pattern.set_block(block)
+    if found.final_op is not None:
+        pattern.final_op = found.final_op
+        pattern.final_ops = list(found.final_ops)
+    return True
+
+
+def lists_op_equality(oplist1: list[Operation], oplist2: list[Operation]) -> bool:
+    """Design-document helper: same length and the same op types in the same order."""
+    return len(oplist1) == len(oplist2) and all(
+        a.op_type == b.op_type for a, b in zip(oplist1, oplist2)
+    )

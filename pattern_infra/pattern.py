@@ -1,0 +1,172 @@
+"""The ``Pattern`` object: one match of a pattern in a program, handed to the user's callbacks.
+
+``pattern.<name>`` is the program op captured for the pattern op called ``<name>``. The rest of the
+surface follows the design document (``root_var``, ``final_op``, ``block``, ``op_set``, ``op_list()``,
+``add_attribute``) and extends it for patterns with several inputs and outputs (``root_vars``,
+``final_ops``), for operands whose order the matcher swapped (``operand``), and for constants
+(``consts``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Mapping
+from typing import TYPE_CHECKING, Any
+
+from coremltools.converters.mil.mil import Block, Operation, Var
+
+from .compiler import RESERVED_NAMES
+
+if TYPE_CHECKING:
+    from .compiler import CompiledPattern
+
+__all__ = ["Pattern"]
+
+
+class Pattern:
+    """The ops, variables and block of one match.
+
+    Attributes:
+        root_var: The program variable at the pattern's (first) input.
+        root_vars: The program variables at every pattern input, in the pattern's input order.
+        final_op: The program op matched by the pattern's (first) last op.
+        final_ops: The program ops matched by every op the pattern returns.
+        block: The block holding the match.
+        op_set: The captured program ops (a set, as in the design document; see ``op_list()``).
+        consts: Pattern constant key (``"<op>.<slot>"`` and the pattern's const op name) to the program
+            variable bound there.
+        pattern_name: Name of the pattern that matched.
+    """
+
+    def __init__(
+        self,
+        compiled: CompiledPattern | None = None,
+        ops: Mapping[str, Operation | list[Operation]] | None = None,
+        root_vars: list[Var] | None = None,
+        block: Block | None = None,
+        operands: Mapping[str, Mapping[str, Any]] | None = None,
+        consts: Mapping[str, Var] | None = None,
+        order: Callable[[list[Operation]], list[Operation]] | None = None,
+    ) -> None:
+        object.__setattr__(self, "_attributes", {})
+        self._compiled = compiled
+        self._ops: dict[str, Operation | list[Operation]] = dict(ops or {})
+        self._operands = dict(operands or {})
+        self._order = order
+        self.root_vars: list[Var] = list(root_vars or [])
+        self.root_var: Var | None = self.root_vars[0] if self.root_vars else None
+        self.block: Block | None = block
+        self.consts: dict[str, Var] = dict(consts or {})
+        self.pattern_name: str = compiled.name if compiled is not None else ""
+        finals: list[Operation] = []
+        if compiled is not None:
+            for idx in compiled.final_nodes:
+                captured = self._ops[compiled.nodes[idx].name]
+                finals.extend(captured if isinstance(captured, list) else [captured])
+        self.final_ops: list[Operation] = finals
+        self.final_op: Operation | None = finals[0] if finals else None
+        self.op_set: set[Operation] = set(self._flat_ops())
+        for name, op in self._ops.items():
+            object.__setattr__(self, name, op)
+
+    # -- seed API -----------------------------------------------------------------------------------
+
+    def set_root_var(self, root_var: Var) -> None:
+        """Sets the root variable (design-document API, kept for hand-built patterns)."""
+        self.root_var = root_var
+        self.root_vars = [root_var] + self.root_vars[1:]
+
+    def set_block(self, block: Block) -> None:
+        """Sets the block (design-document API)."""
+        self.block = block
+
+    def set_final_op(self, op_name: str, final_op: Operation) -> None:
+        """Records ``final_op`` under ``op_name`` and as the final op (design-document API)."""
+        self.add_op(op_name, final_op)
+        self.final_op = final_op
+        self.final_ops = [final_op]
+
+    def add_op(self, op_name: str, op: Operation) -> None:
+        """Captures ``op`` as ``pattern.<op_name>`` (design-document API)."""
+        self._ops[op_name] = op
+        self.op_set.add(op)
+        object.__setattr__(self, op_name, op)
+
+    def add_attribute(self, attribute_name: str, attribute: Any) -> None:
+        """Adds ``pattern.<attribute_name>`` for later callbacks (e.g. from constraints to transform).
+
+        Args:
+            attribute_name: Name of the new attribute.
+            attribute: Its value.
+
+        Raises:
+            NameError: The name is a captured op or a reserved attribute of ``Pattern``.
+        """
+        if attribute_name in self._ops:
+            raise NameError(
+                f"Pattern attribute {attribute_name!r} would overwrite the captured op of the same "
+                f"name in pattern {self.pattern_name!r}; choose another name."
+            )
+        if attribute_name in RESERVED_NAMES or attribute_name.startswith("_") or hasattr(
+            type(self), attribute_name
+        ):
+            raise NameError(
+                f"Pattern attribute {attribute_name!r} is reserved by Pattern; choose another name."
+            )
+        self._attributes[attribute_name] = attribute
+        object.__setattr__(self, attribute_name, attribute)
+
+    def op_list(self) -> list[Operation]:
+        """The captured ops, without duplicates, in program order."""
+        ops = list(dict.fromkeys(self._flat_ops()))
+        return self._order(ops) if self._order is not None else ops
+
+    # -- extensions ---------------------------------------------------------------------------------
+
+    @property
+    def ops(self) -> dict[str, Operation | list[Operation]]:
+        """Pattern op name to captured op (a list for fan-out nodes)."""
+        return dict(self._ops)
+
+    def operand(self, op_name: str, slot: str) -> Any:
+        """The program variable in the slot the *pattern* calls ``slot`` of op ``op_name``.
+
+        For a commutative op matched with its operands swapped, ``pattern.mul.x`` is the program's
+        ``x``; ``pattern.operand("mul", "x")`` is what the pattern wrote as ``x``.
+
+        Raises:
+            KeyError: ``op_name`` or ``slot`` is not in the pattern.
+        """
+        try:
+            return self._operands[op_name][slot]
+        except KeyError:
+            raise KeyError(
+                f"Pattern {self.pattern_name!r} has no operand {op_name}.{slot}; operands: "
+                f"{ {k: sorted(v) for k, v in self._operands.items()} }"
+            ) from None
+
+    def output_vars(self) -> list[Var]:
+        """Every output variable of every final op, in order: what a replacement must provide."""
+        return [v for op in self.final_ops for v in op.outputs]
+
+    def __iter__(self) -> Iterator[Operation]:
+        return iter(self.op_list())
+
+    def __len__(self) -> int:
+        return len(self.op_set)
+
+    def __repr__(self) -> str:
+        ops = ", ".join(f"{k}={_label(v)}" for k, v in self._ops.items())
+        return f"Pattern({self.pattern_name!r}: {ops})"
+
+    def _flat_ops(self) -> Iterator[Operation]:
+        for op in self._ops.values():
+            if isinstance(op, list):
+                yield from op
+            else:
+                yield op
+
+
+def _label(value: Operation | list[Operation]) -> str:
+    if isinstance(value, list):
+        return "[" + ", ".join(op.name for op in value) + "]"
+    return value.name

@@ -1,0 +1,375 @@
+"""Registering generic passes with coremltools, and the ``ENABLE_EXPERIMENTAL_PASSES`` override.
+
+A generic pass is a :class:`PassContainer`: a real coremltools graph pass (an ``AbstractGraphPass``)
+holding one or more sub-passes, stored in coremltools' ``PASS_REGISTRY`` under ``namespace::pass_name``.
+
+When the id already names one of coremltools' own passes, the container remembers that pass and decides
+*each time it runs*: with ``ENABLE_EXPERIMENTAL_PASSES=1`` in the environment at that moment, the generic
+sub-passes run; otherwise coremltools' own pass runs, with the same options. Nothing is decided at import,
+so setting or unsetting the variable takes effect on the next conversion. A generic pass under a new id
+always runs when a pipeline names it.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import Any
+
+from coremltools.converters.mil import Builder as mb
+from coremltools.converters.mil.mil import Block, Program
+from coremltools.converters.mil.mil.passes.graph_pass import AbstractGraphPass, PassOption
+from coremltools.converters.mil.mil.passes.pass_registry import PASS_REGISTRY
+from coremltools.converters.mil.mil.scope import ScopeInfo, ScopeSource
+
+from .compiler import ConstMode, ConstRule, compile_pattern
+from .driver import (
+    DEFAULT_MAX_ITERATIONS,
+    PassStats,
+    SubPass,
+    find_in_program,
+    remove_dead_ops,
+    run_subpasses,
+)
+from .errors import PassRegistrationError
+from .matcher import Matcher
+from .pattern import Pattern
+
+__all__ = [
+    "ENV_VAR",
+    "PassContainer",
+    "register_generic_pass",
+    "fuse_all_blocks",
+    "fuse_one_block",
+    "find_matches",
+    "generic_passes",
+    "override_enabled",
+    "run_log",
+]
+
+logger = logging.getLogger(__name__)
+
+ENV_VAR = "ENABLE_EXPERIMENTAL_PASSES"
+"""Environment variable that lets generic passes replace coremltools' passes of the same id."""
+
+_RUN_LOG: list[tuple[str, bool, PassStats]] = []
+_RUN_LOG_LIMIT = 10_000
+
+
+def override_enabled() -> bool:
+    """Whether generic passes replace coremltools' passes right now (``ENABLE_EXPERIMENTAL_PASSES=1``)."""
+    return os.environ.get(ENV_VAR) == "1"
+
+
+def run_log(clear: bool = False) -> list[tuple[str, bool, PassStats]]:
+    """Runs of generic passes since the log was last cleared: (pass id, generic?, stats of the run).
+
+    After a ``coremltools.convert`` this tells which passes changed the program: those with
+    ``stats.rewrites > 0``.
+
+    Args:
+        clear: Empty the log after reading it.
+    """
+    entries = list(_RUN_LOG)
+    if clear:
+        _RUN_LOG.clear()
+    return entries
+
+
+class PassContainer(AbstractGraphPass):
+    """A coremltools graph pass made of generic sub-passes (the design document's ``PassContainer``).
+
+    Sub-passes run in order of priority (higher first), then registration order; ``order`` shows it.
+    Each sub-pass is applied to every block, nested blocks included, and the program is validated after
+    each sub-pass that changed it.
+    """
+
+    def __init__(self, pass_name: str, namespace: str = "", replaces: type | None = None) -> None:
+        """Creates an empty pass.
+
+        Args:
+            pass_name: The pass's name (the part after ``::``).
+            namespace: Its namespace, e.g. ``"common"``.
+            replaces: The coremltools pass class this one stands in for under the override.
+        """
+        if not isinstance(pass_name, str) or not pass_name:
+            raise PassRegistrationError(f"A pass needs a non-empty name, got {pass_name!r}.")
+        self.pass_name = pass_name
+        self.namespace = namespace
+        self.replaces = replaces
+        self.passes: list[SubPass | Callable[[Program], Any]] = []
+        self.stats = PassStats()
+        self._options: list[PassOption] | None = None
+        self._declared_options: dict[str, Any] = {}
+
+    # -- design-document API ------------------------------------------------------------------------
+
+    def add(self, pass_function: SubPass | Callable[[Program], Any]) -> None:
+        """Adds a sub-pass: a :class:`SubPass`, or any callable taking a program (seed style)."""
+        if not isinstance(pass_function, SubPass) and not callable(pass_function):
+            raise PassRegistrationError(
+                f"Pass {self.pass_id!r}: add() takes a SubPass or a callable taking a Program, got "
+                f"{type(pass_function).__name__}."
+            )
+        self.passes.append(pass_function)
+        self._sort()
+
+    def __call__(self, prog: Program) -> None:
+        """Runs the pass on ``prog``: the generic sub-passes, or coremltools' pass it replaces."""
+        if getattr(prog, "skip_all_passes", False):
+            return
+        if self.replaces is not None and not override_enabled():
+            original = self.replaces()
+            original.set_options(self._options)
+            original(prog)
+            return
+        with mb.scope(ScopeInfo(source=ScopeSource.COREMLTOOLS_GRAPH_PASS, data=[str(self)])):
+            self.apply(prog)
+
+    def apply(self, prog: Program) -> None:
+        """Runs every sub-pass, in order, on ``prog``."""
+        stats = PassStats()
+        structured = [p for p in self.passes if isinstance(p, SubPass)]
+        if len(structured) == len(self.passes):
+            stats = run_subpasses(prog, structured, self.pass_id)
+        else:
+            for sub in self.passes:
+                if isinstance(sub, SubPass):
+                    stats.add(run_subpasses(prog, [sub], self.pass_id))
+                else:
+                    sub(prog)
+                    prog.validate()
+        self.stats.add(stats)
+        _RUN_LOG.append((self.pass_id, True, stats))
+        del _RUN_LOG[:-_RUN_LOG_LIMIT]
+        logger.debug("%s: %s", self.pass_id, stats)
+
+    def set_options(self, pass_options: list[PassOption] | None = None) -> None:
+        """Receives a pipeline's options for this pass (``None`` clears them).
+
+        Options go to coremltools' pass when it runs instead; for the generic pass, an option must be
+        declared at registration (``options=``), otherwise ``NotImplementedError`` as in coremltools.
+        """
+        self._options = list(pass_options) if pass_options else None
+        self.options = dict(self._declared_options)
+        for option in self._options or []:
+            known = option.option_name in self._declared_options
+            if not known and (self.replaces is None or override_enabled()):
+                raise NotImplementedError(
+                    f"The graph pass `{self.pass_id}` doesn't support option "
+                    f"`{option.option_name}`; declare it with register_generic_pass(..., "
+                    f"options={{'{option.option_name}': default}})."
+                )
+            if known:
+                self.options[option.option_name] = option.option_val
+
+    def declare_options(self, options: Mapping[str, Any]) -> None:
+        """Declares options the generic pass accepts, with their defaults."""
+        self._declared_options.update(options)
+        self.options = dict(self._declared_options)
+
+    def __str__(self) -> str:
+        return self.pass_name
+
+    def __repr__(self) -> str:
+        return f"PassContainer({self.pass_id!r}, {len(self.passes)} sub-passes)"
+
+    # -- extensions ---------------------------------------------------------------------------------
+
+    @property
+    def pass_id(self) -> str:
+        """``namespace::pass_name``."""
+        return f"{self.namespace}::{self.pass_name}" if self.namespace else self.pass_name
+
+    @property
+    def order(self) -> list[str]:
+        """Names of the sub-passes in the order they run."""
+        return [p.name if isinstance(p, SubPass) else getattr(p, "__name__", repr(p)) for p in self.passes]
+
+    def _sort(self) -> None:
+        keyed = list(enumerate(self.passes))
+        keyed.sort(key=lambda item: (-(item[1].priority if isinstance(item[1], SubPass) else 0), item[0]))
+        self.passes = [p for _, p in keyed]
+
+
+def _split_pass_id(pass_name: str, namespace: str) -> None:
+    for label, value in (("pass_name", pass_name), ("namespace", namespace)):
+        if not isinstance(value, str) or not value or "::" in value:
+            raise PassRegistrationError(
+                f"register_generic_pass: {label} must be a non-empty string without '::', got "
+                f"{value!r}. The pass id is '<namespace>::<pass_name>', e.g. 'common::fuse_gelu_exact'."
+            )
+
+
+def container_for(pass_name: str, namespace: str) -> PassContainer:
+    """The PassContainer registered under ``namespace::pass_name``, created if needed."""
+    _split_pass_id(pass_name, namespace)
+    pass_id = f"{namespace}::{pass_name}"
+    current = PASS_REGISTRY.passes.get(pass_id)
+    if isinstance(current, PassContainer):
+        return current
+    replaces = current if isinstance(current, type) and issubclass(current, AbstractGraphPass) else None
+    if current is not None and replaces is None:
+        raise PassRegistrationError(
+            f"Pass id {pass_id!r} is taken by {current!r}, which is neither a coremltools pass class "
+            f"nor a PassContainer; choose another pass_name or namespace."
+        )
+    container = PassContainer(pass_name, namespace, replaces=replaces)
+    PASS_REGISTRY.passes[pass_id] = container
+    return container
+
+
+def register_generic_pass(
+    ops_arrangement: Program | Sequence[Program],
+    var_constraints: Callable[[Pattern], Any] | None,
+    transform_pattern: Callable[[Pattern], Any],
+    pass_name: str,
+    namespace: str,
+    *,
+    commutative: bool | Sequence[str] = True,
+    alternatives: Mapping[str, Sequence[str]] | None = None,
+    constants: ConstMode | ConstRule = "any",
+    const_rules: Mapping[str, ConstMode | ConstRule] | None = None,
+    priority: int = 0,
+    max_iterations: int = DEFAULT_MAX_ITERATIONS,
+    options: Mapping[str, Any] | None = None,
+    name: str | None = None,
+) -> PassContainer:
+    """Registers a pattern with its callbacks as a sub-pass of ``namespace::pass_name``.
+
+    Calls with the same ``namespace`` and ``pass_name`` group into one :class:`PassContainer`. If that id
+    names a coremltools pass, the container replaces it when ``ENABLE_EXPERIMENTAL_PASSES=1`` at run time.
+
+    Args:
+        ops_arrangement: The pattern, an ``mb.program`` with uniquely named ops; or a sequence of them,
+            alternatives that share the callbacks (each becomes a sub-pass, in the given order).
+        var_constraints: ``f(pattern) -> bool``; None accepts every structural match.
+        transform_pattern: ``f(pattern)`` rewriting the match; returning False declines it.
+        pass_name: Pass name, e.g. ``"fuse_gelu_exact"``.
+        namespace: Namespace, e.g. ``"common"``.
+        commutative: See :func:`~pattern_infra.compiler.compile_pattern`.
+        alternatives: Op types accepted per pattern op, e.g. ``{"add_or_sub": ["add", "sub"]}``.
+        constants: Default rule for pattern constants (``"any"``, ``"const"``, ``"value"``).
+        const_rules: Rules per constant, keyed ``"<op>.<slot>"`` or by const op name.
+        priority: Sub-passes with higher priority run first within the pass.
+        max_iterations: Re-visit rounds before :class:`~pattern_infra.errors.FixpointError`.
+        options: Pipeline options the pass accepts, with defaults (read as ``container.options``).
+        name: Name for messages and ``container.order`` (default: the pattern's last op name).
+
+    Returns:
+        The container the sub-pass was added to.
+
+    Raises:
+        PatternDefinitionError: The pattern breaks a rule.
+        PassRegistrationError: The pass id or a callback is unusable.
+    """
+    container = container_for(pass_name, namespace)
+    if not callable(transform_pattern):
+        raise PassRegistrationError(
+            f"register_generic_pass({namespace}::{pass_name}): transform_pattern must be callable, got "
+            f"{type(transform_pattern).__name__}."
+        )
+    if var_constraints is not None and not callable(var_constraints):
+        raise PassRegistrationError(
+            f"register_generic_pass({namespace}::{pass_name}): var_constraints must be callable or "
+            f"None, got {type(var_constraints).__name__}."
+        )
+    programs = [ops_arrangement] if isinstance(ops_arrangement, Program) else list(ops_arrangement)
+    subs = []
+    for i, program in enumerate(programs):
+        compiled = compile_pattern(
+            program,
+            name=(f"{name}[{i}]" if name and len(programs) > 1 else name),
+            commutative=commutative,
+            alternatives=alternatives,
+            constants=constants,
+            const_rules=const_rules,
+        )
+        subs.append(SubPass(compiled, var_constraints, transform_pattern, priority, max_iterations))
+    for sub in subs:
+        container.add(sub)
+    if options:
+        container.declare_options(options)
+    return container
+
+
+def generic_passes() -> dict[str, PassContainer]:
+    """Every registered generic pass, by pass id, in id order."""
+    return {
+        pass_id: value
+        for pass_id, value in sorted(PASS_REGISTRY.passes.items())
+        if isinstance(value, PassContainer)
+    }
+
+
+def _sub_pass(ops_arrangement: Program, var_constraints: Any, transform_pattern: Any) -> SubPass:
+    return SubPass(compile_pattern(ops_arrangement), var_constraints, transform_pattern)
+
+
+def fuse_all_blocks(
+    ops_arrangement: Program,
+    var_constraints: Callable[[Pattern], Any] | None,
+    transform_pattern: Callable[[Pattern], Any],
+    prog: Program,
+) -> PassStats:
+    """Replaces every instance of the pattern in every block of ``prog`` (design-document API).
+
+    Returns:
+        Counters of the run.
+    """
+    sub = _sub_pass(ops_arrangement, var_constraints, transform_pattern)
+    return run_subpasses(prog, [sub], f"fuse_all_blocks({sub.name})")
+
+
+def fuse_one_block(
+    block: Block,
+    ops_arrangement: Program,
+    var_constraints: Callable[[Pattern], Any] | None,
+    transform_pattern: Callable[[Pattern], Any],
+) -> bool:
+    """Replaces the first instance of the pattern in ``block`` (design-document API).
+
+    Returns:
+        Whether a match was rewritten.
+    """
+    sub = _sub_pass(ops_arrangement, var_constraints, transform_pattern)
+    for match in find_in_program(_BlockProgram(block), sub.matcher, var_constraints):
+        if match.block is not block:
+            continue
+        with block:
+            result = transform_pattern(match)
+        if result is False:
+            continue
+        remove_dead_ops(match)
+        return True
+    return False
+
+
+class _BlockProgram:
+    """Lets find_in_program walk a single block (and its nested blocks)."""
+
+    def __init__(self, block: Block) -> None:
+        self.functions = {"main": block}
+
+
+def find_matches(
+    ops_arrangement: Program,
+    prog: Program,
+    var_constraints: Callable[[Pattern], Any] | None = None,
+    **pattern_options: Any,
+) -> Iterator[Pattern]:
+    """Yields the matches of a pattern in ``prog`` lazily, never changing the program.
+
+    Args:
+        ops_arrangement: The pattern program.
+        prog: The program to search.
+        var_constraints: Only matches it accepts are yielded.
+        **pattern_options: As for :func:`register_generic_pass` (``commutative``, ``alternatives``,
+            ``constants``, ``const_rules``).
+
+    Yields:
+        One :class:`Pattern` per distinct set of matched ops, outer blocks first, in program order.
+    """
+    matcher = Matcher(compile_pattern(ops_arrangement, **pattern_options))
+    yield from find_in_program(prog, matcher, var_constraints)
