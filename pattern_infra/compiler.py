@@ -116,6 +116,10 @@ class ConstRule:
         got = np.asarray(val)
         if got.dtype.kind not in "biuf" or expected.dtype.kind not in "biuf":
             return None if np.array_equal(got, expected) else f"constant {var.name} differs"
+        if expected.size == 1 and got.size != 1:
+            return f"constant {var.name} has {got.size} elements where the pattern has a scalar"
+        if expected.size != 1 and got.shape != expected.shape:
+            return f"constant {var.name} has shape {got.shape}, the pattern's has {expected.shape}"
         try:
             close = np.allclose(got, expected, rtol=self.rtol, atol=self.atol)
         except ValueError:

@@ -450,12 +450,15 @@ def remove_dead_ops(match: Pattern) -> list[Operation]:
         The removed ops.
     """
     block = match.block
-    dead = [
-        op
-        for op in match.op_list()
-        if op.enclosing_block is block
-        and all(not v.child_ops and not v.consuming_blocks for v in op.outputs)
-    ]
+    dead_ids: set[int] = set()
+    dead: list[Operation] = []
+    for op in reversed(match.op_list()):
+        if op.enclosing_block is block and all(
+            not v.consuming_blocks and all(id(user) in dead_ids for user in v.child_ops)
+            for v in op.outputs
+        ):
+            dead_ids.add(id(op))
+            dead.append(op)
     if dead:
         block.remove_ops(dead)
     return dead

@@ -144,6 +144,44 @@ class Pattern:
                 f"{ {k: sorted(v) for k, v in self._operands.items()} }"
             ) from None
 
+    def replace_output(self, new_var: Var, old_var: Var | None = None) -> None:
+        """Makes every user of a final output read ``new_var`` instead: the linear way to rewrite.
+
+        Only the users of ``old_var`` are visited (never the rest of the block), scope information is
+        carried over as coremltools' passes do, and the matched ops this leaves without users are removed
+        by the framework once the transform returns: a transform only builds the replacement and calls
+        this.
+
+        Args:
+            new_var: The replacement, already inserted in the block (e.g. by ``mb.gelu(...,
+                before_op=pattern.final_op)``).
+            old_var: The output to replace; defaults to the only output of the only final op.
+
+        Raises:
+            ValueError: ``old_var`` is omitted but the match has several outputs.
+        """
+        if old_var is None:
+            outputs = self.output_vars()
+            if len(outputs) != 1:
+                raise ValueError(
+                    f"Pattern {self.pattern_name!r} has {len(outputs)} outputs; name the one to "
+                    f"replace: replace_output(new_var, old_var=...)."
+                )
+            old_var = outputs[0]
+        block = old_var.op.enclosing_block if old_var.op is not None else self.block
+        block.replace_uses_of_var_after_op(anchor_op=old_var.op, old_var=old_var, new_var=new_var)
+
+    def replace_outputs(self, new_vars: list[Var]) -> None:
+        """``replace_output`` for every output of every final op, in ``output_vars()`` order."""
+        outputs = self.output_vars()
+        if len(new_vars) != len(outputs):
+            raise ValueError(
+                f"Pattern {self.pattern_name!r} has {len(outputs)} outputs but {len(new_vars)} "
+                f"replacements were given."
+            )
+        for old, new in zip(outputs, new_vars):
+            self.replace_output(new, old)
+
     def output_vars(self) -> list[Var]:
         """Every output variable of every final op, in order: what a replacement must provide."""
         return [v for op in self.final_ops for v in op.outputs]

@@ -150,9 +150,9 @@ def _randomize_affine(module: nn.Module) -> None:
             elif isinstance(sub, nn.BatchNorm2d):
                 sub.weight.copy_(1.0 + 0.1 * torch.randn_like(sub.weight))
                 sub.bias.copy_(0.1 * torch.randn_like(sub.bias))
-                assert sub.running_mean is not None and sub.running_var is not None
-                sub.running_mean.copy_(0.1 * torch.randn_like(sub.running_mean))
-                sub.running_var.copy_(1.0 + 0.1 * torch.rand_like(sub.running_var))
+                if sub.running_mean is not None and sub.running_var is not None:
+                    sub.running_mean.copy_(0.1 * torch.randn_like(sub.running_mean))
+                    sub.running_var.copy_(1.0 + 0.1 * torch.rand_like(sub.running_var))
 
 
 # --------------------------------------------------------------------------------------------------------
@@ -552,9 +552,9 @@ def convnext_stage(
     model = ConvNeXtStage(in_dim, dim, depth)
     _randomize_affine(model)
     with torch.no_grad():
-        for block in model.blocks:
-            assert isinstance(block, ConvNeXtBlock)
-            block.gamma.copy_(0.5 + 0.1 * torch.randn_like(block.gamma))
+        for block in model.modules():
+            if isinstance(block, ConvNeXtBlock):
+                block.gamma.copy_(0.5 + 0.1 * torch.randn_like(block.gamma))
     return model.eval(), (torch.randn(1, in_dim, spatial, spatial),)
 
 

@@ -1,0 +1,88 @@
+"""``common::fuse_gelu_tanh_approximation``: the tanh form of GELU into one ``gelu`` op.
+
+Math: ``gelu(x) ~= 0.5 * x * (1 + tanh(sqrt(2 / pi) * (x + 0.044715 * x^3)))``, which is exactly what
+``gelu(mode="TANH_APPROXIMATION")`` computes.
+
+Two association orders occur in converted models; commutativity of ``add`` and ``mul`` is handled by the
+matcher, so operand order never needs a pattern of its own::
+
+    Pattern 1:  y = x * (0.5 * (tanh(sqrt(2/pi) * (x + 0.044715 * x^3)) + 1))
+
+        x --> pow(3) --> mul(0.044715) --> add --> mul(sqrt(2/pi)) --> tanh --> add(1) --> mul(0.5) --> mul --> y
+        |                                   ^                                                            ^
+        |-----------------------------------|------------------------------------------------------------|
+
+    Pattern 2:  y = (0.5 * x) * (tanh(sqrt(2/pi) * (x + 0.044715 * x^3)) + 1)
+
+        x --> mul(0.5) -----------------------------------------------------------------------> mul --> y
+        |                                                                                          ^
+        |--> pow(3) --> mul(0.044715) --> add --> mul(sqrt(2/pi)) --> tanh --> add(1) ------------|
+        |                                  ^
+        |----------------------------------|
+
+    Both become:
+
+        x --> gelu(mode="TANH_APPROXIMATION") --> y
+
+Constants are checked by the pattern itself (``constants="value"``) with the tolerance coremltools'
+pass uses (absolute 1e-3), so ``var_constraints`` is not needed. The ``gelu`` op is inserted where
+coremltools' pass inserts it (before the ``mul(0.5)``) and takes the name of the output it replaces, so
+the program is the one coremltools produces.
+"""
+
+from __future__ import annotations
+
+from coremltools.converters.mil import Builder as mb
+from coremltools.converters.mil.mil import get_new_symbol
+
+from pattern_infra import ConstRule, Pattern, register_generic_pass
+
+__all__ = ["gelu_tanh_pattern_1", "gelu_tanh_pattern_2", "transform_gelu_tanh"]
+
+_SHAPE = [get_new_symbol(), get_new_symbol(), get_new_symbol()]
+
+
+@mb.program(input_specs=[mb.TensorSpec(shape=_SHAPE)])
+def gelu_tanh_pattern_1(x):
+    pow = mb.pow(x=x, y=3.0, name="pow")
+    mul_1 = mb.mul(x=0.044715, y=pow, name="mul_1")
+    add = mb.add(x=x, y=mul_1, name="add")
+    mul_2 = mb.mul(x=0.7978845834732056, y=add, name="mul_2")
+    tanh = mb.tanh(x=mul_2, name="tanh")
+    add_1 = mb.add(x=1.0, y=tanh, name="add_1")
+    mul = mb.mul(x=0.5, y=add_1, name="mul")
+    return mb.mul(x=mul, y=x, name="mul_3")
+
+
+@mb.program(input_specs=[mb.TensorSpec(shape=_SHAPE)])
+def gelu_tanh_pattern_2(x):
+    pow = mb.pow(x=x, y=3.0, name="pow")
+    mul_1 = mb.mul(x=0.044715, y=pow, name="mul_1")
+    add = mb.add(x=x, y=mul_1, name="add")
+    mul_2 = mb.mul(x=0.7978845834732056, y=add, name="mul_2")
+    tanh = mb.tanh(x=mul_2, name="tanh")
+    add_1 = mb.add(x=1.0, y=tanh, name="add_1")
+    mul = mb.mul(x=0.5, y=x, name="mul")
+    return mb.mul(x=mul, y=add_1, name="mul_3")
+
+
+def transform_gelu_tanh(pattern: Pattern) -> None:
+    """Inserts ``gelu(TANH_APPROXIMATION)`` and redirects the output; the framework removes the rest."""
+    gelu = mb.gelu(
+        x=pattern.root_var,
+        mode="TANH_APPROXIMATION",
+        name=pattern.mul_3.outputs[0].name,
+        before_op=pattern.mul,
+    )
+    pattern.replace_output(gelu)
+
+
+register_generic_pass(
+    ops_arrangement=[gelu_tanh_pattern_1, gelu_tanh_pattern_2],
+    var_constraints=None,
+    transform_pattern=transform_gelu_tanh,
+    pass_name="fuse_gelu_tanh_approximation",
+    namespace="common",
+    constants=ConstRule("value", rtol=0.0, atol=1e-3),
+    name="gelu_tanh",
+)
