@@ -1,0 +1,33 @@
+"""Shared fixtures: a clean override variable and a throwaway pass namespace per test."""
+
+from __future__ import annotations
+
+import itertools
+import os
+
+import pytest
+from coremltools.converters.mil.mil.passes.pass_registry import PASS_REGISTRY
+
+import generic_passes  # noqa: F401  (registers the project's passes once)
+from pattern_infra import ENV_VAR
+
+_counter = itertools.count()
+
+
+@pytest.fixture(autouse=True)
+def _no_override_leak():
+    """Every test starts with the override unset and leaves it as it found it."""
+    previous = os.environ.pop(ENV_VAR, None)
+    yield
+    os.environ.pop(ENV_VAR, None)
+    if previous is not None:
+        os.environ[ENV_VAR] = previous
+
+
+@pytest.fixture
+def namespace():
+    """A fresh namespace for passes registered by one test; removed from the registry afterwards."""
+    name = f"t{next(_counter)}"
+    yield name
+    for pass_id in [k for k in PASS_REGISTRY.passes if k.startswith(f"{name}::")]:
+        del PASS_REGISTRY.passes[pass_id]

@@ -1,0 +1,353 @@
+"""Registration, the run-time override, coremltools' pipeline, and the driver's guarantees."""
+
+from __future__ import annotations
+
+import copy
+import os
+
+import coremltools as ct
+import pytest
+from coremltools.converters.mil import Builder as mb
+from coremltools.converters.mil.mil.passes.defs.optimize_activation import (
+    fuse_gelu_tanh_approximation as CoremltoolsGelu,
+)
+from coremltools.converters.mil.mil.passes.graph_pass import PassOption
+from coremltools.converters.mil.mil.passes.pass_pipeline import PassPipeline
+from coremltools.converters.mil.mil.passes.pass_registry import PASS_REGISTRY
+from coremltools.converters.mil.mil.scope import ScopeSource
+
+from pattern_infra import (
+    ENV_VAR,
+    FixpointError,
+    PassContainer,
+    PassExecutionError,
+    PassRegistrationError,
+    fuse_all_blocks,
+    fuse_one_block,
+    register_generic_pass,
+    run_log,
+)
+from pattern_infra.testing.passes import op_types, override, run_both
+
+S = (2, 3)
+
+
+@mb.program(input_specs=[mb.TensorSpec(shape=S)])
+def relu_exp(x):
+    return mb.exp(x=mb.relu(x=x, name="r"), name="e")
+
+
+def to_softplus(pattern):
+    """Toy rewrite: relu -> exp becomes one softplus (structure only; numerics are not the point)."""
+    out = mb.softplus(x=pattern.root_var, name=pattern.e.outputs[0].name, before_op=pattern.e)
+    pattern.replace_output(out)
+
+
+def chain(n, *, residual=False):
+    @mb.program(input_specs=[mb.TensorSpec(shape=S)])
+    def prog(x):
+        for _ in range(n):
+            y = mb.exp(x=mb.relu(x=x))
+            x = mb.add(x=x, y=y) if residual else mb.sin(x=y)
+        return x
+
+    return prog
+
+
+def gelu_chain(n):
+    @mb.program(input_specs=[mb.TensorSpec(shape=S)])
+    def prog(x):
+        for i in range(n):
+            a = mb.add(x=mb.mul(x=mb.pow(x=x, y=3.0), y=0.044715), y=x)
+            t = mb.tanh(x=mb.mul(x=a, y=0.7978845834732056))
+            half = mb.mul(x=0.5, y=mb.add(x=1.0, y=t)) if i % 2 else mb.mul(x=mb.add(x=t, y=1.0), y=0.5)
+            x = mb.relu(x=mb.mul(x=x, y=half))
+        return x
+
+    return prog
+
+
+def test_same_id_groups_into_one_container(namespace):
+    first = register_generic_pass(relu_exp, None, to_softplus, "p", namespace)
+    second = register_generic_pass(relu_exp, lambda p: True, to_softplus, "p", namespace, name="again")
+    assert first is second and PASS_REGISTRY[f"{namespace}::p"] is first
+    assert isinstance(first, PassContainer) and first.order == ["e", "again"]
+    assert str(first) == "p" and first.pass_id == f"{namespace}::p"
+
+
+def test_priority_orders_sub_passes(namespace):
+    register_generic_pass(relu_exp, None, to_softplus, "p", namespace, name="low")
+    c = register_generic_pass(relu_exp, None, to_softplus, "p", namespace, name="high", priority=5)
+    register_generic_pass(relu_exp, None, to_softplus, "p", namespace, name="low2")
+    assert c.order == ["high", "low", "low2"]
+
+
+@pytest.mark.parametrize("pass_name,ns", [("", "x"), ("a::b", "x"), ("p", ""), ("p", 3)])
+def test_bad_pass_ids_are_refused(pass_name, ns):
+    with pytest.raises(PassRegistrationError, match="::"):
+        register_generic_pass(relu_exp, None, to_softplus, pass_name, ns)
+
+
+def test_non_callable_transform_is_refused(namespace):
+    with pytest.raises(PassRegistrationError, match="transform_pattern must be callable"):
+        register_generic_pass(relu_exp, None, "nope", "p", namespace)
+
+
+def test_new_id_runs_whatever_the_variable_says(namespace):
+    register_generic_pass(relu_exp, None, to_softplus, "p", namespace)
+    for flag in (None, "0", "1"):
+        prog = chain(2)
+        if flag is not None:
+            os.environ[ENV_VAR] = flag
+        PASS_REGISTRY[f"{namespace}::p"](prog)
+        assert op_types(prog) == ["softplus", "sin"] * 2
+
+
+def test_override_is_decided_when_the_pass_runs():
+    prog = gelu_chain(2)
+    with override(False):
+        container = PASS_REGISTRY["common::fuse_gelu_tanh_approximation"]
+        assert container.replaces is CoremltoolsGelu
+        before = container.stats.rewrites
+        container(copy.deepcopy(prog))
+        assert container.stats.rewrites == before  # coremltools' pass ran, not ours
+    with override(True):
+        container(copy.deepcopy(prog))
+        assert container.stats.rewrites == before + 2
+
+
+def test_seed_pass_gives_coremltools_program():
+    outcome = run_both("common::fuse_gelu_tanh_approximation", gelu_chain(4))
+    assert outcome.same()
+    assert op_types(outcome.ours) == ["gelu", "relu"] * 4
+
+
+def test_options_reach_the_pass_that_runs(namespace):
+    c = register_generic_pass(relu_exp, None, to_softplus, "p", namespace, options={"level": 1})
+    c.set_options([PassOption("level", 3)])
+    assert c.options == {"level": 3}
+    c.set_options(None)
+    assert c.options == {"level": 1}
+    with pytest.raises(NotImplementedError, match="doesn't support option `bogus`"):
+        c.set_options([PassOption("bogus", 1)])
+
+
+def test_convert_with_pipeline_and_scope(namespace):
+    register_generic_pass(relu_exp, None, to_softplus, "p", namespace)
+    pipeline = PassPipeline.EMPTY
+    pipeline.append_pass(f"{namespace}::p")
+    run_log(clear=True)
+    model = ct.convert(
+        chain(3), convert_to="mlprogram", skip_model_load=True, pass_pipeline=pipeline,
+        compute_precision=ct.precision.FLOAT32,
+    )
+    prog = model._mil_program
+    assert op_types(prog) == ["softplus", "sin"] * 3
+    fired = [(pid, s.rewrites) for pid, generic, s in run_log() if generic]
+    assert fired == [(f"{namespace}::p", 3)]
+    softplus = next(op for op in prog.functions["main"].operations if op.op_type == "softplus")
+    assert softplus.scopes[ScopeSource.COREMLTOOLS_GRAPH_PASS] == ["p"]
+
+
+@pytest.mark.parametrize("flag", [False, True])
+def test_full_convert_of_a_mil_program(flag):
+    with override(flag):
+        run_log(clear=True)
+        model = ct.convert(
+            gelu_chain(3), convert_to="mlprogram", skip_model_load=True,
+            compute_precision=ct.precision.FLOAT32,
+        )
+    assert op_types(model._mil_program) == ["gelu", "relu"] * 3
+    fired = {pid for pid, _, s in run_log() if s.rewrites}
+    assert ("common::fuse_gelu_tanh_approximation" in fired) is flag
+
+
+def test_root_with_other_consumers_is_fused(namespace):
+    register_generic_pass(relu_exp, None, to_softplus, "p", namespace)
+    prog = chain(3, residual=True)
+    PASS_REGISTRY[f"{namespace}::p"](prog)
+    assert op_types(prog) == ["softplus", "add"] * 3
+
+
+def test_nested_blocks_are_fused(namespace):
+    register_generic_pass(relu_exp, None, to_softplus, "p", namespace)
+
+    @mb.program(input_specs=[mb.TensorSpec(shape=S), mb.TensorSpec(shape=(1,))])
+    def prog(x, flag):
+        def then_branch():
+            return mb.exp(x=mb.relu(x=x))
+
+        def else_branch():
+            return mb.exp(x=mb.relu(x=mb.sin(x=x)))
+
+        pred = mb.squeeze(x=mb.greater(x=flag, y=0.0))
+        return mb.cond(pred=pred, _true_fn=then_branch, _false_fn=else_branch)
+
+    PASS_REGISTRY[f"{namespace}::p"](prog)
+    cond = next(op for op in prog.functions["main"].operations if op.op_type == "cond")
+    inner = [[op.op_type for op in b.operations] for b in cond.blocks]
+    assert inner == [["softplus"], ["sin", "softplus"]]
+
+
+def test_a_raising_transform_restores_the_program(namespace):
+    calls = []
+
+    def explode_on_second(pattern):
+        calls.append(pattern.e.name)
+        if len(calls) == 2:
+            raise ZeroDivisionError("boom")
+        to_softplus(pattern)
+
+    register_generic_pass(relu_exp, None, explode_on_second, "p", namespace)
+    prog = chain(3)
+    before = str(prog)
+    with pytest.raises(PassExecutionError) as info:
+        PASS_REGISTRY[f"{namespace}::p"](prog)
+    message = str(info.value)
+    assert f"{namespace}::p" in message and "'e'" in message and "ZeroDivisionError: boom" in message
+    assert calls[1] in message and "restored" in message
+    assert str(prog) == before
+    prog.validate()
+    PASS_REGISTRY[f"{namespace}::p"]  # the registry is intact
+    register_generic_pass(relu_exp, None, to_softplus, "q", namespace)
+    PASS_REGISTRY[f"{namespace}::q"](prog)  # and the restored program is usable
+    assert op_types(prog) == ["softplus", "sin"] * 3
+
+
+def test_a_raising_constraint_restores_the_program(namespace):
+    seen = []
+
+    def constraint(pattern):
+        seen.append(1)
+        if len(seen) == 3:
+            raise KeyError("no such thing")
+        return True
+
+    register_generic_pass(relu_exp, constraint, to_softplus, "p", namespace)
+    prog = chain(3)
+    before = str(prog)
+    with pytest.raises(PassExecutionError, match="var_constraints raised KeyError"):
+        PASS_REGISTRY[f"{namespace}::p"](prog)
+    assert str(prog) == before
+
+
+def test_declining_changes_nothing_and_is_not_retried(namespace):
+    calls = []
+
+    def decline(pattern):
+        calls.append(pattern.e.name)
+        return False
+
+    c = register_generic_pass(relu_exp, None, decline, "p", namespace)
+    prog = chain(3)
+    before = str(prog)
+    c(prog)
+    assert str(prog) == before and len(calls) == 3
+    assert c.stats.declined == 3 and c.stats.rewrites == 0
+
+
+def test_declining_after_a_change_is_an_error(namespace):
+    def sneaky(pattern):
+        mb.relu(x=pattern.root_var, before_op=pattern.e)
+        return False
+
+    register_generic_pass(relu_exp, None, sneaky, "p", namespace)
+    prog = chain(2)
+    before = str(prog)
+    with pytest.raises(PassExecutionError, match="returned False"):
+        PASS_REGISTRY[f"{namespace}::p"](prog)
+    assert str(prog) == before
+
+
+def test_a_transform_recreating_its_pattern_hits_the_cap(namespace):
+    def recreate(pattern):
+        r = mb.relu(x=pattern.root_var, before_op=pattern.e)
+        pattern.replace_output(mb.exp(x=r, before_op=pattern.e))
+
+    register_generic_pass(relu_exp, None, recreate, "p", namespace, max_iterations=5)
+    prog = chain(2)
+    before = str(prog)
+    with pytest.raises(FixpointError, match="still rewriting after 5 rounds"):
+        PASS_REGISTRY[f"{namespace}::p"](prog)
+    assert str(prog) == before
+
+
+def test_constraints_see_the_match_and_can_reject(namespace):
+    def only_first(pattern):
+        return pattern.root_var.name == "x"
+
+    register_generic_pass(relu_exp, only_first, to_softplus, "p", namespace)
+    prog = chain(3)
+    PASS_REGISTRY[f"{namespace}::p"](prog)
+    assert op_types(prog) == ["softplus", "sin", "relu", "exp", "sin", "relu", "exp", "sin"]
+
+
+def test_seed_style_transform_still_works(namespace):
+    def seed_style(pattern):
+        out = mb.softplus(x=pattern.root_var, name=pattern.e.outputs[0].name, before_op=pattern.r)
+        pattern.e.enclosing_block.replace_uses_of_var_after_op(
+            anchor_op=pattern.e, old_var=pattern.e.outputs[0], new_var=out
+        )
+        pattern.block.remove_ops(pattern.op_list())
+
+    register_generic_pass(relu_exp, None, seed_style, "p", namespace)
+    prog = chain(4)
+    PASS_REGISTRY[f"{namespace}::p"](prog)
+    assert op_types(prog) == ["softplus", "sin"] * 4
+
+
+def test_fuse_all_blocks_and_fuse_one_block():
+    prog = chain(3)
+    stats = fuse_all_blocks(relu_exp, None, to_softplus, prog)
+    assert stats.rewrites == 3 and op_types(prog) == ["softplus", "sin"] * 3
+    prog = chain(3)
+    block = prog.functions["main"]
+    assert fuse_one_block(block, relu_exp, None, to_softplus)
+    assert op_types(prog).count("softplus") == 1
+    assert not fuse_one_block(block, relu_exp, lambda p: False, to_softplus)
+
+
+@pytest.mark.parametrize("n", [10, 40, 160])
+def test_each_op_is_visited_a_bounded_number_of_times(n):
+    c = PASS_REGISTRY["common::fuse_gelu_tanh_approximation"]
+    before = copy.deepcopy(c.stats)
+    with override(True):
+        c(gelu_chain(n))
+    attempts = c.stats.attempts - before.attempts
+    binds = c.stats.bind_attempts - before.bind_attempts
+    assert c.stats.rewrites - before.rewrites == n
+    # one anchor (the tanh) per block per sub-pass, at most 8 pattern ops bound per attempt
+    assert attempts <= 2 * n
+    assert binds <= 2 * 8 * n + 8
+    assert c.stats.iterations - before.iterations <= 2 * 2
+
+
+def test_absent_op_types_cost_nothing(namespace):
+    # Many sub-passes for op types the program lacks: not one bind attempt is spent on them.
+    @mb.program(input_specs=[mb.TensorSpec(shape=S)])
+    def absent(x):
+        return mb.erf(x=mb.atan(x=x, name="a"), name="e")
+
+    c = register_generic_pass([absent] * 20, None, to_softplus, "p", namespace)
+    c(gelu_chain(50))
+    assert c.stats.bind_attempts == 0 and c.stats.attempts == 0
+
+
+def test_chain_created_by_rewrites_is_followed(namespace):
+    @mb.program(input_specs=[mb.TensorSpec(shape=S)])
+    def two_relus(x):
+        return mb.relu(x=mb.relu(x=x, name="a"), name="b")
+
+    def merge(pattern):
+        pattern.replace_output(mb.relu(x=pattern.root_var, before_op=pattern.b))
+
+    register_generic_pass(two_relus, None, merge, "p", namespace)
+
+    @mb.program(input_specs=[mb.TensorSpec(shape=S)])
+    def prog(x):
+        for _ in range(7):
+            x = mb.relu(x=x)
+        return mb.sin(x=x)
+
+    PASS_REGISTRY[f"{namespace}::p"](prog)
+    assert op_types(prog) == ["relu", "sin"]
