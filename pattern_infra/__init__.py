@@ -16,8 +16,11 @@ from .errors import (
     UnsupportedOpError,
     VerificationError,
 )
+from .explain import Explanation, explain
 from .matcher import Failure, Matcher, detect_pattern, lists_op_equality, pattern_detected
 from .pattern import Pattern
+from .rewrite import replace_with
+from . import predicates
 from .registry import (
     ENV_VAR,
     PassContainer,
@@ -36,6 +39,7 @@ __all__ = [
     "ConstRule",
     "DEFAULT_MAX_ITERATIONS",
     "ENV_VAR",
+    "Explanation",
     "Failure",
     "FixpointError",
     "Matcher",
@@ -51,6 +55,7 @@ __all__ = [
     "VerificationError",
     "compile_pattern",
     "detect_pattern",
+    "explain",
     "find_matches",
     "fuse_all_blocks",
     "fuse_one_block",
@@ -58,7 +63,9 @@ __all__ = [
     "lists_op_equality",
     "override_enabled",
     "pattern_detected",
+    "predicates",
     "register_generic_pass",
     "remove_dead_ops",
+    "replace_with",
     "run_log",
 ]

@@ -166,6 +166,9 @@ class PatternNode:
     """Whether ``x`` and ``y`` may be swapped when matching."""
     is_final: bool = False
     """Whether the outputs may be used outside the match."""
+    fanout: bool = False
+    """Whether this node stands for *every* consumer of its input variable (all of one kind): the
+    match captures them as a list (TFLite's ``MultipleSameOps``)."""
     output_uses: list[int] = field(default_factory=list)
     """For each output, how many pattern edges consume it."""
     consumers: list[tuple[int, str, int, int]] = field(default_factory=list)
@@ -247,6 +250,7 @@ def compile_pattern(
     alternatives: Mapping[str, Sequence[str]] | None = None,
     constants: ConstMode | ConstRule = "any",
     const_rules: Mapping[str, ConstMode | ConstRule] | None = None,
+    fanout: Iterable[str] = (),
 ) -> CompiledPattern:
     """Reads a pattern program into a :class:`CompiledPattern`, enforcing the pattern rules.
 
@@ -261,6 +265,9 @@ def compile_pattern(
             :class:`ConstRule`).
         const_rules: Per-constant rules, keyed by ``"<op name>.<slot>"`` (e.g. ``"pow.y"``) or by the name
             of the pattern's const op.
+        fanout: Pattern ops that stand for every consumer of their input (one or more ops of the same
+            kind, captured as a list). Such an op must be a last op of the pattern, with exactly one
+            input coming from a pattern input or another pattern op.
 
     Returns:
         The compiled pattern.
@@ -407,6 +414,7 @@ def compile_pattern(
     final_nodes = _final_nodes(pattern_name, func, nodes, op_of_output)
     for idx in final_nodes:
         nodes[idx].is_final = True
+    _mark_fanout(pattern_name, nodes, set(fanout), by_name)
     _check_connected(pattern_name, nodes, root_consumers)
     compiled = CompiledPattern(
         name=pattern_name,
@@ -455,6 +463,34 @@ def _final_nodes(
             f"outputs, return every one of them from the pattern program."
         )
     return finals
+
+
+def _mark_fanout(
+    pattern_name: str, nodes: list[PatternNode], fanout: set[str], by_name: dict[str, int]
+) -> None:
+    for name in sorted(fanout):
+        if name not in by_name:
+            raise PatternDefinitionError(
+                f"Pattern {pattern_name!r}: fanout names op {name!r}, which the pattern does not have. "
+                f"Pattern ops: {sorted(by_name)}."
+            )
+        node = nodes[by_name[name]]
+        if not node.is_final:
+            raise PatternDefinitionError(
+                f"Pattern {pattern_name!r}: fan-out op {name!r} is consumed inside the pattern; a fan-out "
+                f"op stands for a set of ops and must be a last op (return it from the pattern)."
+            )
+        sources = [e for _, edge in node.inputs.items() for _, e in _positions(edge) if e.kind != "const"]
+        if len(sources) != 1:
+            raise PatternDefinitionError(
+                f"Pattern {pattern_name!r}: fan-out op {name!r} must read exactly one pattern input or "
+                f"pattern op output (the variable whose consumers it captures); it reads {len(sources)}."
+            )
+        node.fanout = True
+    if nodes and all(n.fanout for n in nodes):
+        raise PatternDefinitionError(
+            f"Pattern {pattern_name!r}: every op is a fan-out op; the pattern needs one ordinary op."
+        )
 
 
 def _check_connected(

@@ -156,6 +156,8 @@ class Matcher:
         """The pattern op whose accepted types are rarest among ``type_counts``; ties go to the last op."""
         best_cost, best = None, 0
         for node in reversed(self.nodes):
+            if node.fanout:
+                continue
             cost = sum(type_counts.get(t, 0) for t in node.op_types)
             if best_cost is None or cost < best_cost:
                 best_cost, best = cost, node.index
@@ -254,6 +256,8 @@ class _Search:
             var = src_op.outputs[st.out] if src_op is not None else None
         if var is None:
             return False
+        if self.m.nodes[st.node].fanout:
+            return self.bind_fanout(st.node, var, i)
         tried = False
         for consumer in dict.fromkeys(var.child_ops):
             if consumer.op_type in self.m.nodes[st.node].op_types and id(consumer) not in self.used:
@@ -301,6 +305,44 @@ class _Search:
                 self.ops[n] = None
                 self.assign[n] = None
             self.roots = saved_roots
+        return False
+
+    def bind_fanout(self, n: int, var: Var, i: int) -> bool:
+        """Binds node ``n`` to *all* consumers of ``var``; each must match the node on its own."""
+        node = self.m.nodes[n]
+        members = list(dict.fromkeys(var.child_ops))
+        saved_roots = list(self.roots)
+        assigned: list[dict[str, Any]] = []
+        for op in members:
+            self.m.bind_attempts += 1
+            if op.op_type not in node.op_types or len(op.outputs) != node.num_outputs:
+                self.roots = saved_roots
+                return self.fail(n, lambda: f"fan-out {node.name}: consumer {op.name} of {var.name} is "
+                                 f"{op.op_type}, not {node.op_type_label}")
+            if op.enclosing_block is not self.block or id(op) in self.used:
+                self.roots = saved_roots
+                return self.fail(n, lambda: f"fan-out {node.name}: consumer {op.name} is outside the "
+                                 f"block or already matched")
+            ok = next((a for a in self.assignments(node, op) if self.check_edges(node, op, a)), None)
+            if ok is None:
+                self.roots = saved_roots
+                return False
+            assigned.append(ok)
+        if not members:
+            return self.fail(n, lambda: f"fan-out {node.name}: {var.name} has no consumer")
+        self.ops[n] = members  # type: ignore[assignment]
+        self.assign[n] = assigned[0]
+        for op in members:
+            self.used[id(op)] = n
+        self.depth += 1
+        if self.step(i + 1):
+            return True
+        self.depth -= 1
+        for op in members:
+            del self.used[id(op)]
+        self.ops[n] = None
+        self.assign[n] = None
+        self.roots = saved_roots
         return False
 
     def assignments(self, node: PatternNode, op: Operation) -> Iterator[dict[str, Any]]:
@@ -364,17 +406,22 @@ class _Search:
 
     def final_checks(self) -> bool:
         for node in self.m.nodes:
-            if node.is_final:
+            if node.is_final or node.fanout:
                 continue
             op = self.ops[node.index]
+            uses = list(node.output_uses)
+            for consumer, _, _, out in node.consumers:
+                members = self.ops[consumer]
+                if isinstance(members, list):
+                    uses[out] += len(members) - 1
             for j, var in enumerate(op.outputs):
                 if var.consuming_blocks:
                     return self.fail(node.index, lambda: f"intermediate {var.name} of {node.name} is "
                                      f"a block output")
-                if len(var.child_ops) != node.output_uses[j]:
+                if len(var.child_ops) != uses[j]:
                     return self.fail(node.index, lambda: f"extra consumer of intermediate {var.name} "
                                      f"({node.name}): used {len(var.child_ops)} times, the pattern "
-                                     f"uses it {node.output_uses[j]} times")
+                                     f"uses it {uses[j]} times")
         for r, var in enumerate(self.roots):
             if var is not None and var.op is not None and id(var.op) in self.used:
                 return self.fail(0, lambda: f"input {self.m.compiled.root_names[r]!r} is bound to "

@@ -231,6 +231,7 @@ def register_generic_pass(
     alternatives: Mapping[str, Sequence[str]] | None = None,
     constants: ConstMode | ConstRule = "any",
     const_rules: Mapping[str, ConstMode | ConstRule] | None = None,
+    fanout: Sequence[str] = (),
     priority: int = 0,
     max_iterations: int = DEFAULT_MAX_ITERATIONS,
     options: Mapping[str, Any] | None = None,
@@ -252,6 +253,7 @@ def register_generic_pass(
         alternatives: Op types accepted per pattern op, e.g. ``{"add_or_sub": ["add", "sub"]}``.
         constants: Default rule for pattern constants (``"any"``, ``"const"``, ``"value"``).
         const_rules: Rules per constant, keyed ``"<op>.<slot>"`` or by const op name.
+        fanout: Pattern ops standing for every consumer of their input, captured as a list.
         priority: Sub-passes with higher priority run first within the pass.
         max_iterations: Re-visit rounds before :class:`~pattern_infra.errors.FixpointError`.
         options: Pipeline options the pass accepts, with defaults (read as ``container.options``).
@@ -285,6 +287,7 @@ def register_generic_pass(
             alternatives=alternatives,
             constants=constants,
             const_rules=const_rules,
+            fanout=fanout,
         )
         subs.append(SubPass(compiled, var_constraints, transform_pattern, priority, max_iterations))
     for sub in subs:
@@ -366,7 +369,7 @@ def find_matches(
         prog: The program to search.
         var_constraints: Only matches it accepts are yielded.
         **pattern_options: As for :func:`register_generic_pass` (``commutative``, ``alternatives``,
-            ``constants``, ``const_rules``).
+            ``constants``, ``const_rules``, ``fanout``).
 
     Yields:
         One :class:`Pattern` per distinct set of matched ops, outer blocks first, in program order.

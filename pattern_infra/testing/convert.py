@@ -11,7 +11,9 @@ Defaults, which every keyword argument of :func:`coremltools.convert` can overri
 * ``minimum_deployment_target=coremltools.target.iOS16`` for PyTorch models (see :data:`DEFAULT_TARGET`).
 
 The override is the environment variable ``ENABLE_EXPERIMENTAL_PASSES``; :func:`experimental_passes`
-sets it for the duration of one conversion.
+sets it for the duration of one conversion. A conversion with ``override=True`` first imports
+:mod:`generic_passes`, so the project's passes are registered: without them the variable would silently
+change nothing.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import copy
+import importlib
 import logging
 import os
 from collections.abc import Iterator
@@ -26,6 +29,8 @@ from typing import Any
 
 import coremltools
 from coremltools.converters.mil.mil import Block, Program
+
+from ..registry import ENV_VAR
 
 __all__ = [
     "DEFAULT_TARGET",
@@ -40,17 +45,14 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
-ENV_VAR = "ENABLE_EXPERIMENTAL_PASSES"
-"""The environment variable that switches the generic-pass override on (``"1"``) or off (absent)."""
-
 DEFAULT_TARGET = coremltools.target.iOS16
 """Deployment target of :func:`convert_torch` unless the caller passes ``minimum_deployment_target``.
 
-iOS16 is the oldest target whose opset has every op the zoo needs in fp32 (``gelu`` modes, ``layer_norm``,
-``linear``, ``conv``, ``batch_norm``), and coremltools 9.0 produces the very same op graph for every zoo
-model at iOS16, iOS17 and iOS18 (``sdpa``, new in iOS18, is only made from
-``F.scaled_dot_product_attention``, which the zoo does not call): the oldest target covers the most
-devices at no cost.
+coremltools 9.0 produces the very same op graph for every zoo model at iOS15, iOS16, iOS17 and iOS18
+(``sdpa``, new in iOS18, is only made from ``F.scaled_dot_product_attention``, which the zoo does not
+call), so the target is chosen for what it checks: the oldest target commonly required today keeps the
+converted models deployable widely, and a rewrite that emits an op or op version newer than the target is
+rejected by coremltools' opset checks instead of passing unnoticed.
 """
 
 
@@ -82,6 +84,12 @@ def experimental_passes(enabled: bool) -> Iterator[None]:
             os.environ[ENV_VAR] = previous
 
 
+def _register_generic_passes(override: bool) -> None:
+    """Import :mod:`generic_passes` (registering every project pass) when the override is requested."""
+    if override:
+        importlib.import_module("generic_passes")
+
+
 def _with_defaults(convert_kwargs: dict[str, Any]) -> dict[str, Any]:
     """Fill in the keyword arguments of :func:`coremltools.convert` that every conversion here shares."""
     kwargs = dict(convert_kwargs)
@@ -91,14 +99,16 @@ def _with_defaults(convert_kwargs: dict[str, Any]) -> dict[str, Any]:
     return kwargs
 
 
-def convert_torch(module: Any, example_args: tuple[Any, ...], *, override: bool, **convert_kwargs: Any) -> Program:
+def convert_torch(
+    module: Any, example_args: tuple[Any, ...], *, override: bool, **convert_kwargs: Any
+) -> Program:
     """Export a PyTorch module with :mod:`torch.export` and convert it to an ML program.
 
     Args:
         module: A :class:`torch.nn.Module`; it is put in ``eval()`` mode.
         example_args: Positional example inputs for :func:`torch.export.export`.
         override: Whether the generic-pass override is enabled during conversion (see
-            :func:`experimental_passes`).
+            :func:`experimental_passes`); when true, :mod:`generic_passes` is imported first.
         **convert_kwargs: Extra keyword arguments for :func:`coremltools.convert`; they win over the
             defaults (``convert_to="mlprogram"``, ``skip_model_load=True``, FLOAT32 compute precision,
             :data:`DEFAULT_TARGET`).
@@ -112,6 +122,7 @@ def convert_torch(module: Any, example_args: tuple[Any, ...], *, override: bool,
     kwargs = _with_defaults(convert_kwargs)
     kwargs.setdefault("minimum_deployment_target", DEFAULT_TARGET)
     logger.debug(f"converting {type(module).__name__} with override={override}")
+    _register_generic_passes(override)
     with experimental_passes(override):
         mlmodel = coremltools.convert(exported, **kwargs)
     return mlmodel._mil_program
@@ -126,7 +137,8 @@ def convert_mil(prog: Program, *, override: bool, **kwargs: Any) -> Program:
 
     Args:
         prog: The program to convert, e.g. one built with ``@mb.program``.
-        override: Whether the generic-pass override is enabled during conversion.
+        override: Whether the generic-pass override is enabled during conversion; when true,
+            :mod:`generic_passes` is imported first.
         **kwargs: Extra keyword arguments for :func:`coremltools.convert` (e.g. ``pass_pipeline``); they win
             over the defaults (``convert_to="mlprogram"``, ``skip_model_load=True``, FLOAT32 precision).
 
@@ -134,6 +146,7 @@ def convert_mil(prog: Program, *, override: bool, **kwargs: Any) -> Program:
         The converted copy of ``prog`` after the whole pass pipeline.
     """
     prog_copy = copy.deepcopy(prog)
+    _register_generic_passes(override)
     with experimental_passes(override):
         mlmodel = coremltools.convert(prog_copy, **_with_defaults(kwargs))
     return mlmodel._mil_program

@@ -34,16 +34,24 @@ from torch import nn
 from torch.nn import functional as F
 
 __all__ = [
+    "ChannelsFirstLayerNorm",
+    "InlineLayerNorm",
+    "LayerNormStyle",
     "ModelAndArgs",
+    "WrittenLayerNorm",
     "ZOO",
     "bert_encoder",
     "clip_mlp",
     "convnext_stage",
+    "gelu_erf",
+    "gelu_tanh_cube",
+    "gelu_tanh_pow",
     "gpt2_block",
     "jax_style_gelu_mlp",
     "mobilenet_block",
     "prenorm_transformer",
     "prenorm_transformer_inline_ln",
+    "quick_gelu",
     "resnet_stack",
 ]
 
@@ -53,6 +61,7 @@ ModelAndArgs = tuple[nn.Module, tuple[torch.Tensor, ...]]
 """What every builder returns: the module in ``eval()`` mode and its example inputs."""
 
 LayerNormStyle = Literal["module", "inline"]
+"""How :func:`prenorm_transformer` writes layer norms: ``"module"`` or ``"inline"``."""
 
 
 # --------------------------------------------------------------------------------------------------------
@@ -202,7 +211,9 @@ class TanhGeluMLP(nn.Module):
 class PreNormBlock(nn.Module):
     """``x = x + attn(ln1(x)); x = x + mlp(ln2(x))``: the layer-norm input also feeds the residual add."""
 
-    def __init__(self, d_model: int, n_heads: int, mlp_ratio: int, eps: float, ln_style: LayerNormStyle) -> None:
+    def __init__(
+        self, d_model: int, n_heads: int, mlp_ratio: int, eps: float, ln_style: LayerNormStyle
+    ) -> None:
         super().__init__()
         norm = WrittenLayerNorm if ln_style == "module" else InlineLayerNorm
         self.ln1 = norm(d_model, eps)
@@ -668,7 +679,9 @@ class InvertedResidual(nn.Module):
         return self.conv(x)
 
 
-def mobilenet_block(channels: int = 16, expand_ratio: int = 6, spatial: int = 16, seed: int = 0) -> ModelAndArgs:
+def mobilenet_block(
+    channels: int = 16, expand_ratio: int = 6, spatial: int = 16, seed: int = 0
+) -> ModelAndArgs:
     """One MobileNetV2 inverted residual block with its residual connection.
 
     Args:

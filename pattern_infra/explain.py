@@ -1,0 +1,159 @@
+"""Why does my pattern not match? The nearest partial matches, and where each one stopped.
+
+``explain`` tries every pattern op as the anchor at every program op of its type (a diagnostic, so it
+does not take the driver's shortcuts), records for each attempt how many pattern ops were bound and the
+first reason the search gave up, and reports the attempts that got furthest. Complete structural matches
+go on to ``var_constraints`` ("constraint returned False") and, if a transform is given, to the transform
+on a copy of the program ("transform declined"): the program passed in is never changed.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from coremltools.converters.mil.mil import Program
+
+from .compiler import compile_pattern
+from .driver import _BlockState, iter_blocks
+from .matcher import Failure, Matcher
+from .pattern import Pattern
+
+__all__ = ["Explanation", "explain"]
+
+
+@dataclass
+class Explanation:
+    """What ``explain`` found."""
+
+    pattern: str
+    """The pattern's name."""
+    pattern_size: int
+    """Number of ops in the pattern."""
+    matches: list[Pattern] = field(default_factory=list)
+    """Complete matches that passed the constraints (and the transform, if one was given)."""
+    near_misses: list[Failure] = field(default_factory=list)
+    """The partial matches that got furthest, best first."""
+
+    def __str__(self) -> str:
+        lines = [
+            f"pattern {self.pattern!r} ({self.pattern_size} ops): {len(self.matches)} full match(es)"
+        ]
+        for m in self.matches:
+            lines.append("  match: " + ", ".join(f"{k}={op.name}" for k, op in _flat(m)))
+        for miss in self.near_misses:
+            bound = ", ".join(f"{k}={v}" for k, v in miss.ops.items()) or "nothing"
+            lines.append(
+                f"  near miss: {miss.bound}/{self.pattern_size} ops bound ({bound}); "
+                f"failed at {miss.node!r}: {miss.reason}"
+            )
+        if not self.matches and not self.near_misses:
+            lines.append("  no program op has the type of any pattern op")
+        return "\n".join(lines)
+
+
+def _flat(match: Pattern) -> list[tuple[str, Any]]:
+    out = []
+    for name, op in match.ops.items():
+        for one in op if isinstance(op, list) else [op]:
+            out.append((name, one))
+    return out
+
+
+def explain(
+    ops_arrangement: Program,
+    prog: Program,
+    var_constraints: Callable[[Pattern], Any] | None = None,
+    transform_pattern: Callable[[Pattern], Any] | None = None,
+    *,
+    top: int = 3,
+    **pattern_options: Any,
+) -> Explanation:
+    """Reports full matches and the nearest partial matches of a pattern in ``prog``.
+
+    Args:
+        ops_arrangement: The pattern program.
+        prog: The program to search (never changed).
+        var_constraints: Applied to full matches; a False is reported as "constraint returned False".
+        transform_pattern: If given, run on each accepted match of a *copy* of ``prog``; a False return
+            is reported as "transform declined".
+        top: How many near misses to report.
+        **pattern_options: As for ``register_generic_pass`` (``commutative``, ``alternatives``, ...).
+
+    Returns:
+        An :class:`Explanation`; ``str()`` of it is a readable report.
+    """
+    compiled = compile_pattern(ops_arrangement, **pattern_options)
+    matcher = Matcher(compiled)
+    result = Explanation(compiled.name, len(compiled.nodes))
+    misses: dict[tuple[int, str, str], Failure] = {}
+    accepted: list[tuple[int, int]] = []
+    for b, block in enumerate(iter_blocks(prog)):
+        st = _BlockState(block)
+        seen: set[frozenset[int]] = set()
+        for node in compiled.nodes:
+            if node.fanout:
+                continue
+            for t in sorted(node.op_types):
+                for op in st.by_type.get(t, ()):
+                    found = matcher.match_at(op, block, node.index, order=st.order, trace=True)
+                    if isinstance(found, Failure):
+                        key = (0, found.node, found.reason)
+                        if key not in misses or misses[key].bound < found.bound:
+                            misses[key] = found
+                        continue
+                    ids = frozenset(id(o) for o in found.op_set)
+                    if ids in seen:
+                        continue
+                    seen.add(ids)
+                    if var_constraints is not None and not var_constraints(found):
+                        failure = Failure(len(compiled.nodes), compiled.nodes[-1].name,
+                                          "constraint returned False", _names(found))
+                        misses.setdefault((failure.bound, op.name, failure.reason), failure)
+                        continue
+                    accepted.append((b, len(result.matches)))
+                    result.matches.append(found)
+    if transform_pattern is not None and result.matches:
+        result.matches = _try_transforms(prog, result, compiled.name, matcher, transform_pattern, misses)
+    ranked = sorted(misses.values(), key=lambda f: (-f.bound, f.node, f.reason))
+    result.near_misses = ranked[:top]
+    return result
+
+
+def _names(match: Pattern) -> dict[str, str]:
+    return {k: op.name for k, op in _flat(match)}
+
+
+def _try_transforms(
+    prog: Program,
+    result: Explanation,
+    name: str,
+    matcher: Matcher,
+    transform_pattern: Callable[[Pattern], Any],
+    misses: dict[tuple[int, str, str], Failure],
+) -> list[Pattern]:
+    """Runs the transform on a copy; keeps the matches it did not decline."""
+    wanted = [_names(m) for m in result.matches]
+    clone = copy.deepcopy(prog)
+    kept: list[Pattern] = []
+    for block in iter_blocks(clone):
+        st = _BlockState(block)
+        anchor = matcher.choose_anchor(st.counts)
+        for op in list(st.by_type.get(next(iter(matcher.nodes[anchor].op_types)), ())):
+            if op.enclosing_block is not block:
+                continue
+            found = matcher.match_at(op, block, anchor, order=st.order)
+            if not isinstance(found, Pattern) or _names(found) not in wanted:
+                continue
+            original = result.matches[wanted.index(_names(found))]
+            with block:
+                declined = transform_pattern(found) is False
+            if declined:
+                failure = Failure(len(matcher.nodes), found.final_op.name, "transform declined",
+                                  _names(found))
+                misses.setdefault((failure.bound, failure.node, failure.reason), failure)
+            else:
+                kept.append(original)
+    return kept
