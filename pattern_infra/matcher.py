@@ -222,7 +222,7 @@ class _Search:
         self.depth = 0
 
     def fail(self, node: int, reason: str | Callable[[], str]) -> bool:
-        if self.trace and (self.failure is None or self.depth >= self.failure.bound):
+        if self.trace and (self.failure is None or self.depth > self.failure.bound):
             self.failure = Failure(
                 bound=self.depth,
                 node=self.m.nodes[node].name,
