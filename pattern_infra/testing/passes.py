@@ -7,16 +7,14 @@ off, ours with it on) so a test can compare the results op for op, count ops and
 from __future__ import annotations
 
 import copy
-import os
 from collections import Counter
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass
 
 from coremltools.converters.mil.mil import Program
 from coremltools.converters.mil.mil.passes.pass_registry import PASS_REGISTRY
 
-from ..registry import ENV_VAR, PassContainer
+from ..registry import PassContainer
+from .convert import experimental_passes
 
 __all__ = [
     "PassOutcome",
@@ -28,21 +26,8 @@ __all__ = [
 ]
 
 
-@contextmanager
-def override(enabled: bool) -> Iterator[None]:
-    """Sets ``ENABLE_EXPERIMENTAL_PASSES`` to "1" (or removes it) for the duration, then restores it."""
-    previous = os.environ.get(ENV_VAR)
-    if enabled:
-        os.environ[ENV_VAR] = "1"
-    else:
-        os.environ.pop(ENV_VAR, None)
-    try:
-        yield
-    finally:
-        if previous is None:
-            os.environ.pop(ENV_VAR, None)
-        else:
-            os.environ[ENV_VAR] = previous
+override = experimental_passes
+"""Sets ``ENABLE_EXPERIMENTAL_PASSES`` for the duration (alias of :func:`.convert.experimental_passes`)."""
 
 
 def op_types(prog: Program, include_const: bool = False) -> list[str]:
