@@ -3,8 +3,8 @@
 Math: ``gelu(x) ~= 0.5 * x * (1 + tanh(sqrt(2 / pi) * (x + 0.044715 * x^3)))``, which is exactly what
 ``gelu(mode="TANH_APPROXIMATION")`` computes.
 
-Two association orders occur in converted models; commutativity of ``add`` and ``mul`` is handled by the
-matcher, so operand order never needs a pattern of its own::
+Two association orders occur in converted models, each with two ways of writing the cube; commutativity
+of ``add`` and ``mul`` is handled by the matcher, so operand order never needs a pattern of its own::
 
     Pattern 1:  y = x * (0.5 * (tanh(sqrt(2/pi) * (x + 0.044715 * x^3)) + 1))
 
@@ -20,14 +20,23 @@ matcher, so operand order never needs a pattern of its own::
         |                                  ^
         |----------------------------------|
 
-    Both become:
+    Patterns 3 and 4 (beyond coremltools): ``jax.nn.gelu(approximate=True)``, and code ported from it,
+    writes the cube as ``x * x * x``. Converted from PyTorch that reaches the pass as two ``mul`` ops,
+    ``mul(mul(x, x), x)``, where patterns 1 and 2 have ``pow(3)``; coremltools 9.0 leaves it unfused.
+    Pattern 3 is pattern 1, pattern 4 is pattern 2, with that cube:
+
+        x --> mul(x, x) --> mul --> mul(0.044715) --> add --> mul(sqrt(2/pi)) --> tanh --> add(1) --> ...
+        |                    ^                         ^
+        |--------------------|-------------------------|  (and x feeds the last mul as in pattern 1 / 2)
+
+    All four become:
 
         x --> gelu(mode="TANH_APPROXIMATION") --> y
 
 Constants are checked by the pattern itself (``constants="value"``) with the tolerance coremltools'
 pass uses (absolute 1e-3), so ``var_constraints`` is not needed. The ``gelu`` op is inserted where
 coremltools' pass inserts it (before the ``mul(0.5)``) and takes the name of the output it replaces, so
-the program is the one coremltools produces.
+for patterns 1 and 2 the program is the one coremltools produces; patterns 3 and 4 rewrite the same way.
 """
 
 from __future__ import annotations
@@ -37,7 +46,13 @@ from coremltools.converters.mil.mil import get_new_symbol
 
 from pattern_infra import ConstRule, Pattern, register_generic_pass
 
-__all__ = ["gelu_tanh_pattern_1", "gelu_tanh_pattern_2", "transform_gelu_tanh"]
+__all__ = [
+    "gelu_tanh_pattern_1",
+    "gelu_tanh_pattern_2",
+    "gelu_tanh_cube_pattern_1",
+    "gelu_tanh_cube_pattern_2",
+    "transform_gelu_tanh",
+]
 
 _SHAPE = [get_new_symbol(), get_new_symbol(), get_new_symbol()]
 
@@ -66,6 +81,32 @@ def gelu_tanh_pattern_2(x):
     return mb.mul(x=mul, y=add_1, name="mul_3")
 
 
+@mb.program(input_specs=[mb.TensorSpec(shape=_SHAPE)])
+def gelu_tanh_cube_pattern_1(x):
+    square = mb.mul(x=x, y=x, name="square")
+    cube = mb.mul(x=square, y=x, name="cube")
+    mul_1 = mb.mul(x=0.044715, y=cube, name="mul_1")
+    add = mb.add(x=x, y=mul_1, name="add")
+    mul_2 = mb.mul(x=0.7978845834732056, y=add, name="mul_2")
+    tanh = mb.tanh(x=mul_2, name="tanh")
+    add_1 = mb.add(x=1.0, y=tanh, name="add_1")
+    mul = mb.mul(x=0.5, y=add_1, name="mul")
+    return mb.mul(x=mul, y=x, name="mul_3")
+
+
+@mb.program(input_specs=[mb.TensorSpec(shape=_SHAPE)])
+def gelu_tanh_cube_pattern_2(x):
+    square = mb.mul(x=x, y=x, name="square")
+    cube = mb.mul(x=square, y=x, name="cube")
+    mul_1 = mb.mul(x=0.044715, y=cube, name="mul_1")
+    add = mb.add(x=x, y=mul_1, name="add")
+    mul_2 = mb.mul(x=0.7978845834732056, y=add, name="mul_2")
+    tanh = mb.tanh(x=mul_2, name="tanh")
+    add_1 = mb.add(x=1.0, y=tanh, name="add_1")
+    mul = mb.mul(x=0.5, y=x, name="mul")
+    return mb.mul(x=mul, y=add_1, name="mul_3")
+
+
 def transform_gelu_tanh(pattern: Pattern) -> None:
     """Inserts ``gelu(TANH_APPROXIMATION)`` and redirects the output; the framework removes the rest."""
     gelu = mb.gelu(
@@ -78,7 +119,12 @@ def transform_gelu_tanh(pattern: Pattern) -> None:
 
 
 register_generic_pass(
-    ops_arrangement=[gelu_tanh_pattern_1, gelu_tanh_pattern_2],
+    ops_arrangement=[
+        gelu_tanh_pattern_1,
+        gelu_tanh_pattern_2,
+        gelu_tanh_cube_pattern_1,
+        gelu_tanh_cube_pattern_2,
+    ],
     var_constraints=None,
     transform_pattern=transform_gelu_tanh,
     pass_name="fuse_gelu_tanh_approximation",

@@ -8,7 +8,9 @@ package registers nothing; ``import generic_passes`` registers the project's pas
 from .compiler import COMMUTATIVE_OPS, CompiledPattern, ConstRule, compile_pattern
 from .driver import DEFAULT_MAX_ITERATIONS, PassStats, SubPass, remove_dead_ops
 from .errors import (
+    EvaluationError,
     FixpointError,
+    NotElementwiseError,
     PassExecutionError,
     PassRegistrationError,
     PatternDefinitionError,
@@ -16,10 +18,12 @@ from .errors import (
     UnsupportedOpError,
     VerificationError,
 )
+from .evaluator import evaluate, register_op_semantics
 from .explain import Explanation, explain
 from .matcher import Failure, Matcher, detect_pattern, lists_op_equality, pattern_detected
 from .pattern import Pattern
 from .rewrite import replace_with
+from .verify import assert_programs_equivalent, prove_equivalent, verify_pass
 from . import predicates
 from .registry import (
     ENV_VAR,
@@ -34,6 +38,13 @@ from .registry import (
 )
 
 __all__ = [
+    "EvaluationError",
+    "NotElementwiseError",
+    "assert_programs_equivalent",
+    "evaluate",
+    "prove_equivalent",
+    "register_op_semantics",
+    "verify_pass",
     "COMMUTATIVE_OPS",
     "CompiledPattern",
     "ConstRule",

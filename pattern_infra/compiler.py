@@ -156,6 +156,8 @@ class PatternNode:
     """Position in :attr:`CompiledPattern.nodes` (program order of the pattern)."""
     name: str
     """The op's unique name in the pattern, used as ``pattern.<name>``."""
+    op_type: str
+    """The op type written in the pattern."""
     op_types: frozenset[str]
     """Op types accepted at this node (one, or several alternatives)."""
     num_outputs: int
@@ -163,7 +165,10 @@ class PatternNode:
     inputs: dict[str, Edge | tuple[Edge, ...]]
     """Input slot name to its edge (a tuple for tuple inputs such as ``concat(values=...)``)."""
     commutative: bool
-    """Whether ``x`` and ``y`` may be swapped when matching."""
+    """Whether ``x`` and ``y`` may be swapped when the matched program op is commutative."""
+    swap_any_type: bool = False
+    """Whether ``x`` and ``y`` are tried in both orders whatever op type matched (named explicitly in
+    ``commutative=[...]``, e.g. for an ``add``/``sub`` alternative whose transform reads the sides)."""
     is_final: bool = False
     """Whether the outputs may be used outside the match."""
     fanout: bool = False
@@ -257,8 +262,11 @@ def compile_pattern(
     Args:
         ops_arrangement: The pattern, an ``mb.program`` whose ops all carry unique names.
         name: Name used in messages; defaults to the name of the pattern's last op.
-        commutative: ``True`` lets every op in :data:`COMMUTATIVE_OPS` match either operand order;
-            ``False`` matches operand order exactly; an iterable names the pattern ops that may swap.
+        commutative: ``True`` lets every op match either operand order when the program op it
+            matches is in :data:`COMMUTATIVE_OPS`; ``False`` matches operand order exactly; an iterable
+            names the pattern ops whose ``x`` and ``y`` are tried in both orders *whatever op type
+            matched* (for alternatives such as ``add``/``sub``, whose transform then reads which side
+            is which with ``pattern.operand``); the other ops then match in order.
         alternatives: Pattern op name to the op types accepted there, e.g. ``{"add_or_sub": ["add",
             "sub"]}``. The op's own type must be among them.
         constants: Default rule for every pattern constant (``"any"``, ``"const"``, ``"value"`` or a
@@ -375,14 +383,17 @@ def compile_pattern(
                 f"but the op itself is {op.op_type!r}; include it."
             )
         can_swap = op.name in swappable and "x" in inputs and "y" in inputs
+        explicit = can_swap and not isinstance(commutative, bool)
         nodes.append(
             PatternNode(
                 index=i,
                 name=op.name,
+                op_type=op.op_type,
                 op_types=op_types,
                 num_outputs=len(op.outputs),
                 inputs=inputs,
                 commutative=can_swap,
+                swap_any_type=explicit,
                 output_uses=[0] * len(op.outputs),
             )
         )

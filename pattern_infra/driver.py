@@ -137,6 +137,7 @@ class _BlockState:
         self.counts = Counter({t: len(v) for t, v in self.by_type.items()})
         self.inserted: list[Operation] = []
         self.removed_inputs: list[Operation] = []
+        self.removed = 0
         self._observed = False
 
     def observe(self) -> None:
@@ -158,6 +159,7 @@ class _BlockState:
 
         def remove(op: Operation) -> None:
             original_remove(op)
+            state.removed += 1
             for var in op.get_flattened_inputs():
                 if var.op is not None:
                     state.removed_inputs.append(var.op)
@@ -403,7 +405,12 @@ def _accepts(run: _Run, sub: SubPass, match: Pattern) -> bool:
 
 
 def _rewrite(run: _Run, sub: SubPass, st: _BlockState, match: Pattern) -> list[Operation] | None:
-    """Runs the transform; returns the touched ops, or None if it declined."""
+    """Runs the transform; returns the touched ops, or None if it declined.
+
+    A transform declines by returning False before changing anything; one that returns anything else
+    but neither inserted nor removed an op (the framework's removal of dead matched ops included) left
+    the match as it was, and is counted as declined too, so it is not retried until a cap.
+    """
     if run.checkpoint is None:
         for state in run.states.values():
             state.release()
@@ -414,18 +421,21 @@ def _rewrite(run: _Run, sub: SubPass, st: _BlockState, match: Pattern) -> list[O
         user for var in match.output_vars() for user in var.child_ops if id(user) not in _ids(match)
     ]
     n_inserted, n_removed = len(st.inserted), len(st.removed_inputs)
+    n_removed_ops = st.removed
     before = len(block.operations)
     try:
         result = sub.transform_pattern(match)
     except Exception as exc:
         raise run.fail(sub, "transform_pattern", match, exc) from exc
-    changed_structure = (
-        len(st.inserted) != n_inserted
-        or len(st.removed_inputs) != n_removed
-        or len(block.operations) != before
-    )
+    def changed_structure() -> bool:
+        return (
+            len(st.inserted) != n_inserted
+            or st.removed != n_removed_ops
+            or len(block.operations) != before
+        )
+
     if result is False:
-        if changed_structure:
+        if changed_structure():
             raise run.fail(
                 sub,
                 "transform_pattern",
@@ -434,6 +444,8 @@ def _rewrite(run: _Run, sub: SubPass, st: _BlockState, match: Pattern) -> list[O
             )
         return None
     remove_dead_ops(match)
+    if not changed_structure():
+        return None  # nothing inserted or removed: the transform left the match as it was
     touched = st.inserted[n_inserted:] + st.removed_inputs[n_removed:]
     touched.extend(outside_users)
     touched.extend(v.op for v in match.root_vars if v is not None and v.op is not None)

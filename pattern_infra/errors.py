@@ -14,6 +14,7 @@ __all__ = [
     "FixpointError",
     "UnsupportedOpError",
     "VerificationError",
+    "EvaluationError",
 ]
 
 
@@ -43,3 +44,16 @@ class UnsupportedOpError(PatternInfraError, NotImplementedError):
 
 class VerificationError(PatternInfraError, AssertionError):
     """A rewrite changed what the program computes beyond the tolerance."""
+
+
+class EvaluationError(PatternInfraError, ValueError):
+    """The evaluator cannot run a program as asked: bad inputs, bad registration, inconsistent op.
+
+    Raised for inputs that do not match the function signature, a precision that does not exist, a
+    semantics registered twice, and an op whose computed value contradicts what the program
+    declares (shape) or whose inputs are out of range at run time.
+    """
+
+
+class NotElementwiseError(PatternInfraError, ValueError):
+    """A program given to :func:`prove_equivalent` is not made only of elementwise ops."""

@@ -58,7 +58,7 @@ import numpy as np
 from coremltools.converters.mil.mil import types
 from coremltools.converters.mil.mil.types.symbolic import is_symbolic
 
-from pattern_infra.errors import PatternInfraError, UnsupportedOpError
+from pattern_infra.errors import EvaluationError, PatternInfraError, UnsupportedOpError
 
 __all__ = [
     "EvaluationError",
@@ -88,15 +88,6 @@ _F = TypeVar("_F", bound=Callable[..., Any])
 _PRECISIONS: Final = ("float64", "native")
 _MAX_WHILE_ITERATIONS: Final = 1_000_000
 _MISSING: Final = object()
-
-
-class EvaluationError(PatternInfraError, ValueError):
-    """The evaluator cannot run a program as asked: bad inputs, bad registration, inconsistent op.
-
-    Raised for inputs that do not match the function signature, a precision that does not exist, a
-    semantics registered twice, and an op whose computed value contradicts what the program
-    declares (shape) or whose inputs are out of range at run time.
-    """
 
 
 _SEMANTICS: dict[str, OpSemantics] = {}
@@ -129,7 +120,8 @@ def register_op_semantics(op_type: str, *more_op_types: str, replace: bool = Fal
             if name in _SEMANTICS and not replace:
                 raise EvaluationError(
                     f"Op type '{name}' already has reference semantics "
-                    f"({_SEMANTICS[name].__qualname__}); pass replace=True to override them."
+                    f"({getattr(_SEMANTICS[name], '__qualname__', _SEMANTICS[name])!r}); pass "
+                    "replace=True to override them."
                 )
         for name in op_types:
             _SEMANTICS[name] = fn
@@ -182,7 +174,8 @@ def evaluate(
         precision: ``"float64"`` or ``"native"``; see the module docstring.
 
     Returns:
-        The function outputs keyed by output var name, in the function's output order.
+        The function outputs keyed by output var name, in the function's output order (a var
+        returned twice appears once).
 
     Raises:
         EvaluationError: Unknown function or precision, missing/unexpected inputs, shape mismatches,
@@ -293,7 +286,7 @@ class OpContext:
 
 
 class _Runner:
-    """Evaluates ops and blocks; holds the precision and the symbol sizes of one call."""
+    """Evaluates the ops and blocks of one call in one precision."""
 
     def __init__(self, precision: Precision) -> None:
         self.precision: Precision = precision
@@ -415,20 +408,28 @@ def _is_tensor_like(var: Any) -> bool:
 def _check_declared_shape(
     actual: tuple[int, ...], declared: Sequence[Any], what: str, sizes: dict[str, int] | None = None
 ) -> None:
-    """Check a concrete shape against a declared one; bind symbols in ``sizes`` when given."""
-    if len(actual) != len(declared):
-        raise EvaluationError(f"{what} has shape {tuple(actual)} but the program declares {tuple(declared)}.")
+    """Check a concrete shape against a declared one; bind symbols in ``sizes`` when given.
+
+    For an op output a mismatch means the op's semantics here and coremltools' type inference
+    disagree; the message says so, since either may be the wrong one.
+    """
+    mismatch = len(actual) != len(declared) or any(
+        not is_symbolic(want) and int(want) != got for got, want in zip(actual, declared)
+    )
+    if mismatch:
+        hint = "" if sizes is not None else " (the evaluator's semantics and coremltools' type inference disagree)"
+        raise EvaluationError(
+            f"{what} has shape {tuple(actual)} but the program declares {tuple(declared)}{hint}."
+        )
+    if sizes is None:
+        return
     for got, want in zip(actual, declared):
         if is_symbolic(want):
-            if sizes is None:
-                continue
             bound = sizes.setdefault(str(want), int(got))
             if bound != got:
                 raise EvaluationError(
                     f"{what} has shape {tuple(actual)}: symbol '{want}' is already bound to {bound}."
                 )
-        elif int(want) != got:
-            raise EvaluationError(f"{what} has shape {tuple(actual)} but the program declares {tuple(declared)}.")
 
 
 # --------------------------------------------------------------------------------------------------

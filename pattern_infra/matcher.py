@@ -33,7 +33,7 @@ from typing import Any
 from coremltools.converters.mil.mil import Block, Operation, Var
 from coremltools.converters.mil.mil.var import InternalVar
 
-from .compiler import CompiledPattern, Edge, PatternNode, compile_pattern
+from .compiler import COMMUTATIVE_OPS, CompiledPattern, Edge, PatternNode, compile_pattern
 from .pattern import Pattern
 
 __all__ = [
@@ -203,6 +203,10 @@ def _positions(edge: Edge | tuple[Edge, ...]) -> list[tuple[int, Edge]]:
     return [(-1, edge)]
 
 
+def _optional_const(compiled: CompiledPattern, edge: Edge | tuple[Edge, ...]) -> bool:
+    return isinstance(edge, Edge) and edge.kind == "const" and compiled.consts[edge.index][2].mode == "any"
+
+
 class _Search:
     """State of one anchored search; undone on backtracking."""
 
@@ -346,21 +350,45 @@ class _Search:
         return False
 
     def assignments(self, node: PatternNode, op: Operation) -> Iterator[dict[str, Any]]:
+        """Operand assignments to try: as written, then swapped for a commutative program op.
+
+        A wildcard constant slot that an *alternative* op type lacks is left out (alternatives may
+        differ in their attributes). Of the two orders of a commutative op, the one that puts
+        compile-time constants in the pattern's constant slots is tried first.
+        """
         values: dict[str, Any] = {}
-        for slot in node.inputs:
+        for slot, edge in node.inputs.items():
             value = _input(op, slot)
             if value is None:
+                if _optional_const(self.m.compiled, edge) and op.op_type != node.op_type:
+                    continue
                 self.fail(node.index, lambda: f"{op.name} has no operand {slot!r}")
                 return
             values[slot] = value
-        yield values
-        if node.commutative and values["x"] is not values["y"]:
-            swapped = dict(values)
-            swapped["x"], swapped["y"] = values["y"], values["x"]
-            yield swapped
+        swappable = node.commutative and (node.swap_any_type or op.op_type in COMMUTATIVE_OPS)
+        if not swappable or values["x"] is values["y"]:
+            yield values
+            return
+        swapped = dict(values)
+        swapped["x"], swapped["y"] = values["y"], values["x"]
+        orders = [values, swapped]
+        if self._const_fit(node, swapped) > self._const_fit(node, values):
+            orders.reverse()
+        yield from orders
+
+    def _const_fit(self, node: PatternNode, assignment: dict[str, Any]) -> int:
+        """How many of x/y get a constant exactly where the pattern has a constant."""
+        fit = 0
+        for slot in ("x", "y"):
+            edge = node.inputs[slot]
+            is_const_slot = isinstance(edge, Edge) and edge.kind == "const"
+            fit += is_const_slot == (assignment[slot].val is not None)
+        return fit
 
     def check_edges(self, node: PatternNode, op: Operation, assignment: dict[str, Any]) -> bool:
         for slot, edge in node.inputs.items():
+            if slot not in assignment:
+                continue  # a wildcard constant the alternative op type does not have
             value = assignment[slot]
             if isinstance(edge, tuple):
                 if not isinstance(value, tuple) or len(value) != len(edge):
@@ -442,6 +470,8 @@ class _Search:
             self.m._const_slots, compiled.consts, compiled.const_names
         ):
             var = self.slot_var(n, slot, pos)
+            if var is None:
+                continue  # a wildcard slot the matched alternative op does not have
             consts[key] = var
             consts.setdefault(cname, var)
         return Pattern(

@@ -281,3 +281,63 @@ def test_statistics_and_run_log(namespace):
     assert entry[0] == f"{namespace}::p" and entry[2].rewrites == 1
     np.testing.assert_equal(len(run_log(clear=True)), 1)
     assert run_log() == []
+
+
+@one_input
+def scale_by_two(x):
+    return mb.relu(x=mb.mul(x=x, y=2.0, name="m"), name="r")
+
+
+def test_commutative_order_puts_constants_in_constant_slots():
+    @one_input
+    def prog(x):
+        return mb.relu(x=mb.mul(x=3.0, y=x))
+
+    (m,) = find_matches(scale_by_two, prog)
+    assert m.root_var.name == "x" and P.is_constant(m.operand("m", "y"))
+
+
+def test_an_alternative_type_does_not_inherit_commutativity():
+    @one_input
+    def prog(x):
+        return mb.relu(x=mb.real_div(x=2.0, y=x))
+
+    @one_input
+    def in_order(x):
+        return mb.relu(x=mb.real_div(x=x, y=2.0))
+
+    options = {"alternatives": {"m": ["mul", "real_div"]}, "constants": "const"}
+    assert list(find_matches(scale_by_two, prog, **options)) == []
+    assert len(list(find_matches(scale_by_two, in_order, **options))) == 1
+    # named explicitly, both orders are tried whatever type matched; the transform reads the sides
+    (m,) = find_matches(scale_by_two, prog, commutative=["m"], **options)
+    assert m.operand("m", "y").val is not None and m.m.x.val is not None  # sides reversed
+
+
+def test_alternatives_may_lack_a_wildcard_constant_slot():
+    @one_input
+    def flatten(x):
+        return mb.exp(x=mb.reshape(x=mb.relu(x=x, name="r"), shape=[6], name="rs"), name="e")
+
+    @mb.program(input_specs=[mb.TensorSpec(shape=(1, 6))])
+    def prog(x):
+        return mb.exp(x=mb.squeeze(x=mb.relu(x=x), axes=[0]))
+
+    (m,) = find_matches(flatten, prog, alternatives={"rs": ["reshape", "squeeze"]})
+    assert m.rs.op_type == "squeeze" and "rs.shape" not in m.consts
+    with pytest.raises(KeyError):
+        m.operand("rs", "shape")
+
+
+def test_a_transform_that_changes_nothing_is_declined_not_looped(namespace):
+    calls = []
+    c = register_generic_pass(relu_exp, None, lambda p: calls.append(p) or None, "p", namespace)
+
+    @one_input
+    def prog(x):
+        return mb.exp(x=mb.relu(x=x))
+
+    before = str(prog)
+    c(prog)
+    assert str(prog) == before and len(calls) == 1
+    assert (c.stats.rewrites, c.stats.declined) == (0, 1)

@@ -1,0 +1,118 @@
+"""``common::fuse_conv_batchnorm``: a ``batch_norm`` after a convolution folds into its weight and bias.
+
+Math: ``batch_norm`` is, per channel ``o``, the affine map ``y = s[o] * (x - mean[o]) + beta[o]`` with
+``s = gamma / sqrt(variance + epsilon)``; applied to ``conv(x, W, b)`` it is a convolution again::
+
+    batch_norm(conv(x, W, b))  =  conv(x, W * s[o], s * (b - mean) + beta)
+
+with ``o`` the output channel of each weight element (``W``'s axis 0 for ``conv``; for
+``conv_transpose``, weight ``[Cin, Cout/groups, ...]``, ``group * Cout/groups + W``'s axis 1).
+
+``conv`` and ``conv_transpose`` are alternatives of one pattern op::
+
+    x --> conv --> batch_norm(mean, variance, gamma, beta, epsilon) --> y
+
+    becomes:
+
+    x --> conv(W', b') --> y
+
+As coremltools does, the new weight and bias are two ``const`` ops (unnamed, weight first) inserted
+before the old ``conv``, then the ``conv`` reading them, named after the output; the arithmetic and dtypes
+are coremltools' (per-channel ``s`` in the parameters' dtype, results cast to the weight's dtype), so
+the constants are bit for bit the same.
+
+Refusals kept from coremltools: a non-constant (or ``constexpr``) weight, a non-constant existing bias.
+Where coremltools 9.0 raises or is wrong, this pass differs (each case has a test):
+
+* ``batch_norm`` without ``gamma`` / ``beta`` (they are optional): coremltools raises
+  (``None.val``); here they are 1 and 0.
+* grouped ``conv_transpose``: coremltools applies the per-channel factors to the wrong output channels
+  (its reshape interleaves the groups); the channels are right here.
+* a ``batch_norm`` parameter without a value (a ``constexpr`` one): coremltools raises; refused here.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from coremltools.converters.mil import Builder as mb
+
+from pattern_infra import Pattern, register_generic_pass
+
+from .fuse_conv_scale import c_out_of, scale_output_channels
+
+__all__ = ["conv_batchnorm_pattern", "conv_batchnorm_constraints", "transform_conv_batchnorm"]
+
+_C_IN, _C_OUT = 2, 3
+
+
+@mb.program(input_specs=[mb.TensorSpec(shape=(1, _C_IN, 4, 4))])
+def conv_batchnorm_pattern(x):
+    conv = mb.conv(x=x, weight=np.zeros((_C_OUT, _C_IN, 1, 1), dtype=np.float32), name="conv")
+    return mb.batch_norm(
+        x=conv,
+        mean=np.zeros(_C_OUT, dtype=np.float32),
+        variance=np.ones(_C_OUT, dtype=np.float32),
+        name="batch_norm",
+    )
+
+
+def _bn_params(pattern: Pattern) -> tuple[np.ndarray, ...] | None:
+    """(gamma, beta, mean, variance, epsilon) as arrays, gamma / beta defaulted; None if one has no value."""
+    bn = pattern.batch_norm
+    mean, variance, epsilon = bn.mean.val, bn.variance.val, bn.epsilon.val
+    if mean is None or variance is None or epsilon is None:
+        return None
+    gamma = np.ones_like(variance) if bn.gamma is None else bn.gamma.val
+    beta = np.zeros_like(mean) if bn.beta is None else bn.beta.val
+    if gamma is None or beta is None:
+        return None
+    return gamma, beta, mean, variance, epsilon
+
+
+def conv_batchnorm_constraints(pattern: Pattern) -> bool:
+    """Constant weight, bias and normalization parameters."""
+    conv = pattern.conv
+    if conv.weight.val is None:
+        return False
+    if conv.bias is not None and conv.bias.val is None:
+        return False
+    return _bn_params(pattern) is not None
+
+
+def transform_conv_batchnorm(pattern: Pattern) -> None:
+    """Inserts the folded weight and bias constants and the ``conv``; the framework removes the old ops."""
+    conv, bn = pattern.conv, pattern.batch_norm
+    gamma, beta, mean, variance, epsilon = _bn_params(pattern)
+    weight = conv.weight.val
+    dtype = weight.dtype
+    c_out = c_out_of(conv, weight)
+    bias = np.zeros(c_out) if conv.bias is None else conv.bias.val
+    bias = bias.astype(dtype)
+
+    scale = gamma / np.sqrt(variance + epsilon)
+    new_weight = scale_output_channels(conv, weight, scale).astype(dtype)
+    new_bias = (scale * (bias - mean) + beta).astype(dtype)
+
+    weight_var = mb.const(val=new_weight, before_op=conv)
+    bias_var = mb.const(val=new_bias, before_op=conv)
+    kwargs = {k: v for k, v in conv.inputs.items() if k not in ("weight", "bias")}
+    op = mb.conv if conv.op_type == "conv" else mb.conv_transpose
+    fused = op(
+        **kwargs,
+        weight=weight_var,
+        bias=bias_var,
+        name=bn.outputs[0].name,
+        before_op=conv,
+    )
+    pattern.replace_output(fused)
+
+
+register_generic_pass(
+    ops_arrangement=conv_batchnorm_pattern,
+    var_constraints=conv_batchnorm_constraints,
+    transform_pattern=transform_conv_batchnorm,
+    pass_name="fuse_conv_batchnorm",
+    namespace="common",
+    alternatives={"conv": ["conv", "conv_transpose"]},
+    name="conv_batchnorm",
+)

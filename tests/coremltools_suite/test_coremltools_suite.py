@@ -1,0 +1,115 @@
+"""coremltools' own tests of the passes that ``generic_passes`` replaces, run against our passes.
+
+coremltools ships the tests of its graph passes inside the installed package. This module imports the
+test classes that exercise the replaced passes; pytest collects an imported ``Test*`` class like one
+defined here. ``conftest.py`` next to this file then:
+
+1. keeps only the tests named in :data:`PASS_TESTS` and deselects the other tests of those classes;
+2. skips, with the reason ``not yet generic``, the tests of a pass id that is not a ``PassContainer``;
+3. runs every other test with ``import generic_passes`` done and ``ENABLE_EXPERIMENTAL_PASSES=1`` set,
+   and fails a test that passed without running each of its passes through a ``PassContainer``;
+4. prints passed / failed / skipped counts per pass id at the end.
+
+Node ids are ``tests/coremltools_suite/test_coremltools_suite.py::<Class>::<test>[<params>]``; class and
+test names are coremltools' own, so ``<Class>::<test>`` finds the test in coremltools' sources.
+
+``TestFuseLinearBias`` and ``TestFuseMatmulWeightBias`` exist twice in coremltools 9.0, identical, in
+``test_passes.py`` and ``test_optimize_linear_passes.py``; the second copy is the one run here.
+``test_cleanup_passes.py`` imports the ``mock`` package; ``conftest.py`` lets ``unittest.mock`` stand in
+for it when it is not installed, and says so in the summary.
+"""
+
+from __future__ import annotations
+
+from coremltools.converters.mil.backend.mil.passes.test_passes import (  # noqa: F401  (collected)
+    TestPassFuseActivationSiLU,
+    TestPassFusePow2Sqrt,
+)
+from coremltools.converters.mil.mil.passes.tests.test_cleanup_passes import (  # noqa: F401
+    TestReduceMeanFusion,
+)
+from coremltools.converters.mil.mil.passes.tests.test_optimize_linear_passes import (  # noqa: F401
+    TestFuseLinearBias,
+    TestFuseMatmulWeightBias,
+    TestFuseTransposeMatmul,
+)
+from coremltools.converters.mil.mil.passes.tests.test_passes import (  # noqa: F401
+    TestConv1dChannellastCompositionPasses,
+    TestConv1dCompositionPasses,
+    TestConvBatchNormFusion,
+    TestConvBiasFusion,
+    TestConvScaleFusion,
+    TestFuseElementwiseToBatchNorm,
+    TestFuseLayerNormOrInstanceNorm,
+    TestFuseOnehotMatmulToGather,
+    TestFusePadConv,
+    TestFuseSqueezeExpandDims,
+    TestGeluFusion,
+    TestGraphPassScopePreservation,
+    TestLeakyReluFusion,
+    TestMergeConsecutiveRelus,
+    TestPreluFusion,
+    TestPreluToLrelu,
+    TestSkipConstexprOps,
+)
+
+PASS_TESTS: dict[str, tuple[str, ...]] = {
+    "common::fuse_gelu_tanh_approximation": (
+        "TestGeluFusion::test_gelu_tanh_approximation1",
+        "TestGeluFusion::test_gelu_tanh_approximation2",
+        "TestGeluFusion::test_gelu_tanh_multiple_final_operations",
+    ),
+    "common::fuse_gelu_exact": (
+        "TestGeluFusion::test_gelu_exact",
+        "TestGeluFusion::test_gelu_exact_pattern_2",
+    ),
+    "common::fuse_leaky_relu": ("TestLeakyReluFusion",),
+    "common::fuse_prelu": ("TestPreluFusion",),
+    "common::prelu_to_lrelu": ("TestPreluToLrelu",),
+    "common::fuse_linear_bias": (
+        "TestFuseLinearBias",
+        "TestSkipConstexprOps::test_skip_fuse_linear_bias",
+    ),
+    "common::fuse_matmul_weight_bias": (
+        "TestFuseMatmulWeightBias",
+        "TestSkipConstexprOps::test_skip_fuse_matmul_weight_bias",
+    ),
+    "common::fuse_transpose_matmul": ("TestFuseTransposeMatmul",),
+    "common::fuse_conv_bias": (
+        "TestConvBiasFusion",
+        "TestConv1dCompositionPasses::test_conv1d_bias_fusion",
+        "TestConv1dChannellastCompositionPasses::test_conv1d_channellast_bias_fusion",
+        "TestSkipConstexprOps::test_skip_fuse_conv",
+    ),
+    "common::fuse_conv_scale": (
+        "TestConvScaleFusion",
+        "TestSkipConstexprOps::test_skip_fuse_conv",
+    ),
+    "common::fuse_conv_batchnorm": (
+        "TestConvBatchNormFusion",
+        "TestSkipConstexprOps::test_skip_fuse_conv_batchnorm",
+    ),
+    "common::fuse_pad_conv": ("TestFusePadConv",),
+    "common::fuse_layernorm_or_instancenorm": (
+        "TestFuseLayerNormOrInstanceNorm",
+        "TestGraphPassScopePreservation::test_multiple_passes",
+    ),
+    "common::fuse_elementwise_to_batchnorm": ("TestFuseElementwiseToBatchNorm",),
+    "common::fuse_reduce_mean": ("TestReduceMeanFusion",),
+    "common::merge_consecutive_relus": (
+        "TestMergeConsecutiveRelus",
+        "TestGraphPassScopePreservation::test_single_pass_without_creating_new_var",
+    ),
+    "common::fuse_squeeze_expand_dims": ("TestFuseSqueezeExpandDims",),
+    "common::fuse_onehot_matmul_to_gather": ("TestFuseOnehotMatmulToGather",),
+    "mil_backend::fuse_activation_silu": ("TestPassFuseActivationSiLU",),
+    "mil_backend::fuse_pow2_sqrt": ("TestPassFusePow2Sqrt",),
+}
+"""Pass id -> the coremltools tests that apply it: ``"<Class>"`` (every test of the class) or
+``"<Class>::<test>"`` (every parametrization of one test). A test listed under two ids applies both.
+
+Found by grepping coremltools' test modules for each pass id (and for the helpers that apply it, such as
+``_apply_weight_transform``). Left out on purpose: ``test_pass_pipeline.py`` only edits pipeline lists
+that name ``common::merge_consecutive_relus`` and never runs it; the frontend tests that mention these
+passes convert whole torch or TensorFlow models and need macOS.
+"""

@@ -1,0 +1,231 @@
+"""``common::fuse_matmul_weight_bias``: ``matmul`` by a constant matrix, then ``add``/``sub`` of a constant.
+
+``both`` is ``run_both`` with coremltools' global name counters put back between the two runs (they
+name the new constants, see ``test_fuse_linear_bias.py``); ``assert_identical`` also compares the
+constants' values and dtypes.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from coremltools.converters.mil import Builder as mb
+from coremltools.converters.mil.mil import Program
+
+import generic_passes  # noqa: F401  (registers the passes)
+from pattern_infra.errors import VerificationError
+from pattern_infra.testing.passes import PassOutcome, assert_same_program, op_types, run_pass
+from pattern_infra.verify import assert_programs_equivalent
+
+PASS = "common::fuse_matmul_weight_bias"
+RNG = np.random.default_rng(11)
+
+
+def both(prog: Program) -> PassOutcome:
+    """``run_both`` with coremltools' name counters equal at the start of both runs."""
+    saved = dict(mb.name_count)
+    reference = run_pass(PASS, prog, generic=False)
+    mb.name_count.clear()
+    mb.name_count.update(saved)
+    return PassOutcome(prog, reference, run_pass(PASS, prog, generic=True))
+
+
+def assert_identical(expected: Program, actual: Program) -> None:
+    """Same program text, and every constant read by an op has the same name, dtype and value."""
+    assert_same_program(expected, actual)
+
+    def consts(prog):
+        return [
+            (op.name, slot, var.name, np.asarray(var.val))
+            for op in prog.functions["main"].operations
+            if op.op_type != "const"
+            for slot, var in op.inputs.items()
+            if not isinstance(var, (list, tuple)) and var.op is not None and var.op.op_type == "const"
+        ]
+
+    for (op, slot, name, a), (_, _, _, b) in zip(consts(expected), consts(actual), strict=True):
+        assert a.dtype == b.dtype and np.array_equal(a, b), f"{op}.{slot} ({name}) differs"
+
+
+def f32(*shape):
+    return RNG.standard_normal(shape).astype(np.float32)
+
+
+def matmul_prog(
+    op: str = "add",
+    matmul_first: bool = True,
+    *,
+    weight_left: bool = False,
+    transpose_x: bool = False,
+    transpose_w: bool = False,
+    c=None,
+    x_shape=(2, 5, 3),
+    extra: str | None = None,
+) -> Program:
+    """``matmul(x, W) op c``; W (3, 4) on the right, or (4, 3) on the left of x (…, 3, 5)."""
+    k, n = 3, 4
+    if weight_left:
+        weight = f32(k, n) if transpose_w else f32(n, k)
+        c = f32(n, 1) if c is None else c
+        x_shape = x_shape[:-2] + ((5, k) if transpose_x else (k, 5))
+    else:
+        weight = f32(n, k) if transpose_w else f32(k, n)
+        c = f32(n) if c is None else c
+        x_shape = x_shape[:-2] + (x_shape[-1], x_shape[-2]) if transpose_x else x_shape
+
+    @mb.program(input_specs=[mb.TensorSpec(shape=x_shape), mb.TensorSpec(shape=np.shape(c) or (1,))])
+    def prog(x, z):
+        w = z if extra == "dynamic_weight" else weight
+        if weight_left:
+            mm = mb.matmul(x=w, y=x, transpose_x=transpose_w, transpose_y=transpose_x, name="mm")
+        else:
+            mm = mb.matmul(x=x, y=w, transpose_x=transpose_x, transpose_y=transpose_w, name="mm")
+        other = z if extra == "dynamic_c" else c
+        out = getattr(mb, op)(x=mm, y=other, name="out") if matmul_first else getattr(mb, op)(
+            x=other, y=mm, name="out"
+        )
+        if extra == "use_matmul":
+            return out, mb.relu(x=mm)
+        if extra == "out_matmul":
+            return out, mm
+        if extra == "use_root":
+            return out, mb.relu(x=x)
+        return out, z
+
+    return prog
+
+
+def check_fused(prog: Program, expected: list[str]) -> Program:
+    outcome = both(prog)
+    assert_identical(outcome.coremltools, outcome.ours)
+    assert op_types(outcome.ours) == expected
+    assert_programs_equivalent(prog, outcome.ours)
+    return outcome.ours
+
+
+def check_not_fused(prog: Program, *, same_as_coremltools: bool = True) -> None:
+    outcome = both(prog)
+    assert op_types(outcome.ours) == op_types(prog)
+    if same_as_coremltools:
+        assert_same_program(outcome.coremltools, outcome.ours)
+
+
+@pytest.mark.parametrize("transpose_w", [False, True], ids=["w", "wT"])
+@pytest.mark.parametrize("transpose_x", [False, True], ids=["x", "xT"])
+@pytest.mark.parametrize("matmul_first", [True, False], ids=["mm_c", "c_mm"])
+def test_add_fused_as_coremltools_does(matmul_first, transpose_x, transpose_w):
+    expected = ["transpose"] * transpose_x + ["transpose"] * (not transpose_w) + ["linear"]
+    check_fused(matmul_prog("add", matmul_first, transpose_x=transpose_x, transpose_w=transpose_w), expected)
+
+
+@pytest.mark.parametrize("c_shape", [(4,), (1, 4), (1, 1, 4)], ids=["c_vec", "c_row", "c_rank3"])
+def test_sub_fused_as_coremltools_does(c_shape):
+    ours = check_fused(matmul_prog("sub", True, c=f32(*c_shape)), ["transpose", "linear"])
+    assert ours.functions["main"].find_ops(op_type="linear")[0].outputs[0].name == "out"
+
+
+@pytest.mark.parametrize("x_shape", [(5, 3), (2, 2, 5, 3)], ids=["rank2", "rank4"])
+def test_input_ranks(x_shape):
+    check_fused(matmul_prog(x_shape=x_shape), ["transpose", "linear"])
+
+
+def test_root_with_other_consumers_is_fused():
+    check_fused(matmul_prog(extra="use_root"), ["transpose", "linear", "relu"])
+
+
+@pytest.mark.parametrize("transpose_w", [False, True], ids=["w", "wT"])
+def test_c_minus_matmul_negates_the_weight(transpose_w):
+    """coremltools computes ``matmul - c`` for ``c - matmul``; here the weight is negated instead."""
+    prog = matmul_prog("sub", False, transpose_w=transpose_w)
+    outcome = both(prog)
+    assert op_types(outcome.ours) == ["linear"]
+    assert_programs_equivalent(prog, outcome.ours)
+    with pytest.raises(VerificationError):
+        assert_programs_equivalent(prog, outcome.coremltools)
+
+
+@pytest.mark.parametrize("op, matmul_first", [("add", True), ("sub", True), ("sub", False)])
+@pytest.mark.parametrize("transpose_w", [False, True], ids=["w", "wT"])
+@pytest.mark.parametrize("transpose_x", [False, True], ids=["x", "xT"])
+def test_weight_on_the_left(op, matmul_first, transpose_x, transpose_w):
+    """``W @ x + c`` with ``c`` along axis -2 (coremltools refuses it): transpose, linear, transpose."""
+    prog = matmul_prog(op, matmul_first, weight_left=True, transpose_x=transpose_x, transpose_w=transpose_w)
+    outcome = both(prog)
+    assert op_types(outcome.coremltools) == op_types(prog)
+    assert op_types(outcome.ours)[-2:] == ["linear", "transpose"]
+    assert outcome.ours.functions["main"].outputs[0].name == "out"
+    assert_programs_equivalent(prog, outcome.ours)
+
+
+def test_weight_on_the_left_with_c_on_the_last_axis_is_not_fused():
+    """coremltools fuses it (when the shapes allow) with ``c`` on the wrong axis."""
+    weight, c = f32(3, 3), f32(3)
+
+    @mb.program(input_specs=[mb.TensorSpec(shape=(2, 3, 3))])
+    def prog(x):
+        return mb.add(x=mb.matmul(x=weight, y=x), y=c)
+
+    outcome = both(prog)
+    assert op_types(outcome.ours) == ["matmul", "add"]
+    assert op_types(outcome.coremltools) == ["transpose", "linear", "transpose"]
+    with pytest.raises(VerificationError):
+        assert_programs_equivalent(prog, outcome.coremltools)
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        {"extra": "use_matmul"},
+        {"extra": "dynamic_c"},
+        {"c": f32(2, 1, 4)},
+        {"c": f32(5, 4), "x_shape": (5, 3)},
+        {"c": np.float32(1.5)},
+    ],
+    ids=["intermediate_used_elsewhere", "non_const_c", "c_varies_along_batch", "c_2d", "scalar_c"],
+)
+def test_not_fused(kwargs):
+    check_not_fused(matmul_prog(**kwargs))
+
+
+def test_intermediate_block_output_is_not_fused():
+    """coremltools rewrites it and then fails to remove the ``matmul``; nothing changes here."""
+    prog = matmul_prog(extra="out_matmul")
+    with pytest.raises(ValueError, match="cannot delete op mm"):
+        run_pass(PASS, prog, generic=False)
+    assert op_types(run_pass(PASS, prog, generic=True)) == op_types(prog)
+
+
+def test_non_const_weight_is_not_fused():
+    @mb.program(input_specs=[mb.TensorSpec(shape=(5, 3)), mb.TensorSpec(shape=(3, 4))])
+    def prog(x, w):
+        return mb.add(x=mb.matmul(x=x, y=w), y=f32(4))
+
+    check_not_fused(prog)
+
+
+def test_weight_of_rank_3_or_shared_is_not_fused():
+    @mb.program(input_specs=[mb.TensorSpec(shape=(2, 5, 3))])
+    def prog(x):
+        shared = mb.const(val=f32(3, 4))
+        a = mb.add(x=mb.matmul(x=x, y=shared), y=f32(4))
+        b = mb.add(x=mb.matmul(x=x, y=shared), y=f32(4))
+        c = mb.add(x=mb.matmul(x=x, y=f32(2, 3, 4)), y=f32(4))
+        return a, b, c
+
+    check_not_fused(prog)
+
+
+def test_rank_1_input_is_not_fused():
+    @mb.program(input_specs=[mb.TensorSpec(shape=(3,))])
+    def prog(x):
+        return mb.add(x=mb.matmul(x=x, y=f32(3, 4)), y=f32(4))
+
+    check_not_fused(prog)
+
+
+def test_c_that_raises_the_output_rank_is_not_fused():
+    """coremltools fuses (5, 4) + (1, 1, 4) and the output loses its leading dimension."""
+    prog = matmul_prog(c=f32(1, 1, 4), x_shape=(5, 3))
+    outcome = both(prog)
+    assert op_types(outcome.ours) == ["matmul", "add"]
+    assert outcome.coremltools.functions["main"].outputs[0].shape == (5, 4)
