@@ -1,20 +1,19 @@
-"""``mil_backend::fuse_pow2_sqrt``: ``sqrt(pow(x, 2))`` and ``pow(sqrt(x), 2)`` into ``identity(x)``.
+"""``mil_backend::fuse_pow2_sqrt``: ``sqrt(pow(x, 2))`` into ``abs(x)``, ``pow(sqrt(x), 2)`` into ``identity(x)``.
 
-Math, and a warning: ``pow(sqrt(x), 2) = x`` for ``x >= 0`` (``sqrt`` of a negative is NaN), but
-``sqrt(pow(x, 2)) = |x|``, which is ``x`` only for ``x >= 0``. coremltools 9.0 rewrites both into
-``identity(x)``; this pass is a drop-in replacement and does the same, so on negative inputs the first
-form changes the result (``-2`` gives ``-2`` instead of ``2``), exactly as with coremltools::
+Math: ``sqrt(x^2) = |x|`` for every real ``x``; ``(sqrt(x))^2 = x`` wherever ``sqrt(x)`` is defined
+(``x >= 0``; for ``x < 0`` the original is NaN)::
 
-    Pattern 1:  x --> pow(2) --> sqrt --> y
+    Pattern 1:  x --> pow(2) --> sqrt --> y        becomes     x --> abs --> y
 
-    Pattern 2:  x --> sqrt --> pow(2) --> y
+    Pattern 2:  x --> sqrt --> pow(2) --> y        becomes     x --> identity --> y
 
-    Both become:
-
-    x --> identity --> y
+Deliberate difference from coremltools 9.0, whose pass turns *both* forms into ``identity(x)``: for
+pattern 1 that flips the sign of every negative input (``sqrt((-2)^2) = 2``, ``identity(-2) = -2``), a
+rewrite that changes what the model computes. Ours emits ``abs`` there, with the name and position
+coremltools gives its ``identity``; pattern 2 gives coremltools' program exactly.
 
 As in coremltools, the exponent is any constant whose values are all exactly ``2``, the first op must have
-no other consumer and not be a block output (the matcher's rule for intermediates), and ``identity`` is
+no other consumer and not be a block output (the matcher's rule for intermediates), and the new op is
 inserted before the first op and takes the name of the output it replaces.
 
 ``var_constraints`` also reproduces coremltools' choice on chains such as ``sqrt -> pow(2) -> sqrt``:
@@ -85,10 +84,11 @@ def sqrt_pow2_constraints(pattern: Pattern) -> bool:
 
 
 def transform_pow2_sqrt(pattern: Pattern) -> None:
-    """Inserts ``identity(x)`` before the first op and redirects the output to it."""
+    """Inserts ``abs(x)`` (pattern 1) or ``identity(x)`` (pattern 2) before the first op."""
     first = pattern.op_list()[0]
-    identity = mb.identity(x=pattern.root_var, name=pattern.final_op.outputs[0].name, before_op=first)
-    pattern.replace_output(identity)
+    build = mb.abs if first.op_type == "pow" else mb.identity
+    new = build(x=pattern.root_var, name=pattern.final_op.outputs[0].name, before_op=first)
+    pattern.replace_output(new)
 
 
 for _pattern, _constraints, _name in (
