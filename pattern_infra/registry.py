@@ -100,6 +100,8 @@ class PassContainer(AbstractGraphPass):
         self.replaces = replaces
         self.passes: list[SubPass | Callable[[Program], Any]] = []
         self.stats = PassStats()
+        self.followers: list[PassContainer] = []
+        """Generic passes registered with ``run_after`` this pass id: run right after it, override on."""
         self._options: list[PassOption] | None = None
         self._declared_options: dict[str, Any] = {}
 
@@ -126,6 +128,11 @@ class PassContainer(AbstractGraphPass):
             return
         with mb.scope(ScopeInfo(source=ScopeSource.COREMLTOOLS_GRAPH_PASS, data=[str(self)])):
             self.apply(prog)
+        if override_enabled():
+            for follower in self.followers:
+                follower.set_options(None)
+                follower(prog)
+                prog.validate()
 
     def apply(self, prog: Program) -> None:
         """Runs every sub-pass, in order, on ``prog``."""
@@ -236,6 +243,7 @@ def register_generic_pass(
     max_iterations: int = DEFAULT_MAX_ITERATIONS,
     options: Mapping[str, Any] | None = None,
     name: str | None = None,
+    run_after: str | None = None,
 ) -> PassContainer:
     """Registers a pattern with its callbacks as a sub-pass of ``namespace::pass_name``.
 
@@ -258,6 +266,9 @@ def register_generic_pass(
         max_iterations: Re-visit rounds before :class:`~pattern_infra.errors.FixpointError`.
         options: Pipeline options the pass accepts, with defaults (read as ``container.options``).
         name: Name for messages and ``container.order`` (default: the pattern's last op name).
+        run_after: A pass id of coremltools' pipeline (e.g. ``"common::fuse_linear_bias"``): while
+            ``ENABLE_EXPERIMENTAL_PASSES=1``, this (new) pass also runs right after that one, so a new
+            fusion takes part in ``coremltools.convert`` without taking over an unrelated pass id.
 
     Returns:
         The container the sub-pass was added to.
@@ -294,7 +305,25 @@ def register_generic_pass(
         container.add(sub)
     if options:
         container.declare_options(options)
+    if run_after is not None:
+        _follow(container, run_after)
     return container
+
+
+def _follow(container: PassContainer, run_after: str) -> None:
+    if run_after == container.pass_id or "::" not in run_after:
+        raise PassRegistrationError(
+            f"Pass {container.pass_id!r}: run_after must be another pass id '<namespace>::<name>', got "
+            f"{run_after!r}."
+        )
+    namespace, name = run_after.split("::", 1)
+    if run_after not in PASS_REGISTRY:
+        raise PassRegistrationError(
+            f"Pass {container.pass_id!r}: run_after names {run_after!r}, which is not a registered pass."
+        )
+    leader = container_for(name, namespace)
+    if container not in leader.followers:
+        leader.followers.append(container)
 
 
 def generic_passes() -> dict[str, PassContainer]:

@@ -10,6 +10,7 @@ from coremltools.converters.mil.mil.passes.pass_registry import PASS_REGISTRY
 
 import generic_passes  # noqa: F401  (registers the project's passes once)
 from pattern_infra import ENV_VAR
+from pattern_infra import generic_passes as generic_passes_registered
 
 _counter = itertools.count()
 
@@ -31,3 +32,5 @@ def namespace():
     yield name
     for pass_id in [k for k in PASS_REGISTRY.passes if k.startswith(f"{name}::")]:
         del PASS_REGISTRY.passes[pass_id]
+    for container in generic_passes_registered().values():
+        container.followers = [f for f in container.followers if not f.pass_id.startswith(f"{name}::")]

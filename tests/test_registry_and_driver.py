@@ -351,3 +351,16 @@ def test_chain_created_by_rewrites_is_followed(namespace):
 
     PASS_REGISTRY[f"{namespace}::p"](prog)
     assert op_types(prog) == ["relu", "sin"]
+
+
+def test_run_after_joins_coremltools_pipeline_only_under_override(namespace):
+    c = register_generic_pass(relu_exp, None, to_softplus, "p", namespace,
+                              run_after="common::fuse_gelu_tanh_approximation")
+    assert c in PASS_REGISTRY["common::fuse_gelu_tanh_approximation"].followers
+    for flag in (False, True):
+        with override(flag):
+            model = ct.convert(chain(2), convert_to="mlprogram", skip_model_load=True,
+                               compute_precision=ct.precision.FLOAT32)
+        assert ("softplus" in op_types(model._mil_program)) is flag
+    with pytest.raises(PassRegistrationError, match="not a registered pass"):
+        register_generic_pass(relu_exp, None, to_softplus, "q", namespace, run_after="nowhere::x")
