@@ -326,8 +326,8 @@ def run_subpasses(
             for block in blocks:
                 if block.outer_op is not None and block.outer_op.enclosing_block is None:
                     continue  # removed with its op by an earlier rewrite
-                with block:
-                    _sweep(run, sub, run.state(block), stats)
+                with _LazyBlockContext(block) as context:
+                    _sweep(run, sub, run.state(block), stats, context)
             stats.bind_attempts = sub.matcher.bind_attempts - bind_before
             stats.seconds = time.perf_counter() - start
             sub.stats.add(stats)
@@ -347,7 +347,32 @@ def run_subpasses(
     return total
 
 
-def _sweep(run: _Run, sub: SubPass, st: _BlockState, stats: PassStats) -> None:
+class _LazyBlockContext:
+    """``with block:`` entered on demand, exited with this context."""
+
+    def __init__(self, block: Block) -> None:
+        self.block = block
+        self.entered = False
+
+    def enter(self) -> None:
+        if not self.entered:
+            self.block.__enter__()
+            self.entered = True
+
+    def __enter__(self) -> _LazyBlockContext:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.entered:
+            self.block.__exit__(*exc)
+
+
+def _sweep(run: _Run, sub: SubPass, st: _BlockState, stats: PassStats, context: _LazyBlockContext) -> None:
+    """One sub-pass over one block, then over what its rewrites touched, until nothing changes.
+
+    The block's builder context (``with block:``, which costs a walk of the block on exit) is entered
+    only before the first transform, so sub-passes that rewrite nothing never pay for it.
+    """
     matcher = sub.matcher
     for node in matcher.nodes:
         if not any(st.counts.get(t, 0) > 0 for t in node.op_types):
@@ -385,6 +410,7 @@ def _sweep(run: _Run, sub: SubPass, st: _BlockState, stats: PassStats) -> None:
             if not _accepts(run, sub, match):
                 stats.rejected += 1
                 continue
+            context.enter()
             changed = _rewrite(run, sub, st, match)
             if changed is None:
                 stats.declined += 1
