@@ -1,0 +1,323 @@
+"""``generic::fuse_sdpa``: written-out attention into one ``scaled_dot_product_attention`` (iOS18+).
+
+Every transformer of the zoo writes attention out, ``softmax(Q @ K^T * scale [+ mask]) @ V``, and
+coremltools 9.0 only emits its ``scaled_dot_product_attention`` op for ``F.scaled_dot_product_attention``
+calls, so the four to five ops stay. The op exists from opset iOS18 on; this pass declines every match in
+a function of an older opset (the zoo converts at iOS16: convert with
+``minimum_deployment_target=coremltools.target.iOS18`` to get it).
+
+Math. ``scaled_dot_product_attention(Q, K, V, mask)`` (``.../ops/defs/iOS18/transformers.py``) computes::
+
+    softmax(Q @ K^T / sqrt(E) + mask, axis=-1) @ V        E = Q.shape[-1]
+
+with an additive float ``mask``, or, for a bool ``mask``, with ``-inf`` where the mask is False and
+``0`` where it is True. Q, K, V have one rank >= 3 and the same batch dimensions (no broadcasting);
+the mask broadcasts to ``[*batch, L, S]`` and its last dimension is ``S``.
+
+* Scale. The op has no scale argument: its scale is ``1 / sqrt(E)``. A ``mul`` constant ``c`` is taken
+  as is when ``|c * sqrt(E) - 1| <= 1e-6``. Otherwise ``f = c * sqrt(E)`` is folded into ``Q`` when that
+  is exact in floating point: ``f`` a power of two (within the same ``1e-6``), so ``Q * f`` only
+  changes exponents, and ``(Q * f) @ K^T / sqrt(E)`` is ``c * (Q @ K^T)`` up to the rounding of the
+  final scaling, as in the original. Any other constant is declined: folding it would add a rounding
+  step the original does not have.
+* Additive mask: ``scores * c + mask`` is the op's ``... + mask`` when ``mask`` is float, broadcasts to
+  the scores without enlarging them and has ``S`` as last dimension.
+* Bool mask, as ``select(mask, scores, fill)`` (``torch.where(mask, attn, finfo.min)``, GPT-2) or
+  ``select(mask, fill, scores)`` (``masked_fill(mask, fill)``, becomes the mask ``not mask``). The op
+  puts ``-inf`` where the original puts ``fill``: masked scores weigh ``exp(fill - max)`` instead of
+  ``0``, which is exactly ``0`` in float32 and float64 once ``fill <= -1e9`` (:data:`MASK_FILL_MAX`)
+  and the row's largest kept score is above ``fill + 745``. A row with no kept score would differ
+  (uniform weights against NaN), so the mask must be a compile-time constant with at least one True
+  in every row. Runtime bool masks are declined.
+
+Patterns (``*`` = ``mul``, ``+`` = ``add``; ``key_t`` any ``transpose``, the two forms of ``K^T`` that
+reach the pass: after ``merge_consecutive_transposes`` the head split and ``K^T`` are one transpose
+``perm=[0, 2, 3, 1]``, after ``fuse_transpose_matmul`` it is ``matmul(transpose_y=True)``)::
+
+    Key form "transpose":
+
+        k --> transpose(perm) --> kT --|
+        q ---------------------------> matmul --> * c --> [mask] --> softmax(-1) --> matmul --> y
+                                                                                  v --^
+
+    Key form "transpose_y":
+
+        q, k --> matmul(transpose_y=True) --> * c --> [mask] --> softmax(-1) --> matmul(., v) --> y
+
+    [mask] is one of: nothing; ``+ mask``; ``select(cond=mask, a=., b=fill)``;
+    ``select(cond=mask, a=fill, b=.)``. All eight patterns become:
+
+        q --> [* f] --|
+        k --> [transpose(perm with its last two axes swapped)] --> scaled_dot_product_attention --> y
+        v ------------|                                            ^ [attn_mask]
+
+``* f`` appears only when the scale is folded into Q, the transpose only when the swapped ``perm`` is
+not the identity (then it replaces the old one). The op takes the name of the last ``matmul``'s output
+and is inserted before it (the only place where Q, K, V and the mask are all defined). coremltools has
+no such pass, so this one runs as a new pass right after ``common::fuse_transpose_matmul`` while
+``ENABLE_EXPERIMENTAL_PASSES=1``: the scale is a ``mul`` by then (``divide_to_multiply``), masks are
+constants (``const_elimination``), the transposes of K are merged or folded into the ``matmul``, and
+``add_fp16_cast`` has not yet run.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from coremltools import target
+from coremltools.converters.mil import Builder as mb
+from coremltools.converters.mil.mil import Block, Function, Program, Var
+
+from pattern_infra import Pattern, predicates, register_generic_pass
+
+__all__ = [
+    "KEY_FORMS",
+    "MASK_FORMS",
+    "MASK_FILL_MAX",
+    "SCALE_RTOL",
+    "attention_pattern",
+    "sdpa_constraints",
+    "transform_sdpa",
+]
+
+KEY_FORMS: tuple[str, ...] = ("transpose", "transpose_y")
+"""How ``K^T`` reaches the first ``matmul``: a ``transpose`` op, or ``matmul(transpose_y=True)``."""
+
+MASK_FORMS: tuple[str, ...] = ("none", "add", "select", "select_inverted")
+"""No mask, an additive mask, ``select(mask, scores, fill)``, ``select(mask, fill, scores)``."""
+
+MASK_FILL_MAX = -1e9
+"""A ``select`` fill must be at most this: ``exp(fill - max)`` is then exactly 0 (see the docstring)."""
+
+SCALE_RTOL = 1e-6
+"""Relative tolerance on the scale: ``c * sqrt(E)`` against 1, or against a power of two."""
+
+# Shapes of the pattern programs: they only make the patterns build (q, k, v [1, 2, 3, 4], scores
+# [1, 2, 3, 3]); the constraints decide on the program's shapes.
+_QKV = (1, 2, 3, 4)
+_MASK = (1, 1, 1, 3)
+_COND = np.ones((1, 1, 3, 3), dtype=bool)
+
+
+def attention_pattern(key_form: str, mask_form: str) -> Program:
+    """The pattern program of one key form and one mask form (see the module docstring).
+
+    Args:
+        key_form: One of :data:`KEY_FORMS`.
+        mask_form: One of :data:`MASK_FORMS`.
+
+    Returns:
+        The pattern, ops named ``key_t`` (key form "transpose"), ``qk``, ``scale``, ``mask_add`` or
+        ``mask_select`` (with a mask), ``softmax`` and ``pv``.
+    """
+
+    def body(q: Var, k: Var, v: Var, mask: Var | None) -> Var:
+        if key_form == "transpose":
+            kt = mb.transpose(x=k, perm=[0, 1, 3, 2], name="key_t")
+            qk = mb.matmul(x=q, y=kt, transpose_x=False, transpose_y=False, name="qk")
+        else:
+            qk = mb.matmul(x=q, y=k, transpose_x=False, transpose_y=True, name="qk")
+        scores = mb.mul(x=qk, y=0.5, name="scale")
+        if mask_form == "add":
+            scores = mb.add(x=scores, y=mask, name="mask_add")
+        elif mask_form == "select":
+            scores = mb.select(cond=_COND, a=scores, b=-1e38, name="mask_select")
+        elif mask_form == "select_inverted":
+            scores = mb.select(cond=_COND, a=-1e38, b=scores, name="mask_select")
+        probs = mb.softmax(x=scores, axis=-1, name="softmax")
+        return mb.matmul(x=probs, y=v, transpose_x=False, transpose_y=False, name="pv")
+
+    if mask_form == "add":
+
+        @mb.program(input_specs=[*(mb.TensorSpec(shape=_QKV) for _ in range(3)), mb.TensorSpec(shape=_MASK)])
+        def attention_with_mask(q, k, v, mask):
+            return body(q, k, v, mask)
+
+        return attention_with_mask
+
+    @mb.program(input_specs=[mb.TensorSpec(shape=_QKV) for _ in range(3)])
+    def attention(q, k, v):
+        return body(q, k, v, None)
+
+    return attention
+
+
+def _function_of(block: Block) -> Function:
+    while not isinstance(block, Function):
+        block = block.outer_op.enclosing_block
+    return block
+
+
+def _shape(var: Var) -> tuple | None:
+    return None if var.shape is None else tuple(var.shape)
+
+
+def _normalized_perm(perm: Var, rank: int) -> list[int] | None:
+    if not predicates.is_constant(perm):
+        return None
+    values = [int(p) % rank for p in np.atleast_1d(perm.val)]
+    return values if sorted(values) == list(range(rank)) else None
+
+
+def _key_perm(pattern: Pattern) -> list[int] | None:
+    """The perm giving K from the transpose's input: its perm with the last two entries swapped."""
+    op = pattern.key_t
+    perm = _normalized_perm(op.perm, op.x.rank)
+    if perm is None or len(perm) < 2:
+        return None
+    perm[-1], perm[-2] = perm[-2], perm[-1]
+    return perm
+
+
+def _key_shape(pattern: Pattern) -> tuple | None:
+    """Shape of K ``[*batch, S, E]`` as the op will see it."""
+    if "key_t" in pattern.ops:
+        kt = _shape(pattern.key_t.outputs[0])
+        return None if kt is None or len(kt) < 2 else kt[:-2] + (kt[-1], kt[-2])
+    return _shape(pattern.qk.y)
+
+
+def _fits(mask: tuple, scores: tuple) -> bool:
+    """``mask`` broadcasts to ``scores`` without enlarging it and ends with ``scores``' last dim."""
+    if len(mask) > len(scores) or not mask or mask[-1] != scores[-1]:
+        return False
+    return all(m == 1 or m == s for m, s in zip(reversed(mask), reversed(scores)))
+
+
+def _scale_factor(pattern: Pattern, embed: int) -> float | None:
+    """1.0 when the scale is ``1/sqrt(E)``; a power of two to fold into Q; None to decline."""
+    scale = pattern.operand("scale", "y")
+    if not predicates.is_constant(scale) or predicates.is_constexpr(scale):
+        return None
+    value = np.asarray(scale.val)
+    if value.size != 1 or _shape(pattern.scale.outputs[0]) != _shape(pattern.qk.outputs[0]):
+        return None
+    factor = float(value.reshape(())) * math.sqrt(embed)
+    if not factor > 0.0 or not math.isfinite(factor):
+        return None
+    power = 2.0 ** round(math.log2(factor))
+    if abs(factor - power) > SCALE_RTOL * power:
+        return None
+    return power
+
+
+def _mask_fits(pattern: Pattern, scores: tuple) -> bool:
+    if "mask_add" in pattern.ops:
+        mask = pattern.operand("mask_add", "y")
+        out = _shape(pattern.mask_add.outputs[0])
+        return (
+            predicates.dtype_is(mask, "fp16", "fp32")
+            and _shape(mask) is not None
+            and _fits(_shape(mask), scores)
+            and out == scores
+        )
+    if "mask_select" in pattern.ops:
+        op = pattern.mask_select
+        inverted = op.b is pattern.scale.outputs[0]
+        fill = op.a if inverted else op.b
+        cond = op.cond
+        if not predicates.is_constant(cond) or not predicates.is_constant(fill):
+            return False
+        if predicates.is_constexpr(cond) or predicates.is_constexpr(fill):
+            return False
+        if _shape(op.outputs[0]) != scores or not _fits(_shape(cond), scores):
+            return False
+        if not np.all(np.asarray(fill.val, dtype=np.float64) <= MASK_FILL_MAX):
+            return False
+        keep = np.asarray(cond.val, dtype=bool)
+        keep = ~keep if inverted else keep
+        return bool(np.all(np.any(keep, axis=-1)))
+    return True
+
+
+def sdpa_constraints(pattern: Pattern) -> bool:
+    """iOS18+, the shapes and dtypes the op accepts, softmax on the last axis, scale and mask as above."""
+    opset = _function_of(pattern.block).opset_version
+    if opset is None or opset < target.iOS18:
+        return False
+    qk, pv = pattern.qk, pattern.pv
+    want_ty = "key_t" not in pattern.ops
+    if qk.transpose_x.val or bool(qk.transpose_y.val) != want_ty or pv.transpose_x.val or pv.transpose_y.val:
+        return False
+    if "key_t" in pattern.ops and _key_perm(pattern) is None:
+        return False
+    q, key, v = _shape(qk.x), _key_shape(pattern), _shape(pv.y)
+    if q is None or key is None or v is None or not len(q) == len(key) == len(v) >= 3:
+        return False
+    if not q[:-2] == key[:-2] == v[:-2] or q[-1] != key[-1] or key[-2] != v[-2]:
+        return False
+    if not isinstance(q[-1], (int, np.integer)):
+        return False  # E must be known to compare the scale with 1/sqrt(E)
+    operands = (qk.x, qk.y, pv.y)
+    if len({var.dtype for var in operands}) != 1 or not predicates.dtype_is(qk.x, "fp16", "fp32"):
+        return False
+    if not predicates.axes_are(pattern.softmax.axis, len(q), [len(q) - 1]):
+        return False
+    factor = _scale_factor(pattern, int(q[-1]))
+    if factor is None:
+        return False
+    scores = q[:-1] + (key[-2],)
+    if _shape(qk.outputs[0]) != scores or not _mask_fits(pattern, scores):
+        return False
+    pattern.add_attribute("query_factor", factor)
+    return True
+
+
+def _np_float(var: Var) -> type:
+    return np.float16 if predicates.dtype_is(var, "fp16") else np.float32
+
+
+def transform_sdpa(pattern: Pattern) -> None:
+    """Inserts the op (with the Q scaling, K transpose or inverted mask it needs) before the last matmul."""
+    pv = pattern.pv
+    name = pv.outputs[0].name
+    query = pattern.qk.x
+    if pattern.query_factor != 1.0:
+        query = mb.mul(x=query, y=_np_float(query)(pattern.query_factor), name=f"{name}_query",
+                       before_op=pv)
+    if "key_t" in pattern.ops:
+        key, perm = pattern.key_t.x, _key_perm(pattern)
+        if perm != list(range(len(perm))):
+            key = mb.transpose(x=key, perm=perm, name=pattern.key_t.outputs[0].name, before_op=pv)
+    else:
+        key = pattern.qk.y
+    mask: Var | None = None
+    if "mask_add" in pattern.ops:
+        mask = pattern.operand("mask_add", "y")
+    elif "mask_select" in pattern.ops:
+        op = pattern.mask_select
+        mask = op.cond
+        if op.b is pattern.scale.outputs[0]:  # select(mask, fill, scores): keep where mask is False
+            mask = mb.const(val=np.logical_not(np.asarray(op.cond.val, dtype=bool)), name=f"{name}_mask",
+                            before_op=pv)
+    kwargs = {} if mask is None else {"attn_mask": mask}
+    fused = mb.scaled_dot_product_attention(query=query, key=key, value=pv.y, name=name, before_op=pv,
+                                            **kwargs)
+    pattern.replace_output(fused)
+
+
+def _register(key_form: str, mask_form: str) -> None:
+    const_rules: dict[str, str] = {"qk.transpose_x": "const", "qk.transpose_y": "const",
+                                   "pv.transpose_x": "const", "pv.transpose_y": "const",
+                                   "scale.y": "const", "softmax.axis": "const"}
+    if key_form == "transpose":
+        const_rules["key_t.perm"] = "const"
+    if mask_form.startswith("select"):
+        const_rules["mask_select.cond"] = "const"
+        const_rules["mask_select.b" if mask_form == "select" else "mask_select.a"] = "const"
+    register_generic_pass(
+        ops_arrangement=attention_pattern(key_form, mask_form),
+        var_constraints=sdpa_constraints,
+        transform_pattern=transform_sdpa,
+        pass_name="fuse_sdpa",
+        namespace="generic",
+        const_rules=const_rules,
+        name=f"sdpa[{key_form}, {mask_form}]",
+        run_after="common::fuse_transpose_matmul",
+    )
+
+
+for _key_form in KEY_FORMS:
+    for _mask_form in MASK_FORMS:
+        _register(_key_form, _mask_form)
