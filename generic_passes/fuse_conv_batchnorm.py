@@ -38,7 +38,7 @@ from coremltools.converters.mil import Builder as mb
 
 from pattern_infra import Pattern, register_generic_pass
 
-from .fuse_conv_scale import c_out_of, scale_output_channels
+from ._conv_common import bias_or_zeros, has_constant_weight_and_bias, rebuild_conv, scale_output_channels
 
 __all__ = ["conv_batchnorm_pattern", "conv_batchnorm_constraints", "transform_conv_batchnorm"]
 
@@ -71,12 +71,7 @@ def _bn_params(pattern: Pattern) -> tuple[np.ndarray, ...] | None:
 
 def conv_batchnorm_constraints(pattern: Pattern) -> bool:
     """Constant weight, bias and normalization parameters."""
-    conv = pattern.conv
-    if conv.weight.val is None:
-        return False
-    if conv.bias is not None and conv.bias.val is None:
-        return False
-    return _bn_params(pattern) is not None
+    return has_constant_weight_and_bias(pattern.conv) and _bn_params(pattern) is not None
 
 
 def transform_conv_batchnorm(pattern: Pattern) -> None:
@@ -85,9 +80,7 @@ def transform_conv_batchnorm(pattern: Pattern) -> None:
     gamma, beta, mean, variance, epsilon = _bn_params(pattern)
     weight = conv.weight.val
     dtype = weight.dtype
-    c_out = c_out_of(conv, weight)
-    bias = np.zeros(c_out) if conv.bias is None else conv.bias.val
-    bias = bias.astype(dtype)
+    bias = bias_or_zeros(conv, weight)
 
     scale = gamma / np.sqrt(variance + epsilon)
     new_weight = scale_output_channels(conv, weight, scale).astype(dtype)
@@ -95,15 +88,7 @@ def transform_conv_batchnorm(pattern: Pattern) -> None:
 
     weight_var = mb.const(val=new_weight, before_op=conv)
     bias_var = mb.const(val=new_bias, before_op=conv)
-    kwargs = {k: v for k, v in conv.inputs.items() if k not in ("weight", "bias")}
-    op = mb.conv if conv.op_type == "conv" else mb.conv_transpose
-    fused = op(
-        **kwargs,
-        weight=weight_var,
-        bias=bias_var,
-        name=bn.outputs[0].name,
-        before_op=conv,
-    )
+    fused = rebuild_conv(conv, weight=weight_var, bias=bias_var, name=bn.outputs[0].name)
     pattern.replace_output(fused)
 
 

@@ -52,6 +52,8 @@ from coremltools.converters.mil.mil import Operation, types
 
 from pattern_infra import Pattern, register_generic_pass
 
+from ._conv_common import has_constant_weight_and_bias, rebuild_conv
+
 __all__ = [
     "conv_bias_pattern",
     "conv_transpose_bias_pattern",
@@ -63,7 +65,6 @@ __all__ = [
 
 _C_IN, _C_OUT = 2, 3
 _WEIGHT = np.zeros((_C_OUT, _C_IN, 1, 1), dtype=np.float32)
-_ALTERNATIVES = {"conv": ["conv", "conv_transpose"], "add_or_sub": ["add", "sub"]}
 
 
 @mb.program(input_specs=[mb.TensorSpec(shape=(1, _C_IN, 4, 4))])
@@ -154,9 +155,7 @@ def transform_conv_bias(pattern: Pattern) -> None:
     if bias.dtype not in (np.float32, np.float16):
         bias = bias.astype(types.nptype_from_builtin(conv.weight.dtype))
     bias_var = mb.const(val=bias, before_op=conv)
-    kwargs = {k: v for k, v in conv.inputs.items() if k != "bias"}
-    op = mb.conv if conv.op_type == "conv" else mb.conv_transpose
-    fused = op(**kwargs, bias=bias_var, name=pattern.add_or_sub.outputs[0].name, before_op=conv)
+    fused = rebuild_conv(conv, bias=bias_var, name=pattern.add_or_sub.outputs[0].name)
     pattern.replace_output(fused)
 
 
@@ -187,9 +186,7 @@ def _transposed_channel_bias(pattern: Pattern) -> float | np.ndarray | None:
 def conv_transpose_bias_constraints(pattern: Pattern) -> bool:
     """Constant weight and bias, integer ``Cout``, and ``c`` along the channels' new axis."""
     conv = pattern.conv
-    if conv.weight.val is None:
-        return False
-    if conv.bias is not None and conv.bias.val is None:
+    if not has_constant_weight_and_bias(conv):
         return False
     if not isinstance(conv.outputs[0].shape[1], (int, np.integer)):
         return False
@@ -210,35 +207,26 @@ def transform_conv_transpose_bias(pattern: Pattern) -> None:
             bias = -bias
         else:  # c - transpose(conv)
             conv_bias, weight = -conv_bias, -weight
-    kwargs = {k: v for k, v in conv.inputs.items() if k not in ("weight", "bias")}
-    op = mb.conv if conv.op_type == "conv" else mb.conv_transpose
-    fused = op(**kwargs, weight=weight, bias=conv_bias + bias, before_op=conv)
+    fused = rebuild_conv(conv, weight=weight, bias=conv_bias + bias)
     kwargs = {k: v for k, v in transpose.inputs.items() if k != "x"}
     fused = mb.transpose(x=fused, **kwargs, name=add_or_sub.outputs[0].name, before_op=transpose)
     pattern.replace_output(fused)
 
 
-register_generic_pass(
-    ops_arrangement=conv_bias_pattern,
-    var_constraints=conv_bias_constraints,
-    transform_pattern=transform_conv_bias,
-    pass_name="fuse_conv_bias",
-    namespace="common",
-    alternatives=_ALTERNATIVES,
-    commutative=["add_or_sub"],  # sub too: the transform reads which side the op is on
-    const_rules={"add_or_sub.y": "const"},
-    priority=1,
-    name="conv_bias",
-)
-
-register_generic_pass(
-    ops_arrangement=conv_transpose_bias_pattern,
-    var_constraints=conv_transpose_bias_constraints,
-    transform_pattern=transform_conv_transpose_bias,
-    pass_name="fuse_conv_bias",
-    namespace="common",
-    alternatives=_ALTERNATIVES,
-    commutative=["add_or_sub"],  # sub too: the transform reads which side the op is on
-    const_rules={"add_or_sub.y": "const"},
-    name="conv_transpose_bias",
-)
+for _pattern, _constraints, _transform, _priority, _name in (
+    (conv_bias_pattern, conv_bias_constraints, transform_conv_bias, 1, "conv_bias"),
+    (conv_transpose_bias_pattern, conv_transpose_bias_constraints, transform_conv_transpose_bias, 0,
+     "conv_transpose_bias"),
+):
+    register_generic_pass(
+        ops_arrangement=_pattern,
+        var_constraints=_constraints,
+        transform_pattern=_transform,
+        pass_name="fuse_conv_bias",
+        namespace="common",
+        alternatives={"conv": ["conv", "conv_transpose"], "add_or_sub": ["add", "sub"]},
+        commutative=["add_or_sub"],  # sub too: the transform reads which side the op is on
+        const_rules={"add_or_sub.y": "const"},
+        priority=_priority,
+        name=_name,
+    )

@@ -39,16 +39,23 @@ from __future__ import annotations
 
 import numpy as np
 from coremltools.converters.mil import Builder as mb
-from coremltools.converters.mil.mil import Operation
 
 from pattern_infra import Pattern, register_generic_pass
+
+from ._conv_common import (
+    bias_or_zeros,
+    c_out_of,
+    has_constant_weight_and_bias,
+    rebuild_conv,
+    scale_output_channels,
+)
 
 __all__ = [
     "conv_scale_pattern",
     "conv_scale_constraints",
     "transform_conv_scale",
-    "c_out_of",
-    "scale_output_channels",
+    "c_out_of",  # defined in _conv_common, shared with fuse_conv_batchnorm
+    "scale_output_channels",  # likewise
 ]
 
 _C_IN, _C_OUT = 2, 3
@@ -58,30 +65,6 @@ _C_IN, _C_OUT = 2, 3
 def conv_scale_pattern(x):
     conv = mb.conv(x=x, weight=np.zeros((_C_OUT, _C_IN, 1, 1), dtype=np.float32), name="conv")
     return mb.mul(x=conv, y=np.ones((_C_OUT, 1, 1), dtype=np.float32), name="mul_or_div")
-
-
-def c_out_of(conv: Operation, weight: np.ndarray) -> int:
-    """Output channels of ``conv`` (``conv`` or ``conv_transpose``) with weight ``weight``."""
-    if conv.op_type == "conv_transpose":
-        return weight.shape[1] * int(conv.groups.val)
-    return weight.shape[0]
-
-
-def scale_output_channels(conv: Operation, weight: np.ndarray, scale: np.ndarray) -> np.ndarray:
-    """``weight`` with output channel ``o`` multiplied by ``scale[o]`` (``scale`` of shape (Cout,)).
-
-    Each element is multiplied once by its channel's factor, so the result is bit for bit what a loop
-    over channels gives.
-    """
-    if conv.op_type != "conv_transpose":
-        return weight * scale.reshape((-1,) + (1,) * (weight.ndim - 1))
-    # conv_transpose weight: [Cin, Cout/groups, ...]; input channel i, column j feed output channel
-    # (i // (Cin/groups)) * (Cout/groups) + j
-    groups = int(conv.groups.val)
-    c_in, c_out_per_group = weight.shape[0], weight.shape[1]
-    grouped = weight.reshape((groups, c_in // groups) + weight.shape[1:])
-    factors = scale.reshape((groups, 1, c_out_per_group) + (1,) * (weight.ndim - 2))
-    return (grouped * factors).reshape(weight.shape)
 
 
 def _scale(pattern: Pattern) -> tuple[bool, object] | None:
@@ -117,11 +100,7 @@ def conv_scale_constraints(pattern: Pattern) -> bool:
     conv, mul_or_div = pattern.conv, pattern.mul_or_div
     if mul_or_div.op_type == "real_div" and mul_or_div.x is not conv.outputs[0]:
         return False
-    if conv.weight.val is None:
-        return False
-    if conv.bias is not None and conv.bias.val is None:
-        return False
-    return _scale(pattern) is not None
+    return has_constant_weight_and_bias(conv) and _scale(pattern) is not None
 
 
 def transform_conv_scale(pattern: Pattern) -> None:
@@ -133,8 +112,7 @@ def transform_conv_scale(pattern: Pattern) -> None:
     weight = conv.weight.val
     dtype = weight.dtype
     c_out = c_out_of(conv, weight)
-    bias = np.zeros(c_out) if conv.bias is None else conv.bias.val
-    bias = bias.astype(dtype)
+    bias = bias_or_zeros(conv, weight)
     if is_scalar:
         new_bias = np.array(bias * scale).astype(dtype)
         new_weight = np.array(weight * scale).astype(dtype)
@@ -142,15 +120,7 @@ def transform_conv_scale(pattern: Pattern) -> None:
         scale = np.reshape(scale, (c_out,))
         new_bias = np.array(bias * scale).astype(dtype)
         new_weight = scale_output_channels(conv, weight, scale).astype(dtype)
-    kwargs = {k: v for k, v in conv.inputs.items() if k not in ("weight", "bias")}
-    op = mb.conv if conv.op_type == "conv" else mb.conv_transpose
-    fused = op(
-        **kwargs,
-        weight=new_weight,
-        bias=new_bias,
-        name=mul_or_div.outputs[0].name,
-        before_op=conv,
-    )
+    fused = rebuild_conv(conv, weight=new_weight, bias=new_bias, name=mul_or_div.outputs[0].name)
     pattern.replace_output(fused)
 
 

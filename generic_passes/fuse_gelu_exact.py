@@ -49,7 +49,9 @@ from collections.abc import Callable
 from coremltools.converters.mil import Builder as mb
 from coremltools.converters.mil.mil import Program, Var, get_new_symbol
 
-from pattern_infra import ConstRule, Pattern, register_generic_pass
+from pattern_infra import Pattern, register_generic_pass
+
+from ._gelu_common import GELU_CONSTANTS, keeps_shape_and_dtype, replace_with_gelu
 
 __all__ = ["GELU_EXACT_PATTERNS", "gelu_exact_constraints", "transform_gelu_exact"]
 
@@ -99,19 +101,12 @@ GELU_EXACT_PATTERNS: list[Program] = [
 
 def gelu_exact_constraints(pattern: Pattern) -> bool:
     """Declines a match whose output does not have the shape and dtype of ``x`` (broadcast constant)."""
-    x, y = pattern.root_var, pattern.out.outputs[0]
-    return x.dtype == y.dtype and x.shape == y.shape
+    return keeps_shape_and_dtype(pattern, pattern.out)
 
 
 def transform_gelu_exact(pattern: Pattern) -> None:
     """Inserts ``gelu(EXACT)`` before the scaling op and redirects the output to it."""
-    gelu = mb.gelu(
-        x=pattern.root_var,
-        mode="EXACT",
-        name=pattern.out.outputs[0].name,
-        before_op=pattern.scale,
-    )
-    pattern.replace_output(gelu)
+    replace_with_gelu(pattern, "EXACT", out=pattern.out, before=pattern.scale)
 
 
 register_generic_pass(
@@ -120,6 +115,6 @@ register_generic_pass(
     transform_pattern=transform_gelu_exact,
     pass_name="fuse_gelu_exact",
     namespace="common",
-    constants=ConstRule("value", rtol=0.0, atol=1e-3),
+    constants=GELU_CONSTANTS,
     name="gelu_exact",
 )

@@ -33,7 +33,9 @@ from __future__ import annotations
 from coremltools.converters.mil import Builder as mb
 from coremltools.converters.mil.mil import get_new_symbol
 
-from pattern_infra import ConstRule, Pattern, register_generic_pass
+from pattern_infra import Pattern, register_generic_pass
+
+from ._gelu_common import GELU_CONSTANTS, keeps_shape_and_dtype, replace_with_gelu
 
 __all__ = ["quick_gelu_pattern", "quick_gelu_constraints", "transform_quick_gelu"]
 
@@ -49,19 +51,12 @@ def quick_gelu_pattern(x):
 
 def quick_gelu_constraints(pattern: Pattern) -> bool:
     """Declines a match whose output does not have the shape and dtype of ``x`` (broadcast constant)."""
-    x, y = pattern.root_var, pattern.out.outputs[0]
-    return x.dtype == y.dtype and x.shape == y.shape
+    return keeps_shape_and_dtype(pattern, pattern.out)
 
 
 def transform_quick_gelu(pattern: Pattern) -> None:
     """Inserts ``gelu(SIGMOID_APPROXIMATION)`` before the ``mul(1.702)`` and redirects the output."""
-    gelu = mb.gelu(
-        x=pattern.root_var,
-        mode="SIGMOID_APPROXIMATION",
-        name=pattern.out.outputs[0].name,
-        before_op=pattern.scale,
-    )
-    pattern.replace_output(gelu)
+    replace_with_gelu(pattern, "SIGMOID_APPROXIMATION", out=pattern.out, before=pattern.scale)
 
 
 for _namespace, _pass_name in (
@@ -74,6 +69,6 @@ for _namespace, _pass_name in (
         transform_pattern=transform_quick_gelu,
         pass_name=_pass_name,
         namespace=_namespace,
-        constants=ConstRule("value", rtol=0.0, atol=1e-3),
+        constants=GELU_CONSTANTS,
         name="gelu_sigmoid",
     )

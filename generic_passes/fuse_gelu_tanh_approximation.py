@@ -44,7 +44,9 @@ from __future__ import annotations
 from coremltools.converters.mil import Builder as mb
 from coremltools.converters.mil.mil import get_new_symbol
 
-from pattern_infra import ConstRule, Pattern, register_generic_pass
+from pattern_infra import Pattern, register_generic_pass
+
+from ._gelu_common import GELU_CONSTANTS, replace_with_gelu
 
 __all__ = [
     "gelu_tanh_pattern_1",
@@ -109,13 +111,7 @@ def gelu_tanh_cube_pattern_2(x):
 
 def transform_gelu_tanh(pattern: Pattern) -> None:
     """Inserts ``gelu(TANH_APPROXIMATION)`` and redirects the output; the framework removes the rest."""
-    gelu = mb.gelu(
-        x=pattern.root_var,
-        mode="TANH_APPROXIMATION",
-        name=pattern.mul_3.outputs[0].name,
-        before_op=pattern.mul,
-    )
-    pattern.replace_output(gelu)
+    replace_with_gelu(pattern, "TANH_APPROXIMATION", out=pattern.mul_3, before=pattern.mul)
 
 
 register_generic_pass(
@@ -129,6 +125,6 @@ register_generic_pass(
     transform_pattern=transform_gelu_tanh,
     pass_name="fuse_gelu_tanh_approximation",
     namespace="common",
-    constants=ConstRule("value", rtol=0.0, atol=1e-3),
+    constants=GELU_CONSTANTS,
     name="gelu_tanh",
 )

@@ -505,8 +505,26 @@ def _check(norm: _Norm, reductions: list[Operation]) -> _Plan | None:
     return _coremltools_plan(norm) or _general_plan(norm)
 
 
-def _accept(pattern: Pattern, norm: _Norm, reductions: list[Operation]) -> bool:
-    plan = _check(norm, reductions)
+def _axes_of(op: Operation) -> list[int]:
+    return [int(a) for a in np.atleast_1d(op.axes.val)]
+
+
+def _accept(
+    pattern: Pattern, reductions: tuple[Operation, Operation], gamma: _Affine | None, beta: _Affine | None
+) -> bool:
+    """Plans the normalisation every pattern computes and keeps the plan on ``pattern`` for
+    :func:`transform_norm`: of ``x`` over the axes of the first of its two ``reductions`` (none if they
+    are not constant), with the ``eps`` of ``add_eps``, ending at the last matched op."""
+    first = reductions[0]
+    norm = _Norm(
+        x=pattern.root_var,
+        axes=_axes_of(first) if first.axes.val is not None else [],
+        eps=pattern.operand("add_eps", "y"),
+        gamma=gamma,
+        beta=beta,
+        end_op=pattern.final_op,
+    )
+    plan = _check(norm, list(reductions))
     if plan is None:
         logger.debug("%s: %s left alone (shapes, axes or constants)", pattern.pattern_name, norm.end_op.name)
         return False
@@ -535,24 +553,18 @@ def transform_norm(pattern: Pattern) -> None:
     gamma = _const_or_value(plan.gamma, end_op)
     beta = _const_or_value(plan.beta, end_op)
     if plan.kind == "instance_norm":
-        y = mb.instance_norm(
-            x=x,
-            gamma=gamma,
-            beta=beta,
-            epsilon=norm.eps,
-            name=out_name + "_instancenorm" if plan.transpose else out_name,
-            before_op=end_op,
-        )
+        build, axes_arg, suffix = mb.instance_norm, {}, "_instancenorm"
     else:
-        y = mb.layer_norm(
-            x=x,
-            axes=norm.axes,
-            gamma=gamma,
-            beta=beta,
-            epsilon=norm.eps,
-            name=out_name + "_layernorm" if plan.transpose else out_name,
-            before_op=end_op,
-        )
+        build, axes_arg, suffix = mb.layer_norm, {"axes": norm.axes}, "_layernorm"
+    y = build(
+        x=x,
+        **axes_arg,
+        gamma=gamma,
+        beta=beta,
+        epsilon=norm.eps,
+        name=out_name + suffix if plan.transpose else out_name,
+        before_op=end_op,
+    )
     if plan.transpose:
         y = mb.transpose(x=y, perm=[0, 2, 3, 1], name=out_name + "_transpose_nchw_nhwc", before_op=end_op)
     pattern.replace_output(y)
@@ -561,20 +573,14 @@ def transform_norm(pattern: Pattern) -> None:
 # -- reading each pattern's match ------------------------------------------------------------------------------
 
 
-def _axes_of(op: Operation) -> list[int]:
-    return [int(a) for a in np.atleast_1d(op.axes.val)]
+def _folded_gamma_beta(pattern: Pattern) -> tuple[_Affine, _Affine]:
+    """Gamma and beta of the folded form ``x * k + (beta - mean * k)``, ``k = rsqrt(v) * gamma``
+    (patterns 1 and 4)."""
+    return _Affine.of(pattern.operand("mul_gamma", "y")), _Affine.of(pattern.operand("sub_beta", "x"))
 
 
 def _constraints_1(pattern: Pattern) -> bool:
-    norm = _Norm(
-        x=pattern.root_var,
-        axes=_axes_of(pattern.mean) if pattern.mean.axes.val is not None else [],
-        eps=pattern.operand("add_eps", "y"),
-        gamma=_Affine.of(pattern.operand("mul_gamma", "y")),
-        beta=_Affine.of(pattern.operand("sub_beta", "x")),
-        end_op=pattern.final_op,
-    )
-    return _accept(pattern, norm, [pattern.mean, pattern.mean_sq])
+    return _accept(pattern, (pattern.mean, pattern.mean_sq), *_folded_gamma_beta(pattern))
 
 
 def _constraints_3(pattern: Pattern) -> bool:
@@ -584,15 +590,9 @@ def _constraints_3(pattern: Pattern) -> bool:
     dtype = types.nptype_from_builtin(x.dtype)
     shape = (1, int(x.shape[1]), 1, 1)
     ones, zeros = np.ones(shape, dtype), np.zeros(shape, dtype)
-    norm = _Norm(
-        x=x,
-        axes=_axes_of(pattern.mean) if pattern.mean.axes.val is not None else [],
-        eps=pattern.operand("add_eps", "y"),
-        gamma=_Affine(ones, None, ones, "_fuse_layernorm_or_instancenorm_gamma", trivial=True),
-        beta=_Affine(zeros, None, zeros, "_fuse_layernorm_or_instancenorm_beta", trivial=True),
-        end_op=pattern.final_op,
-    )
-    return _accept(pattern, norm, [pattern.mean, pattern.mean_sq])
+    gamma = _Affine(ones, None, ones, "_fuse_layernorm_or_instancenorm_gamma", trivial=True)
+    beta = _Affine(zeros, None, zeros, "_fuse_layernorm_or_instancenorm_beta", trivial=True)
+    return _accept(pattern, (pattern.mean, pattern.mean_sq), gamma, beta)
 
 
 def _scale_is_inverse_count(scale: Var, x: Var, reduce_op: Operation) -> bool:
@@ -614,15 +614,7 @@ def _constraints_4(pattern: Pattern) -> bool:
     for scale in ("mean_sq", "mean"):  # coremltools only asks for a scalar; it must be 1/N
         if not _scale_is_inverse_count(pattern.operand(scale, "y"), x, pattern.sum_x):
             return False
-    norm = _Norm(
-        x=x,
-        axes=_axes_of(pattern.sum_x) if pattern.sum_x.axes.val is not None else [],
-        eps=pattern.operand("add_eps", "y"),
-        gamma=_Affine.of(pattern.operand("mul_gamma", "y")),
-        beta=_Affine.of(pattern.operand("sub_beta", "x")),
-        end_op=pattern.final_op,
-    )
-    return _accept(pattern, norm, [pattern.sum_x, pattern.sum_sq])
+    return _accept(pattern, (pattern.sum_x, pattern.sum_sq), *_folded_gamma_beta(pattern))
 
 
 def _constraints_5_affine(pattern: Pattern) -> bool:
@@ -638,30 +630,14 @@ def _constraints_5_affine(pattern: Pattern) -> bool:
         b_sq = b_effect
     gamma = _Affine(array=g_sq, var=None, effect=g_val, const_name="_fuse_layernorm_gamma")
     beta = _Affine(array=b_sq, var=None, effect=b_effect, const_name="_fuse_layernorm_beta")
-    norm = _Norm(
-        x=pattern.root_var,
-        axes=_axes_of(pattern.mean),
-        eps=pattern.operand("add_eps", "y"),
-        gamma=gamma,
-        beta=beta,
-        end_op=pattern.final_op,
-    )
-    return _accept(pattern, norm, [pattern.mean, pattern.mean_sq])
+    return _accept(pattern, (pattern.mean, pattern.mean_sq), gamma, beta)
 
 
 def _constraints_written_out(pattern: Pattern) -> bool:
     ops = pattern.ops
     gamma = _Affine.of(pattern.operand("mul_gamma", "x")) if "mul_gamma" in ops else None
     beta = _Affine.of(pattern.operand("add_beta", "y")) if "add_beta" in ops else None
-    norm = _Norm(
-        x=pattern.root_var,
-        axes=_axes_of(pattern.mean) if pattern.mean.axes.val is not None else [],
-        eps=pattern.operand("add_eps", "y"),
-        gamma=gamma,
-        beta=beta,
-        end_op=pattern.final_op,
-    )
-    return _accept(pattern, norm, [pattern.mean, pattern.mean_sq])
+    return _accept(pattern, (pattern.mean, pattern.mean_sq), gamma, beta)
 
 
 # -- registration ------------------------------------------------------------------------------------------------

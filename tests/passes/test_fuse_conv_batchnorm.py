@@ -6,10 +6,6 @@ per-channel factor ``gamma / sqrt(variance + epsilon)`` is dyadic too. The float
 to summation-order rounding, and the default tolerances (rtol 1e-5, atol 1e-6) catch any channel
 mix-up. (With Gaussian data the folded weights are rounded to fp32, and an output that cancels out
 can miss rtol 1e-5.)
-
-``both`` is ``run_both`` with coremltools' global name counters put back between the two runs (they
-name the new constants, see ``test_fuse_linear_bias.py``); ``assert_identical`` also compares the
-constants' values and dtypes.
 """
 
 from __future__ import annotations
@@ -22,44 +18,23 @@ from coremltools.converters.mil.mil import Program
 
 import generic_passes  # noqa: F401  (registers the passes)
 from pattern_infra.errors import VerificationError
-from pattern_infra.testing.passes import PassOutcome, assert_same_program, op_types, run_pass
+from pattern_infra.testing.passes import (
+    assert_same_program,
+    check_fused,
+    check_not_fused,
+    conv_weight_shape,
+    dyadic_f32,
+    op_types,
+    run_both,
+    run_pass,
+)
 from pattern_infra.verify import assert_programs_equivalent
 
 PASS = "common::fuse_conv_batchnorm"
 RNG = np.random.default_rng(9)
+dyadic = dyadic_f32(RNG)
 C_IN, C_OUT = 4, 6
 EPSILON = 0.25
-
-
-def both(prog: Program) -> PassOutcome:
-    """``run_both`` with coremltools' name counters equal at the start of both runs."""
-    saved = dict(mb.name_count)
-    reference = run_pass(PASS, prog, generic=False)
-    mb.name_count.clear()
-    mb.name_count.update(saved)
-    return PassOutcome(prog, reference, run_pass(PASS, prog, generic=True))
-
-
-def assert_identical(expected: Program, actual: Program) -> None:
-    """Same program text, and every constant read by an op has the same name, dtype and value."""
-    assert_same_program(expected, actual)
-
-    def consts(prog):
-        return [
-            (op.name, slot, var.name, np.asarray(var.val))
-            for op in prog.functions["main"].operations
-            if op.op_type != "const"
-            for slot, var in op.inputs.items()
-            if not isinstance(var, (list, tuple)) and var.op is not None and var.op.op_type == "const"
-        ]
-
-    for (op, slot, name, a), (_, _, _, b) in zip(consts(expected), consts(actual), strict=True):
-        assert a.dtype == b.dtype and np.array_equal(a, b), f"{op}.{slot} ({name}) differs"
-
-
-def dyadic(*shape):
-    """Multiples of 1/4 in [-2, 2]."""
-    return (RNG.integers(-8, 9, shape) / 4).astype(np.float32)
 
 
 def bn_params(gamma_beta: bool = True) -> dict:
@@ -77,9 +52,8 @@ def bn_prog(op_type="conv", *, rank=4, bias=True, groups=1, gamma_beta=True, wei
             extra=None) -> Program:
     """``batch_norm(conv(x))``; ``extra`` adds an outside use of the convolution or of its input."""
     spatial = (5, 6, 7)[: rank - 2]
-    kernel = (3,) * (rank - 2)
-    shape = (C_IN, C_OUT // groups) if op_type == "conv_transpose" else (C_OUT, C_IN // groups)
-    w = dyadic(*shape, *kernel) if weight is None else weight
+    shape = conv_weight_shape(op_type, C_IN, C_OUT, groups=groups, rank=rank)
+    w = dyadic(*shape) if weight is None else weight
     b = dyadic(C_OUT)
     params = bn_params(gamma_beta)
 
@@ -101,35 +75,21 @@ def bn_prog(op_type="conv", *, rank=4, bias=True, groups=1, gamma_beta=True, wei
     return prog
 
 
-def check_fused(prog: Program, expected: list[str]) -> Program:
-    outcome = both(prog)
-    assert_identical(outcome.coremltools, outcome.ours)
-    assert op_types(outcome.ours) == expected
-    assert_programs_equivalent(prog, outcome.ours)
-    return outcome.ours
-
-
-def check_not_fused(prog: Program) -> None:
-    outcome = both(prog)
-    assert op_types(outcome.ours) == op_types(prog)
-    assert_same_program(outcome.coremltools, outcome.ours)
-
-
 @pytest.mark.parametrize("bias", [True, False], ids=["bias", "no_bias"])
 @pytest.mark.parametrize("rank", [3, 4, 5])
 @pytest.mark.parametrize("op_type", ["conv", "conv_transpose"])
 def test_fused_as_coremltools_does(op_type, rank, bias):
-    ours = check_fused(bn_prog(op_type, rank=rank, bias=bias), [op_type])
+    ours = check_fused(PASS, bn_prog(op_type, rank=rank, bias=bias), [op_type])
     fused = ours.functions["main"].find_ops(op_type=op_type)[0]
     assert fused.outputs[0].name == "out" and fused.bias.shape == (C_OUT,)
 
 
 def test_grouped_conv():
-    check_fused(bn_prog("conv", groups=2), ["conv"])
+    check_fused(PASS, bn_prog("conv", groups=2), ["conv"])
 
 
 def test_root_with_other_consumers_is_fused():
-    check_fused(bn_prog(extra="use_root"), ["conv", "relu"])
+    check_fused(PASS, bn_prog(extra="use_root"), ["conv", "relu"])
 
 
 def test_gaussian_data_within_fp32_rounding():
@@ -148,8 +108,8 @@ def test_gaussian_data_within_fp32_rounding():
             beta=RNG.standard_normal(C_OUT).astype(np.float32),
         )
 
-    outcome = both(prog)
-    assert_identical(outcome.coremltools, outcome.ours)
+    outcome = run_both(PASS, prog)
+    assert_same_program(outcome.coremltools, outcome.ours)
     assert_programs_equivalent(prog, outcome.ours)
 
 
@@ -168,7 +128,7 @@ def test_without_gamma_and_beta(op_type):
 def test_grouped_conv_transpose_scales_the_right_channels(rank):
     """coremltools' reshape interleaves the groups: its per-channel factors land on the wrong channels."""
     prog = bn_prog("conv_transpose", rank=rank, groups=2)
-    outcome = both(prog)
+    outcome = run_both(PASS, prog)
     assert op_types(outcome.ours) == ["conv_transpose"]
     assert_programs_equivalent(prog, outcome.ours)
     with pytest.raises(VerificationError):
@@ -178,7 +138,7 @@ def test_grouped_conv_transpose_scales_the_right_channels(rank):
 @pytest.mark.parametrize("extra", ["use_conv", "out_conv"], ids=["intermediate_used_elsewhere",
                                                                   "intermediate_is_block_output"])
 def test_not_fused(extra):
-    check_not_fused(bn_prog(extra=extra))
+    check_not_fused(PASS, bn_prog(extra=extra))
 
 
 def test_non_const_weight_is_not_fused():
@@ -186,7 +146,7 @@ def test_non_const_weight_is_not_fused():
     def prog(x, w):
         return mb.batch_norm(x=mb.conv(x=x, weight=w), **bn_params())
 
-    check_not_fused(prog)
+    check_not_fused(PASS, prog)
 
 
 def test_constexpr_weight_is_not_fused():
@@ -198,4 +158,4 @@ def test_constexpr_weight_is_not_fused():
         )
         return mb.batch_norm(x=mb.conv(x=x, weight=weight), **bn_params())
 
-    check_not_fused(prog)
+    check_not_fused(PASS, prog)

@@ -1,9 +1,4 @@
-"""``common::fuse_conv_bias``: ``conv``/``conv_transpose`` (``transpose``) then ``add``/``sub`` of a constant.
-
-``both`` is ``run_both`` with coremltools' global name counters put back between the two runs (they
-name the new constants, see ``test_fuse_linear_bias.py``); ``assert_identical`` also compares the
-constants' values and dtypes.
-"""
+"""``common::fuse_conv_bias``: ``conv``/``conv_transpose`` (``transpose``) then ``add``/``sub`` of a constant."""
 
 from __future__ import annotations
 
@@ -15,53 +10,20 @@ from coremltools.converters.mil.mil import Program
 
 import generic_passes  # noqa: F401  (registers the passes)
 from pattern_infra.errors import VerificationError
-from pattern_infra.testing.passes import PassOutcome, assert_same_program, op_types, run_pass
+from pattern_infra.testing.passes import (
+    check_fused,
+    check_not_fused,
+    normal_f32,
+    op_types,
+    run_both,
+    run_pass,
+    sampled_conv,
+)
 from pattern_infra.verify import assert_programs_equivalent
 
 PASS = "common::fuse_conv_bias"
-RNG = np.random.default_rng(3)
+f32 = normal_f32(np.random.default_rng(3))
 C_IN, C_OUT = 4, 6
-
-
-def both(prog: Program) -> PassOutcome:
-    """``run_both`` with coremltools' name counters equal at the start of both runs."""
-    saved = dict(mb.name_count)
-    reference = run_pass(PASS, prog, generic=False)
-    mb.name_count.clear()
-    mb.name_count.update(saved)
-    return PassOutcome(prog, reference, run_pass(PASS, prog, generic=True))
-
-
-def assert_identical(expected: Program, actual: Program) -> None:
-    """Same program text, and every constant read by an op has the same name, dtype and value."""
-    assert_same_program(expected, actual)
-
-    def consts(prog):
-        return [
-            (op.name, slot, var.name, np.asarray(var.val))
-            for op in prog.functions["main"].operations
-            if op.op_type != "const"
-            for slot, var in op.inputs.items()
-            if not isinstance(var, (list, tuple)) and var.op is not None and var.op.op_type == "const"
-        ]
-
-    for (op, slot, name, a), (_, _, _, b) in zip(consts(expected), consts(actual), strict=True):
-        assert a.dtype == b.dtype and np.array_equal(a, b), f"{op}.{slot} ({name}) differs"
-
-
-def f32(*shape):
-    return RNG.standard_normal(shape).astype(np.float32)
-
-
-def conv(x, op_type: str, *, bias: bool = True, groups: int = 1, rank: int = 4, weight=None):
-    kernel = (3,) * (rank - 2)
-    if weight is None:
-        shape = (C_IN, C_OUT // groups) if op_type == "conv_transpose" else (C_OUT, C_IN // groups)
-        weight = f32(*shape, *kernel)
-    kwargs = {"x": x, "weight": weight, "groups": groups, "name": "conv"}
-    if bias:
-        kwargs["bias"] = f32(C_OUT)
-    return getattr(mb, op_type)(**kwargs)
 
 
 C_FORMS = {
@@ -80,7 +42,7 @@ def bias_prog(op_type="conv", op="add", conv_first=True, c="channels", *, rank=4
 
     @mb.program(input_specs=[mb.TensorSpec(shape=(2, C_IN, *spatial)), mb.TensorSpec(shape=(C_OUT, 1, 1))])
     def prog(x, z):
-        out = conv(x, op_type, bias=bias, groups=groups, rank=rank)
+        out = sampled_conv(x, op_type, C_OUT, f32, bias=bias, groups=groups)
         other = z if extra == "dynamic_c" else c_val
         args = (out, other) if conv_first else (other, out)
         result = getattr(mb, op)(x=args[0], y=args[1], name="out")
@@ -104,7 +66,7 @@ def transposed_prog(op_type="conv", op="add", conv_first=True, perm=(0, 2, 3, 1)
 
     @mb.program(input_specs=[mb.TensorSpec(shape=(2, C_IN, *hw))])
     def prog(x):
-        out = mb.transpose(x=conv(x, op_type, bias=bias), perm=list(perm), name="transpose")
+        out = mb.transpose(x=sampled_conv(x, op_type, C_OUT, f32, bias=bias), perm=list(perm), name="transpose")
         args = (out, c_val) if conv_first else (c_val, out)
         result = getattr(mb, op)(x=args[0], y=args[1], name="out")
         if extra == "use_transpose":
@@ -112,22 +74,6 @@ def transposed_prog(op_type="conv", op="add", conv_first=True, perm=(0, 2, 3, 1)
         return result
 
     return prog
-
-
-def check_fused(prog: Program, expected: list[str]) -> Program:
-    outcome = both(prog)
-    assert_identical(outcome.coremltools, outcome.ours)
-    assert op_types(outcome.ours) == expected
-    assert_programs_equivalent(prog, outcome.ours)
-    return outcome.ours
-
-
-def check_not_fused(prog: Program, *, same_as_coremltools: bool = True) -> PassOutcome:
-    outcome = both(prog)
-    assert op_types(outcome.ours) == op_types(prog)
-    if same_as_coremltools:
-        assert_same_program(outcome.coremltools, outcome.ours)
-    return outcome
 
 
 OPS = [("add", True), ("add", False), ("sub", True)]
@@ -141,7 +87,7 @@ OP_IDS = ["conv_plus_c", "c_plus_conv", "conv_minus_c"]
 @pytest.mark.parametrize("op, conv_first", OPS, ids=OP_IDS)
 @pytest.mark.parametrize("op_type", ["conv", "conv_transpose"])
 def test_fused_as_coremltools_does(op_type, op, conv_first, c):
-    ours = check_fused(bias_prog(op_type, op, conv_first, c), [op_type])
+    ours = check_fused(PASS, bias_prog(op_type, op, conv_first, c), [op_type])
     fused = ours.functions["main"].find_ops(op_type=op_type)[0]
     assert fused.outputs[0].name == "out" and fused.bias.shape == (C_OUT,)
 
@@ -149,21 +95,21 @@ def test_fused_as_coremltools_does(op_type, op, conv_first, c):
 @pytest.mark.parametrize("c", ["scalar", "channels"])
 @pytest.mark.parametrize("op_type", ["conv", "conv_transpose"])
 def test_without_bias(op_type, c):
-    check_fused(bias_prog(op_type, "sub", True, c, bias=False), [op_type])
+    check_fused(PASS, bias_prog(op_type, "sub", True, c, bias=False), [op_type])
 
 
 @pytest.mark.parametrize("rank", [3, 5])
 def test_ranks(rank):
-    check_fused(bias_prog("conv", "add", False, "batch_channels", rank=rank, groups=2), ["conv"])
+    check_fused(PASS, bias_prog("conv", "add", False, "batch_channels", rank=rank, groups=2), ["conv"])
 
 
 def test_chain_and_root_with_other_consumers():
     @mb.program(input_specs=[mb.TensorSpec(shape=(2, C_IN, 5, 5))])
     def prog(x):
-        out = mb.add(x=mb.sub(x=conv(x, "conv"), y=f32(C_OUT, 1, 1)), y=np.float32(0.25))
+        out = mb.add(x=mb.sub(x=sampled_conv(x, "conv", C_OUT, f32), y=f32(C_OUT, 1, 1)), y=np.float32(0.25))
         return out, mb.relu(x=x)
 
-    check_fused(prog, ["conv", "relu"])
+    check_fused(PASS, prog, ["conv", "relu"])
 
 
 def test_non_const_weight_keeps_its_var():
@@ -173,7 +119,7 @@ def test_non_const_weight_keeps_its_var():
     def prog(x, w):
         return mb.add(x=mb.conv(x=x, weight=w, bias=f32(C_OUT)), y=f32(C_OUT, 1, 1))
 
-    check_fused(prog, ["conv"])
+    check_fused(PASS, prog, ["conv"])
 
 
 @pytest.mark.parametrize(
@@ -191,12 +137,12 @@ def test_non_const_weight_keeps_its_var():
          "c_along_width", "c_along_batch", "c_along_two_axes"],
 )
 def test_not_fused(kwargs):
-    check_not_fused(bias_prog(**kwargs))
+    check_not_fused(PASS, bias_prog(**kwargs))
 
 
 def test_c_that_raises_the_output_rank_is_not_fused():
     """coremltools fuses (2, 6, 3, 3) + (1, 1, 6, 1, 1) and the output loses its leading dimension."""
-    outcome = check_not_fused(bias_prog(c=f32(1, 1, C_OUT, 1, 1)), same_as_coremltools=False)
+    outcome = check_not_fused(PASS, bias_prog(c=f32(1, 1, C_OUT, 1, 1)), same_as_coremltools=False)
     assert outcome.coremltools.functions["main"].outputs[0].rank == 4
     assert outcome.ours.functions["main"].outputs[0].rank == 5
 
@@ -207,9 +153,9 @@ def test_shared_constant_is_not_changed():
     @mb.program(input_specs=[mb.TensorSpec(shape=(2, C_IN, 5, 5)), mb.TensorSpec(shape=(1, C_OUT, 1, 1))])
     def prog(x, z):
         c = mb.const(val=f32(C_OUT, 1, 1))
-        return mb.sub(x=conv(x, "conv"), y=c), mb.add(x=z, y=c)
+        return mb.sub(x=sampled_conv(x, "conv", C_OUT, f32), y=c), mb.add(x=z, y=c)
 
-    outcome = both(prog)
+    outcome = run_both(PASS, prog)
     assert op_types(outcome.ours) == ["conv", "add"]
     assert_programs_equivalent(prog, outcome.ours)
     with pytest.raises(VerificationError):
@@ -233,7 +179,7 @@ def test_scalar_without_bias_needs_no_constant_weight():
     def prog(x, w):
         return mb.add(x=mb.conv(x=x, weight=w), y=np.float32(0.5))
 
-    outcome = both(prog)
+    outcome = run_both(PASS, prog)
     assert op_types(outcome.coremltools) == ["conv", "add"]
     assert op_types(outcome.ours) == ["conv"]
     assert_programs_equivalent(prog, outcome.ours)
@@ -247,7 +193,7 @@ def test_constexpr_bias_is_not_fused():
         )
         return mb.add(x=mb.conv(x=x, weight=f32(C_OUT, C_IN, 3, 3), bias=bias), y=f32(C_OUT, 1, 1))
 
-    check_not_fused(prog)
+    check_not_fused(PASS, prog)
 
 
 # -- pattern 2 ----------------------------------------------------------------------------------------
@@ -259,13 +205,13 @@ def test_constexpr_bias_is_not_fused():
 )
 @pytest.mark.parametrize("op_type", ["conv", "conv_transpose"])
 def test_transposed_fused_as_coremltools_does(op_type, op, conv_first, perm):
-    ours = check_fused(transposed_prog(op_type, op, conv_first, perm), [op_type, "transpose"])
+    ours = check_fused(PASS, transposed_prog(op_type, op, conv_first, perm), [op_type, "transpose"])
     assert ours.functions["main"].find_ops(op_type="transpose")[0].outputs[0].name == "out"
 
 
 @pytest.mark.parametrize("c", [np.float32(2.0), np.full((1, 1), 2.0, np.float32)], ids=["scalar", "size1"])
 def test_transposed_scalar_without_bias(c):
-    check_fused(transposed_prog("conv", "sub", False, c=c, bias=False), ["conv", "transpose"])
+    check_fused(PASS, transposed_prog("conv", "sub", False, c=c, bias=False), ["conv", "transpose"])
 
 
 def test_transposed_negative_perm():
@@ -288,7 +234,7 @@ def test_transposed_negative_perm():
     ids=["intermediate_used_elsewhere", "c_along_another_axis_of_cout_values", "c_along_two_axes"],
 )
 def test_transposed_not_fused(kwargs):
-    check_not_fused(transposed_prog(**kwargs))
+    check_not_fused(PASS, transposed_prog(**kwargs))
 
 
 def test_transposed_c_with_too_few_axes_is_not_fused():

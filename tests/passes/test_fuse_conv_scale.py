@@ -4,10 +4,6 @@ Weights, biases and scales are dyadic (multiples of 1/4, powers of two), so the 
 exact in fp32 and the float64 comparison holds to summation-order rounding: the default tolerances
 (rtol 1e-5, atol 1e-6) then catch any channel mix-up, however small. With Gaussian data, folding
 rounds each weight to fp32 and an output that cancels out can miss rtol 1e-5.
-
-``both`` is ``run_both`` with coremltools' global name counters put back between the two runs (they
-name the new constants, see ``test_fuse_linear_bias.py``); ``assert_identical`` also compares the
-constants' values and dtypes.
 """
 
 from __future__ import annotations
@@ -20,56 +16,25 @@ from coremltools.converters.mil.mil import Program
 
 import generic_passes  # noqa: F401  (registers the passes)
 from pattern_infra.errors import VerificationError
-from pattern_infra.testing.passes import PassOutcome, assert_same_program, op_types, run_pass
+from pattern_infra.testing.passes import (
+    check_fused,
+    check_not_fused,
+    dyadic_f32,
+    op_types,
+    run_both,
+    run_pass,
+    sampled_conv,
+)
 from pattern_infra.verify import assert_programs_equivalent
 
 PASS = "common::fuse_conv_scale"
 RNG = np.random.default_rng(5)
+dyadic = dyadic_f32(RNG)
 C_IN, C_OUT = 4, 6
-
-
-def both(prog: Program) -> PassOutcome:
-    """``run_both`` with coremltools' name counters equal at the start of both runs."""
-    saved = dict(mb.name_count)
-    reference = run_pass(PASS, prog, generic=False)
-    mb.name_count.clear()
-    mb.name_count.update(saved)
-    return PassOutcome(prog, reference, run_pass(PASS, prog, generic=True))
-
-
-def assert_identical(expected: Program, actual: Program) -> None:
-    """Same program text, and every constant read by an op has the same name, dtype and value."""
-    assert_same_program(expected, actual)
-
-    def consts(prog):
-        return [
-            (op.name, slot, var.name, np.asarray(var.val))
-            for op in prog.functions["main"].operations
-            if op.op_type != "const"
-            for slot, var in op.inputs.items()
-            if not isinstance(var, (list, tuple)) and var.op is not None and var.op.op_type == "const"
-        ]
-
-    for (op, slot, name, a), (_, _, _, b) in zip(consts(expected), consts(actual), strict=True):
-        assert a.dtype == b.dtype and np.array_equal(a, b), f"{op}.{slot} ({name}) differs"
-
-
-def dyadic(*shape):
-    """Multiples of 1/4 in [-2, 2]: products with powers of two are exact."""
-    return (RNG.integers(-8, 9, shape) / 4).astype(np.float32)
 
 
 def powers_of_two(*shape):
     return (RNG.choice([-2.0, -0.5, 0.5, 2.0, 4.0], shape)).astype(np.float32)
-
-
-def conv(x, op_type: str, *, bias: bool = True, groups: int = 1, rank: int = 4):
-    kernel = (3,) * (rank - 2)
-    shape = (C_IN, C_OUT // groups) if op_type == "conv_transpose" else (C_OUT, C_IN // groups)
-    kwargs = {"x": x, "weight": dyadic(*shape, *kernel), "groups": groups, "name": "conv"}
-    if bias:
-        kwargs["bias"] = dyadic(C_OUT)
-    return getattr(mb, op_type)(**kwargs)
 
 
 S_FORMS = {
@@ -88,7 +53,7 @@ def scale_prog(op_type="conv", op="mul", conv_first=True, s="channels", *, rank=
 
     @mb.program(input_specs=[mb.TensorSpec(shape=(2, C_IN, *spatial)), mb.TensorSpec(shape=(C_OUT, 1, 1))])
     def prog(x, z):
-        out = conv(x, op_type, bias=bias, groups=groups, rank=rank)
+        out = sampled_conv(x, op_type, C_OUT, dyadic, bias=bias, groups=groups)
         other = z if extra == "dynamic_s" else s_val
         args = (out, other) if conv_first else (other, out)
         result = getattr(mb, op)(x=args[0], y=args[1], name="out")
@@ -103,22 +68,6 @@ def scale_prog(op_type="conv", op="mul", conv_first=True, s="channels", *, rank=
     return prog
 
 
-def check_fused(prog: Program, expected: list[str]) -> Program:
-    outcome = both(prog)
-    assert_identical(outcome.coremltools, outcome.ours)
-    assert op_types(outcome.ours) == expected
-    assert_programs_equivalent(prog, outcome.ours)
-    return outcome.ours
-
-
-def check_not_fused(prog: Program, *, same_as_coremltools: bool = True) -> PassOutcome:
-    outcome = both(prog)
-    assert op_types(outcome.ours) == op_types(prog)
-    if same_as_coremltools:
-        assert_same_program(outcome.coremltools, outcome.ours)
-    return outcome
-
-
 @pytest.mark.parametrize("s", list(S_FORMS))
 @pytest.mark.parametrize(
     "op, conv_first",
@@ -127,7 +76,7 @@ def check_not_fused(prog: Program, *, same_as_coremltools: bool = True) -> PassO
 )
 @pytest.mark.parametrize("op_type", ["conv", "conv_transpose"])
 def test_fused_as_coremltools_does(op_type, op, conv_first, s):
-    ours = check_fused(scale_prog(op_type, op, conv_first, s), [op_type])
+    ours = check_fused(PASS, scale_prog(op_type, op, conv_first, s), [op_type])
     fused = ours.functions["main"].find_ops(op_type=op_type)[0]
     assert fused.outputs[0].name == "out" and fused.bias.shape == (C_OUT,)
 
@@ -135,21 +84,21 @@ def test_fused_as_coremltools_does(op_type, op, conv_first, s):
 @pytest.mark.parametrize("s", ["scalar", "channels"])
 @pytest.mark.parametrize("op_type", ["conv", "conv_transpose"])
 def test_without_bias(op_type, s):
-    check_fused(scale_prog(op_type, "real_div", True, s, bias=False), [op_type])
+    check_fused(PASS, scale_prog(op_type, "real_div", True, s, bias=False), [op_type])
 
 
 @pytest.mark.parametrize("rank", [3, 5])
 def test_conv_ranks_and_groups(rank):
-    check_fused(scale_prog("conv", "mul", False, "batch_channels", rank=rank, groups=2), ["conv"])
+    check_fused(PASS, scale_prog("conv", "mul", False, "batch_channels", rank=rank, groups=2), ["conv"])
 
 
 def test_conv_transpose_1d_and_3d_scalar():
-    check_fused(scale_prog("conv_transpose", "mul", True, "channels", rank=3), ["conv_transpose"])
-    check_fused(scale_prog("conv_transpose", "mul", True, "scalar", rank=5), ["conv_transpose"])
+    check_fused(PASS, scale_prog("conv_transpose", "mul", True, "channels", rank=3), ["conv_transpose"])
+    check_fused(PASS, scale_prog("conv_transpose", "mul", True, "scalar", rank=5), ["conv_transpose"])
 
 
 def test_root_with_other_consumers_is_fused():
-    check_fused(scale_prog(extra="use_root"), ["conv", "relu"])
+    check_fused(PASS, scale_prog(extra="use_root"), ["conv", "relu"])
 
 
 def test_fp16():
@@ -160,7 +109,7 @@ def test_fp16():
         out = mb.mul(x=mb.conv(x=x16, weight=w), y=powers_of_two(C_OUT, 1, 1).astype(np.float16))
         return mb.cast(x=out, dtype="fp32")
 
-    check_fused(prog, ["cast", "conv", "cast"])
+    check_fused(PASS, prog, ["cast", "conv", "cast"])
 
 
 @pytest.mark.parametrize(
@@ -176,7 +125,7 @@ def test_fp16():
          "s_of_cout_values_along_width"],
 )
 def test_not_fused(kwargs):
-    check_not_fused(scale_prog(**kwargs))
+    check_not_fused(PASS, scale_prog(**kwargs))
 
 
 def test_non_const_weight_is_not_fused():
@@ -184,7 +133,7 @@ def test_non_const_weight_is_not_fused():
     def prog(x, w):
         return mb.mul(x=mb.conv(x=x, weight=w), y=np.float32(2.0))
 
-    check_not_fused(prog)
+    check_not_fused(PASS, prog)
 
 
 def test_constexpr_weight_is_not_fused():
@@ -196,13 +145,13 @@ def test_constexpr_weight_is_not_fused():
         )
         return mb.mul(x=mb.conv(x=x, weight=weight), y=np.float32(2.0))
 
-    check_not_fused(prog)
+    check_not_fused(PASS, prog)
 
 
 def test_s_divided_by_conv_is_not_fused():
     """coremltools folds ``s / conv`` as ``conv / s``."""
     prog = scale_prog("conv", "real_div", False, "channels")
-    outcome = check_not_fused(prog, same_as_coremltools=False)
+    outcome = check_not_fused(PASS, prog, same_as_coremltools=False)
     assert op_types(outcome.coremltools) == ["conv"]
     with pytest.raises(VerificationError):
         assert_programs_equivalent(prog, outcome.coremltools)
@@ -212,7 +161,7 @@ def test_s_divided_by_conv_is_not_fused():
 def test_grouped_conv_transpose_scales_the_right_channels(op):
     """coremltools' reshape interleaves the groups: its per-channel factors land on the wrong channels."""
     prog = scale_prog("conv_transpose", op, True, "channels", groups=2)
-    outcome = both(prog)
+    outcome = run_both(PASS, prog)
     assert op_types(outcome.ours) == ["conv_transpose"]
     assert_programs_equivalent(prog, outcome.ours)
     with pytest.raises(VerificationError):

@@ -14,15 +14,11 @@ from coremltools.converters.mil import Builder as mb
 from coremltools.converters.mil.mil import Program
 
 import generic_passes  # noqa: F401  (registers the passes)
-from pattern_infra.testing.passes import assert_same_program, op_types, run_both, run_pass
+from pattern_infra.testing.passes import assert_same_program, near_one_f32, op_types, run_both, run_pass
 from pattern_infra.verify import assert_programs_equivalent
 
 PASS = "common::fuse_elementwise_to_batchnorm"
-RNG = np.random.default_rng(1)
-
-
-def rand(*shape: int) -> np.ndarray:
-    return (1.0 + 0.5 * RNG.standard_normal(shape)).astype(np.float32)
+rand = near_one_f32(np.random.default_rng(1))
 
 
 def close(prog: Program, other: Program) -> None:

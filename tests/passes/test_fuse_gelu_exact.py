@@ -1,4 +1,7 @@
-"""``common::fuse_gelu_exact``: every erf form coremltools fuses, same program, numerics, refusals."""
+"""``common::fuse_gelu_exact``: every erf form coremltools fuses, same program, numerics, refusals.
+
+The symbolic proof is done once per pattern (``test_pattern_equals_its_replacement_symbolically``).
+"""
 
 from __future__ import annotations
 
@@ -11,7 +14,14 @@ from coremltools.converters.mil.mil import Program, Var
 
 import generic_passes  # noqa: F401  (registers the passes)
 from generic_passes.fuse_gelu_exact import GELU_EXACT_PATTERNS
-from pattern_infra.testing.passes import assert_same_program, op_types, run_both, run_pass
+from pattern_infra.testing.passes import (
+    assert_same_program,
+    check_fused,
+    check_not_fused,
+    op_types,
+    run_both,
+    run_pass,
+)
 from pattern_infra.verify import assert_programs_equivalent, prove_equivalent
 
 PASS = "common::fuse_gelu_exact"
@@ -68,41 +78,26 @@ def gelu_erf(
     return prog
 
 
-def check_fused_like_coremltools(prog: Program, expected: list[str]) -> Program:
-    """Both passes give the same program, with op types ``expected``, equal to ``prog`` numerically.
-
-    The symbolic proof is done once per pattern (``test_pattern_equals_its_replacement_symbolically``).
-    """
-    outcome = run_both(PASS, prog)
-    assert_same_program(outcome.coremltools, outcome.ours)
-    assert op_types(outcome.ours) == expected
-    assert_programs_equivalent(prog, outcome.ours, rtol=1e-5)
-    return outcome.ours
-
-
 @pytest.mark.parametrize("swap", [False, True], ids=["xy", "yx"])
 @pytest.mark.parametrize("tail", [1, 2, 3])
 @pytest.mark.parametrize("scale", ["div", "mul"])
 def test_every_form_is_fused_as_coremltools_does(scale, tail, swap):
     prog = gelu_erf(scale, tail, swap)
-    ours = check_fused_like_coremltools(prog, ["gelu"])
+    ours = check_fused(PASS, prog, ["gelu"])
     (gelu,) = [op for op in ours.functions["main"].operations if op.op_type == "gelu"]
     assert gelu.mode.val == "EXACT" and gelu.outputs[0].name == "y"
 
 
 @pytest.mark.parametrize("tail", [1, 2, 3])
 def test_root_with_other_consumers_is_fused(tail):
-    check_fused_like_coremltools(gelu_erf("mul", tail, extra="use_root"), ["gelu", "exp"])
+    check_fused(PASS, gelu_erf("mul", tail, extra="use_root"), ["gelu", "exp"])
 
 
 @pytest.mark.parametrize(
     "extra", ["use_erf", "out_add"], ids=["intermediate_used_elsewhere", "intermediate_is_block_output"]
 )
 def test_intermediate_outside_the_match_is_not_fused(extra):
-    prog = gelu_erf("mul", 3, extra=extra)
-    outcome = run_both(PASS, prog)
-    assert_same_program(outcome.coremltools, outcome.ours)
-    assert op_types(outcome.ours) == op_types(prog)
+    check_not_fused(PASS, gelu_erf("mul", 3, extra=extra))
 
 
 @pytest.mark.parametrize(
@@ -111,10 +106,7 @@ def test_intermediate_outside_the_match_is_not_fused(extra):
     ids=["half_is_not_0.5", "one_is_not_1"],
 )
 def test_wrong_constant_is_not_fused(kwargs):
-    prog = gelu_erf("mul", 1, **kwargs)
-    outcome = run_both(PASS, prog)
-    assert_same_program(outcome.coremltools, outcome.ours)
-    assert op_types(outcome.ours) == op_types(prog)
+    check_not_fused(PASS, gelu_erf("mul", 1, **kwargs))
 
 
 def test_wrong_scale_is_not_fused():
@@ -174,7 +166,7 @@ def test_two_gelus_in_sequence_are_both_fused():
             x = mb.mul(x=mb.add(x=erf, y=1.0), y=mb.mul(x=x, y=0.5))
         return x
 
-    check_fused_like_coremltools(prog, ["gelu", "gelu"])
+    check_fused(PASS, prog, ["gelu", "gelu"])
 
 
 @pytest.mark.parametrize("pattern", GELU_EXACT_PATTERNS, ids=[f"pattern{i}" for i in range(6)])

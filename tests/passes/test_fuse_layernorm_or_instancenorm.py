@@ -15,15 +15,19 @@ from generic_passes.fuse_layernorm_or_instancenorm import WRITTEN_OUT_PATTERNS, 
 from pattern_infra import VerificationError, find_matches
 from pattern_infra.testing.convert import convert_mil, convert_torch
 from pattern_infra.testing.models import ChannelsFirstLayerNorm, InlineLayerNorm, WrittenLayerNorm
-from pattern_infra.testing.passes import assert_same_program, op_types, run_both, run_pass
+from pattern_infra.testing.passes import (
+    assert_same_program,
+    check_fused,
+    near_one_f32,
+    op_types,
+    run_both,
+    run_pass,
+    same_name_counters,
+)
 from pattern_infra.verify import assert_programs_equivalent
 
 PASS = "common::fuse_layernorm_or_instancenorm"
-RNG = np.random.default_rng(0)
-
-
-def rand(*shape: int) -> np.ndarray:
-    return (1.0 + 0.5 * RNG.standard_normal(shape)).astype(np.float32)
+rand = near_one_f32(np.random.default_rng(0))
 
 
 def run_both_outcome(prog: Program) -> tuple[Program, Program]:
@@ -34,11 +38,7 @@ def run_both_outcome(prog: Program) -> tuple[Program, Program]:
 
 def assert_as_coremltools(prog: Program, expected: list[str]) -> Program:
     """coremltools fuses ``prog``; ours gives the very same program, with op types ``expected``."""
-    theirs, ours = run_both_outcome(prog)
-    assert op_types(theirs) == expected
-    assert_same_program(theirs, ours)
-    assert_programs_equivalent(prog, ours, rtol=1e-5)
-    return ours
+    return check_fused(PASS, prog, expected)
 
 
 def assert_beyond_coremltools(prog: Program, expected: list[str]) -> Program:
@@ -342,11 +342,10 @@ def test_two_instance_norms_in_one_program_as_coremltools():
                          ids=["pattern_1", "pattern_5", "pattern_3"])
 def test_whole_default_pipeline_gives_the_same_program(build):
     prog = build()
-    saved = dict(mb.name_count)  # as run_both does: both conversions start from the same name counters
-    theirs = convert_mil(prog, override=False)
-    mb.name_count.clear()
-    mb.name_count.update(saved)
-    assert_same_program(theirs, convert_mil(prog, override=True))
+    theirs, ours = same_name_counters(
+        lambda: convert_mil(prog, override=False), lambda: convert_mil(prog, override=True)
+    )
+    assert_same_program(theirs, ours)
 
 
 # -- beyond coremltools: pre-norm roots, operand and child order, the written-out family -----------------------

@@ -1,11 +1,4 @@
-"""``common::fuse_linear_bias``: ``linear`` then ``add``/``sub`` of a constant, into one ``linear``.
-
-``run_both`` compares programs by their text, and coremltools' builder names new constants with global
-counters (``<op>_weight_0``, then ``<op>_weight_1`` the next time the same name is built), so the second
-of two identical rewrites gets other constant names. ``both`` below is ``run_both`` with the counters
-put back between the two runs; ``assert_identical`` adds the values and dtypes of the constants (the
-text shows a constant's value only up to ten elements).
-"""
+"""``common::fuse_linear_bias``: ``linear`` then ``add``/``sub`` of a constant, into one ``linear``."""
 
 from __future__ import annotations
 
@@ -16,41 +9,19 @@ from coremltools.converters.mil import Builder as mb
 from coremltools.converters.mil.mil import Program
 
 import generic_passes  # noqa: F401  (registers the passes)
-from pattern_infra.testing.passes import PassOutcome, assert_same_program, op_types, run_pass
+from pattern_infra.testing.passes import (
+    assert_same_program,
+    check_fused,
+    check_not_fused,
+    normal_f32,
+    op_types,
+    run_both,
+    run_pass,
+)
 from pattern_infra.verify import assert_programs_equivalent
 
 PASS = "common::fuse_linear_bias"
-RNG = np.random.default_rng(7)
-
-
-def both(prog: Program) -> PassOutcome:
-    """``run_both`` with coremltools' name counters equal at the start of both runs."""
-    saved = dict(mb.name_count)
-    reference = run_pass(PASS, prog, generic=False)
-    mb.name_count.clear()
-    mb.name_count.update(saved)
-    return PassOutcome(prog, reference, run_pass(PASS, prog, generic=True))
-
-
-def assert_identical(expected: Program, actual: Program) -> None:
-    """Same program text, and every constant read by an op has the same name, dtype and value."""
-    assert_same_program(expected, actual)
-
-    def consts(prog):
-        return [
-            (op.name, slot, var.name, np.asarray(var.val))
-            for op in prog.functions["main"].operations
-            if op.op_type != "const"
-            for slot, var in op.inputs.items()
-            if not isinstance(var, (list, tuple)) and var.op is not None and var.op.op_type == "const"
-        ]
-
-    for (op, slot, name, a), (_, _, _, b) in zip(consts(expected), consts(actual), strict=True):
-        assert a.dtype == b.dtype and np.array_equal(a, b), f"{op}.{slot} ({name}) differs"
-
-
-def f32(*shape):
-    return RNG.standard_normal(shape).astype(np.float32)
+f32 = normal_f32(np.random.default_rng(7))
 
 
 def linear_prog(
@@ -83,26 +54,18 @@ def linear_prog(
     return prog
 
 
-def check_fused(prog: Program, expected: list[str]) -> Program:
-    outcome = both(prog)
-    assert_identical(outcome.coremltools, outcome.ours)
-    assert op_types(outcome.ours) == expected
-    assert_programs_equivalent(prog, outcome.ours)
-    return outcome.ours
-
-
 @pytest.mark.parametrize("c_shape", [(4,), (1, 4)], ids=["c_vec", "c_row"])
 @pytest.mark.parametrize("linear_first", [True, False], ids=["linear_c", "c_linear"])
 @pytest.mark.parametrize("op", ["add", "sub"])
 def test_fused_as_coremltools_does(op, linear_first, c_shape):
-    ours = check_fused(linear_prog(op, linear_first, f32(*c_shape)), ["linear"])
+    ours = check_fused(PASS, linear_prog(op, linear_first, f32(*c_shape)), ["linear"])
     fused = ours.functions["main"].find_ops(op_type="linear")[0]
     assert fused.outputs[0].name == "out"
 
 
 @pytest.mark.parametrize("x_shape", [(3,), (2, 5, 3)], ids=["rank1", "rank3"])
 def test_input_ranks(x_shape):
-    check_fused(linear_prog("sub", False, x_shape=x_shape), ["linear"])
+    check_fused(PASS, linear_prog("sub", False, x_shape=x_shape), ["linear"])
 
 
 def test_chain_folds_into_one_linear():
@@ -113,11 +76,11 @@ def test_chain_folds_into_one_linear():
         lin = mb.linear(x=x, weight=weight, bias=bias)
         return mb.sub(x=f32(4), y=mb.add(x=f32(1, 4), y=lin))
 
-    check_fused(prog, ["linear"])
+    check_fused(PASS, prog, ["linear"])
 
 
 def test_root_with_other_consumers_is_fused():
-    check_fused(linear_prog(extra="use_root"), ["linear", "relu"])
+    check_fused(PASS, linear_prog(extra="use_root"), ["linear", "relu"])
 
 
 def test_inside_a_nested_block():
@@ -133,7 +96,7 @@ def test_inside_a_nested_block():
 
         return mb.cond(pred=True, _true_fn=branch, _false_fn=other_branch)
 
-    outcome = both(prog)
+    outcome = run_both(PASS, prog)
     assert_same_program(outcome.coremltools, outcome.ours)
     inner = outcome.ours.functions["main"].find_ops(op_type="cond")[0].blocks[0]
     assert [op.op_type for op in inner.operations if op.op_type != "const"] == ["linear"]
@@ -153,10 +116,7 @@ def test_inside_a_nested_block():
          "c_too_many_values", "c_on_wrong_axis"],
 )
 def test_not_fused(kwargs):
-    prog = linear_prog(**kwargs)
-    outcome = both(prog)
-    assert op_types(outcome.ours) == op_types(prog)
-    assert_same_program(outcome.coremltools, outcome.ours)
+    check_not_fused(PASS, linear_prog(**kwargs))
 
 
 def test_constexpr_weight_is_not_fused():
@@ -167,15 +127,13 @@ def test_constexpr_weight_is_not_fused():
         )
         return mb.add(x=mb.linear(x=x, weight=weight, bias=f32(4)), y=f32(4))
 
-    outcome = both(prog)
-    assert op_types(outcome.ours) == op_types(prog)
-    assert_same_program(outcome.coremltools, outcome.ours)
+    check_not_fused(PASS, prog)
 
 
 def test_c_that_raises_the_output_rank_is_not_fused():
     """coremltools fuses (2, 4) + (1, 1, 4) and the output loses its leading dimension."""
     prog = linear_prog(c=f32(1, 1, 4))
-    outcome = both(prog)
+    outcome = run_both(PASS, prog)
     assert op_types(outcome.ours) == ["linear", "add"]
     assert outcome.coremltools.functions["main"].outputs[0].shape == (2, 4)
     assert outcome.ours.functions["main"].outputs[0].shape == (1, 2, 4)

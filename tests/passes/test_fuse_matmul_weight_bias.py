@@ -1,9 +1,4 @@
-"""``common::fuse_matmul_weight_bias``: ``matmul`` by a constant matrix, then ``add``/``sub`` of a constant.
-
-``both`` is ``run_both`` with coremltools' global name counters put back between the two runs (they
-name the new constants, see ``test_fuse_linear_bias.py``); ``assert_identical`` also compares the
-constants' values and dtypes.
-"""
+"""``common::fuse_matmul_weight_bias``: ``matmul`` by a constant matrix, then ``add``/``sub`` of a constant."""
 
 from __future__ import annotations
 
@@ -14,41 +9,11 @@ from coremltools.converters.mil.mil import Program
 
 import generic_passes  # noqa: F401  (registers the passes)
 from pattern_infra.errors import VerificationError
-from pattern_infra.testing.passes import PassOutcome, assert_same_program, op_types, run_pass
+from pattern_infra.testing.passes import check_fused, check_not_fused, normal_f32, op_types, run_both, run_pass
 from pattern_infra.verify import assert_programs_equivalent
 
 PASS = "common::fuse_matmul_weight_bias"
-RNG = np.random.default_rng(11)
-
-
-def both(prog: Program) -> PassOutcome:
-    """``run_both`` with coremltools' name counters equal at the start of both runs."""
-    saved = dict(mb.name_count)
-    reference = run_pass(PASS, prog, generic=False)
-    mb.name_count.clear()
-    mb.name_count.update(saved)
-    return PassOutcome(prog, reference, run_pass(PASS, prog, generic=True))
-
-
-def assert_identical(expected: Program, actual: Program) -> None:
-    """Same program text, and every constant read by an op has the same name, dtype and value."""
-    assert_same_program(expected, actual)
-
-    def consts(prog):
-        return [
-            (op.name, slot, var.name, np.asarray(var.val))
-            for op in prog.functions["main"].operations
-            if op.op_type != "const"
-            for slot, var in op.inputs.items()
-            if not isinstance(var, (list, tuple)) and var.op is not None and var.op.op_type == "const"
-        ]
-
-    for (op, slot, name, a), (_, _, _, b) in zip(consts(expected), consts(actual), strict=True):
-        assert a.dtype == b.dtype and np.array_equal(a, b), f"{op}.{slot} ({name}) differs"
-
-
-def f32(*shape):
-    return RNG.standard_normal(shape).astype(np.float32)
+f32 = normal_f32(np.random.default_rng(11))
 
 
 def matmul_prog(
@@ -95,49 +60,34 @@ def matmul_prog(
     return prog
 
 
-def check_fused(prog: Program, expected: list[str]) -> Program:
-    outcome = both(prog)
-    assert_identical(outcome.coremltools, outcome.ours)
-    assert op_types(outcome.ours) == expected
-    assert_programs_equivalent(prog, outcome.ours)
-    return outcome.ours
-
-
-def check_not_fused(prog: Program, *, same_as_coremltools: bool = True) -> None:
-    outcome = both(prog)
-    assert op_types(outcome.ours) == op_types(prog)
-    if same_as_coremltools:
-        assert_same_program(outcome.coremltools, outcome.ours)
-
-
 @pytest.mark.parametrize("transpose_w", [False, True], ids=["w", "wT"])
 @pytest.mark.parametrize("transpose_x", [False, True], ids=["x", "xT"])
 @pytest.mark.parametrize("matmul_first", [True, False], ids=["mm_c", "c_mm"])
 def test_add_fused_as_coremltools_does(matmul_first, transpose_x, transpose_w):
     expected = ["transpose"] * transpose_x + ["transpose"] * (not transpose_w) + ["linear"]
-    check_fused(matmul_prog("add", matmul_first, transpose_x=transpose_x, transpose_w=transpose_w), expected)
+    check_fused(PASS, matmul_prog("add", matmul_first, transpose_x=transpose_x, transpose_w=transpose_w), expected)
 
 
 @pytest.mark.parametrize("c_shape", [(4,), (1, 4), (1, 1, 4)], ids=["c_vec", "c_row", "c_rank3"])
 def test_sub_fused_as_coremltools_does(c_shape):
-    ours = check_fused(matmul_prog("sub", True, c=f32(*c_shape)), ["transpose", "linear"])
+    ours = check_fused(PASS, matmul_prog("sub", True, c=f32(*c_shape)), ["transpose", "linear"])
     assert ours.functions["main"].find_ops(op_type="linear")[0].outputs[0].name == "out"
 
 
 @pytest.mark.parametrize("x_shape", [(5, 3), (2, 2, 5, 3)], ids=["rank2", "rank4"])
 def test_input_ranks(x_shape):
-    check_fused(matmul_prog(x_shape=x_shape), ["transpose", "linear"])
+    check_fused(PASS, matmul_prog(x_shape=x_shape), ["transpose", "linear"])
 
 
 def test_root_with_other_consumers_is_fused():
-    check_fused(matmul_prog(extra="use_root"), ["transpose", "linear", "relu"])
+    check_fused(PASS, matmul_prog(extra="use_root"), ["transpose", "linear", "relu"])
 
 
 @pytest.mark.parametrize("transpose_w", [False, True], ids=["w", "wT"])
 def test_c_minus_matmul_negates_the_weight(transpose_w):
     """coremltools computes ``matmul - c`` for ``c - matmul``; here the weight is negated instead."""
     prog = matmul_prog("sub", False, transpose_w=transpose_w)
-    outcome = both(prog)
+    outcome = run_both(PASS, prog)
     assert op_types(outcome.ours) == ["linear"]
     assert_programs_equivalent(prog, outcome.ours)
     with pytest.raises(VerificationError):
@@ -150,7 +100,7 @@ def test_c_minus_matmul_negates_the_weight(transpose_w):
 def test_weight_on_the_left(op, matmul_first, transpose_x, transpose_w):
     """``W @ x + c`` with ``c`` along axis -2 (coremltools refuses it): transpose, linear, transpose."""
     prog = matmul_prog(op, matmul_first, weight_left=True, transpose_x=transpose_x, transpose_w=transpose_w)
-    outcome = both(prog)
+    outcome = run_both(PASS, prog)
     assert op_types(outcome.coremltools) == op_types(prog)
     assert op_types(outcome.ours)[-2:] == ["linear", "transpose"]
     assert outcome.ours.functions["main"].outputs[0].name == "out"
@@ -165,7 +115,7 @@ def test_weight_on_the_left_with_c_on_the_last_axis_is_not_fused():
     def prog(x):
         return mb.add(x=mb.matmul(x=weight, y=x), y=c)
 
-    outcome = both(prog)
+    outcome = run_both(PASS, prog)
     assert op_types(outcome.ours) == ["matmul", "add"]
     assert op_types(outcome.coremltools) == ["transpose", "linear", "transpose"]
     with pytest.raises(VerificationError):
@@ -184,7 +134,7 @@ def test_weight_on_the_left_with_c_on_the_last_axis_is_not_fused():
     ids=["intermediate_used_elsewhere", "non_const_c", "c_varies_along_batch", "c_2d", "scalar_c"],
 )
 def test_not_fused(kwargs):
-    check_not_fused(matmul_prog(**kwargs))
+    check_not_fused(PASS, matmul_prog(**kwargs))
 
 
 def test_intermediate_block_output_is_not_fused():
@@ -200,7 +150,7 @@ def test_non_const_weight_is_not_fused():
     def prog(x, w):
         return mb.add(x=mb.matmul(x=x, y=w), y=f32(4))
 
-    check_not_fused(prog)
+    check_not_fused(PASS, prog)
 
 
 def test_weight_of_rank_3_or_shared_is_not_fused():
@@ -212,7 +162,7 @@ def test_weight_of_rank_3_or_shared_is_not_fused():
         c = mb.add(x=mb.matmul(x=x, y=f32(2, 3, 4)), y=f32(4))
         return a, b, c
 
-    check_not_fused(prog)
+    check_not_fused(PASS, prog)
 
 
 def test_rank_1_input_is_not_fused():
@@ -220,12 +170,12 @@ def test_rank_1_input_is_not_fused():
     def prog(x):
         return mb.add(x=mb.matmul(x=x, y=f32(3, 4)), y=f32(4))
 
-    check_not_fused(prog)
+    check_not_fused(PASS, prog)
 
 
 def test_c_that_raises_the_output_rank_is_not_fused():
     """coremltools fuses (5, 4) + (1, 1, 4) and the output loses its leading dimension."""
     prog = matmul_prog(c=f32(1, 1, 4), x_shape=(5, 3))
-    outcome = both(prog)
+    outcome = run_both(PASS, prog)
     assert op_types(outcome.ours) == ["matmul", "add"]
     assert outcome.coremltools.functions["main"].outputs[0].shape == (5, 4)

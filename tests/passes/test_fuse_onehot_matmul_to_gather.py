@@ -1,8 +1,6 @@
 """``common::fuse_onehot_matmul_to_gather``: ``matmul(one_hot(i), W)`` into ``gather(W, i)``.
 
-``both`` is ``run_both`` with coremltools' global name counters put back between the two runs (they
-name the new ops, see ``test_fuse_linear_bias.py``). Random integer inputs are in ``[0, 4)``, inside
-the one-hot size 4 used here.
+Random integer inputs are in ``[0, 4)``, inside the one-hot size 4 used here.
 """
 
 from __future__ import annotations
@@ -15,26 +13,13 @@ from coremltools.converters.mil.mil import Program, types
 
 import generic_passes  # noqa: F401  (registers the passes)
 from pattern_infra.errors import VerificationError
-from pattern_infra.testing.passes import PassOutcome, assert_same_program, op_types, run_pass
+from pattern_infra.testing.passes import check_fused, check_not_fused, normal_f32, op_types, run_both
 from pattern_infra.verify import assert_programs_equivalent
 
 PASS = "common::fuse_onehot_matmul_to_gather"
-RNG = np.random.default_rng(17)
+f32 = normal_f32(np.random.default_rng(17))
 N = 4
 IOS17_OPS = ["greater_equal", "shape", "slice_by_index", "add", "select", "gather"]
-
-
-def both(prog: Program) -> PassOutcome:
-    """``run_both`` with coremltools' name counters equal at the start of both runs."""
-    saved = dict(mb.name_count)
-    reference = run_pass(PASS, prog, generic=False)
-    mb.name_count.clear()
-    mb.name_count.update(saved)
-    return PassOutcome(prog, reference, run_pass(PASS, prog, generic=True))
-
-
-def f32(*shape):
-    return RNG.standard_normal(shape).astype(np.float32)
 
 
 def onehot_prog(indices_shape=(3,), *, opset=None, axis=-1, on=1.0, off=0.0, transpose_y=False,
@@ -61,22 +46,6 @@ def onehot_prog(indices_shape=(3,), *, opset=None, axis=-1, on=1.0, off=0.0, tra
     return prog
 
 
-def check_fused(prog: Program, expected: list[str]) -> Program:
-    outcome = both(prog)
-    assert_same_program(outcome.coremltools, outcome.ours)
-    assert op_types(outcome.ours) == expected
-    assert_programs_equivalent(prog, outcome.ours)
-    return outcome.ours
-
-
-def check_not_fused(prog: Program, *, same_as_coremltools: bool = True) -> PassOutcome:
-    outcome = both(prog)
-    assert op_types(outcome.ours) == op_types(prog)
-    if same_as_coremltools:
-        assert_same_program(outcome.coremltools, outcome.ours)
-    return outcome
-
-
 @pytest.mark.parametrize("indices_shape", [(3,), (2, 3)], ids=["rank1", "rank2"])
 @pytest.mark.parametrize(
     "opset, expected",
@@ -84,28 +53,24 @@ def check_not_fused(prog: Program, *, same_as_coremltools: bool = True) -> PassO
     ids=["default", "iOS16", "iOS17"],
 )
 def test_fused_as_coremltools_does(opset, expected, indices_shape):
-    ours = check_fused(onehot_prog(indices_shape, opset=opset), expected)
+    ours = check_fused(PASS, onehot_prog(indices_shape, opset=opset), expected)
     assert ours.functions["main"].find_ops(op_type="gather")[0].outputs[0].name == "out"
 
 
 def test_integer_on_off_values_and_root_used_elsewhere():
-    check_fused(onehot_prog(on=1, off=0, weight=np.arange(20, dtype=np.int32).reshape(N, 5),
+    check_fused(PASS, onehot_prog(on=1, off=0, weight=np.arange(20, dtype=np.int32).reshape(N, 5),
                             extra="use_root"), ["gather", "add"])
 
 
 def test_on_value_within_coremltools_tolerance():
     """Fused as coremltools does (``|on - 1| < 1e-3``); the result then differs by that factor."""
-    prog = onehot_prog(on=1.0005)
-    outcome = both(prog)
-    assert_same_program(outcome.coremltools, outcome.ours)
-    assert op_types(outcome.ours) == ["gather"]
-    assert_programs_equivalent(prog, outcome.ours, rtol=1e-3)
+    check_fused(PASS, onehot_prog(on=1.0005), ["gather"], rtol=1e-3)
 
 
 def test_positive_last_axis():
     """``axis = rank(i)`` is the last axis: coremltools normalizes it with the wrong rank and refuses."""
     prog = onehot_prog((2, 3), axis=2)
-    outcome = both(prog)
+    outcome = run_both(PASS, prog)
     assert op_types(outcome.coremltools) == ["one_hot", "matmul"]
     assert op_types(outcome.ours) == ["gather"]
     assert_programs_equivalent(prog, outcome.ours)
@@ -114,7 +79,7 @@ def test_positive_last_axis():
 def test_positive_second_to_last_axis_is_not_fused():
     """``axis = rank(i) - 1`` puts the one-hot axis second to last; coremltools fuses it anyway."""
     prog = onehot_prog((2, N), axis=1)
-    outcome = check_not_fused(prog, same_as_coremltools=False)
+    outcome = check_not_fused(PASS, prog, same_as_coremltools=False)
     assert op_types(outcome.coremltools) == ["gather"]
     with pytest.raises(VerificationError):
         assert_programs_equivalent(prog, outcome.coremltools)
@@ -135,7 +100,7 @@ def test_positive_second_to_last_axis_is_not_fused():
          "off_value_half", "transpose_y", "weight_rank_3"],
 )
 def test_not_fused(kwargs):
-    check_not_fused(onehot_prog(**kwargs))
+    check_not_fused(PASS, onehot_prog(**kwargs))
 
 
 def test_onehot_on_the_y_side_is_not_fused():
@@ -144,4 +109,4 @@ def test_onehot_on_the_y_side_is_not_fused():
         one_hot = mb.one_hot(indices=i, one_hot_vector_size=N, on_value=1.0, off_value=0.0)
         return mb.matmul(x=f32(2, 3), y=one_hot)
 
-    check_not_fused(prog)
+    check_not_fused(PASS, prog)

@@ -1,8 +1,4 @@
-"""``common::fuse_pad_conv``: ``pad`` then ``transpose`` feeding a convolution: the ``pad`` moves after.
-
-``both`` is ``run_both`` with coremltools' global name counters put back between the two runs (they
-name the new ops and constants, see ``test_fuse_linear_bias.py``).
-"""
+"""``common::fuse_pad_conv``: ``pad`` then ``transpose`` feeding a convolution: the ``pad`` moves after."""
 
 from __future__ import annotations
 
@@ -12,25 +8,12 @@ from coremltools.converters.mil import Builder as mb
 from coremltools.converters.mil.mil import Program, types
 
 import generic_passes  # noqa: F401  (registers the passes)
-from pattern_infra.testing.passes import PassOutcome, assert_same_program, op_types, run_pass
+from pattern_infra.testing.passes import check_fused, check_not_fused, normal_f32, op_types, run_both, run_pass
 from pattern_infra.verify import assert_programs_equivalent
 
 PASS = "common::fuse_pad_conv"
-RNG = np.random.default_rng(13)
+f32 = normal_f32(np.random.default_rng(13))
 NHWC = (1, 8, 9, 3)
-
-
-def both(prog: Program) -> PassOutcome:
-    """``run_both`` with coremltools' name counters equal at the start of both runs."""
-    saved = dict(mb.name_count)
-    reference = run_pass(PASS, prog, generic=False)
-    mb.name_count.clear()
-    mb.name_count.update(saved)
-    return PassOutcome(prog, reference, run_pass(PASS, prog, generic=True))
-
-
-def f32(*shape):
-    return RNG.standard_normal(shape).astype(np.float32)
 
 
 def pad_prog(pad=(1, 2, 3, 4, 0, 0), *, mode="constant", perm=(0, 3, 1, 2), conv_type="conv",
@@ -64,21 +47,6 @@ def pad_prog(pad=(1, 2, 3, 4, 0, 0), *, mode="constant", perm=(0, 3, 1, 2), conv
     return prog
 
 
-def check_fused(prog: Program, expected: list[str], *, same_as_coremltools: bool = True) -> Program:
-    outcome = both(prog)
-    if same_as_coremltools:
-        assert_same_program(outcome.coremltools, outcome.ours)
-    assert op_types(outcome.ours) == expected
-    assert_programs_equivalent(prog, outcome.ours)
-    return outcome.ours
-
-
-def check_not_fused(prog: Program) -> None:
-    outcome = both(prog)
-    assert op_types(outcome.ours) == op_types(prog)
-    assert_same_program(outcome.coremltools, outcome.ours)
-
-
 @pytest.mark.parametrize("conv_type", ["conv", "conv_transpose"])
 @pytest.mark.parametrize(
     "pad, mode",
@@ -87,19 +55,19 @@ def check_not_fused(prog: Program) -> None:
     ids=["constant", "full_rank_pad", "reflect", "replicate"],
 )
 def test_fused_as_coremltools_does(pad, mode, conv_type):
-    ours = check_fused(pad_prog(pad, mode=mode, conv_type=conv_type), ["transpose", "pad", conv_type])
+    ours = check_fused(PASS, pad_prog(pad, mode=mode, conv_type=conv_type), ["transpose", "pad", conv_type])
     new_pad = ours.functions["main"].find_ops(op_type="pad")[0]
     assert new_pad.mode.val == mode
 
 
 @pytest.mark.parametrize("perm", [(0, 3, 2, 1), (0, -1, -3, -2)], ids=["nwhc", "negative_perm"])
 def test_other_perms(perm):
-    check_fused(pad_prog(perm=perm), ["transpose", "pad", "conv"])
+    check_fused(PASS, pad_prog(perm=perm), ["transpose", "pad", "conv"])
 
 
 def test_transpose_with_other_users_moves_too():
     """As in coremltools, every user of the ``transpose`` reads the new ``pad``."""
-    check_fused(pad_prog(extra="use_transpose"), ["transpose", "pad", "conv", "relu"])
+    check_fused(PASS, pad_prog(extra="use_transpose"), ["transpose", "pad", "conv", "relu"])
 
 
 def test_pad_feeding_two_transposes():
@@ -107,7 +75,7 @@ def test_pad_feeding_two_transposes():
     (coremltools visits them in set order, so its automatic names may differ: op types and values
     are compared.)"""
     prog = pad_prog(extra="second_transpose")
-    outcome = both(prog)
+    outcome = run_both(PASS, prog)
     assert op_types(outcome.ours) == op_types(outcome.coremltools)
     assert op_types(outcome.ours) == ["transpose", "pad", "conv", "transpose", "pad", "conv"]
     assert_programs_equivalent(prog, outcome.ours)
@@ -118,7 +86,7 @@ def test_pad_feeding_two_transposes():
     ids=["pad_used_elsewhere", "pad_is_block_output", "sibling_transpose_without_conv"],
 )
 def test_not_fused(extra):
-    check_not_fused(pad_prog(extra=extra))
+    check_not_fused(PASS, pad_prog(extra=extra))
 
 
 def test_transpose_without_conv_is_not_fused():
@@ -126,7 +94,7 @@ def test_transpose_without_conv_is_not_fused():
     def prog(x):
         return mb.relu(x=mb.transpose(x=mb.pad(x=x, pad=np.array([1, 1, 0, 0], np.int32)), perm=[0, 3, 1, 2]))
 
-    check_not_fused(prog)
+    check_not_fused(PASS, prog)
 
 
 def test_perm_moving_a_padded_axis_out_of_the_padded_ones():

@@ -1,8 +1,7 @@
 """``common::fuse_transpose_matmul``: ``transpose`` of the last two axes into ``matmul``'s flags.
 
 coremltools leaves a ``transpose`` that its rewrite made dead in the program; this pass removes it. So
-the reference here is coremltools' program after ``common::dead_code_elimination`` (``both``, which also
-puts coremltools' global name counters back between the runs, see ``test_fuse_linear_bias.py``).
+the reference here is coremltools' program after ``common::dead_code_elimination`` (``DCE``).
 """
 
 from __future__ import annotations
@@ -13,21 +12,11 @@ from coremltools.converters.mil import Builder as mb
 from coremltools.converters.mil.mil import Program
 
 import generic_passes  # noqa: F401  (registers the passes)
-from pattern_infra.testing.passes import PassOutcome, assert_same_program, op_types, run_pass
+from pattern_infra.testing.passes import assert_same_program, check_fused, check_not_fused, op_types, run_both
 from pattern_infra.verify import assert_programs_equivalent
 
 PASS = "common::fuse_transpose_matmul"
-
-
-def both(prog: Program, *, dce: bool = True) -> PassOutcome:
-    """coremltools' pass (then dead-code elimination) and ours, from the same name counters."""
-    saved = dict(mb.name_count)
-    reference = run_pass(PASS, prog, generic=False)
-    if dce:
-        reference = run_pass("common::dead_code_elimination", reference, generic=False)
-    mb.name_count.clear()
-    mb.name_count.update(saved)
-    return PassOutcome(prog, reference, run_pass(PASS, prog, generic=True))
+DCE = ["common::dead_code_elimination"]
 
 
 SWAP = {2: [1, 0], 3: [0, 2, 1], 4: [0, 1, 3, 2]}
@@ -67,23 +56,14 @@ def matmul_prog(
     return prog
 
 
-def check_fused(prog: Program, expected: list[str]) -> Program:
-    outcome = both(prog)
-    assert_same_program(outcome.coremltools, outcome.ours)
-    assert op_types(outcome.ours) == expected
-    assert_programs_equivalent(prog, outcome.ours)
-    return outcome.ours
-
-
 @pytest.mark.parametrize("transpose_y", [False, True], ids=["ty0", "ty1"])
 @pytest.mark.parametrize("transpose_x", [False, True], ids=["tx0", "tx1"])
 @pytest.mark.parametrize(
     "fuse_x, fuse_y", [(True, True), (True, False), (False, True)], ids=["both", "x_only", "y_only"]
 )
 def test_fused_as_coremltools_does(fuse_x, fuse_y, transpose_x, transpose_y):
-    ours = check_fused(
-        matmul_prog(3, fuse_x, fuse_y, transpose_x=transpose_x, transpose_y=transpose_y), ["matmul"]
-    )
+    prog = matmul_prog(3, fuse_x, fuse_y, transpose_x=transpose_x, transpose_y=transpose_y)
+    ours = check_fused(PASS, prog, ["matmul"], reference_cleanup=DCE)
     mm = ours.functions["main"].operations[-1]
     assert (mm.name, bool(mm.transpose_x.val), bool(mm.transpose_y.val)) == (
         "mm",
@@ -95,7 +75,7 @@ def test_fused_as_coremltools_does(fuse_x, fuse_y, transpose_x, transpose_y):
 @pytest.mark.parametrize("negative_perm", [False, True], ids=["perm", "negative_perm"])
 @pytest.mark.parametrize("rank", [2, 4])
 def test_ranks_and_negative_perm(rank, negative_perm):
-    check_fused(matmul_prog(rank, negative_perm=negative_perm), ["matmul"])
+    check_fused(PASS, matmul_prog(rank, negative_perm=negative_perm), ["matmul"], reference_cleanup=DCE)
 
 
 def test_one_transpose_feeding_both_sides():
@@ -104,14 +84,14 @@ def test_one_transpose_feeding_both_sides():
         t = mb.transpose(x=a, perm=[0, 2, 1])
         return mb.matmul(x=t, y=t, transpose_y=True, name="mm")
 
-    check_fused(prog, ["matmul"])
+    check_fused(PASS, prog, ["matmul"], reference_cleanup=DCE)
 
 
 @pytest.mark.parametrize("extra", ["use_transpose", "out_transpose"])
 def test_transpose_with_other_users_stays_for_them(extra):
     """As in coremltools: the ``matmul`` no longer reads the ``transpose``, which is kept for the others."""
     expected = ["transpose", "matmul"] + (["relu"] if extra == "use_transpose" else [])
-    check_fused(matmul_prog(extra=extra), expected)
+    check_fused(PASS, matmul_prog(extra=extra), expected, reference_cleanup=DCE)
 
 
 def test_transpose_of_other_axes_keeps_its_side():
@@ -123,7 +103,7 @@ def test_transpose_of_other_axes_keeps_its_side():
         tb = mb.transpose(x=b, perm=[0, 2, 1])
         return mb.matmul(x=ta, y=tb, name="mm")
 
-    check_fused(prog, ["transpose", "matmul"])
+    check_fused(PASS, prog, ["transpose", "matmul"], reference_cleanup=DCE)
 
 
 def test_no_fusable_transpose_is_left_alone():
@@ -131,9 +111,7 @@ def test_no_fusable_transpose_is_left_alone():
     def prog(a, b):
         return mb.matmul(x=mb.transpose(x=a, perm=[1, 0, 2]), y=mb.transpose(x=b, perm=[1, 0, 2]))
 
-    outcome = both(prog)
-    assert op_types(outcome.ours) == op_types(prog)
-    assert_same_program(outcome.coremltools, outcome.ours)
+    check_not_fused(PASS, prog, reference_cleanup=DCE)
 
 
 def test_chain_of_matmuls():
@@ -142,7 +120,7 @@ def test_chain_of_matmuls():
         first = mb.matmul(x=mb.transpose(x=a, perm=[1, 0]), y=mb.transpose(x=b, perm=[1, 0]))
         return mb.matmul(x=mb.transpose(x=first, perm=[1, 0]), y=np.ones((3, 2), np.float32))
 
-    check_fused(prog, ["matmul", "matmul"])
+    check_fused(PASS, prog, ["matmul", "matmul"], reference_cleanup=DCE)
 
 
 def test_transpose_of_a_transpose_is_fused_to_the_end():
@@ -154,7 +132,7 @@ def test_transpose_of_a_transpose_is_fused_to_the_end():
         twice = mb.transpose(x=mb.transpose(x=a, perm=[1, 0]), perm=[1, 0])
         return mb.matmul(x=twice, y=b, name="mm")
 
-    outcome = both(prog)
+    outcome = run_both(PASS, prog, reference_cleanup=DCE)
     assert op_types(outcome.coremltools) == ["transpose", "matmul"]
     assert op_types(outcome.ours) == ["matmul"]
     mm = outcome.ours.functions["main"].operations[-1]
@@ -175,7 +153,7 @@ def test_transpose_in_an_enclosing_block():
 
         return mb.cond(pred=True, _true_fn=branch, _false_fn=branch)
 
-    outcome = both(prog, dce=False)
+    outcome = run_both(PASS, prog)
     assert_same_program(outcome.coremltools, outcome.ours)
     for inner in outcome.ours.functions["main"].find_ops(op_type="cond")[0].blocks:
         mm = inner.find_ops(op_type="matmul")[0]

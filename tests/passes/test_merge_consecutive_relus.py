@@ -7,8 +7,8 @@ from coremltools.converters.mil import Builder as mb
 from coremltools.converters.mil.mil import Program
 
 import generic_passes  # noqa: F401  (registers the passes)
-from pattern_infra.testing.passes import assert_same_program, op_types, run_both
-from pattern_infra.verify import assert_programs_equivalent, prove_equivalent
+from pattern_infra.testing.passes import check_fused, op_types, run_both
+from pattern_infra.verify import assert_programs_equivalent
 
 PASS = "common::merge_consecutive_relus"
 SHAPE = (2, 3, 4)
@@ -34,25 +34,15 @@ def relu_chain(n: int, *, extra: str | None = None) -> Program:
     return prog
 
 
-def check_same_as_coremltools(prog: Program, expected: list[str]) -> Program:
-    """Both passes give the same program, with op types ``expected``, equal to ``prog``."""
-    outcome = run_both(PASS, prog)
-    assert_same_program(outcome.coremltools, outcome.ours)
-    assert op_types(outcome.ours) == expected
-    assert_programs_equivalent(prog, outcome.ours, rtol=1e-5)
-    assert (proof := prove_equivalent(prog, outcome.ours)).proven, proof
-    return outcome.ours
-
-
 @pytest.mark.parametrize("n", [2, 3, 5])
 def test_chain_becomes_one_relu(n):
-    ours = check_same_as_coremltools(relu_chain(n), ["relu"])
+    ours = check_fused(PASS, relu_chain(n), ["relu"], prove=True)
     (relu,) = [op for op in ours.functions["main"].operations if op.op_type == "relu"]
     assert relu.name == "relu_first" and ours.functions["main"].outputs == [relu.outputs[0]]
 
 
 def test_root_with_other_consumers_is_merged():
-    check_same_as_coremltools(relu_chain(3, extra="use_root"), ["relu", "exp"])
+    check_fused(PASS, relu_chain(3, extra="use_root"), ["relu", "exp"], prove=True)
 
 
 def test_relu_with_two_relu_consumers_is_left_as_coremltools_leaves_it():
@@ -65,13 +55,13 @@ def test_relu_with_two_relu_consumers_is_left_as_coremltools_leaves_it():
         b = mb.relu(x=r, name="b")
         return a, b
 
-    ours = check_same_as_coremltools(prog, ["relu", "relu", "relu"])
+    ours = check_fused(PASS, prog, ["relu", "relu", "relu"], prove=True)
     assert [op.name for op in ours.functions["main"].operations if op.op_type == "relu"] == ["r", "a1", "b"]
 
 
 def test_first_relu_used_elsewhere_stays():
     """The first relu also feeds an ``exp``: it keeps its successor; the rest of the chain merges."""
-    check_same_as_coremltools(relu_chain(4, extra="use_first"), ["relu", "relu", "exp"])
+    check_fused(PASS, relu_chain(4, extra="use_first"), ["relu", "relu", "exp"], prove=True)
 
 
 def test_first_relu_as_block_output_still_merges():
@@ -82,7 +72,7 @@ def test_first_relu_as_block_output_still_merges():
         first = mb.relu(x=x, name="first")
         return mb.exp(x=mb.relu(x=first, name="second")), first
 
-    check_same_as_coremltools(prog, ["relu", "exp"])
+    check_fused(PASS, prog, ["relu", "exp"], prove=True)
 
 
 def test_two_block_outputs_are_not_merged_into_one():
@@ -104,4 +94,4 @@ def test_relu_after_another_op_is_not_touched():
     def prog(x):
         return mb.relu(x=mb.exp(x=mb.relu(x=x)))
 
-    check_same_as_coremltools(prog, ["relu", "exp", "relu"])
+    check_fused(PASS, prog, ["relu", "exp", "relu"], prove=True)

@@ -4,13 +4,11 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-import sympy as sp
 from coremltools.converters.mil import Builder as mb
 from coremltools.converters.mil.mil import Program, types
 
 import generic_passes  # noqa: F401  (registers the passes)
-from pattern_infra.testing.passes import assert_same_program, op_types, run_both
-from pattern_infra.verify import ProofStatus, assert_programs_equivalent, prove_equivalent, to_sympy
+from pattern_infra.testing.passes import check_fused, prove_by_sign_of_input
 
 PASS = "common::prelu_to_lrelu"
 
@@ -33,15 +31,6 @@ def prelu_prog(
     return prog
 
 
-def check_same_as_coremltools(prog: Program, expected: list[str]) -> Program:
-    """Both passes give the same program, with op types ``expected``, equal to ``prog``."""
-    outcome = run_both(PASS, prog)
-    assert_same_program(outcome.coremltools, outcome.ours)
-    assert op_types(outcome.ours) == expected
-    assert_programs_equivalent(prog, outcome.ours, rtol=1e-5)
-    return outcome.ours
-
-
 @pytest.mark.parametrize(
     "shape, dtype",
     [((2, 3, 4, 5), types.fp32), ((2, 3, 4), types.fp32), ((2, 3, 4, 5), types.fp16)],
@@ -49,7 +38,7 @@ def check_same_as_coremltools(prog: Program, expected: list[str]) -> Program:
 )
 def test_common_alpha_becomes_leaky_relu(shape, dtype):
     prog = prelu_prog([0.25] * 3, shape, dtype=dtype)
-    ours = check_same_as_coremltools(prog, ["leaky_relu"])
+    ours = check_fused(PASS, prog, ["leaky_relu"])
     (lrelu,) = [op for op in ours.functions["main"].operations if op.op_type == "leaky_relu"]
     assert lrelu.alpha.val == 0.25 and lrelu.alpha.dtype == dtype and lrelu.outputs[0].name == "y"
 
@@ -59,21 +48,16 @@ def test_proven_symbolically():
     ``prove_equivalent`` leaves that ``NOT_PROVEN`` (with agreeing samples), so the proof splits on the
     sign of ``x``: on ``x = p``, ``x = -p`` (``p > 0``) and ``x = 0`` the difference simplifies to 0."""
     prog = prelu_prog([0.25] * 3)
-    ours = check_same_as_coremltools(prog, ["leaky_relu"])
-    assert prove_equivalent(prog, ours).status is not ProofStatus.COUNTEREXAMPLE
-    (before,), (after,) = to_sympy(prog).values(), to_sympy(ours).values()
-    (x,) = before.free_symbols
-    p = sp.Symbol("p", positive=True)
-    for value in (p, -p, sp.Integer(0)):
-        assert sp.simplify((before - after).subs(x, value)) == 0
+    ours = check_fused(PASS, prog, ["leaky_relu"])
+    prove_by_sign_of_input(prog, ours)
 
 
 def test_root_with_other_consumers_is_converted():
-    check_same_as_coremltools(prelu_prog([0.1] * 3, extra="use_root"), ["leaky_relu", "exp"])
+    check_fused(PASS, prelu_prog([0.1] * 3, extra="use_root"), ["leaky_relu", "exp"])
 
 
 @pytest.mark.parametrize(
     "alpha", [[0.1, 0.2, 0.3], [0.25, 0.25, 0.25000003]], ids=["distinct", "nearly_equal"]
 )
 def test_per_channel_alpha_stays_prelu(alpha):
-    check_same_as_coremltools(prelu_prog(alpha), ["prelu"])
+    check_fused(PASS, prelu_prog(alpha), ["prelu"])
