@@ -118,6 +118,11 @@ class ConstRule:
             return None if np.array_equal(got, expected) else f"constant {var.name} differs"
         if expected.size == 1 and got.size != 1:
             return f"constant {var.name} has {got.size} elements where the pattern has a scalar"
+        if expected.size == 1 and got.dtype.kind in "biuf" and expected.dtype.kind in "biuf":
+            g, e = float(got.reshape(())), float(expected.reshape(()))
+            if abs(g - e) <= self.atol + self.rtol * abs(e):
+                return None
+            return f"constant {var.name} = {g!r} differs from the pattern's {e!r}"
         if expected.size != 1 and got.shape != expected.shape:
             return f"constant {var.name} has shape {got.shape}, the pattern's has {expected.shape}"
         try:

@@ -20,6 +20,8 @@ How a group of sub-passes runs on a program (``run_subpasses``):
 
 from __future__ import annotations
 
+import functools
+import gc
 import logging
 import time
 from collections import Counter
@@ -216,29 +218,36 @@ class _Checkpoint:
             block.operations = CacheDoublyLinkedList(ops)
 
 
-def _slot_names(cls: type) -> list[str]:
+@functools.cache
+def _slot_names(cls: type) -> tuple[str, ...]:
     names: list[str] = []
     for klass in cls.__mro__:
         slots = klass.__dict__.get("__slots__", ())
         names.extend([slots] if isinstance(slots, str) else slots)
-    return names
+    return tuple(n for n in names if n != "__dict__")
+
+
+_MISSING = object()
+_CONTAINERS = (list, dict, set)
 
 
 def _copy_value(value: Any) -> Any:
-    if isinstance(value, (list, dict, set)):
-        return value.copy()
-    return value
+    return value.copy() if isinstance(value, _CONTAINERS) else value
 
 
 def _fields(obj: Any, skip: tuple[str, ...] = ()) -> dict[str, Any]:
+    """Every attribute of ``obj`` (dict and slots), containers copied one level deep."""
+    state = getattr(obj, "__dict__", None)
     saved: dict[str, Any] = {}
-    if hasattr(obj, "__dict__"):
-        for key, value in vars(obj).items():
-            if key not in skip:
-                saved[key] = _copy_value(value)
+    if state is not None:
+        for key, value in state.items():
+            saved[key] = value.copy() if isinstance(value, _CONTAINERS) else value
     for key in _slot_names(type(obj)):
-        if key not in skip and key != "__dict__" and hasattr(obj, key):
-            saved[key] = _copy_value(getattr(obj, key))
+        value = getattr(obj, key, _MISSING)
+        if value is not _MISSING:
+            saved[key] = value.copy() if isinstance(value, _CONTAINERS) else value
+    for key in skip:
+        saved.pop(key, None)
     return saved
 
 
@@ -253,12 +262,13 @@ def _set_fields(obj: Any, saved: dict[str, Any]) -> None:
 class _Run:
     """One application of a group of sub-passes to a program."""
 
-    def __init__(self, prog: Program, pass_name: str, validate: bool) -> None:
+    def __init__(self, prog: Program, pass_name: str, validate: bool | str) -> None:
         self.prog = prog
         self.pass_name = pass_name
         self.validate = validate
         self.checkpoint: _Checkpoint | None = None
         self.states: dict[int, _BlockState] = {}
+        self.touched: list[Operation] = []
 
     def state(self, block: Block) -> _BlockState:
         st = self.states.get(id(block))
@@ -298,7 +308,7 @@ def run_subpasses(
     subpasses: list[SubPass],
     pass_name: str,
     *,
-    validate: bool = True,
+    validate: bool | str = True,
 ) -> PassStats:
     """Applies each sub-pass, in order, to every block of ``prog``.
 
@@ -306,7 +316,10 @@ def run_subpasses(
         prog: The program, changed in place.
         subpasses: The sub-passes, already in run order.
         pass_name: Pass id, for messages.
-        validate: Validate the program after each sub-pass.
+        validate: After each sub-pass that rewrote: ``True`` checks the invariants of coremltools'
+            ``Block.validate`` on the ops it created or rewired (linear in what changed); ``"full"``
+            validates the whole program; ``False`` skips it. coremltools' pipeline validates the whole
+            program after every pass anyway.
 
     Returns:
         The counters of this run, summed over the sub-passes.
@@ -317,6 +330,11 @@ def run_subpasses(
     """
     run = _Run(prog, pass_name, validate)
     total = PassStats()
+    # A rewrite allocates many small objects; with a large graph alive, each generational collection
+    # walks all of it. Cyclic GC is paused for the pass (reference counting still frees memory) and
+    # restored as it was.
+    gc_was_enabled = gc.isenabled()
+    gc.disable()
     try:
         blocks = list(iter_blocks(prog))
         for sub in subpasses:
@@ -332,8 +350,19 @@ def run_subpasses(
             stats.seconds = time.perf_counter() - start
             sub.stats.add(stats)
             total.add(stats)
-            if validate and stats.rewrites:
-                prog.validate()
+            if stats.rewrites and validate:
+                try:
+                    if validate == "full":
+                        prog.validate()
+                    else:
+                        _validate_touched(run.touched)
+                except Exception as exc:
+                    run.restore()
+                    raise PassExecutionError(
+                        f"Pass {pass_name!r}, pattern {sub.name!r}: the program is inconsistent after "
+                        f"its rewrites: {exc}. The program was restored to its state before the pass."
+                    ) from exc
+            run.touched.clear()
     except PatternInfraError:
         raise
     except Exception as exc:  # an error of coremltools' own while applying the rewrite
@@ -344,6 +373,8 @@ def run_subpasses(
         ) from exc
     finally:
         run.release()
+        if gc_was_enabled:
+            gc.enable()
     return total
 
 
@@ -421,6 +452,47 @@ def _sweep(run: _Run, sub: SubPass, st: _BlockState, stats: PassStats, context: 
         candidates = _near(touched, block, anchor_types, radius) if touched else []
 
 
+def _validate_touched(ops: list[Operation]) -> None:
+    """Block.validate's invariants, on the ops a sub-pass created or rewired and their neighbours.
+
+    Every use of a variable by an op is recorded once in the variable's consumers and the other way
+    round; every op is in its block; block outputs know the blocks that return them.
+
+    Raises:
+        ValueError: An invariant does not hold (the caller restores the program).
+    """
+    seen: set[int] = set()
+    for op in ops:
+        if op.enclosing_block is None:
+            continue  # removed by a later rewrite of the same sub-pass
+        for var in list(op.get_flattened_inputs()) + list(op.outputs):
+            for user in var.child_ops:
+                if id(user) in seen:
+                    continue
+                seen.add(id(user))
+                _check_op(user)
+        if id(op) not in seen:
+            seen.add(id(op))
+            _check_op(op)
+
+
+def _check_op(op: Operation) -> None:
+    block = op.enclosing_block
+    if block is None:
+        raise ValueError(f"op {op.name} is used but no longer in a block after the rewrite")
+    uses = Counter(id(v) for v in op.get_flattened_inputs())
+    for var in op.get_flattened_inputs():
+        if var.child_ops.count(op) != uses[id(var)]:
+            raise ValueError(
+                f"after the rewrite, {var.name} lists op {op.name} {var.child_ops.count(op)} times among its "
+                f"users, but the op reads it {uses[id(var)]} times"
+            )
+    for var in op.outputs:
+        for consumer_block in var.consuming_blocks:
+            if var not in consumer_block.outputs:
+                raise ValueError(f"{var.name} claims to be an output of {consumer_block.name}")
+
+
 def _accepts(run: _Run, sub: SubPass, match: Pattern) -> bool:
     if sub.var_constraints is None:
         return True
@@ -475,7 +547,9 @@ def _rewrite(run: _Run, sub: SubPass, st: _BlockState, match: Pattern) -> list[O
     touched = st.inserted[n_inserted:] + st.removed_inputs[n_removed:]
     touched.extend(outside_users)
     touched.extend(v.op for v in match.root_vars if v is not None and v.op is not None)
-    return [op for op in touched if op.enclosing_block is block]
+    touched = [op for op in touched if op.enclosing_block is block]
+    run.touched.extend(touched)
+    return touched
 
 
 def remove_dead_ops(match: Pattern) -> list[Operation]:

@@ -81,8 +81,10 @@ class PassContainer(AbstractGraphPass):
     """A coremltools graph pass made of generic sub-passes (the design document's ``PassContainer``).
 
     Sub-passes run in order of priority (higher first), then registration order; ``order`` shows it.
-    Each sub-pass is applied to every block, nested blocks included, and the program is validated after
-    each sub-pass that changed it.
+    Each sub-pass is applied to every block, nested blocks included. After each sub-pass that changed
+    the program, the ops it created or rewired are validated (coremltools' ``Block.validate``
+    invariants, linear in what changed; ``container.validate = "full"`` validates the whole program);
+    an inconsistency restores the program and raises ``PassExecutionError``.
     """
 
     def __init__(self, pass_name: str, namespace: str = "", replaces: type | None = None) -> None:
@@ -100,6 +102,8 @@ class PassContainer(AbstractGraphPass):
         self.replaces = replaces
         self.passes: list[SubPass | Callable[[Program], Any]] = []
         self.stats = PassStats()
+        self.validate: bool | str = True
+        """After each sub-pass: ``True`` validates what it changed, ``"full"`` the whole program."""
         self.followers: list[PassContainer] = []
         """Generic passes registered with ``run_after`` this pass id: run right after it, override on."""
         self._options: list[PassOption] | None = None
@@ -139,11 +143,11 @@ class PassContainer(AbstractGraphPass):
         stats = PassStats()
         structured = [p for p in self.passes if isinstance(p, SubPass)]
         if len(structured) == len(self.passes):
-            stats = run_subpasses(prog, structured, self.pass_id)
+            stats = run_subpasses(prog, structured, self.pass_id, validate=self.validate)
         else:
             for sub in self.passes:
                 if isinstance(sub, SubPass):
-                    stats.add(run_subpasses(prog, [sub], self.pass_id))
+                    stats.add(run_subpasses(prog, [sub], self.pass_id, validate=self.validate))
                 else:
                     sub(prog)
                     prog.validate()

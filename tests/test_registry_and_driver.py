@@ -364,3 +364,21 @@ def test_run_after_joins_coremltools_pipeline_only_under_override(namespace):
         assert ("softplus" in op_types(model._mil_program)) is flag
     with pytest.raises(PassRegistrationError, match="not a registered pass"):
         register_generic_pass(relu_exp, None, to_softplus, "q", namespace, run_after="nowhere::x")
+
+
+@pytest.mark.parametrize("validate", [True, "full"])
+def test_validation_after_a_sub_pass_catches_a_corrupt_rewrite(namespace, validate):
+    def corrupt(pattern):
+        out = mb.softplus(x=pattern.root_var, before_op=pattern.e)
+        pattern.replace_output(out)
+        other = mb.sin(x=pattern.root_var, before_op=pattern.e)
+        out.op._input_vars["x"] = other  # bypasses set_inputs: the use is not recorded on `other`
+
+    c = register_generic_pass(relu_exp, None, corrupt, "p", namespace)
+    c.validate = validate
+    prog = chain(2)
+    before = str(prog)
+    with pytest.raises(PassExecutionError, match="inconsistent after its rewrites") as info:
+        c(prog)
+    assert "restored" in str(info.value)
+    assert str(prog) == before
