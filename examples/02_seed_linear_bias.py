@@ -58,6 +58,9 @@ def transform_pattern(pattern):
 linear_bias_pass = register_generic_pass(
     linear_bias, var_constraints, transform_pattern, "fuse_linear_bias", "examples",
     alternatives={"add_or_sub": ["add", "sub"]},
+    # add is commutative by itself; naming the op asks for both orders of sub too (c - linear), and the
+    # transform reads which side the linear is on
+    commutative=["add_or_sub"],
     const_rules={"linear.weight": "const", "linear.bias": "const", "add_or_sub.y": "const"},
 )
 

@@ -9,8 +9,9 @@ How a group of sub-passes runs on a program (``run_subpasses``):
    block, and only ops of that type are tried. After a match, the user's constraints and transform run;
    matched ops left without consumers are removed in one call; the ops the rewrite created, the ops whose
    operands changed and the producers of removed ops' operands are *touched*.
-3. Nothing is rescanned from the start. When a sweep is over, only anchor candidates within the pattern's
-   radius of a touched op are tried again, until a sweep changes nothing. A pass that is still rewriting
+3. Nothing is rescanned from the start. When a sweep is over, only anchor candidates within the
+   pattern's radius of a touched op are tried again (the anchor's eccentricity in the pattern graph,
+   plus one hop for an op just outside a match), until a sweep changes nothing. A pass that is still rewriting
    after ``max_iterations`` such rounds re-creates its own pattern: :class:`FixpointError`.
 4. The first time a transform is about to run, the program's structure is checkpointed (a shallow copy of
    every block, op and variable: no tensor is copied). If a constraint or transform raises, the program
@@ -413,7 +414,7 @@ def _sweep(run: _Run, sub: SubPass, st: _BlockState, stats: PassStats, context: 
     candidates = [op for t in sorted(anchor_types) for op in list(st.by_type.get(t, ()))]
     if len(anchor_types) > 1:
         candidates = st.order(candidates)
-    radius = len(matcher.nodes) + 1
+    radius = matcher.radius[anchor]
     block = st.block
     iteration = 0
     last: Pattern | None = None
@@ -593,8 +594,11 @@ def _near(
         for op in frontier:
             neighbours: list[Operation] = []
             for var in op.get_flattened_inputs():
-                if var.op is not None and var.op.op_type != "const":
+                if var.op is not None and var.op.op_type == "const":
+                    continue  # constants may feed thousands of ops and join no match
+                if var.op is not None:
                     neighbours.append(var.op)
+                neighbours.extend(var.child_ops)  # siblings: ops joined through a shared input
             for var in op.outputs:
                 neighbours.extend(var.child_ops)
             for other in neighbours:

@@ -88,6 +88,9 @@ class Matcher:
         self.compiled = compiled
         self.nodes: list[PatternNode] = compiled.nodes
         self.plans: list[list[_Step]] = [self._plan(a) for a in range(len(compiled.nodes))]
+        self.radius: list[int] = self._radii()
+        """Per anchor: producer/consumer hops from the anchor op within which any op of a match lies,
+        plus one (an op just outside the match, such as a root's producer, can unblock it)."""
         self.op_types: frozenset[str] = frozenset(t for n in compiled.nodes for t in n.op_types)
         self._const_slots = [
             (node.index, slot, pos)
@@ -124,6 +127,35 @@ class Matcher:
             placed.add(step.node)
             note_roots(step.node)
         return steps
+
+    def _radii(self) -> list[int]:
+        nodes = self.nodes
+        hops: list[dict[int, int]] = [{} for _ in nodes]
+        for node in nodes:
+            for _, edge in node.inputs.items():
+                for _, e in _positions(edge):
+                    if e.kind == "op":
+                        hops[node.index][e.index] = 1
+                        hops[e.index][node.index] = 1
+        for users in self.compiled.root_consumers:  # two consumers of one variable: 2 hops apart
+            for a, _, _ in users:
+                for b, _, _ in users:
+                    if a != b:
+                        hops[a].setdefault(b, 2)
+        radii = []
+        for anchor in range(len(nodes)):
+            dist = {anchor: 0}
+            frontier = [anchor]
+            while frontier:  # Dijkstra on a tiny graph: relax until nothing improves
+                nxt = []
+                for n in frontier:
+                    for m, w in hops[n].items():
+                        if dist[n] + w < dist.get(m, 1 << 30):
+                            dist[m] = dist[n] + w
+                            nxt.append(m)
+                frontier = nxt
+            radii.append(max(dist.values()) + 1)
+        return radii
 
     def _next_up(self, placed: set[int]) -> _Step | None:
         for n in sorted(placed):
@@ -382,7 +414,8 @@ class _Search:
         for slot in ("x", "y"):
             edge = node.inputs[slot]
             is_const_slot = isinstance(edge, Edge) and edge.kind == "const"
-            fit += is_const_slot == (assignment[slot].val is not None)
+            producer = assignment[slot].op
+            fit += is_const_slot == (producer is not None and producer.op_type == "const")
         return fit
 
     def check_edges(self, node: PatternNode, op: Operation, assignment: dict[str, Any]) -> bool:

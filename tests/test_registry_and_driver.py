@@ -382,3 +382,19 @@ def test_validation_after_a_sub_pass_catches_a_corrupt_rewrite(namespace, valida
         c(prog)
     assert "restored" in str(info.value)
     assert str(prog) == before
+
+
+def test_revisit_walk_reaches_siblings_through_a_function_input():
+    # Two consumers of a function input are joined by no op; the walk after a rewrite must still
+    # reach one from the other (a match can be joined only through such an input).
+    from pattern_infra.driver import _near
+
+    @mb.program(input_specs=[mb.TensorSpec(shape=S)])
+    def prog(x):
+        return mb.relu(x=x, name="a"), mb.sigmoid(x=x, name="b")
+
+    block = prog.functions["main"]
+    a = next(op for op in block.operations if op.op_type == "relu")
+    found = _near([a], block, frozenset({"sigmoid"}), radius=1)
+    assert [op.op_type for op in found] == ["sigmoid"]
+    assert _near([a], block, frozenset({"sigmoid"}), radius=0) == []
