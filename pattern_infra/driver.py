@@ -24,6 +24,7 @@ from __future__ import annotations
 import functools
 import gc
 import logging
+import operator
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator
@@ -189,34 +190,79 @@ class _BlockState:
 
 
 class _Checkpoint:
-    """Shallow structural copy of a program: blocks, ops and variables, never tensors."""
+    """Shallow structural copy of a program: blocks, ops and variables, never tensors.
+
+    What coremltools' Block, builder and ``set_inputs`` APIs change is kept: an op's attribute dict
+    (with its ``_input_vars`` map copied), a variable's slots (with its consumer lists copied), a
+    block's fields and op order. Other object kinds are copied generically (every attribute, containers
+    one level deep).
+    """
 
     def __init__(self, prog: Program) -> None:
         self.blocks: list[tuple[Block, list[Operation], dict[str, Any]]] = []
-        self.objects: list[tuple[Any, dict[str, Any]]] = []
+        self.ops: list[tuple[Operation, dict[str, Any]]] = []
+        self.vars: list[tuple[Var, tuple[Any, ...]]] = []
+        self.others: list[tuple[Any, dict[str, Any]]] = []
         seen: set[int] = set()
         for block in iter_blocks(prog):
             ops = list(block.operations)
             self.blocks.append((block, ops, _fields(block, skip=("operations",))))
             for var in list(block.inputs.values() if isinstance(block.inputs, dict) else block.inputs):
-                self._keep(var, seen)
+                self._keep_var(var, seen)
             for op in ops:
-                self._keep(op, seen)
+                state = dict(vars(op))
+                state["_input_vars"] = dict(state["_input_vars"])
+                self.ops.append((op, state))
                 for var in op.outputs:
-                    self._keep(var, seen)
+                    self._keep_var(var, seen)
 
-    def _keep(self, obj: Any, seen: set[int]) -> None:
-        if id(obj) not in seen:
-            seen.add(id(obj))
-            self.objects.append((obj, _fields(obj)))
+    def _keep_var(self, var: Any, seen: set[int]) -> None:
+        if id(var) in seen:
+            return
+        seen.add(id(var))
+        if type(var) is Var:
+            self.vars.append((var, _var_state(var)))
+        else:
+            self.others.append((var, _fields(var)))
 
     def restore(self) -> None:
         """Puts every block, op and variable back as it was."""
-        for obj, saved in self.objects:
+        for op, state in self.ops:
+            fresh = dict(state)
+            fresh["_input_vars"] = dict(state["_input_vars"])
+            vars(op).clear()
+            vars(op).update(fresh)
+        for var, state in self.vars:
+            _set_var_state(var, state)
+        for obj, saved in self.others:
             _set_fields(obj, saved)
         for block, ops, saved in self.blocks:
             _set_fields(block, saved)
             block.operations = CacheDoublyLinkedList(ops)
+
+
+_VAR_SLOTS: tuple[str, ...] = tuple(
+    name for name in Var.__slots__ if name not in ("_child_ops", "consuming_blocks", "_nonreplaceable_vars_upstream")
+)
+_var_slots = operator.attrgetter(*_VAR_SLOTS)
+
+
+def _var_state(var: Var) -> tuple[Any, ...]:
+    return (
+        _var_slots(var),
+        list(var._child_ops),
+        list(var.consuming_blocks),
+        set(var._nonreplaceable_vars_upstream),
+    )
+
+
+def _set_var_state(var: Var, state: tuple[Any, ...]) -> None:
+    values, child_ops, consuming_blocks, upstream = state
+    for name, value in zip(_VAR_SLOTS, values):
+        object.__setattr__(var, name, value)
+    var._child_ops = list(child_ops)
+    var.consuming_blocks = list(consuming_blocks)
+    var._nonreplaceable_vars_upstream = set(upstream)
 
 
 @functools.cache
