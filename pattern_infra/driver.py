@@ -33,6 +33,7 @@ from typing import Any
 
 from coremltools.converters.mil.mil import Block, Operation, Program, Var
 from coremltools.converters.mil.mil.utils import CacheDoublyLinkedList
+from coremltools.converters.mil.mil.var import InternalVar
 
 from .compiler import CompiledPattern
 from .errors import FixpointError, PassExecutionError, PatternInfraError
@@ -164,7 +165,7 @@ class _BlockState:
         def remove(op: Operation) -> None:
             original_remove(op)
             state.removed += 1
-            for var in op.get_flattened_inputs():
+            for var in _flat_inputs(op):
                 if var.op is not None:
                     state.removed_inputs.append(var.op)
             state.counts[op.op_type] -= 1
@@ -316,6 +317,13 @@ class _Run:
         self.checkpoint: _Checkpoint | None = None
         self.states: dict[int, _BlockState] = {}
         self.touched: list[Operation] = []
+        self.open_block: Block | None = None
+
+    def close(self) -> None:
+        """Leaves the function block kept open by :class:`_LazyBlockContext`, if any."""
+        if self.open_block is not None:
+            block, self.open_block = self.open_block, None
+            block.__exit__(None, None, None)
 
     def state(self, block: Block) -> _BlockState:
         st = self.states.get(id(block))
@@ -391,7 +399,7 @@ def run_subpasses(
             for block in blocks:
                 if block.outer_op is not None and block.outer_op.enclosing_block is None:
                     continue  # removed with its op by an earlier rewrite
-                with _LazyBlockContext(block) as context:
+                with _LazyBlockContext(run, block) as context:
                     _sweep(run, sub, run.state(block), stats, context)
             stats.bind_attempts = sub.matcher.bind_attempts - bind_before
             stats.seconds = time.perf_counter() - start
@@ -419,6 +427,7 @@ def run_subpasses(
             f"was restored to its state before the pass."
         ) from exc
     finally:
+        run.close()
         run.release()
         if gc_was_enabled:
             gc.enable()
@@ -426,16 +435,28 @@ def run_subpasses(
 
 
 class _LazyBlockContext:
-    """``with block:`` entered on demand, exited with this context."""
+    """``with block:`` entered on demand, for one sweep.
 
-    def __init__(self, block: Block) -> None:
+    A function's own block, once entered, stays entered until the run ends (``_Run.close``): every
+    exit walks the whole block (coremltools propagates non-replaceable variables), so a pass whose
+    sub-passes all rewrite pays for it once. A nested block is entered for one sweep at a time, above it.
+    """
+
+    def __init__(self, run: _Run, block: Block) -> None:
+        self.run = run
         self.block = block
         self.entered = False
 
     def enter(self) -> None:
-        if not self.entered:
+        if self.entered or self.run.open_block is self.block:
+            return
+        if self.block.outer_op is None:  # a function: keep it open for the rest of the run
+            self.run.close()
             self.block.__enter__()
-            self.entered = True
+            self.run.open_block = self.block
+            return
+        self.block.__enter__()
+        self.entered = True
 
     def __enter__(self) -> _LazyBlockContext:
         return self
@@ -499,6 +520,17 @@ def _sweep(run: _Run, sub: SubPass, st: _BlockState, stats: PassStats, context: 
         candidates = _near(touched, block, anchor_types, radius) if touched else []
 
 
+def _flat_inputs(op: Operation) -> list[Var]:
+    """The variables ``op`` reads, one entry per use (``get_flattened_inputs`` without its dict copy)."""
+    flat: list[Var] = []
+    for value in op._input_vars.values():
+        if isinstance(value, (list, tuple)):
+            flat.extend(value)
+        elif value is not None and not isinstance(value, InternalVar):
+            flat.append(value)
+    return flat
+
+
 def _validate_touched(ops: list[Operation]) -> None:
     """Block.validate's invariants, on the ops a sub-pass created or rewired and their neighbours.
 
@@ -512,7 +544,7 @@ def _validate_touched(ops: list[Operation]) -> None:
     for op in ops:
         if op.enclosing_block is None:
             continue  # removed by a later rewrite of the same sub-pass
-        for var in list(op.get_flattened_inputs()) + list(op.outputs):
+        for var in _flat_inputs(op) + list(op.outputs):
             for user in var.child_ops:
                 if id(user) in seen:
                     continue
@@ -527,8 +559,9 @@ def _check_op(op: Operation) -> None:
     block = op.enclosing_block
     if block is None:
         raise ValueError(f"op {op.name} is used but no longer in a block after the rewrite")
-    uses = Counter(id(v) for v in op.get_flattened_inputs())
-    for var in op.get_flattened_inputs():
+    inputs = _flat_inputs(op)
+    uses = Counter(id(v) for v in inputs)
+    for var in inputs:
         if var.child_ops.count(op) != uses[id(var)]:
             raise ValueError(
                 f"after the rewrite, {var.name} lists op {op.name} {var.child_ops.count(op)} times among its "
@@ -639,7 +672,7 @@ def _near(
         nxt: list[Operation] = []
         for op in frontier:
             neighbours: list[Operation] = []
-            for var in op.get_flattened_inputs():
+            for var in _flat_inputs(op):
                 if var.op is not None and var.op.op_type == "const":
                     continue  # constants may feed thousands of ops and join no match
                 if var.op is not None:
