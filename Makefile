@@ -28,7 +28,7 @@ bench: $(STAMP) ## Benchmark against coremltools side by side; prints ratios, wr
 	$(PY) -m bench
 
 fuzz: $(STAMP) ## Long property-based fuzzing campaign through every generic pass
-	FUZZ_EXAMPLES=$${FUZZ_EXAMPLES:-3000} $(PY) -m pytest -q tests/test_fuzz.py -p no:cacheprovider
+	FUZZ_EXAMPLES=$${FUZZ_EXAMPLES:-20000} $(PY) -m pytest -q tests/test_fuzz.py -p no:cacheprovider --hypothesis-show-statistics
 
 models: $(STAMP) ## Real-model table: op counts with and without the override, passes that fired
 	$(PY) examples/real_models.py
