@@ -595,9 +595,8 @@ def _rewrite(run: _Run, sub: SubPass, st: _BlockState, match: Pattern) -> list[O
         run.checkpoint = _Checkpoint(run.prog)
     st.observe()
     block = st.block
-    outside_users = [
-        user for var in match.output_vars() for user in var.child_ops if id(user) not in _ids(match)
-    ]
+    matched = _ids(match)
+    outside_users = [user for var in match.output_vars() for user in var.child_ops if id(user) not in matched]
     n_inserted, n_removed = len(st.inserted), len(st.removed_inputs)
     n_removed_ops = st.removed
     before = len(block.operations)
