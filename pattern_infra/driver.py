@@ -11,12 +11,15 @@ How a group of sub-passes runs on a program (``run_subpasses``):
    operands changed and the producers of removed ops' operands are *touched*.
 3. Nothing is rescanned from the start. When a sweep is over, only anchor candidates within the
    pattern's radius of a touched op are tried again (the anchor's eccentricity in the pattern graph,
-   plus one hop for an op just outside a match), until a sweep changes nothing. A pass that is still rewriting
+   plus one hop for an op just outside a match), until a sweep changes nothing. A pass still rewriting
    after ``max_iterations`` such rounds re-creates its own pattern: :class:`FixpointError`.
-4. The first time a transform is about to run, the program's structure is checkpointed (a shallow copy of
-   every block, op and variable: no tensor is copied). If a constraint or transform raises, the program
-   is restored from it, identical to what it was before the pass, and :class:`PassExecutionError` names
-   the pass, the pattern and the matched ops.
+4. The first time a transform is about to run, the program's structure is checkpointed (a shallow copy
+   of every block, op and variable: no tensor is copied). If a constraint or transform raises, or the
+   validation after a sub-pass finds the program inconsistent, the program is restored from it,
+   identical to what it was before the pass, and :class:`PassExecutionError` names the pass, the
+   pattern and (for a callback) the matched ops.
+5. A block's builder context (``with block:``) is entered only when a rewrite needs it, and a
+   function's block stays entered for the rest of the run; cyclic GC is paused during the run.
 """
 
 from __future__ import annotations
@@ -182,6 +185,20 @@ class _BlockState:
                 ops_list.__dict__.pop(attr, None)
             self._observed = False
 
+    def anchor_candidates(self, matcher: Matcher) -> tuple[int, list[Operation]] | None:
+        """The anchor for ``matcher`` in this block and the ops of its type(s), in program order.
+
+        None when some pattern op has no op of its type(s) in the block: nothing can match (the cheap
+        rejection, before any search).
+        """
+        for node in matcher.nodes:
+            if not any(self.counts.get(t, 0) > 0 for t in node.op_types):
+                return None
+        anchor = matcher.choose_anchor(self.counts)
+        types = matcher.nodes[anchor].op_types
+        candidates = [op for t in sorted(types) for op in self.by_type.get(t, ())]
+        return anchor, (self.order(candidates) if len(types) > 1 else candidates)
+
     def order(self, ops: list[Operation]) -> list[Operation]:
         """Sorts ``ops`` of this block into program order."""
         if all(id(op) in self.position for op in ops):
@@ -346,8 +363,7 @@ class _Run:
         )
 
     def restore(self) -> bool:
-        for st in self.states.values():
-            st.release()
+        self.release()
         if self.checkpoint is None:
             return False
         self.checkpoint.restore()
@@ -469,18 +485,15 @@ class _LazyBlockContext:
 def _sweep(run: _Run, sub: SubPass, st: _BlockState, stats: PassStats, context: _LazyBlockContext) -> None:
     """One sub-pass over one block, then over what its rewrites touched, until nothing changes.
 
-    The block's builder context (``with block:``, which costs a walk of the block on exit) is entered
-    only before the first transform, so sub-passes that rewrite nothing never pay for it.
+    ``context`` enters the block's builder context before the first transform only, so sub-passes that
+    rewrite nothing never pay for it (see :class:`_LazyBlockContext`).
     """
     matcher = sub.matcher
-    for node in matcher.nodes:
-        if not any(st.counts.get(t, 0) > 0 for t in node.op_types):
-            return  # cheap rejection: some pattern op type is absent from the block
-    anchor = matcher.choose_anchor(st.counts)
+    found = st.anchor_candidates(matcher)
+    if found is None:
+        return
+    anchor, candidates = found
     anchor_types = matcher.nodes[anchor].op_types
-    candidates = [op for t in sorted(anchor_types) for op in list(st.by_type.get(t, ()))]
-    if len(anchor_types) > 1:
-        candidates = st.order(candidates)
     radius = matcher.radius[anchor]
     block = st.block
     iteration = 0
@@ -590,8 +603,6 @@ def _rewrite(run: _Run, sub: SubPass, st: _BlockState, match: Pattern) -> list[O
     the match as it was, and is counted as declined too, so it is not retried until a cap.
     """
     if run.checkpoint is None:
-        for state in run.states.values():
-            state.release()
         run.checkpoint = _Checkpoint(run.prog)
     st.observe()
     block = st.block
@@ -604,6 +615,7 @@ def _rewrite(run: _Run, sub: SubPass, st: _BlockState, match: Pattern) -> list[O
         result = sub.transform_pattern(match)
     except Exception as exc:
         raise run.fail(sub, "transform_pattern", match, exc) from exc
+
     def changed_structure() -> bool:
         return (
             len(st.inserted) != n_inserted
@@ -624,8 +636,7 @@ def _rewrite(run: _Run, sub: SubPass, st: _BlockState, match: Pattern) -> list[O
     if not changed_structure():
         return None  # nothing inserted or removed: the transform left the match as it was
     touched = st.inserted[n_inserted:] + st.removed_inputs[n_removed:]
-    touched.extend(outside_users)
-    touched.extend(v.op for v in match.root_vars if v is not None and v.op is not None)
+    touched.extend(outside_users)  # root producers are among the removed ops' input producers
     touched = [op for op in touched if op.enclosing_block is block]
     run.touched.extend(touched)
     return touched
@@ -700,11 +711,10 @@ def find_in_program(
     """
     for block in iter_blocks(prog):
         st = _BlockState(block)
-        if any(not any(st.counts.get(t, 0) for t in node.op_types) for node in matcher.nodes):
+        found = st.anchor_candidates(matcher)
+        if found is None:
             continue
-        anchor = matcher.choose_anchor(st.counts)
-        types = matcher.nodes[anchor].op_types
-        candidates = st.order([op for t in sorted(types) for op in st.by_type.get(t, ())])
+        anchor, candidates = found
         seen: set[frozenset[int]] = set()
         for op in candidates:
             if op.enclosing_block is not block:

@@ -9,7 +9,6 @@ on a copy of the program ("transform declined"): the program passed in is never 
 
 from __future__ import annotations
 
-import copy
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -20,6 +19,7 @@ from .compiler import compile_pattern
 from .driver import _BlockState, iter_blocks
 from .matcher import Failure, Matcher
 from .pattern import Pattern
+from .verify import clone_program
 
 __all__ = ["Explanation", "explain"]
 
@@ -136,23 +136,26 @@ def _try_transforms(
 ) -> list[Pattern]:
     """Runs the transform on a copy; keeps the matches it did not decline."""
     wanted = [_names(m) for m in result.matches]
-    clone = copy.deepcopy(prog)
+    clone = clone_program(prog)
     kept: list[Pattern] = []
     for block in iter_blocks(clone):
         st = _BlockState(block)
-        anchor = matcher.choose_anchor(st.counts)
-        for op in list(st.by_type.get(next(iter(matcher.nodes[anchor].op_types)), ())):
+        found = st.anchor_candidates(matcher)
+        if found is None:
+            continue
+        anchor, candidates = found
+        for op in candidates:
             if op.enclosing_block is not block:
                 continue
-            found = matcher.match_at(op, block, anchor, order=st.order)
-            if not isinstance(found, Pattern) or _names(found) not in wanted:
+            match = matcher.match_at(op, block, anchor, order=st.order)
+            if not isinstance(match, Pattern) or _names(match) not in wanted:
                 continue
-            original = result.matches[wanted.index(_names(found))]
+            original = result.matches[wanted.index(_names(match))]
             with block:
-                declined = transform_pattern(found) is False
+                declined = transform_pattern(match) is False
             if declined:
-                failure = Failure(len(matcher.nodes), found.final_op.name, "transform declined",
-                                  _names(found))
+                failure = Failure(len(matcher.nodes), match.final_op.name, "transform declined",
+                                  _names(match))
                 misses.setdefault((failure.bound, failure.node, failure.reason), failure)
             else:
                 kept.append(original)

@@ -108,6 +108,8 @@ class PassContainer(AbstractGraphPass):
         """Generic passes registered with ``run_after`` this pass id: run right after it, override on."""
         self._options: list[PassOption] | None = None
         self._declared_options: dict[str, Any] = {}
+        self.options: dict[str, Any] = {}
+        """Option values in effect: the declared defaults, overridden by the pipeline's options."""
 
     # -- design-document API ------------------------------------------------------------------------
 

@@ -341,3 +341,20 @@ def test_a_transform_that_changes_nothing_is_declined_not_looped(namespace):
     c(prog)
     assert str(prog) == before and len(calls) == 1
     assert (c.stats.rewrites, c.stats.declined) == (0, 1)
+
+
+def test_explain_runs_the_transform_on_every_alternative_anchor_type():
+    # the anchor (the last op) is add or sub: explain must try the transform on matches of both types
+    @one_input
+    def prog(x):
+        return mb.add(x=mb.relu(x=x), y=1.0), mb.sub(x=mb.relu(x=x), y=1.0)
+
+    report = explain(relu_then_add_or_sub, prog, transform_pattern=lambda p: False,
+                     alternatives={"add_or_sub": ["add", "sub"]}, top=10)
+    declined = [m for m in report.near_misses if m.reason == "transform declined"]
+    assert sorted(m.ops["add_or_sub"].split("_")[0] for m in declined) == ["add", "sub"]
+
+
+def test_pass_options_are_readable_before_any_pipeline(namespace):
+    c = register_generic_pass(relu_exp, None, replace_with(softplus_replacement), "p", namespace)
+    assert c.options == {}
