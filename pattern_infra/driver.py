@@ -2,22 +2,28 @@
 
 How a group of sub-passes runs on a program (``run_subpasses``):
 
-1. Every block, nested ones included, is listed once, and its ops are indexed by type once. New ops
-   created by transforms are added to the index as they are inserted (the block's op list is observed
-   for the duration of the pass), so later sub-passes see them without a rescan.
+1. Every block, nested ones included, is listed once, and its ops are indexed by type once. The block's
+   op list is observed for the duration of the pass: ops inserted by transforms join the index as they
+   are inserted (later sub-passes see them without a rescan), and every insertion and removal is
+   recorded.
 2. For each sub-pass, in order, and each block: the anchor is the pattern op whose type is rarest in the
    block, and only ops of that type are tried. After a match, the user's constraints and transform run;
-   matched ops left without consumers are removed in one call; the ops the rewrite created, the ops whose
-   operands changed and the producers of removed ops' operands are *touched*.
-3. Nothing is rescanned from the start. When a sweep is over, only anchor candidates within the
-   pattern's radius of a touched op are tried again (the anchor's eccentricity in the pattern graph,
-   plus one hop for an op just outside a match), until a sweep changes nothing. A pass still rewriting
-   after ``max_iterations`` such rounds re-creates its own pattern: :class:`FixpointError`.
+   the matched ops left without users are removed in one call (consumers first, in the pattern's order
+   reversed). What the rewrite did is recorded as :class:`_Changes`: the ops created, the ops removed,
+   and the ops outside the match whose inputs were redirected.
+3. Nothing is rescanned from the start. A match that did not exist before a round of rewrites contains
+   an op whose inputs or whose outputs' users changed: a created op, a redirected op, or the producer of
+   a removed op's input. Only those of the pattern's op types can be part of a match; when there are
+   some, the anchor candidates within the pattern's radius of them (the anchor's eccentricity in the
+   pattern graph, plus one hop) are tried again, until a round changes nothing. A GELU fusion creates a
+   ``gelu`` and redirects a ``relu``: no revisit at all. A pass still rewriting after
+   ``max_iterations`` rounds re-creates its own pattern: :class:`FixpointError`.
 4. The first time a transform is about to run, the program's structure is checkpointed (a shallow copy
    of every block, op and variable: no tensor is copied). If a constraint or transform raises, or the
    validation after a sub-pass finds the program inconsistent, the program is restored from it,
    identical to what it was before the pass, and :class:`PassExecutionError` names the pass, the
-   pattern and (for a callback) the matched ops.
+   pattern and (for a callback) the matched ops. The validation checks coremltools' ``Block.validate``
+   invariants on the recorded changes only (see :meth:`_Changes.validate`).
 5. A block's builder context (``with block:``) is entered only when a rewrite needs it, and a
    function's block stays entered for the rest of the run; cyclic GC is paused during the run.
 """
@@ -137,15 +143,20 @@ class _BlockState:
 
     def __init__(self, block: Block) -> None:
         self.block = block
-        ops = list(block.operations)
-        self.position: dict[int, int] = {id(op): i for i, op in enumerate(ops)}
         self.by_type: dict[str, list[Operation]] = {}
-        for op in ops:
-            self.by_type.setdefault(op.op_type, []).append(op)
-        self.counts = Counter({t: len(v) for t, v in self.by_type.items()})
+        by_type = self.by_type
+        for op in block.operations:
+            ops = by_type.get(op.op_type)
+            if ops is None:
+                by_type[op.op_type] = [op]
+            else:
+                ops.append(op)
+        self.counts = Counter({t: len(v) for t, v in by_type.items()})
         self.inserted: list[Operation] = []
-        self.removed_inputs: list[Operation] = []
-        self.removed = 0
+        """Ops inserted into the block while observed, in insertion order."""
+        self.removed: list[Operation] = []
+        """Ops removed from the block while observed, in removal order."""
+        self._position: dict[int, int] | None = None
         self._observed = False
 
     def observe(self) -> None:
@@ -157,21 +168,21 @@ class _BlockState:
             return
         original_insert = ops_list.insert_op_before
         original_remove = ops_list.remove
+        inserted, removed, by_type, counts = self.inserted, self.removed, self.by_type, self.counts
         state = self
 
         def insert_op_before(new_op: Operation, before_op: Operation | None = None) -> None:
             original_insert(new_op, before_op)
-            state.inserted.append(new_op)
-            state.by_type.setdefault(new_op.op_type, []).append(new_op)
-            state.counts[new_op.op_type] += 1
+            inserted.append(new_op)
+            by_type.setdefault(new_op.op_type, []).append(new_op)
+            counts[new_op.op_type] += 1
+            if state._position is not None:
+                state._place(ops_list.op_to_node[new_op])
 
         def remove(op: Operation) -> None:
             original_remove(op)
-            state.removed += 1
-            for var in _flat_inputs(op):
-                if var.op is not None:
-                    state.removed_inputs.append(var.op)
-            state.counts[op.op_type] -= 1
+            removed.append(op)
+            counts[op.op_type] -= 1
 
         ops_list.insert_op_before = insert_op_before
         ops_list.remove = remove
@@ -200,11 +211,42 @@ class _BlockState:
         return anchor, (self.order(candidates) if len(types) > 1 else candidates)
 
     def order(self, ops: list[Operation]) -> list[Operation]:
-        """Sorts ``ops`` of this block into program order."""
-        if all(id(op) in self.position for op in ops):
-            return sorted(ops, key=lambda op: self.position[id(op)])
-        index = {id(op): i for i, op in enumerate(self.block.operations)}
-        return sorted(ops, key=lambda op: index.get(id(op), len(index)))
+        """Sorts ``ops`` of this block into program order; ops no longer in the block go last.
+
+        The block is indexed on the first call; ops inserted later get a position between their
+        neighbours' (see ``_place``), so the index is rebuilt only when an op was inserted while the
+        block was not observed.
+        """
+        position = self._position
+        block = self.block
+        if position is None or any(id(op) not in position and op.enclosing_block is block for op in ops):
+            position = self._position = {id(op): float(i) for i, op in enumerate(block.operations)}
+        return sorted(ops, key=lambda op: position.get(id(op), _LAST))
+
+    def _place(self, node: Any) -> None:
+        """Gives the op of a just-inserted list node a position between its neighbours'."""
+        position = self._position
+        if position is None:
+            return
+        before = position.get(id(node.prev.op)) if node.prev is not None else None
+        after = position.get(id(node.next.op)) if node.next is not None else None
+        if before is None and after is None:
+            place = 0.0 if node.prev is None and node.next is None else None
+        elif after is None:
+            place = before + 1.0 if node.next is None else None
+        elif before is None:
+            place = after - 1.0 if node.prev is None else None
+        else:
+            place = (before + after) / 2
+            if not before < place < after:  # out of float precision: index again when next needed
+                place = None
+        if place is None:
+            self._position = None
+        else:
+            position[id(node.op)] = place
+
+
+_LAST = float("inf")
 
 
 class _Checkpoint:
@@ -213,45 +255,53 @@ class _Checkpoint:
     What coremltools' Block, builder and ``set_inputs`` APIs change is kept: an op's attribute dict
     (with its ``_input_vars`` map copied), a variable's slots (with its consumer lists copied), a
     block's fields and op order. Other object kinds are copied generically (every attribute, containers
-    one level deep).
+    one level deep). Taking it costs about a microsecond per op and variable: it is taken once per
+    pass, before the first transform runs, and never when nothing matches.
     """
 
     def __init__(self, prog: Program) -> None:
         self.blocks: list[tuple[Block, list[Operation], dict[str, Any]]] = []
-        self.ops: list[tuple[Operation, dict[str, Any]]] = []
-        self.vars: list[tuple[Var, tuple[Any, ...]]] = []
+        self.ops: list[tuple[Operation, dict[str, Any], dict[str, Any]]] = []
+        self.vars: list[tuple[Var, tuple[Any, ...], list[Any], list[Any], set[Any]]] = []
         self.others: list[tuple[Any, dict[str, Any]]] = []
-        seen: set[int] = set()
         for block in iter_blocks(prog):
             ops = list(block.operations)
             self.blocks.append((block, ops, _fields(block, skip=("operations",))))
-            for var in list(block.inputs.values() if isinstance(block.inputs, dict) else block.inputs):
-                self._keep_var(var, seen)
-            for op in ops:
-                state = dict(vars(op))
-                state["_input_vars"] = dict(state["_input_vars"])
-                self.ops.append((op, state))
-                for var in op.outputs:
-                    self._keep_var(var, seen)
+            inputs = list(block.inputs.values() if isinstance(block.inputs, dict) else block.inputs)
+            outputs = [v for op in ops for v in op._output_vars]
+            self._keep_vars(inputs + outputs if inputs else outputs)
+            self.ops.extend([(op, op.__dict__.copy(), op._input_vars.copy()) for op in ops])
 
-    def _keep_var(self, var: Any, seen: set[int]) -> None:
-        if id(var) in seen:
-            return
-        seen.add(id(var))
-        if type(var) is Var:
-            self.vars.append((var, _var_state(var)))
-        else:
-            self.others.append((var, _fields(var)))
+    def _keep_vars(self, variables: list[Any]) -> None:
+        plain = [v for v in variables if type(v) is Var]
+        if len(plain) != len(variables):
+            self.others.extend((v, _fields(v)) for v in variables if type(v) is not Var)
+        self.vars.extend(
+            [
+                (
+                    v,
+                    _var_slots(v),
+                    v._child_ops.copy(),
+                    v.consuming_blocks.copy(),
+                    v._nonreplaceable_vars_upstream.copy(),
+                )
+                for v in plain
+            ]
+        )
 
     def restore(self) -> None:
         """Puts every block, op and variable back as it was."""
-        for op, state in self.ops:
-            fresh = dict(state)
-            fresh["_input_vars"] = dict(state["_input_vars"])
-            vars(op).clear()
-            vars(op).update(fresh)
-        for var, state in self.vars:
-            _set_var_state(var, state)
+        for op, state, input_vars in self.ops:
+            fields = vars(op)
+            fields.clear()
+            fields.update(state)
+            fields["_input_vars"] = input_vars.copy()
+        for var, values, child_ops, consuming_blocks, upstream in self.vars:
+            for name, value in zip(_VAR_SLOTS, values):
+                object.__setattr__(var, name, value)
+            var._child_ops = child_ops.copy()
+            var.consuming_blocks = consuming_blocks.copy()
+            var._nonreplaceable_vars_upstream = upstream.copy()
         for obj, saved in self.others:
             _set_fields(obj, saved)
         for block, ops, saved in self.blocks:
@@ -263,24 +313,6 @@ _VAR_SLOTS: tuple[str, ...] = tuple(
     name for name in Var.__slots__ if name not in ("_child_ops", "consuming_blocks", "_nonreplaceable_vars_upstream")
 )
 _var_slots = operator.attrgetter(*_VAR_SLOTS)
-
-
-def _var_state(var: Var) -> tuple[Any, ...]:
-    return (
-        _var_slots(var),
-        list(var._child_ops),
-        list(var.consuming_blocks),
-        set(var._nonreplaceable_vars_upstream),
-    )
-
-
-def _set_var_state(var: Var, state: tuple[Any, ...]) -> None:
-    values, child_ops, consuming_blocks, upstream = state
-    for name, value in zip(_VAR_SLOTS, values):
-        object.__setattr__(var, name, value)
-    var._child_ops = list(child_ops)
-    var.consuming_blocks = list(consuming_blocks)
-    var._nonreplaceable_vars_upstream = set(upstream)
 
 
 @functools.cache
@@ -333,7 +365,8 @@ class _Run:
         self.validate = validate
         self.checkpoint: _Checkpoint | None = None
         self.states: dict[int, _BlockState] = {}
-        self.touched: list[Operation] = []
+        self.changes = _Changes()
+        """What the current sub-pass's rewrites did, for the revisits and the validation."""
         self.open_block: Block | None = None
 
     def close(self) -> None:
@@ -426,14 +459,14 @@ def run_subpasses(
                     if validate == "full":
                         prog.validate()
                     else:
-                        _validate_touched(run.touched)
+                        run.changes.validate()
                 except Exception as exc:
                     run.restore()
                     raise PassExecutionError(
                         f"Pass {pass_name!r}, pattern {sub.name!r}: the program is inconsistent after "
                         f"its rewrites: {exc}. The program was restored to its state before the pass."
                     ) from exc
-            run.touched.clear()
+            run.changes = _Changes()
     except PatternInfraError:
         raise
     except Exception as exc:  # an error of coremltools' own while applying the rewrite
@@ -482,6 +515,65 @@ class _LazyBlockContext:
             self.block.__exit__(*exc)
 
 
+@dataclass
+class _Changes:
+    """The ops a sub-pass's rewrites created, removed and rewired, in the order they happened.
+
+    Only these can take part in a match that did not exist before (see :func:`_revisit`), and only
+    these can break the block's invariants (see :meth:`validate`).
+    """
+
+    created: list[Operation] = field(default_factory=list)
+    """Ops inserted into the block by the transforms."""
+    removed: list[Operation] = field(default_factory=list)
+    """Ops taken out of the block (by the transforms or by :func:`remove_dead_ops`)."""
+    rewired: list[Operation] = field(default_factory=list)
+    """Ops outside the matches that read a match output before the transform (their inputs moved)."""
+
+    def mark(self) -> tuple[int, int, int]:
+        """Where the lists end now, to take what is added after with :meth:`since`."""
+        return len(self.created), len(self.removed), len(self.rewired)
+
+    def since(self, mark: tuple[int, int, int]) -> _Changes:
+        """The changes recorded after ``mark``."""
+        c, r, w = mark
+        return _Changes(self.created[c:], self.removed[r:], self.rewired[w:])
+
+    def seeds(self, block: Block, types: frozenset[str] | None) -> list[Operation]:
+        """Ops of ``block`` whose surroundings changed: created and rewired ops, and the producers of
+        the inputs of removed ops (they lost a consumer); only those of ``types`` unless it is None."""
+        ops = self.created + self.rewired
+        for op in self.removed:
+            for value in op._input_vars.values():
+                for var in value if isinstance(value, (list, tuple)) else (value,):
+                    producer = getattr(var, "_op", None)
+                    if producer is not None:
+                        ops.append(producer)
+        return [op for op in ops if (types is None or op.op_type in types) and op.enclosing_block is block]
+
+    def validate(self) -> None:
+        """Block.validate's invariants, where the rewrites could have broken them.
+
+        A removed op is no longer listed as a user of its inputs; every created or rewired op still in
+        its block is listed by each variable it reads as often as it reads it, its outputs' users are
+        all in a block, and the blocks its outputs claim to be returned by do return them. Linear in
+        the size of the changes.
+
+        Raises:
+            ValueError: An invariant does not hold (the caller restores the program).
+        """
+        for op in self.removed:
+            for var in _flat_inputs(op):
+                if op in var._child_ops:
+                    raise ValueError(f"removed op {op.name} is still listed as a user of {var.name}")
+        seen: set[int] = set()
+        for op in self.created + self.rewired:
+            if op.enclosing_block is None or id(op) in seen:
+                continue  # removed by a later rewrite of the same sub-pass, or already checked
+            seen.add(id(op))
+            _check_op(op)
+
+
 def _sweep(run: _Run, sub: SubPass, st: _BlockState, stats: PassStats, context: _LazyBlockContext) -> None:
     """One sub-pass over one block, then over what its rewrites touched, until nothing changes.
 
@@ -493,44 +585,67 @@ def _sweep(run: _Run, sub: SubPass, st: _BlockState, stats: PassStats, context: 
     if found is None:
         return
     anchor, candidates = found
-    anchor_types = matcher.nodes[anchor].op_types
-    radius = matcher.radius[anchor]
     block = st.block
-    iteration = 0
+    match_at = matcher.match_at
+    order = st.order
+    iteration = attempts = matches = rejected = declined = rewrites = 0
     last: Pattern | None = None
-    while candidates:
-        iteration += 1
-        if iteration > sub.max_iterations:
-            run.restore()
-            ops = ", ".join(op.name for op in last.op_list()) if last else "?"
-            raise FixpointError(
-                f"Pass {run.pass_name!r}, pattern {sub.name!r}: still rewriting after "
-                f"{sub.max_iterations} rounds (last match: [{ops}]). Its transform re-creates the "
-                f"pattern it replaces; make the replacement differ from the pattern, or raise "
-                f"max_iterations. The program was restored to its state before the pass."
-            )
-        stats.iterations += 1
-        touched: list[Operation] = []
-        for op in candidates:
-            if op.enclosing_block is not block:
-                continue
-            stats.attempts += 1
-            match = matcher.match_at(op, block, anchor, order=st.order)
-            if match is None:
-                continue
-            stats.matches += 1
-            if not _accepts(run, sub, match):
-                stats.rejected += 1
-                continue
-            context.enter()
-            changed = _rewrite(run, sub, st, match)
-            if changed is None:
-                stats.declined += 1
-                continue
-            stats.rewrites += 1
-            last = match
-            touched.extend(changed)
-        candidates = _near(touched, block, anchor_types, radius) if touched else []
+    try:
+        while candidates:
+            iteration += 1
+            if iteration > sub.max_iterations:
+                run.restore()
+                ops = ", ".join(op.name for op in last.op_list()) if last else "?"
+                raise FixpointError(
+                    f"Pass {run.pass_name!r}, pattern {sub.name!r}: still rewriting after "
+                    f"{sub.max_iterations} rounds (last match: [{ops}]). Its transform re-creates the "
+                    f"pattern it replaces; make the replacement differ from the pattern, or raise "
+                    f"max_iterations. The program was restored to its state before the pass."
+                )
+            mark = run.changes.mark()
+            for op in candidates:
+                if op.enclosing_block is not block:
+                    continue
+                attempts += 1
+                match = match_at(op, block, anchor, order=order)
+                if match is None:
+                    continue
+                matches += 1
+                if sub.var_constraints is not None and not _accepts(run, sub, match):
+                    rejected += 1
+                    continue
+                context.enter()
+                if not _rewrite(run, sub, st, match):
+                    declined += 1
+                    continue
+                rewrites += 1
+                last = match
+            candidates = _revisit(run.changes.since(mark), block, matcher, anchor)
+    finally:
+        stats.iterations += iteration
+        stats.attempts += attempts
+        stats.matches += matches
+        stats.rejected += rejected
+        stats.declined += declined
+        stats.rewrites += rewrites
+
+
+def _revisit(changes: _Changes, block: Block, matcher: Matcher, anchor: int) -> list[Operation]:
+    """The anchor candidates a round of rewrites may have made matchable.
+
+    A match that did not exist before the round contains an op whose inputs or whose outputs' users
+    changed: a created op, a rewired op, or the producer of a removed op's input. Only those of the
+    pattern's op types can be in a match, so when there is none (a GELU fusion creates a ``gelu`` and
+    rewires a ``relu``), nothing is revisited. A pattern with a fan-out node also depends on the users
+    of a variable it does not capture, so for it every changed op counts, whatever its type.
+    """
+    if not (changes.created or changes.removed or changes.rewired):
+        return []
+    has_fanout = any(node.fanout for node in matcher.nodes)
+    seeds = changes.seeds(block, None if has_fanout else matcher.op_types)
+    if not seeds:
+        return []
+    return _near(seeds, block, matcher.nodes[anchor].op_types, matcher.radius[anchor])
 
 
 def _flat_inputs(op: Operation) -> list[Var]:
@@ -544,59 +659,35 @@ def _flat_inputs(op: Operation) -> list[Var]:
     return flat
 
 
-def _validate_touched(ops: list[Operation]) -> None:
-    """Block.validate's invariants, on the ops a sub-pass created or rewired and their neighbours.
-
-    Every use of a variable by an op is recorded once in the variable's consumers and the other way
-    round; every op is in its block; block outputs know the blocks that return them.
-
-    Raises:
-        ValueError: An invariant does not hold (the caller restores the program).
-    """
-    seen: set[int] = set()
-    for op in ops:
-        if op.enclosing_block is None:
-            continue  # removed by a later rewrite of the same sub-pass
-        for var in _flat_inputs(op) + list(op.outputs):
-            for user in var.child_ops:
-                if id(user) in seen:
-                    continue
-                seen.add(id(user))
-                _check_op(user)
-        if id(op) not in seen:
-            seen.add(id(op))
-            _check_op(op)
-
-
 def _check_op(op: Operation) -> None:
-    block = op.enclosing_block
-    if block is None:
-        raise ValueError(f"op {op.name} is used but no longer in a block after the rewrite")
+    """The invariants of :meth:`_Changes.validate` for one op still in a block."""
     inputs = _flat_inputs(op)
-    uses = Counter(id(v) for v in inputs)
     for var in inputs:
-        if var.child_ops.count(op) != uses[id(var)]:
+        listed = var._child_ops.count(op)
+        uses = inputs.count(var) if len(inputs) > 1 else 1
+        if listed != uses:
             raise ValueError(
-                f"after the rewrite, {var.name} lists op {op.name} {var.child_ops.count(op)} times among its "
-                f"users, but the op reads it {uses[id(var)]} times"
+                f"after the rewrite, {var.name} lists op {op.name} {listed} times among its "
+                f"users, but the op reads it {uses} times"
             )
-    for var in op.outputs:
+    for var in op._output_vars:
+        for user in var._child_ops:
+            if user.enclosing_block is None:
+                raise ValueError(f"op {user.name} reads {var.name} but is no longer in a block")
         for consumer_block in var.consuming_blocks:
             if var not in consumer_block.outputs:
                 raise ValueError(f"{var.name} claims to be an output of {consumer_block.name}")
 
 
 def _accepts(run: _Run, sub: SubPass, match: Pattern) -> bool:
-    if sub.var_constraints is None:
-        return True
     try:
-        return bool(sub.var_constraints(match))
+        return bool(sub.var_constraints(match))  # type: ignore[misc]
     except Exception as exc:
         raise run.fail(sub, "var_constraints", match, exc) from exc
 
 
-def _rewrite(run: _Run, sub: SubPass, st: _BlockState, match: Pattern) -> list[Operation] | None:
-    """Runs the transform; returns the touched ops, or None if it declined.
+def _rewrite(run: _Run, sub: SubPass, st: _BlockState, match: Pattern) -> bool:
+    """Runs the transform and removes the matched ops it left dead; False if it declined.
 
     A transform declines by returning False before changing anything; one that returns anything else
     but neither inserted nor removed an op (the framework's removal of dead matched ops included) left
@@ -606,10 +697,9 @@ def _rewrite(run: _Run, sub: SubPass, st: _BlockState, match: Pattern) -> list[O
         run.checkpoint = _Checkpoint(run.prog)
     st.observe()
     block = st.block
-    matched = _ids(match)
-    outside_users = [user for var in match.output_vars() for user in var.child_ops if id(user) not in matched]
-    n_inserted, n_removed = len(st.inserted), len(st.removed_inputs)
-    n_removed_ops = st.removed
+    matched = match.op_set
+    outside_users = [user for var in match.output_vars() for user in var._child_ops if user not in matched]
+    n_inserted, n_removed = len(st.inserted), len(st.removed)
     before = len(block.operations)
     try:
         result = sub.transform_pattern(match)
@@ -617,11 +707,7 @@ def _rewrite(run: _Run, sub: SubPass, st: _BlockState, match: Pattern) -> list[O
         raise run.fail(sub, "transform_pattern", match, exc) from exc
 
     def changed_structure() -> bool:
-        return (
-            len(st.inserted) != n_inserted
-            or st.removed != n_removed_ops
-            or len(block.operations) != before
-        )
+        return len(st.inserted) != n_inserted or len(st.removed) != n_removed or len(block.operations) != before
 
     if result is False:
         if changed_structure():
@@ -631,51 +717,46 @@ def _rewrite(run: _Run, sub: SubPass, st: _BlockState, match: Pattern) -> list[O
                 match,
                 RuntimeError("it returned False (declined) after changing the program"),
             )
-        return None
+        return False
     remove_dead_ops(match)
     if not changed_structure():
-        return None  # nothing inserted or removed: the transform left the match as it was
-    touched = st.inserted[n_inserted:] + st.removed_inputs[n_removed:]
-    touched.extend(outside_users)  # root producers are among the removed ops' input producers
-    touched = [op for op in touched if op.enclosing_block is block]
-    run.touched.extend(touched)
-    return touched
+        return False  # nothing inserted or removed: the transform left the match as it was
+    changes = run.changes
+    changes.created += st.inserted[n_inserted:]
+    changes.removed += st.removed[n_removed:]
+    changes.rewired += outside_users
+    return True
 
 
 def remove_dead_ops(match: Pattern) -> list[Operation]:
     """Removes, in one call, the matched ops still in the block whose outputs nothing uses.
 
     This is what lets a transform only build the replacement and redirect the outputs: the framework
-    deletes what the replacement made dead.
+    deletes what the replacement made dead. The ops are visited consumers first (the pattern's own
+    order, reversed), so a chain of matched ops dies in one visit.
 
     Returns:
         The removed ops.
     """
     block = match.block
-    dead_ids: set[int] = set()
-    dead: list[Operation] = []
-    for op in reversed(match.op_list()):
+    dead: set[Operation] = set()
+    order: list[Operation] = []
+    for op in match._reverse_topological():
         if op.enclosing_block is block and all(
-            not v.consuming_blocks and all(id(user) in dead_ids for user in v.child_ops)
-            for v in op.outputs
+            not v.consuming_blocks and all(user in dead for user in v._child_ops) for v in op._output_vars
         ):
-            dead_ids.add(id(op))
-            dead.append(op)
-    if dead:
-        block.remove_ops(dead)
-    return dead
+            dead.add(op)
+            order.append(op)
+    if order:
+        block.remove_ops(order)
+    return order
 
 
-def _ids(match: Pattern) -> set[int]:
-    return {id(op) for op in match.op_set}
-
-
-def _near(
-    touched: list[Operation], block: Block, anchor_types: frozenset[str], radius: int
-) -> list[Operation]:
-    """Anchor candidates within ``radius`` producer/consumer steps of a touched op."""
+def _near(seeds: list[Operation], block: Block, anchor_types: frozenset[str], radius: int) -> list[Operation]:
+    """Anchor candidates within ``radius`` producer/consumer steps of a seed op, in no set order
+    but deterministic (discovery order)."""
     seen: dict[int, Operation] = {}
-    frontier = list(dict.fromkeys(touched))
+    frontier = list(dict.fromkeys(seeds))
     for op in frontier:
         seen[id(op)] = op
     for _ in range(radius):
@@ -683,13 +764,14 @@ def _near(
         for op in frontier:
             neighbours: list[Operation] = []
             for var in _flat_inputs(op):
-                if var.op is not None and var.op.op_type == "const":
-                    continue  # constants may feed thousands of ops and join no match
-                if var.op is not None:
-                    neighbours.append(var.op)
-                neighbours.extend(var.child_ops)  # siblings: ops joined through a shared input
-            for var in op.outputs:
-                neighbours.extend(var.child_ops)
+                producer = var.op
+                if producer is not None:
+                    if producer.op_type == "const":
+                        continue  # constants may feed thousands of ops and join no match
+                    neighbours.append(producer)
+                neighbours.extend(var._child_ops)  # siblings: ops joined through a shared input
+            for var in op._output_vars:
+                neighbours.extend(var._child_ops)
             for other in neighbours:
                 if id(other) not in seen and other.enclosing_block is block:
                     seen[id(other)] = other

@@ -64,9 +64,12 @@ class Pattern:
                 finals.extend(captured if isinstance(captured, list) else [captured])
         self.final_ops: list[Operation] = finals
         self.final_op: Operation | None = finals[0] if finals else None
-        self.op_set: set[Operation] = set(self._flat_ops())
-        for name, op in self._ops.items():
-            object.__setattr__(self, name, op)
+        captured_ops = self._ops.values()
+        if any(isinstance(op, list) for op in captured_ops):
+            self.op_set: set[Operation] = set(self._flat_ops())
+        else:
+            self.op_set = set(captured_ops)  # type: ignore[arg-type]
+        vars(self).update(self._ops)  # pattern.<name>; compile_pattern refuses names Pattern uses
 
     # -- seed API -----------------------------------------------------------------------------------
 
@@ -195,6 +198,19 @@ class Pattern:
     def __repr__(self) -> str:
         ops = ", ".join(f"{k}={_label(v)}" for k, v in self._ops.items())
         return f"Pattern({self.pattern_name!r}: {ops})"
+
+    def _reverse_topological(self) -> list[Operation]:
+        """The captured ops, each after every captured op that reads it: the pattern's own op order
+        (a topological order of the pattern), reversed; program order reversed for hand-built matches."""
+        if self._compiled is None:
+            return list(reversed(self.op_list()))
+        ops: list[Operation] = []
+        for op in reversed(self._ops.values()):
+            if isinstance(op, list):
+                ops.extend(op)
+            else:
+                ops.append(op)
+        return ops
 
     def _flat_ops(self) -> Iterator[Operation]:
         for op in self._ops.values():
