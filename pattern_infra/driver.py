@@ -259,12 +259,12 @@ class _Checkpoint:
     pass, before the first transform runs, and never when nothing matches.
     """
 
-    def __init__(self, prog: Program) -> None:
+    def __init__(self, blocks: list[Block]) -> None:
         self.blocks: list[tuple[Block, list[Operation], dict[str, Any]]] = []
         self.ops: list[tuple[Operation, dict[str, Any], dict[str, Any]]] = []
         self.vars: list[tuple[Var, tuple[Any, ...], list[Any], list[Any], set[Any]]] = []
         self.others: list[tuple[Any, dict[str, Any]]] = []
-        for block in iter_blocks(prog):
+        for block in blocks:
             ops = list(block.operations)
             self.blocks.append((block, ops, _fields(block, skip=("operations",))))
             inputs = list(block.inputs.values() if isinstance(block.inputs, dict) else block.inputs)
@@ -364,6 +364,8 @@ class _Run:
         self.pass_name = pass_name
         self.validate = validate
         self.checkpoint: _Checkpoint | None = None
+        self.blocks: list[Block] = list(iter_blocks(prog))
+        """Every block, listed once at the start (nothing has changed before the checkpoint)."""
         self.states: dict[int, _BlockState] = {}
         self.changes = _Changes()
         """What the current sub-pass's rewrites did, for the revisits and the validation."""
@@ -440,7 +442,7 @@ def run_subpasses(
     gc_was_enabled = gc.isenabled()
     gc.disable()
     try:
-        blocks = list(iter_blocks(prog))
+        blocks = run.blocks
         for sub in subpasses:
             stats = PassStats(runs=1)
             start = time.perf_counter()
@@ -529,13 +531,16 @@ class _Changes:
     """Ops taken out of the block (by the transforms or by :func:`remove_dead_ops`)."""
     rewired: list[Operation] = field(default_factory=list)
     """Ops outside the matches that read a match output before the transform (their inputs moved)."""
+    removed_by_transforms: list[Operation] = field(default_factory=list)
+    """The ops of :attr:`removed` that a transform took out itself; the others went through
+    ``Block.remove_ops``, which unlists them from their inputs' users or raises."""
 
     def mark(self) -> tuple[int, int, int]:
         """Where the lists end now, to take what is added after with :meth:`since`."""
         return len(self.created), len(self.removed), len(self.rewired)
 
     def since(self, mark: tuple[int, int, int]) -> _Changes:
-        """The changes recorded after ``mark``."""
+        """The changes recorded after ``mark`` (for the revisit: without ``removed_by_transforms``)."""
         c, r, w = mark
         return _Changes(self.created[c:], self.removed[r:], self.rewired[w:])
 
@@ -543,13 +548,18 @@ class _Changes:
         """Ops of ``block`` whose surroundings changed: created and rewired ops, and the producers of
         the inputs of removed ops (they lost a consumer); only those of ``types`` unless it is None."""
         ops = self.created + self.rewired
+        producers: list[Operation] = []
         for op in self.removed:
             for value in op._input_vars.values():
-                for var in value if isinstance(value, (list, tuple)) else (value,):
-                    producer = getattr(var, "_op", None)
-                    if producer is not None:
-                        ops.append(producer)
-        return [op for op in ops if (types is None or op.op_type in types) and op.enclosing_block is block]
+                if type(value) is Var:
+                    producers.append(value._op)
+                elif isinstance(value, (list, tuple)):
+                    producers.extend(getattr(v, "_op", None) for v in value)
+        if types is None:
+            ops += [p for p in producers if p is not None]
+            return [op for op in ops if op.enclosing_block is block]
+        ops += [p for p in producers if p is not None and p.op_type in types]
+        return [op for op in ops if op.op_type in types and op.enclosing_block is block]
 
     def validate(self) -> None:
         """Block.validate's invariants, where the rewrites could have broken them.
@@ -562,7 +572,7 @@ class _Changes:
         Raises:
             ValueError: An invariant does not hold (the caller restores the program).
         """
-        for op in self.removed:
+        for op in self.removed_by_transforms:
             for var in _flat_inputs(op):
                 if op in var._child_ops:
                     raise ValueError(f"removed op {op.name} is still listed as a user of {var.name}")
@@ -694,7 +704,7 @@ def _rewrite(run: _Run, sub: SubPass, st: _BlockState, match: Pattern) -> bool:
     the match as it was, and is counted as declined too, so it is not retried until a cap.
     """
     if run.checkpoint is None:
-        run.checkpoint = _Checkpoint(run.prog)
+        run.checkpoint = _Checkpoint(run.blocks)
     st.observe()
     block = st.block
     matched = match.op_set
@@ -718,12 +728,14 @@ def _rewrite(run: _Run, sub: SubPass, st: _BlockState, match: Pattern) -> bool:
                 RuntimeError("it returned False (declined) after changing the program"),
             )
         return False
+    n_removed_by_transform = len(st.removed)
     remove_dead_ops(match)
     if not changed_structure():
         return False  # nothing inserted or removed: the transform left the match as it was
     changes = run.changes
     changes.created += st.inserted[n_inserted:]
     changes.removed += st.removed[n_removed:]
+    changes.removed_by_transforms += st.removed[n_removed:n_removed_by_transform]
     changes.rewired += outside_users
     return True
 
