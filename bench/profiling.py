@@ -15,10 +15,11 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from coremltools.converters.mil.mil import Block, Program
+from coremltools.converters.mil.mil import Block
 
 from pattern_infra import ConstRule, SubPass
 from pattern_infra import driver
+from pattern_infra.journal import Journal
 from pattern_infra.matcher import Matcher
 
 from .runners import workload_runners
@@ -40,10 +41,10 @@ def _phases(subs: list[SubPass]) -> list[tuple[str, list[tuple[str, int, str]]]]
         ("var_constraints callbacks", constraints),
         ("transform callbacks (build replacement, redirect uses)", transforms),
         ("remove_dead_ops (one remove_ops per match)", [_key(driver.remove_dead_ops)]),
-        ("checkpoint: _Checkpoint.__init__ (copy of every op/var's fields)", [_key(driver._Checkpoint.__init__)]),
-        ("Program.validate after each sub-pass that rewrote", [_key(Program.validate)]),
+        ("undo journal: Journal.keep_match + opening (copy-on-write saves)", [_key(Journal.keep_match), _key(Journal.__init__)]),
+        ("validation of the changes after each sub-pass that rewrote", [_key(driver._Changes.validate)]),
         ("Block.__exit__ (propagate_nonreplaceable_vars over the whole block)", [_key(Block.__exit__)]),
-        ("revisit: _near (touched ops' neighbourhood)", [_key(driver._near)]),
+        ("revisit: _revisit (changed ops of the pattern's types, and their neighbourhood)", [_key(driver._revisit)]),
         ("indexing: _BlockState.__init__", [_key(driver._BlockState.__init__)]),
     ]
 

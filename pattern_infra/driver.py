@@ -18,9 +18,10 @@ How a group of sub-passes runs on a program (``run_subpasses``):
    pattern graph, plus one hop) are tried again, until a round changes nothing. A GELU fusion creates a
    ``gelu`` and redirects a ``relu``: no revisit at all. A pass still rewriting after
    ``max_iterations`` rounds re-creates its own pattern: :class:`FixpointError`.
-4. The first time a transform is about to run, the program's structure is checkpointed (a shallow copy
-   of every block, op and variable: no tensor is copied). If a constraint or transform raises, or the
-   validation after a sub-pass finds the program inconsistent, the program is restored from it,
+4. The first time a transform is about to run, an undo journal opens (:mod:`pattern_infra.journal`):
+   from then on, the first change to an op or variable saves its state, copy-on-write, and every op
+   and variable of a match is saved before its transform runs. If a constraint or transform raises, or
+   the validation after a sub-pass finds the program inconsistent, the program is restored from it,
    identical to what it was before the pass, and :class:`PassExecutionError` names the pass, the
    pattern and (for a callback) the matched ops. The validation checks coremltools' ``Block.validate``
    invariants on the recorded changes only (see :meth:`_Changes.validate`).
@@ -30,10 +31,8 @@ How a group of sub-passes runs on a program (``run_subpasses``):
 
 from __future__ import annotations
 
-import functools
 import gc
 import logging
-import operator
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator
@@ -46,6 +45,7 @@ from coremltools.converters.mil.mil.var import InternalVar
 
 from .compiler import CompiledPattern
 from .errors import FixpointError, PassExecutionError, PatternInfraError
+from .journal import Journal
 from .matcher import Matcher
 from .pattern import Pattern
 
@@ -249,113 +249,6 @@ class _BlockState:
 _LAST = float("inf")
 
 
-class _Checkpoint:
-    """Shallow structural copy of a program: blocks, ops and variables, never tensors.
-
-    What coremltools' Block, builder and ``set_inputs`` APIs change is kept: an op's attribute dict
-    (with its ``_input_vars`` map copied), a variable's slots (with its consumer lists copied), a
-    block's fields and op order. Other object kinds are copied generically (every attribute, containers
-    one level deep). Taking it costs about a microsecond per op and variable: it is taken once per
-    pass, before the first transform runs, and never when nothing matches.
-    """
-
-    def __init__(self, blocks: list[Block]) -> None:
-        self.blocks: list[tuple[Block, list[Operation], dict[str, Any]]] = []
-        self.ops: list[tuple[Operation, dict[str, Any], dict[str, Any]]] = []
-        self.vars: list[tuple[Var, tuple[Any, ...], list[Any], list[Any], set[Any]]] = []
-        self.others: list[tuple[Any, dict[str, Any]]] = []
-        for block in blocks:
-            ops = list(block.operations)
-            self.blocks.append((block, ops, _fields(block, skip=("operations",))))
-            inputs = list(block.inputs.values() if isinstance(block.inputs, dict) else block.inputs)
-            outputs = [v for op in ops for v in op._output_vars]
-            self._keep_vars(inputs + outputs if inputs else outputs)
-            self.ops.extend([(op, op.__dict__.copy(), op._input_vars.copy()) for op in ops])
-
-    def _keep_vars(self, variables: list[Any]) -> None:
-        plain = [v for v in variables if type(v) is Var]
-        if len(plain) != len(variables):
-            self.others.extend((v, _fields(v)) for v in variables if type(v) is not Var)
-        self.vars.extend(
-            [
-                (
-                    v,
-                    _var_slots(v),
-                    v._child_ops.copy(),
-                    v.consuming_blocks.copy(),
-                    v._nonreplaceable_vars_upstream.copy(),
-                )
-                for v in plain
-            ]
-        )
-
-    def restore(self) -> None:
-        """Puts every block, op and variable back as it was."""
-        for op, state, input_vars in self.ops:
-            fields = vars(op)
-            fields.clear()
-            fields.update(state)
-            fields["_input_vars"] = input_vars.copy()
-        for var, values, child_ops, consuming_blocks, upstream in self.vars:
-            for name, value in zip(_VAR_SLOTS, values):
-                object.__setattr__(var, name, value)
-            var._child_ops = child_ops.copy()
-            var.consuming_blocks = consuming_blocks.copy()
-            var._nonreplaceable_vars_upstream = upstream.copy()
-        for obj, saved in self.others:
-            _set_fields(obj, saved)
-        for block, ops, saved in self.blocks:
-            _set_fields(block, saved)
-            block.operations = CacheDoublyLinkedList(ops)
-
-
-_VAR_SLOTS: tuple[str, ...] = tuple(
-    name for name in Var.__slots__ if name not in ("_child_ops", "consuming_blocks", "_nonreplaceable_vars_upstream")
-)
-_var_slots = operator.attrgetter(*_VAR_SLOTS)
-
-
-@functools.cache
-def _slot_names(cls: type) -> tuple[str, ...]:
-    names: list[str] = []
-    for klass in cls.__mro__:
-        slots = klass.__dict__.get("__slots__", ())
-        names.extend([slots] if isinstance(slots, str) else slots)
-    return tuple(n for n in names if n != "__dict__")
-
-
-_MISSING = object()
-_CONTAINERS = (list, dict, set)
-
-
-def _copy_value(value: Any) -> Any:
-    return value.copy() if isinstance(value, _CONTAINERS) else value
-
-
-def _fields(obj: Any, skip: tuple[str, ...] = ()) -> dict[str, Any]:
-    """Every attribute of ``obj`` (dict and slots), containers copied one level deep."""
-    state = getattr(obj, "__dict__", None)
-    saved: dict[str, Any] = {}
-    if state is not None:
-        for key, value in state.items():
-            saved[key] = value.copy() if isinstance(value, _CONTAINERS) else value
-    for key in _slot_names(type(obj)):
-        value = getattr(obj, key, _MISSING)
-        if value is not _MISSING:
-            saved[key] = value.copy() if isinstance(value, _CONTAINERS) else value
-    for key in skip:
-        saved.pop(key, None)
-    return saved
-
-
-def _set_fields(obj: Any, saved: dict[str, Any]) -> None:
-    if hasattr(obj, "__dict__"):
-        for key in [k for k in vars(obj) if k not in saved and k != "operations"]:
-            del vars(obj)[key]
-    for key, value in saved.items():
-        object.__setattr__(obj, key, _copy_value(value))
-
-
 class _Run:
     """One application of a group of sub-passes to a program."""
 
@@ -363,9 +256,10 @@ class _Run:
         self.prog = prog
         self.pass_name = pass_name
         self.validate = validate
-        self.checkpoint: _Checkpoint | None = None
+        self.journal: Journal | None = None
+        """Opened before the first transform runs (see :mod:`pattern_infra.journal`)."""
         self.blocks: list[Block] = list(iter_blocks(prog))
-        """Every block, listed once at the start (nothing has changed before the checkpoint)."""
+        """Every block, listed once at the start (nothing changes before the journal opens)."""
         self.states: dict[int, _BlockState] = {}
         self.changes = _Changes()
         """What the current sub-pass's rewrites did, for the revisits and the validation."""
@@ -385,8 +279,8 @@ class _Run:
         return st
 
     def fail(self, sub: SubPass, what: str, match: Pattern, exc: BaseException) -> PassExecutionError:
-        restored = self.restore()
         ops = ", ".join(f"{op.name} ({op.op_type})" for op in match.op_list())
+        restored = self.restore()
         note = (
             "The program was restored to its state before the pass."
             if restored
@@ -399,14 +293,18 @@ class _Run:
 
     def restore(self) -> bool:
         self.release()
-        if self.checkpoint is None:
+        if self.journal is None:
             return False
-        self.checkpoint.restore()
+        self.journal.restore()
         return True
 
     def release(self) -> None:
         for st in self.states.values():
             st.release()
+
+    def close_journal(self) -> None:
+        if self.journal is not None:
+            self.journal.close()
 
 
 def run_subpasses(
@@ -478,6 +376,7 @@ def run_subpasses(
             f"was restored to its state before the pass."
         ) from exc
     finally:
+        run.close_journal()  # first: leaving the function block rewrites every variable of it
         run.close()
         run.release()
         if gc_was_enabled:
@@ -604,8 +503,8 @@ def _sweep(run: _Run, sub: SubPass, st: _BlockState, stats: PassStats, context: 
         while candidates:
             iteration += 1
             if iteration > sub.max_iterations:
-                run.restore()
                 ops = ", ".join(op.name for op in last.op_list()) if last else "?"
+                run.restore()
                 raise FixpointError(
                     f"Pass {run.pass_name!r}, pattern {sub.name!r}: still rewriting after "
                     f"{sub.max_iterations} rounds (last match: [{ops}]). Its transform re-creates the "
@@ -703,12 +602,13 @@ def _rewrite(run: _Run, sub: SubPass, st: _BlockState, match: Pattern) -> bool:
     but neither inserted nor removed an op (the framework's removal of dead matched ops included) left
     the match as it was, and is counted as declined too, so it is not retried until a cap.
     """
-    if run.checkpoint is None:
-        run.checkpoint = _Checkpoint(run.blocks)
+    if run.journal is None:
+        run.journal = Journal(run.blocks)
     st.observe()
     block = st.block
     matched = match.op_set
     outside_users = [user for var in match.output_vars() for user in var._child_ops if user not in matched]
+    run.journal.keep_match(matched, outside_users)
     n_inserted, n_removed = len(st.inserted), len(st.removed)
     before = len(block.operations)
     try:
