@@ -1,7 +1,8 @@
 """Rollback: a transform that raises leaves the program exactly as it was.
 
-Before the first transform of a pass runs, the driver checkpoints the program's structure (blocks,
-ops and variables; no tensor is copied). If ``var_constraints`` or ``transform_pattern`` raises, the
+Before the first transform of a pass runs, the driver opens an undo journal: from then on, every op
+and variable the pass changes is saved the first time it changes (copy-on-write; no tensor is
+copied). If ``var_constraints`` or ``transform_pattern`` raises, the
 program is restored, including the rewrites the pass had already made, and ``PassExecutionError``
 names the pass, the pattern, the matched ops and the original error.
 

@@ -654,9 +654,12 @@ def remove_dead_ops(match: Pattern) -> list[Operation]:
     dead: set[Operation] = set()
     order: list[Operation] = []
     for op in match._reverse_topological():
-        if op.enclosing_block is block and all(
-            not v.consuming_blocks and all(user in dead for user in v._child_ops) for v in op._output_vars
-        ):
+        if op.enclosing_block is not block:
+            continue
+        for var in op._output_vars:
+            if var.consuming_blocks or not dead.issuperset(var._child_ops):
+                break
+        else:
             dead.add(op)
             order.append(op)
     if order:
