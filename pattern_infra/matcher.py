@@ -19,6 +19,11 @@ Algorithm (per pattern, per block):
    (so no consumer outside the match) and are not block outputs; no root and no constant slot is
    computed inside the match.
 
+6. **Compiled fast path.** ``match_at`` runs each anchor's plan as one generated Python function
+   (:mod:`pattern_infra.codegen`, built on first use, read with :meth:`Matcher.source`): the same
+   search, choices and counters without the interpreter's calls. Tracing, a root hint, patterns with
+   a fan-out op and ``PATTERN_INFRA_INTERPRET=1`` use the interpreter below, which stays the reference.
+
 Cost: for an anchor candidate, each up-step is O(1) and each down-step O(consumers of one variable),
 so a pattern with only up-steps costs O(pattern size) per anchor op; the consumers of a variable are
 never permuted (no k! enumeration) because each pattern op picks one consumer at a time.
@@ -33,6 +38,7 @@ from typing import Any
 from coremltools.converters.mil.mil import Block, Operation, Var
 from coremltools.converters.mil.mil.var import InternalVar
 
+from . import codegen
 from .compiler import COMMUTATIVE_OPS, CompiledPattern, Edge, PatternNode, compile_pattern
 from .pattern import Pattern
 
@@ -82,7 +88,7 @@ def _input(op: Operation, slot: str) -> Any:
 
 
 class Matcher:
-    """Searches one compiled pattern; stateless between calls except for counters."""
+    """Searches one compiled pattern; stateless between calls except for counters and compiled searches."""
 
     def __init__(self, compiled: CompiledPattern) -> None:
         self.compiled = compiled
@@ -103,6 +109,10 @@ class Matcher:
         """Anchor ops tried (across calls)."""
         self.bind_attempts = 0
         """Op bindings tried, anchors included (across calls): the matcher's unit of work."""
+        self._compiled_fns: list[Any] = [_NOT_BUILT] * len(compiled.nodes)
+        """Per anchor: the compiled search (:mod:`~pattern_infra.codegen`), None when the interpreter
+        must do it, ``_NOT_BUILT`` until first used."""
+        self._generated: dict[int, codegen.GeneratedSearch] = {}
 
     # -- planning -----------------------------------------------------------------------------------
 
@@ -221,12 +231,109 @@ class Matcher:
             A :class:`Pattern` on success; on failure None, or a :class:`Failure` when tracing.
         """
         self.attempts += 1
+        if not trace and root_hint is None and not codegen.interpret_forced():
+            fn = self._compiled_fns[anchor]
+            if fn is _NOT_BUILT:
+                fn = self._build(anchor).function
+                self._compiled_fns[anchor] = fn
+            if fn is not None:
+                return fn(self, op, block, order)
         search = _Search(self, block, self.plans[anchor], trace)
         if root_hint is not None:
             search.roots[0] = root_hint
         if search.run(op):
             return search.to_pattern(order)
         return search.failure if trace else None
+
+    def source(self, anchor: int) -> str:
+        """The Python source of the compiled search anchored at pattern op ``anchor``.
+
+        ``match_at`` runs this function (untraced, without a root hint); it performs the interpreter's
+        search step by step of ``plans[anchor]``. For a pattern the generator leaves to the interpreter
+        (a fan-out op, see :mod:`pattern_infra.codegen`) the text is a comment saying why.
+
+        Args:
+            anchor: Index of the anchor pattern op.
+
+        Returns:
+            The generated source, as registered with :mod:`linecache` for tracebacks.
+        """
+        return self._build(anchor).source
+
+    def _build(self, anchor: int) -> codegen.GeneratedSearch:
+        generated = self._generated.get(anchor)
+        if generated is None:
+            generated = codegen.build(self, anchor)
+            self._generated[anchor] = generated
+        return generated
+
+
+_NOT_BUILT = object()
+"""Marks an anchor whose compiled search was not generated yet."""
+
+
+def _slot_value(assign: list[dict[str, Any] | None], node: int, slot: str, pos: int) -> Any:
+    assigned = assign[node]
+    if assigned is None:
+        return None
+    value = assigned.get(slot)
+    if pos >= 0:
+        return value[pos] if isinstance(value, tuple) and pos < len(value) else None
+    return value
+
+
+def _build_pattern(
+    matcher: Matcher,
+    block: Block,
+    ops: list[Any],
+    assign: list[dict[str, Any] | None],
+    roots: list[Var | None],
+    order: Callable[[list[Operation]], list[Operation]] | None,
+) -> Pattern:
+    """The :class:`Pattern` of a complete binding (interpreter and compiled searches alike).
+
+    Args:
+        matcher: The matcher that found it.
+        block: The block searched.
+        ops: Per pattern op, the bound program op (a list for a fan-out op).
+        assign: Per pattern op, its operands as assigned (after any x/y swap).
+        roots: Per root, the bound program variable.
+        order: Sorts ops into program order, for ``Pattern.op_list``.
+    """
+    compiled = matcher.compiled
+    by_name = {node.name: ops[node.index] for node in compiled.nodes}
+    operands = {node.name: dict(assign[node.index]) for node in compiled.nodes}
+    consts: dict[str, Var] = {}
+    for (n, slot, pos), (key, _, _), cname in zip(
+        matcher._const_slots, compiled.consts, compiled.const_names
+    ):
+        var = _slot_value(assign, n, slot, pos)
+        if var is None:
+            continue  # a wildcard slot the matched alternative op does not have
+        consts[key] = var
+        consts.setdefault(cname, var)
+    return _new_pattern(compiled, block, by_name, roots, operands, consts, order)
+
+
+def _new_pattern(
+    compiled: CompiledPattern,
+    block: Block,
+    ops: dict[str, Any],
+    roots: list[Var | None],
+    operands: dict[str, dict[str, Any]],
+    consts: dict[str, Var],
+    order: Callable[[list[Operation]], list[Operation]] | None,
+) -> Pattern:
+    """The one ``Pattern`` constructor call of both searches (the compiled one builds the dicts inline)."""
+    return Pattern(
+        compiled=compiled,
+        ops=ops,
+        root_vars=list(roots),
+        block=block,
+        operands=operands,
+        consts=consts,
+        order=order,
+    )
 
 
 def _positions(edge: Edge | tuple[Edge, ...]) -> list[tuple[int, Edge]]:
@@ -495,27 +602,7 @@ class _Search:
         return True
 
     def to_pattern(self, order: Callable[[list[Operation]], list[Operation]] | None) -> Pattern:
-        compiled = self.m.compiled
-        ops = {node.name: self.ops[node.index] for node in compiled.nodes}
-        operands = {node.name: dict(self.assign[node.index]) for node in compiled.nodes}
-        consts: dict[str, Var] = {}
-        for (n, slot, pos), (key, _, _), cname in zip(
-            self.m._const_slots, compiled.consts, compiled.const_names
-        ):
-            var = self.slot_var(n, slot, pos)
-            if var is None:
-                continue  # a wildcard slot the matched alternative op does not have
-            consts[key] = var
-            consts.setdefault(cname, var)
-        return Pattern(
-            compiled=compiled,
-            ops=ops,
-            root_vars=list(self.roots),
-            block=self.block,
-            operands=operands,
-            consts=consts,
-            order=order,
-        )
+        return _build_pattern(self.m, self.block, self.ops, self.assign, self.roots, order)
 
 
 # -- design-document helpers, kept importable ---------------------------------------------------------
