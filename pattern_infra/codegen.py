@@ -22,7 +22,8 @@ How the source of one search is generated (:func:`generate`):
    of outputs, block, not already bound (compared only with earlier ops whose accepted types overlap);
    operands fetched from ``op._input_vars`` (missing or internal means failure, except a wildcard constant
    slot that an alternative op type lacks, which is skipped); then the data edges whose both ends are
-   bound: consumers and producers the very same variables, tuple slots of the right length. Roots are
+   bound: consumers and producers the very same variables, tuple slots (a list in coremltools' op, such
+   as ``concat``'s ``values``, or a tuple) of the right length. Roots are
    static: the first pattern edge reaching root ``k`` in plan order assigns ``r<k>``, every later one
    compares with it. Constant rules are checked last, reading ``var._sym_val.val`` directly when it is a
    plain number or a non-object array (``var.val`` would return it unchanged, after a costly symbol
@@ -47,7 +48,7 @@ op (``fanout=``); a commutative op whose ``x`` or ``y`` is a wildcard constant a
 lack; plans with more nested choice points than CPython compiles (its limit of 20 statically nested
 blocks, the function's ``try`` included, so 19 loops: the largest registered pattern has 19).
 
-One deliberate difference: a tuple in ``x`` or ``y`` of a commutative op (which MIL's binary ops cannot
+One deliberate difference: a list or tuple in ``x`` or ``y`` of a commutative op (which MIL's binary ops cannot
 hold) makes the interpreter raise ``AttributeError`` while it ranks the operand orders; the compiled
 search rejects that binding instead.
 
@@ -236,7 +237,8 @@ class _Generator:
         self.namespace: dict[str, Any] = {
             "_InternalVar": InternalVar,
             "_Var": Var,
-            "_NOT_A_VALUE": (InternalVar, tuple),
+            "_NOT_A_VALUE": (InternalVar, list, tuple),
+            "_SEQ": (list, tuple),
             "_ndarray": np.ndarray,
             "_PLAIN_VALUES": _PLAIN_VALUES,
             "_FLOAT_TYPES": _FLOAT_TYPES,
@@ -467,7 +469,7 @@ class _Generator:
                 self.guard(f"{self.op_type(o)} == {node.op_type!r}", f"missing operand {slot!r}")
                 self.line(f"{name} = None  # an alternative op type without this wildcard constant")
                 self.depth -= 1
-                self.line(f"elif isinstance({name}, tuple):  # {node.name}.{slot} is a single value")
+                self.line(f"elif isinstance({name}, _SEQ):  # {node.name}.{slot} is a single value")
                 self.depth += 1
                 for text in self.fail_lines():
                     self.line(text)
@@ -475,7 +477,7 @@ class _Generator:
             elif slot in swapped and xy_later:
                 self.guard(f"{name} is None or isinstance({name}, _InternalVar)", f"missing operand {slot!r}")
             elif isinstance(edge, tuple):
-                self.guard(f"not isinstance({name}, tuple) or len({name}) != {len(edge)}",
+                self.guard(f"not isinstance({name}, _SEQ) or len({name}) != {len(edge)}",
                            f"missing operand {slot!r}, or not {len(edge)} values")
             else:  # a plain Var is neither missing, internal nor a tuple
                 self.guard(
@@ -555,10 +557,10 @@ class _Generator:
             edge = node.inputs[slot]
             name = self.value(n, slot)
             if isinstance(edge, tuple):
-                self.guard(f"not isinstance({name}, tuple) or len({name}) != {len(edge)}",
+                self.guard(f"not isinstance({name}, _SEQ) or len({name}) != {len(edge)}",
                            f"{node.name}.{slot} has {len(edge)} values")
             else:
-                self.guard(f"isinstance({name}, tuple)", f"{node.name}.{slot} is a single value")
+                self.guard(f"isinstance({name}, _SEQ)", f"{node.name}.{slot} is a single value")
 
     def op_edge_checks(self, n: int, slots: list[str]) -> None:
         """Operands wired from a bound pattern op are that op's very output."""

@@ -278,7 +278,7 @@ def _slot_value(assign: list[dict[str, Any] | None], node: int, slot: str, pos: 
         return None
     value = assigned.get(slot)
     if pos >= 0:
-        return value[pos] if isinstance(value, tuple) and pos < len(value) else None
+        return value[pos] if isinstance(value, (list, tuple)) and pos < len(value) else None
     return value
 
 
@@ -418,7 +418,7 @@ class _Search:
             return None
         value = assigned.get(slot)
         if pos >= 0:
-            return value[pos] if isinstance(value, tuple) and pos < len(value) else None
+            return value[pos] if isinstance(value, (list, tuple)) and pos < len(value) else None
         return value
 
     def bind(self, n: int, op: Operation, i: int) -> bool:
@@ -531,13 +531,13 @@ class _Search:
                 continue  # a wildcard constant the alternative op type does not have
             value = assignment[slot]
             if isinstance(edge, tuple):
-                if not isinstance(value, tuple) or len(value) != len(edge):
+                if not isinstance(value, (list, tuple)) or len(value) != len(edge):
                     return self.fail(node.index, lambda: f"operand slot differs at {node.name}.{slot}: "
                                      f"pattern has {len(edge)} values")
                 for pos, (e, v) in enumerate(zip(edge, value)):
                     if not self.check_edge(node, slot, e, v):
                         return False
-            elif isinstance(value, tuple) or not self.check_edge(node, slot, edge, value):
+            elif isinstance(value, (list, tuple)) or not self.check_edge(node, slot, edge, value):
                 return False
         for consumer, slot, pos, out in node.consumers:
             if self.ops[consumer] is not None:

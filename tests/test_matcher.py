@@ -446,3 +446,24 @@ def test_types_of_roots_are_free():
         return mb.exp(x=mb.relu(x=mb.cast(x=x, dtype="fp32"), name="r"), name="e")
 
     assert len(list(find_matches(relu_exp, prog))) == 1
+
+
+@pytest.mark.parametrize("interpret", [False, True])
+def test_list_operands_such_as_concat_values_match_by_position(monkeypatch, interpret):
+    # coremltools stores concat's `values` as a list: each position is a pattern edge of its own.
+    if interpret:
+        monkeypatch.setenv("PATTERN_INFRA_INTERPRET", "1")
+
+    @mb.program(input_specs=spec(S, S))
+    def cat_relu(a, b):
+        return mb.relu(x=mb.concat(values=[a, mb.exp(x=b, name="e")], axis=0, name="c"), name="r")
+
+    @mb.program(input_specs=spec(S, S))
+    def prog(a, b):
+        e = mb.exp(x=b)
+        fits = mb.relu(x=mb.concat(values=[a, e], axis=0), name="fits")
+        swapped = mb.relu(x=mb.concat(values=[mb.exp(x=a), b], axis=0), name="swapped")
+        three = mb.relu(x=mb.concat(values=[a, mb.exp(x=b), a], axis=0), name="three")
+        return fits, swapped, three
+
+    assert [m.final_op.name for m in find_matches(cat_relu, prog)] == ["fits"]
