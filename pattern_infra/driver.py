@@ -269,7 +269,13 @@ class _Run:
         """Leaves the function block kept open by :class:`_LazyBlockContext`, if any."""
         if self.open_block is not None:
             block, self.open_block = self.open_block, None
+            self.keep_block(block)
             block.__exit__(None, None, None)
+
+    def keep_block(self, block: Block) -> None:
+        """Saves the variables ``Block.__exit__`` is about to rewrite, while the journal is open."""
+        if self.journal is not None and not self.journal.closed:
+            self.journal.keep_block(block)
 
     def state(self, block: Block) -> _BlockState:
         st = self.states.get(id(block))
@@ -413,6 +419,7 @@ class _LazyBlockContext:
 
     def __exit__(self, *exc: object) -> None:
         if self.entered:
+            self.run.keep_block(self.block)
             self.block.__exit__(*exc)
 
 

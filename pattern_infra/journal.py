@@ -10,19 +10,26 @@ anything. The journal copies *on write* instead, at the level of MIL objects:
    fields, with its consumer list, input map and output bookkeeping copied one level deep). The object
    is hot in the cache at that moment: the transform is about to touch it anyway.
 3. ``restore()`` writes every saved state back, then the blocks' fields and op lists. Objects created
-   during the pass are never saved (the first hooked call in their constructor finds an op without
-   outputs, or a variable with unset slots) and stay as they are: once the blocks and the objects the pass touched
+   during the pass are never saved (a new op is recognised by having no outputs yet when its
+   constructor sets its inputs, and the variables it then creates are marked as new) and stay as they
+   are: once the blocks and the objects the pass touched
    are back, nothing in the program reaches them.
 
 Which changes are seen. coremltools 9.0's MIL changes existing objects only through these methods,
 and the journal hooks each one (class-level, while a journal is open):
 
-* ``Var.add_child_op`` / ``remove_child_op`` / ``set_name``, and the setters of
-  ``Var.nonreplaceable_vars_upstream`` and ``Var.scopes`` (the latter writes its producer op);
+* ``Var.add_child_op`` / ``remove_child_op`` / ``set_name``, and the setter of ``Var.scopes`` (which
+  writes its producer op);
 * ``Operation._validate_and_set_inputs`` (an op's input map and its input attributes, from
-  ``set_inputs``) and ``Operation.type_value_inference`` (re-inferred output types and values);
+  ``set_inputs``) and ``Operation.type_value_inference`` (re-inferred output types, values and
+  ``nonreplaceable_vars_upstream``);
 * ``Block.set_outputs`` / ``Block.replace_block_output_var`` (``consuming_blocks`` of the variables
   involved, and an output's name) and ``Block.remove_ops`` (``enclosing_block`` of the removed ops).
+
+The one other change, ``Block.__exit__`` recomputing ``nonreplaceable_vars_upstream`` of every variable
+of the block, is not hooked (a new variable's constructor sets it too, and hooking it costs an exception
+per new variable); the driver calls :meth:`Journal.keep_block` before it leaves a nested block, and
+closes the journal before it leaves a function's block.
 
 Plain attribute assignments are not hooked (the builder makes dozens per new op; hooking them costs more
 than it saves), so a transform that writes ``op.name = ...`` or ``op._input_vars[...] = v`` by hand on
@@ -119,21 +126,49 @@ class Journal:
         except AttributeError:
             pass  # a variable under construction: created after the journal opened
 
+    def keep_block(self, block: Block) -> None:
+        """Saves every variable of ``block`` and of the blocks nested in it: leaving a block's builder
+        context (``Block.__exit__``) recomputes their ``nonreplaceable_vars_upstream``."""
+        for var in _block_vars(block):
+            if id(var) not in self.saved:
+                self.keep_var(var)
+
     def keep_match(self, ops: Iterable[Operation], users: Iterable[Operation]) -> None:
         """Saves the ops of a match, the variables they read and write, and the users of its outputs."""
-        keep_op, keep_var = self.keep_op, self.keep_var
+        saved, keep_op = self.saved, self.keep_op
+        variables: list[Any] = []
         for op in ops:
-            keep_op(op)
+            if id(op) not in saved:
+                keep_op(op)
             for value in op._input_vars.values():
-                if isinstance(value, (list, tuple)):
-                    for var in value:
-                        keep_var(var)
+                if type(value) is Var:
+                    variables.append(value)
+                elif isinstance(value, (list, tuple)):
+                    variables.extend(value)
                 elif value is not None:
-                    keep_var(value)
-            for var in op._output_vars or ():
-                keep_var(var)
+                    variables.append(value)
+            variables.extend(op._output_vars or ())
+        append = self.vars.append
+        for var in variables:
+            key = id(var)
+            if key in saved:
+                continue
+            if type(var) is not Var:
+                self.keep_var(var)
+                continue
+            saved.add(key)  # an existing op's operands and outputs are fully built
+            append(
+                (
+                    var,
+                    _var_slots(var),
+                    var._child_ops.copy(),
+                    var.consuming_blocks.copy(),
+                    var._nonreplaceable_vars_upstream.copy(),
+                )
+            )
         for op in users:
-            keep_op(op)
+            if id(op) not in saved:
+                keep_op(op)
 
     # -- restoring ------------------------------------------------------------------------------------
 
@@ -170,93 +205,155 @@ class Journal:
 
 
 # -- the hooks ----------------------------------------------------------------------------------------
+# Each hook has the hooked method's exact signature and does one dictionary lookup before calling it:
+# they run dozens of times per rewrite (``remove_child_op`` once per input of every removed op).
 
 
-def _for_journals(keep: Callable[[Journal, Any], None]) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
-    """Hook factory: before the method runs, ``keep(journal, receiver)`` for each journal open on
-    this thread."""
+def _hook_add_child_op(original: Callable[..., Any]) -> Callable[..., Any]:
+    def add_child_op(self: Var, new_op: Operation) -> Any:
+        journals = _ACTIVE.get(_get_ident())
+        if journals:
+            for journal in journals:
+                if id(self) not in journal.saved:
+                    journal.keep_var(self)
+        return original(self, new_op)
 
-    def make(method: Callable[..., Any]) -> Callable[..., Any]:
-        @functools.wraps(method)
-        def hooked(self: Any, *args: Any, **kwargs: Any) -> Any:
-            journals = _ACTIVE.get(_get_ident())
-            if journals:
+    return add_child_op
+
+
+def _hook_remove_child_op(original: Callable[..., Any]) -> Callable[..., Any]:
+    def remove_child_op(self: Var, target_op: Operation, no_check: bool = False) -> Any:
+        journals = _ACTIVE.get(_get_ident())
+        if journals:
+            for journal in journals:
+                if id(self) not in journal.saved:
+                    journal.keep_var(self)
+        return original(self, target_op, no_check)
+
+    return remove_child_op
+
+
+def _hook_set_name(original: Callable[..., Any]) -> Callable[..., Any]:
+    def set_name(self: Var, name: str) -> Any:
+        journals = _ACTIVE.get(_get_ident())
+        if journals:
+            for journal in journals:
+                journal.keep_var(self)
+        return original(self, name)
+
+    return set_name
+
+
+def _hook_scopes(prop: property) -> property:
+    """``var.scopes = ...`` writes the scopes of the variable's producer op."""
+    setter = prop.fset
+
+    def set_scopes(self: Var, scopes: Any) -> None:
+        journals = _ACTIVE.get(_get_ident())
+        if journals and self.op is not None:
+            for journal in journals:
+                journal.keep_op(self.op)
+        setter(self, scopes)  # type: ignore[misc]
+
+    return property(prop.fget, set_scopes, prop.fdel, prop.__doc__)
+
+
+def _hook_set_inputs(original: Callable[..., Any]) -> Callable[..., Any]:
+    def _validate_and_set_inputs(self: Operation, input_kvs: Any, no_check_var_types: bool = False) -> Any:
+        journals = _ACTIVE.get(_get_ident())
+        if journals:
+            for journal in journals:
+                if id(self) not in journal.saved:
+                    journal.keep_op(self)
+        return original(self, input_kvs, no_check_var_types)
+
+    return _validate_and_set_inputs
+
+
+def _hook_type_value_inference(original: Callable[..., Any]) -> Callable[..., Any]:
+    """Re-inference rewrites the op's output variables (types, values, upstream sets)."""
+
+    def type_value_inference(self: Operation, overwrite_output: bool = False) -> Any:
+        journals = _ACTIVE.get(_get_ident())
+        if journals:
+            outputs = self.__dict__.get("_output_vars")
+            if outputs is None:  # a new op creating its outputs: new variables, nothing to restore
+                result = original(self, overwrite_output)
                 for journal in journals:
-                    keep(journal, self, *args, **kwargs)
-            return method(self, *args, **kwargs)
+                    journal.saved.update(id(var) for var in self._output_vars)
+                return result
+            for journal in journals:
+                if id(self) not in journal.saved:
+                    journal.keep_op(self)
+                for var in outputs:
+                    if id(var) not in journal.saved:
+                        journal.keep_var(var)
+        return original(self, overwrite_output)
 
-        return hooked
-
-    return make
-
-
-def _setter_for_journals(keep: Callable[[Journal, Any], None]) -> Callable[[property], property]:
-    """Hook factory for a property: its setter first keeps the receiver."""
-
-    def make(prop: property) -> property:
-        setter = prop.fset
-
-        def hooked(self: Any, value: Any) -> None:
-            journals = _ACTIVE.get(_get_ident())
-            if journals:
-                for journal in journals:
-                    keep(journal, self)
-            setter(self, value)  # type: ignore[misc]
-
-        return property(prop.fget, hooked, prop.fdel, prop.__doc__)
-
-    return make
+    return type_value_inference
 
 
-def _keep_var(journal: Journal, var: Var, *_: Any, **__: Any) -> None:
-    journal.keep_var(var)
+def _keep_vars_of(journals: list[Journal], values: Iterable[Any]) -> None:
+    for value in values:
+        if isinstance(value, Var):
+            for journal in journals:
+                journal.keep_var(value)
 
 
-def _keep_op(journal: Journal, op: Operation, *_: Any, **__: Any) -> None:
-    journal.keep_op(op)
+def _hook_set_outputs(original: Callable[..., Any]) -> Callable[..., Any]:
+    """Changes ``consuming_blocks`` of the old and the new outputs in place."""
+
+    def set_outputs(self: Block, outputs: Any) -> Any:
+        journals = _ACTIVE.get(_get_ident())
+        if journals:
+            _keep_vars_of(journals, list(self._outputs) + list(outputs))
+        return original(self, outputs)
+
+    return set_outputs
 
 
-def _keep_op_and_outputs(journal: Journal, op: Operation, *_: Any, **__: Any) -> None:
-    journal.keep_op(op)
-    for var in op.__dict__.get("_output_vars") or ():
-        journal.keep_var(var)
+def _hook_replace_block_output_var(original: Callable[..., Any]) -> Callable[..., Any]:
+    """Changes ``consuming_blocks`` (and a function output's name) of both variables in place, when
+    ``old_var`` is an output of the block."""
+
+    def replace_block_output_var(self: Block, old_var: Var, new_var: Var) -> Any:
+        journals = _ACTIVE.get(_get_ident())
+        if journals and old_var in self._outputs:
+            _keep_vars_of(journals, (old_var, new_var))
+        return original(self, old_var, new_var)
+
+    return replace_block_output_var
 
 
-def _keep_producer(journal: Journal, var: Var, *_: Any, **__: Any) -> None:
-    if var.op is not None:
-        journal.keep_op(var.op)
+def _hook_remove_ops(original: Callable[..., Any]) -> Callable[..., Any]:
+    """Sets ``enclosing_block`` of every removed op to None."""
 
+    def remove_ops(self: Block, ops_to_remove: Any) -> Any:
+        journals = _ACTIVE.get(_get_ident())
+        if journals:
+            for journal in journals:
+                for op in ops_to_remove:
+                    if id(op) not in journal.saved:
+                        journal.keep_op(op)
+        return original(self, ops_to_remove)
 
-def _keep_output_relations(journal: Journal, block: Block, *args: Any, **kwargs: Any) -> None:
-    """``set_outputs`` / ``replace_block_output_var`` change ``consuming_blocks`` of the block's
-    outputs and of the variables they are given, in place."""
-    involved: list[Any] = list(block._outputs)
-    for value in list(args) + list(kwargs.values()):
-        involved.extend(value if isinstance(value, (list, tuple)) else [value])
-    for var in involved:
-        if isinstance(var, Var):
-            journal.keep_var(var)
-
-
-def _keep_removed_ops(journal: Journal, block: Block, *args: Any, **kwargs: Any) -> None:
-    for op in list(args[0] if args else kwargs.get("ops_to_remove", ())):
-        journal.keep_op(op)
+    return remove_ops
 
 
 _HOOKS: list[tuple[type, str, Callable[[Any], Any]]] = [
-    (Var, "add_child_op", _for_journals(_keep_var)),
-    (Var, "remove_child_op", _for_journals(_keep_var)),
-    (Var, "set_name", _for_journals(_keep_var)),
-    (Var, "nonreplaceable_vars_upstream", _setter_for_journals(_keep_var)),
-    (Var, "scopes", _setter_for_journals(_keep_producer)),
-    (Operation, "_validate_and_set_inputs", _for_journals(_keep_op)),
-    (Operation, "type_value_inference", _for_journals(_keep_op_and_outputs)),
-    (Block, "set_outputs", _for_journals(_keep_output_relations)),
-    (Block, "replace_block_output_var", _for_journals(_keep_output_relations)),
-    (Block, "remove_ops", _for_journals(_keep_removed_ops)),
+    (Var, "add_child_op", _hook_add_child_op),
+    (Var, "remove_child_op", _hook_remove_child_op),
+    (Var, "set_name", _hook_set_name),
+    (Var, "scopes", _hook_scopes),
+    (Operation, "_validate_and_set_inputs", _hook_set_inputs),
+    (Operation, "type_value_inference", _hook_type_value_inference),
+    (Block, "set_outputs", _hook_set_outputs),
+    (Block, "replace_block_output_var", _hook_replace_block_output_var),
+    (Block, "remove_ops", _hook_remove_ops),
 ]
-"""(class, attribute, hook factory taking the attribute as the class resolves it): every way
-coremltools 9.0's MIL changes an existing variable, op or output relation (see the module docstring)."""
+"""(class, attribute, hook factory taking the attribute as the class defines it): every way
+coremltools 9.0's MIL changes an existing variable, op or output relation during a rewrite (see the
+module docstring)."""
 
 
 def _open(journal: Journal) -> None:
@@ -290,6 +387,13 @@ def _close(journal: Journal) -> None:
                     delattr(cls, name)
                 else:
                     setattr(cls, name, original)
+
+
+def _block_vars(block: Block) -> Iterable[Any]:
+    for op in block.operations:
+        yield from op._output_vars or ()
+        for inner in op.blocks:
+            yield from _block_vars(inner)
 
 
 # -- generic field copies (blocks and unusual variable kinds) ----------------------------------------
