@@ -116,8 +116,13 @@ class SubPass:
     matcher: Matcher = field(init=False)
     """The search for :attr:`compiled`."""
 
+    seed_types: frozenset[str] | None = field(init=False)
+    """The op types a revisit starts from (the pattern's), or None for every type (fan-out patterns)."""
+
     def __post_init__(self) -> None:
         self.matcher = Matcher(self.compiled)
+        fanout = any(node.fanout for node in self.compiled.nodes)
+        self.seed_types = None if fanout else self.matcher.op_types
 
     @property
     def name(self) -> str:
@@ -433,39 +438,40 @@ class _Changes:
 
     created: list[Operation] = field(default_factory=list)
     """Ops inserted into the block by the transforms."""
-    removed: list[Operation] = field(default_factory=list)
-    """Ops taken out of the block (by the transforms or by :func:`remove_dead_ops`)."""
     rewired: list[Operation] = field(default_factory=list)
     """Ops outside the matches that read a match output before the transform (their inputs moved)."""
     removed_by_transforms: list[Operation] = field(default_factory=list)
-    """The ops of :attr:`removed` that a transform took out itself; the others went through
-    ``Block.remove_ops``, which unlists them from their inputs' users or raises."""
+    """Ops a transform took out of the block itself; the others went through ``Block.remove_ops``,
+    which unlists them from their inputs' users or raises."""
+    seeds: list[Operation] = field(default_factory=list)
+    """Ops whose surroundings changed and whose type the pattern has: created and rewired ops, and
+    the producers of the inputs of removed ops (they lost a consumer). Collected right after each
+    rewrite, while its ops are in the cache."""
 
-    def mark(self) -> tuple[int, int, int]:
-        """Where the lists end now, to take what is added after with :meth:`since`."""
-        return len(self.created), len(self.removed), len(self.rewired)
-
-    def since(self, mark: tuple[int, int, int]) -> _Changes:
-        """The changes recorded after ``mark`` (for the revisit: without ``removed_by_transforms``)."""
-        c, r, w = mark
-        return _Changes(self.created[c:], self.removed[r:], self.rewired[w:])
-
-    def seeds(self, block: Block, types: frozenset[str] | None) -> list[Operation]:
-        """Ops of ``block`` whose surroundings changed: created and rewired ops, and the producers of
-        the inputs of removed ops (they lost a consumer); only those of ``types`` unless it is None."""
-        ops = self.created + self.rewired
-        producers: list[Operation] = []
-        for op in self.removed:
+    def record(
+        self,
+        block: Block,
+        types: frozenset[str] | None,
+        created: list[Operation],
+        removed: list[Operation],
+        rewired: list[Operation],
+    ) -> None:
+        """Adds one rewrite's changes to :attr:`created`, :attr:`rewired` and :attr:`seeds` (seeds of
+        every type when ``types`` is None)."""
+        self.created += created
+        self.rewired += rewired
+        candidates = created + rewired
+        for op in removed:
             for value in op._input_vars.values():
                 if type(value) is Var:
-                    producers.append(value._op)
+                    candidates.append(value._op)
                 elif isinstance(value, (list, tuple)):
-                    producers.extend(getattr(v, "_op", None) for v in value)
-        if types is None:
-            ops += [p for p in producers if p is not None]
-            return [op for op in ops if op.enclosing_block is block]
-        ops += [p for p in producers if p is not None and p.op_type in types]
-        return [op for op in ops if op.op_type in types and op.enclosing_block is block]
+                    candidates.extend(getattr(v, "_op", None) for v in value)
+        self.seeds += [
+            op
+            for op in candidates
+            if op is not None and (types is None or op.op_type in types) and op.enclosing_block is block
+        ]
 
     def validate(self) -> None:
         """Block.validate's invariants, where the rewrites could have broken them.
@@ -518,7 +524,7 @@ def _sweep(run: _Run, sub: SubPass, st: _BlockState, stats: PassStats, context: 
                     f"pattern it replaces; make the replacement differ from the pattern, or raise "
                     f"max_iterations. The program was restored to its state before the pass."
                 )
-            mark = run.changes.mark()
+            mark = len(run.changes.seeds)
             for op in candidates:
                 if op.enclosing_block is not block:
                     continue
@@ -536,7 +542,7 @@ def _sweep(run: _Run, sub: SubPass, st: _BlockState, stats: PassStats, context: 
                     continue
                 rewrites += 1
                 last = match
-            candidates = _revisit(run.changes.since(mark), block, matcher, anchor)
+            candidates = _revisit(run.changes.seeds[mark:], block, matcher, anchor)
     finally:
         stats.iterations += iteration
         stats.attempts += attempts
@@ -546,19 +552,17 @@ def _sweep(run: _Run, sub: SubPass, st: _BlockState, stats: PassStats, context: 
         stats.rewrites += rewrites
 
 
-def _revisit(changes: _Changes, block: Block, matcher: Matcher, anchor: int) -> list[Operation]:
+def _revisit(seeds: list[Operation], block: Block, matcher: Matcher, anchor: int) -> list[Operation]:
     """The anchor candidates a round of rewrites may have made matchable.
 
     A match that did not exist before the round contains an op whose inputs or whose outputs' users
     changed: a created op, a rewired op, or the producer of a removed op's input. Only those of the
-    pattern's op types can be in a match, so when there is none (a GELU fusion creates a ``gelu`` and
-    rewires a ``relu``), nothing is revisited. A pattern with a fan-out node also depends on the users
-    of a variable it does not capture, so for it every changed op counts, whatever its type.
+    pattern's op types can be in a match (:attr:`_Changes.seeds`), so when there is none (a GELU fusion
+    creates a ``gelu`` and rewires a ``relu``), nothing is revisited. A pattern with a fan-out node also
+    depends on the users of a variable it does not capture, so for it every changed op is a seed,
+    whatever its type. The candidates are the anchor-type ops within the anchor's radius of a seed.
     """
-    if not (changes.created or changes.removed or changes.rewired):
-        return []
-    has_fanout = any(node.fanout for node in matcher.nodes)
-    seeds = changes.seeds(block, None if has_fanout else matcher.op_types)
+    seeds = [op for op in seeds if op.enclosing_block is block]
     if not seeds:
         return []
     return _near(seeds, block, matcher.nodes[anchor].op_types, matcher.radius[anchor])
@@ -640,10 +644,8 @@ def _rewrite(run: _Run, sub: SubPass, st: _BlockState, match: Pattern) -> bool:
     if not changed_structure():
         return False  # nothing inserted or removed: the transform left the match as it was
     changes = run.changes
-    changes.created += st.inserted[n_inserted:]
-    changes.removed += st.removed[n_removed:]
     changes.removed_by_transforms += st.removed[n_removed:n_removed_by_transform]
-    changes.rewired += outside_users
+    changes.record(block, sub.seed_types, st.inserted[n_inserted:], st.removed[n_removed:], outside_users)
     return True
 
 
