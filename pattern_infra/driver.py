@@ -161,12 +161,13 @@ class _BlockState:
         """Ops inserted into the block while observed, in insertion order."""
         self.removed: list[Operation] = []
         """Ops removed from the block while observed, in removal order."""
-        self._position: dict[int, int] | None = None
-        self._observed = False
+        self._position: dict[int, float] | None = None
+        self.observed = False
+        """Whether insertions and removals are being recorded (the op list could be observed)."""
 
     def observe(self) -> None:
         """Records ops inserted into and removed from the block, until ``release``."""
-        if self._observed:
+        if self.observed:
             return
         ops_list = self.block.operations
         if not isinstance(ops_list, CacheDoublyLinkedList):
@@ -191,15 +192,15 @@ class _BlockState:
 
         ops_list.insert_op_before = insert_op_before
         ops_list.remove = remove
-        self._observed = True
+        self.observed = True
 
     def release(self) -> None:
         """Stops observing the block."""
-        if self._observed:
+        if self.observed:
             ops_list = self.block.operations
             for attr in ("insert_op_before", "remove"):
                 ops_list.__dict__.pop(attr, None)
-            self._observed = False
+            self.observed = False
 
     def anchor_candidates(self, matcher: Matcher) -> tuple[int, list[Operation]] | None:
         """The anchor for ``matcher`` in this block and the ops of its type(s), in program order.
@@ -621,14 +622,16 @@ def _rewrite(run: _Run, sub: SubPass, st: _BlockState, match: Pattern) -> bool:
     outside_users = [user for var in match.output_vars() for user in var._child_ops if user not in matched]
     run.journal.keep_match(matched, outside_users)
     n_inserted, n_removed = len(st.inserted), len(st.removed)
-    before = len(block.operations)
+    before = -1 if st.observed else len(block.operations)  # an unobservable op list: count the ops
     try:
         result = sub.transform_pattern(match)
     except Exception as exc:
         raise run.fail(sub, "transform_pattern", match, exc) from exc
 
     def changed_structure() -> bool:
-        return len(st.inserted) != n_inserted or len(st.removed) != n_removed or len(block.operations) != before
+        if len(st.inserted) != n_inserted or len(st.removed) != n_removed:
+            return True
+        return before >= 0 and len(block.operations) != before
 
     if result is False:
         if changed_structure():
