@@ -72,6 +72,20 @@ _var_slots = operator.attrgetter(*_VAR_SLOTS)
 _CONTAINERS = (list, dict, set)
 
 
+def _var_state(var: Var) -> tuple[Var, tuple[Any, ...], list[Any], list[Any] | None, set[Any] | None]:
+    """A variable's slots, with its user list copied; its output relations and upstream set too when
+    they are not empty (they nearly always are: None stands for empty)."""
+    blocks = var.consuming_blocks
+    upstream = var._nonreplaceable_vars_upstream
+    return (
+        var,
+        _var_slots(var),
+        var._child_ops.copy(),
+        blocks.copy() if blocks else None,
+        upstream.copy() if upstream else None,
+    )
+
+
 class Journal:
     """Saved states of the blocks, ops and variables a pass touched; see the module docstring.
 
@@ -84,7 +98,7 @@ class Journal:
         self.saved: set[int] = set()
         """Ids of the objects whose state is saved (or that were created after the journal opened)."""
         self.ops: list[tuple[Operation, dict[str, Any], dict[str, Any]]] = []
-        self.vars: list[tuple[Var, tuple[Any, ...], list[Any], list[Any], set[Any]]] = []
+        self.vars: list[tuple[Var, tuple[Any, ...], list[Any], list[Any] | None, set[Any] | None]] = []
         self.others: list[tuple[Any, dict[str, Any]]] = []
         self.blocks: list[tuple[Block, list[Operation], dict[str, Any]]] = [
             (block, list(block.operations), _fields(block, skip=("operations",))) for block in blocks
@@ -114,15 +128,7 @@ class Journal:
             self.others.append((var, _fields(var)))
             return
         try:
-            self.vars.append(
-                (
-                    var,
-                    _var_slots(var),
-                    var._child_ops.copy(),
-                    var.consuming_blocks.copy(),
-                    var._nonreplaceable_vars_upstream.copy(),
-                )
-            )
+            self.vars.append(_var_state(var))
         except AttributeError:
             pass  # a variable under construction: created after the journal opened
 
@@ -157,15 +163,7 @@ class Journal:
                 self.keep_var(var)
                 continue
             saved.add(key)  # an existing op's operands and outputs are fully built
-            append(
-                (
-                    var,
-                    _var_slots(var),
-                    var._child_ops.copy(),
-                    var.consuming_blocks.copy(),
-                    var._nonreplaceable_vars_upstream.copy(),
-                )
-            )
+            append(_var_state(var))
         for op in users:
             if id(op) not in saved:
                 keep_op(op)
@@ -183,8 +181,8 @@ class Journal:
             for name, value in zip(_VAR_SLOTS, values):
                 _object_setattr(var, name, value)
             _object_setattr(var, "_child_ops", child_ops.copy())
-            _object_setattr(var, "consuming_blocks", consuming_blocks.copy())
-            _object_setattr(var, "_nonreplaceable_vars_upstream", upstream.copy())
+            _object_setattr(var, "consuming_blocks", consuming_blocks.copy() if consuming_blocks else [])
+            _object_setattr(var, "_nonreplaceable_vars_upstream", upstream.copy() if upstream else set())
         for obj, saved in self.others:
             _set_fields(obj, saved)
         for block, ops, saved in self.blocks:
