@@ -71,7 +71,7 @@ import numpy as np
 from coremltools.converters.mil.mil import Block, Operation, Var
 from coremltools.converters.mil.mil.var import InternalVar
 
-from .compiler import COMMUTATIVE_OPS, Edge, PatternNode
+from .compiler import COMMUTATIVE_OPS, Edge, PatternNode, edge_positions
 
 if TYPE_CHECKING:
     from .matcher import Matcher, _Step
@@ -370,7 +370,7 @@ class _Generator:
         first: set[tuple[int, str, int]] = set()
         for st in self.plan:
             for slot, edge in self.nodes[st.node].inputs.items():
-                for pos, e in _positions(edge):
+                for pos, e in edge_positions(edge):
                     if e.kind == "root" and e.index not in seen:
                         seen.add(e.index)
                         first.add((st.node, slot, pos))
@@ -566,7 +566,7 @@ class _Generator:
         """Operands wired from a bound pattern op are that op's very output."""
         node = self.nodes[n]
         for slot in slots:
-            for pos, e in _positions(node.inputs[slot]):
+            for pos, e in edge_positions(node.inputs[slot]):
                 if e.kind == "op" and e.index in self.bound:
                     self.guard(
                         f"{self.value(n, slot, pos)} is not o{e.index}._output_vars[{e.output}]",
@@ -577,7 +577,7 @@ class _Generator:
         """The first edge reaching a root binds it; every later one compares with it."""
         node = self.nodes[n]
         for slot, edge in node.inputs.items():
-            for pos, e in _positions(edge):
+            for pos, e in edge_positions(edge):
                 if e.kind != "root":
                     continue
                 var = self.value(n, slot, pos)
@@ -591,7 +591,7 @@ class _Generator:
         """The constant rules of op ``n``'s constant slots among ``slots``."""
         node = self.nodes[n]
         for slot in slots:
-            for pos, e in _positions(node.inputs[slot]):
+            for pos, e in edge_positions(node.inputs[slot]):
                 if e.kind == "const":
                     self.const_check(self.value(n, slot, pos), e.index)
 
@@ -735,7 +735,3 @@ def _is_const_edge(edge: Edge | tuple[Edge, ...]) -> bool:
     return isinstance(edge, Edge) and edge.kind == "const"
 
 
-def _positions(edge: Edge | tuple[Edge, ...]) -> list[tuple[int, Edge]]:
-    if isinstance(edge, tuple):
-        return list(enumerate(edge))
-    return [(-1, edge)]

@@ -39,6 +39,7 @@ __all__ = [
     "PatternNode",
     "CompiledPattern",
     "compile_pattern",
+    "edge_positions",
 ]
 
 logger = logging.getLogger(__name__)
@@ -151,6 +152,14 @@ class Edge:
     """Root index, node index or constant index, according to ``kind``."""
     output: int = 0
     """Output index of the producing node, for ``kind == "op"``."""
+
+
+def edge_positions(edge: Edge | tuple[Edge, ...]) -> list[tuple[int, Edge]]:
+    """The edges of one input slot with their position: ``(-1, edge)`` for a single value, ``(i, e)``
+    for each element of a tuple slot."""
+    if isinstance(edge, tuple):
+        return list(enumerate(edge))
+    return [(-1, edge)]
 
 
 @dataclass
@@ -413,7 +422,7 @@ def compile_pattern(
     root_consumers: list[list[tuple[int, str, int]]] = [[] for _ in root_vars]
     for node in nodes:
         for slot, edge in node.inputs.items():
-            for pos, e in _positions(edge):
+            for pos, e in edge_positions(edge):
                 if e.kind == "root":
                     root_consumers[e.index].append((node.index, slot, pos))
                 elif e.kind == "op":
@@ -445,12 +454,6 @@ def compile_pattern(
     )
     logger.debug("compiled %s", compiled.describe())
     return compiled
-
-
-def _positions(edge: Edge | tuple[Edge, ...]) -> list[tuple[int, Edge]]:
-    if isinstance(edge, tuple):
-        return list(enumerate(edge))
-    return [(-1, edge)]
 
 
 def _final_nodes(
@@ -496,7 +499,7 @@ def _mark_fanout(
                 f"Pattern {pattern_name!r}: fan-out op {name!r} is consumed inside the pattern; a fan-out "
                 f"op stands for a set of ops and must be a last op (return it from the pattern)."
             )
-        sources = [e for _, edge in node.inputs.items() for _, e in _positions(edge) if e.kind != "const"]
+        sources = [e for _, edge in node.inputs.items() for _, e in edge_positions(edge) if e.kind != "const"]
         if len(sources) != 1:
             raise PatternDefinitionError(
                 f"Pattern {pattern_name!r}: fan-out op {name!r} must read exactly one pattern input or "
@@ -515,7 +518,7 @@ def _check_connected(
     adjacency: list[set[int]] = [set() for _ in nodes]
     for node in nodes:
         for _, edge in node.inputs.items():
-            for _, e in _positions(edge):
+            for _, e in edge_positions(edge):
                 if e.kind == "op":
                     adjacency[node.index].add(e.index)
                     adjacency[e.index].add(node.index)

@@ -39,13 +39,12 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from coremltools.converters.mil.mil import Block, Operation, Program, Var
+from coremltools.converters.mil.mil import Block, Operation, Program
 from coremltools.converters.mil.mil.utils import CacheDoublyLinkedList
-from coremltools.converters.mil.mil.var import InternalVar
 
 from .compiler import CompiledPattern
 from .errors import FixpointError, PassExecutionError, PatternInfraError
-from .journal import Journal
+from .journal import Journal, flat_inputs
 from .matcher import Matcher
 from .pattern import Pattern
 
@@ -463,11 +462,7 @@ class _Changes:
         self.rewired += rewired
         candidates = created + rewired
         for op in removed:
-            for value in op._input_vars.values():
-                if type(value) is Var:
-                    candidates.append(value._op)
-                elif isinstance(value, (list, tuple)):
-                    candidates.extend(getattr(v, "_op", None) for v in value)
+            candidates.extend([var._op for var in flat_inputs(op)])
         self.seeds += [
             op
             for op in candidates
@@ -486,7 +481,7 @@ class _Changes:
             ValueError: An invariant does not hold (the caller restores the program).
         """
         for op in self.removed_by_transforms:
-            for var in _flat_inputs(op):
+            for var in flat_inputs(op):
                 if op in var._child_ops:
                     raise ValueError(f"removed op {op.name} is still listed as a user of {var.name}")
         seen: set[int] = set()
@@ -569,20 +564,9 @@ def _revisit(seeds: list[Operation], block: Block, matcher: Matcher, anchor: int
     return _near(seeds, block, matcher.nodes[anchor].op_types, matcher.radius[anchor])
 
 
-def _flat_inputs(op: Operation) -> list[Var]:
-    """The variables ``op`` reads, one entry per use (``get_flattened_inputs`` without its dict copy)."""
-    flat: list[Var] = []
-    for value in op._input_vars.values():
-        if isinstance(value, (list, tuple)):
-            flat.extend(value)
-        elif value is not None and not isinstance(value, InternalVar):
-            flat.append(value)
-    return flat
-
-
 def _check_op(op: Operation) -> None:
     """The invariants of :meth:`_Changes.validate` for one op still in a block."""
-    inputs = _flat_inputs(op)
+    inputs = flat_inputs(op)
     for var in inputs:
         listed = var._child_ops.count(op)
         uses = inputs.count(var) if len(inputs) > 1 else 1
@@ -690,7 +674,7 @@ def _near(seeds: list[Operation], block: Block, anchor_types: frozenset[str], ra
         nxt: list[Operation] = []
         for op in frontier:
             neighbours: list[Operation] = []
-            for var in _flat_inputs(op):
+            for var in flat_inputs(op):
                 producer = var.op
                 if producer is not None:
                     if producer.op_type == "const":

@@ -51,8 +51,9 @@ from typing import Any
 
 from coremltools.converters.mil.mil import Block, Operation, Var
 from coremltools.converters.mil.mil.utils import CacheDoublyLinkedList
+from coremltools.converters.mil.mil.var import InternalVar
 
-__all__ = ["Journal"]
+__all__ = ["Journal", "flat_inputs"]
 
 _get_ident = threading.get_ident
 _object_setattr = object.__setattr__
@@ -70,6 +71,20 @@ _VAR_SLOTS: tuple[str, ...] = tuple(
 )
 _var_slots = operator.attrgetter(*_VAR_SLOTS)
 _CONTAINERS = (list, dict, set)
+
+
+def flat_inputs(op: Operation) -> list[Var]:
+    """The variables ``op`` reads, one entry per use, tuple and list operands flattened, internal
+    variables left out (``Operation.get_flattened_inputs`` without its dictionary copy)."""
+    flat: list[Var] = []
+    for value in op._input_vars.values():
+        if type(value) is Var:
+            flat.append(value)
+        elif isinstance(value, (list, tuple)):
+            flat.extend(value)
+        elif value is not None and not isinstance(value, InternalVar):
+            flat.append(value)
+    return flat
 
 
 def _var_state(var: Var) -> tuple[Var, tuple[Any, ...], list[Any], list[Any] | None, set[Any] | None]:
@@ -146,14 +161,8 @@ class Journal:
         for op in ops:
             if id(op) not in saved:
                 keep_op(op)
-            for value in op._input_vars.values():
-                if type(value) is Var:
-                    variables.append(value)
-                elif isinstance(value, (list, tuple)):
-                    variables.extend(value)
-                elif value is not None:
-                    variables.append(value)
-            variables.extend(op._output_vars or ())
+            variables += flat_inputs(op)
+            variables += op._output_vars or ()
         append = self.vars.append
         for var in variables:
             key = id(var)

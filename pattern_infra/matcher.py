@@ -39,7 +39,7 @@ from coremltools.converters.mil.mil import Block, Operation, Var
 from coremltools.converters.mil.mil.var import InternalVar
 
 from . import codegen
-from .compiler import COMMUTATIVE_OPS, CompiledPattern, Edge, PatternNode, compile_pattern
+from .compiler import COMMUTATIVE_OPS, CompiledPattern, Edge, PatternNode, compile_pattern, edge_positions
 from .pattern import Pattern
 
 __all__ = [
@@ -102,7 +102,7 @@ class Matcher:
             (node.index, slot, pos)
             for node in compiled.nodes
             for slot, edge in node.inputs.items()
-            for pos, e in _positions(edge)
+            for pos, e in edge_positions(edge)
             if e.kind == "const"
         ]
         self.attempts = 0
@@ -124,7 +124,7 @@ class Matcher:
 
         def note_roots(n: int) -> None:
             for _, edge in nodes[n].inputs.items():
-                for _, e in _positions(edge):
+                for _, e in edge_positions(edge):
                     if e.kind == "root":
                         roots_bound.add(e.index)
 
@@ -143,7 +143,7 @@ class Matcher:
         hops: list[dict[int, int]] = [{} for _ in nodes]
         for node in nodes:
             for _, edge in node.inputs.items():
-                for _, e in _positions(edge):
+                for _, e in edge_positions(edge):
                     if e.kind == "op":
                         hops[node.index][e.index] = 1
                         hops[e.index][node.index] = 1
@@ -170,7 +170,7 @@ class Matcher:
     def _next_up(self, placed: set[int]) -> _Step | None:
         for n in sorted(placed):
             for slot, edge in self.nodes[n].inputs.items():
-                for pos, e in _positions(edge):
+                for pos, e in edge_positions(edge):
                     if e.kind == "op" and e.index not in placed:
                         return _Step(_UP, e.index, "op", n, slot, pos, e.output)
         return None
@@ -181,7 +181,7 @@ class Matcher:
             if m in placed:
                 continue
             for slot, edge in node.inputs.items():
-                for pos, e in _positions(edge):
+                for pos, e in edge_positions(edge):
                     if e.kind == "op" and e.index in placed:
                         step = _Step(_DOWN, m, "op", e.index, slot, pos, e.output)
                         rank = (0, m)
@@ -336,10 +336,6 @@ def _new_pattern(
     )
 
 
-def _positions(edge: Edge | tuple[Edge, ...]) -> list[tuple[int, Edge]]:
-    if isinstance(edge, tuple):
-        return list(enumerate(edge))
-    return [(-1, edge)]
 
 
 def _optional_const(compiled: CompiledPattern, edge: Edge | tuple[Edge, ...]) -> bool:
