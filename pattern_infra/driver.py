@@ -454,12 +454,14 @@ class _Changes:
         types: frozenset[str] | None,
         created: list[Operation],
         removed: list[Operation],
+        removed_by_transform: list[Operation],
         rewired: list[Operation],
     ) -> None:
-        """Adds one rewrite's changes to :attr:`created`, :attr:`rewired` and :attr:`seeds` (seeds of
-        every type when ``types`` is None)."""
+        """Adds one rewrite's changes (``removed_by_transform`` is the part of ``removed`` its transform
+        took out itself) to the lists, and their seeds, of every type when ``types`` is None."""
         self.created += created
         self.rewired += rewired
+        self.removed_by_transforms += removed_by_transform
         candidates = created + rewired
         for op in removed:
             candidates.extend([var._op for var in flat_inputs(op)])
@@ -630,9 +632,14 @@ def _rewrite(run: _Run, sub: SubPass, st: _BlockState, match: Pattern) -> bool:
     remove_dead_ops(match)
     if not changed_structure():
         return False  # nothing inserted or removed: the transform left the match as it was
-    changes = run.changes
-    changes.removed_by_transforms += st.removed[n_removed:n_removed_by_transform]
-    changes.record(block, sub.seed_types, st.inserted[n_inserted:], st.removed[n_removed:], outside_users)
+    run.changes.record(
+        block,
+        sub.seed_types,
+        created=st.inserted[n_inserted:],
+        removed=st.removed[n_removed:],
+        removed_by_transform=st.removed[n_removed:n_removed_by_transform],
+        rewired=outside_users,
+    )
     return True
 
 
