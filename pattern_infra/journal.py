@@ -8,8 +8,11 @@ anything. The journal copies *on write* instead, at the level of MIL objects:
    references), and it starts observing the MIL API on the thread that opened it.
 2. The first change to an existing variable or op saves that object's state (a shallow copy of its
    fields, with its consumer list, input map and output bookkeeping copied one level deep). The object
-   is hot in the cache at that moment: the transform is about to touch it anyway.
-3. ``restore()`` writes every saved state back, then the blocks' fields and op lists. Objects created
+   is hot in the cache at that moment: the transform is about to touch it anyway. The most frequent
+   change, a variable gaining or losing a user (``add_child_op`` / ``remove_child_op``, twice per
+   removed op), saves only the user list; a later change of anything else saves the whole variable.
+3. ``restore()`` writes every saved state back (whole objects first, then the user lists saved before
+   them, which are older), then the blocks' fields and op lists. Objects created
    during the pass are never saved (a new op is recognised by having no outputs yet when its
    constructor sets its inputs, and the variables it then creates are marked as new) and stay as they
    are: once the blocks and the objects the pass touched
@@ -33,9 +36,16 @@ closes the journal before it leaves a function's block.
 
 Plain attribute assignments are not hooked (the builder makes dozens per new op; hooking them costs more
 than it saves), so a transform that writes ``op.name = ...`` or ``op._input_vars[...] = v`` by hand on
-an op the journal never saw is not undone. The driver therefore also saves every op and variable of a
-match, and the users of its outputs, before calling the transform (:meth:`Journal.keep_match`): that
-covers what a transform reaches without searching the program.
+an op the journal never saw is not undone. The driver therefore also saves every op of a match, and the
+users of its outputs, before calling the transform (:meth:`Journal.keep_match`): that covers the ops a
+transform reaches without searching the program. Variables are saved by the hooks only: every MIL
+method that changes a variable is hooked, and a by-hand write to a variable's slots (``var.name = ...``
+instead of ``var.set_name(...)``, ``var._child_ops.append(...)``) is not undone.
+
+The hooks never read an op's ``__dict__`` unless they save the op: CPython 3.11 keeps an instance's
+attributes inline until its ``__dict__`` is first asked for, and attribute reads on an op whose dict was
+materialised stay about 40% slower for the rest of the op's life (in every later pass too). Ops created
+during the pass are recognised by ``_output_vars`` still being None.
 
 Hooks only record for the thread that opened the journal; other threads run coremltools unchanged
 (apart from one dictionary lookup per hooked call).
@@ -46,14 +56,14 @@ from __future__ import annotations
 import functools
 import operator
 import threading
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from coremltools.converters.mil.mil import Block, Operation, Var
 from coremltools.converters.mil.mil.utils import CacheDoublyLinkedList
 from coremltools.converters.mil.mil.var import InternalVar
 
-__all__ = ["Journal", "flat_inputs"]
+__all__ = ["Journal", "flat_inputs", "keep_op_on_this_thread"]
 
 _get_ident = threading.get_ident
 _object_setattr = object.__setattr__
@@ -87,6 +97,15 @@ def flat_inputs(op: Operation) -> list[Var]:
     return flat
 
 
+def keep_op_on_this_thread(op: Operation) -> None:
+    """Saves ``op`` in every journal open on this thread, before a change the hooks do not see (the
+    driver's own removal of dead ops sets ``enclosing_block`` directly)."""
+    journals = _ACTIVE.get(_get_ident())
+    if journals:
+        for journal in journals:
+            journal.keep_op(op)
+
+
 def _var_state(var: Var) -> tuple[Var, tuple[Any, ...], list[Any], list[Any] | None, set[Any] | None]:
     """A variable's slots, with its user list copied; its output relations and upstream set too when
     they are not empty (they nearly always are: None stands for empty)."""
@@ -108,15 +127,22 @@ class Journal:
     puts the program back.
     """
 
-    def __init__(self, blocks: Iterable[Block]) -> None:
+    def __init__(self, blocks: Iterable[Block], op_lists: Mapping[int, list[Operation]] | None = None) -> None:
+        """``op_lists``: block id to the block's ops in program order, where the caller has them (the
+        lists are kept, not copied: they must not change afterwards)."""
         self.thread = _get_ident()
         self.saved: set[int] = set()
         """Ids of the objects whose state is saved (or that were created after the journal opened)."""
+        self.users_saved: set[int] = set()
+        """Ids of the variables whose user list alone is saved (in :attr:`users`)."""
+        self.users: list[tuple[Var, list[Operation]]] = []
         self.ops: list[tuple[Operation, dict[str, Any], dict[str, Any]]] = []
         self.vars: list[tuple[Var, tuple[Any, ...], list[Any], list[Any] | None, set[Any] | None]] = []
         self.others: list[tuple[Any, dict[str, Any]]] = []
+        listed = op_lists or {}
         self.blocks: list[tuple[Block, list[Operation], dict[str, Any]]] = [
-            (block, list(block.operations), _fields(block, skip=("operations",))) for block in blocks
+            (block, listed.get(id(block)) or list(block.operations), _fields(block, skip=("operations",)))
+            for block in blocks
         ]
         self.closed = False
         _open(self)
@@ -128,11 +154,11 @@ class Journal:
         if id(op) in self.saved:
             return
         self.saved.add(id(op))
+        if getattr(op, "_output_vars", None) is None:
+            return  # an op under construction: created after the journal opened, nothing to restore
         fields = op.__dict__
         inputs = fields.get("_input_vars")
-        if type(inputs) is not dict or fields.get("_output_vars") is None:
-            return  # an op under construction: created after the journal opened, nothing to restore
-        self.ops.append((op, fields.copy(), inputs.copy()))
+        self.ops.append((op, fields.copy(), inputs.copy() if type(inputs) is dict else inputs))
 
     def keep_var(self, var: Any) -> None:
         """Saves a variable's state, unless it is saved already (or is still being constructed)."""
@@ -140,12 +166,25 @@ class Journal:
             return
         self.saved.add(id(var))
         if type(var) is not Var:
+            if type(var) is InternalVar and not var._child_ops:
+                return  # a constant's value the builder just made (or one nothing reads): unreachable
             self.others.append((var, _fields(var)))
             return
         try:
             self.vars.append(_var_state(var))
         except AttributeError:
             pass  # a variable under construction: created after the journal opened
+
+    def keep_users(self, var: Var) -> None:
+        """Saves a variable's user list, unless the variable or its user list is saved already."""
+        key = id(var)
+        if key in self.saved or key in self.users_saved:
+            return
+        if type(var) is not Var:
+            self.keep_var(var)
+            return
+        self.users_saved.add(key)
+        self.users.append((var, var._child_ops.copy()))
 
     def keep_block(self, block: Block) -> None:
         """Saves every variable of ``block`` and of the blocks nested in it: leaving a block's builder
@@ -155,24 +194,12 @@ class Journal:
                 self.keep_var(var)
 
     def keep_match(self, ops: Iterable[Operation], users: Iterable[Operation]) -> None:
-        """Saves the ops of a match, the variables they read and write, and the users of its outputs."""
+        """Saves the ops of a match and the users of its outputs (their variables are left to the hooks,
+        see the module docstring)."""
         saved, keep_op = self.saved, self.keep_op
-        variables: list[Any] = []
         for op in ops:
             if id(op) not in saved:
                 keep_op(op)
-            variables += flat_inputs(op)
-            variables += op._output_vars or ()
-        append = self.vars.append
-        for var in variables:
-            key = id(var)
-            if key in saved:
-                continue
-            if type(var) is not Var:
-                self.keep_var(var)
-                continue
-            saved.add(key)  # an existing op's operands and outputs are fully built
-            append(_var_state(var))
         for op in users:
             if id(op) not in saved:
                 keep_op(op)
@@ -194,6 +221,8 @@ class Journal:
             _object_setattr(var, "_nonreplaceable_vars_upstream", upstream.copy() if upstream else set())
         for obj, saved in self.others:
             _set_fields(obj, saved)
+        for var, users in self.users:
+            _object_setattr(var, "_child_ops", users.copy())
         for block, ops, saved in self.blocks:
             _set_fields(block, saved)
             block.operations = CacheDoublyLinkedList(ops)
@@ -222,7 +251,7 @@ def _hook_add_child_op(original: Callable[..., Any]) -> Callable[..., Any]:
         if journals:
             for journal in journals:
                 if id(self) not in journal.saved:
-                    journal.keep_var(self)
+                    journal.keep_users(self)
         return original(self, new_op)
 
     return add_child_op
@@ -234,7 +263,7 @@ def _hook_remove_child_op(original: Callable[..., Any]) -> Callable[..., Any]:
         if journals:
             for journal in journals:
                 if id(self) not in journal.saved:
-                    journal.keep_var(self)
+                    journal.keep_users(self)
         return original(self, target_op, no_check)
 
     return remove_child_op
@@ -283,7 +312,7 @@ def _hook_type_value_inference(original: Callable[..., Any]) -> Callable[..., An
     def type_value_inference(self: Operation, overwrite_output: bool = False) -> Any:
         journals = _ACTIVE.get(_get_ident())
         if journals:
-            outputs = self.__dict__.get("_output_vars")
+            outputs = getattr(self, "_output_vars", None)
             if outputs is None:  # a new op creating its outputs: new variables, nothing to restore
                 result = original(self, overwrite_output)
                 for journal in journals:
