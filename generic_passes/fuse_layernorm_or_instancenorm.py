@@ -332,6 +332,8 @@ class _Norm:
     """What a match computes: a normalisation of ``x`` over ``axes``."""
 
     x: Var
+    shape: tuple | None
+    """``x.shape``, read once (every read of ``Var.shape`` re-derives it from the type)."""
     axes: list[int]
     """The axes exactly as the first reduction holds them."""
     eps: Var
@@ -396,11 +398,11 @@ def _aligned(effect_shape: tuple, x_shape: tuple, axes: set[int], *, broadcast: 
     return tuple(out)
 
 
-def _to_normalized(effect: np.ndarray, x: Var, axes: set[int], dtype: type) -> np.ndarray | None:
-    shape = _aligned(effect.shape, x.shape, axes, broadcast=True)
+def _to_normalized(effect: np.ndarray, x_shape: tuple, axes: set[int], dtype: type) -> np.ndarray | None:
+    shape = _aligned(effect.shape, x_shape, axes, broadcast=True)
     if shape is None:
         return None
-    rank = x.rank
+    rank = len(x_shape)
     padded = effect.reshape((1,) * (rank - effect.ndim) + effect.shape)
     full = [shape[sorted(axes).index(i)] if i in axes else 1 for i in range(rank)]
     return np.array(np.broadcast_to(padded, full).reshape(shape), dtype=dtype)
@@ -408,16 +410,16 @@ def _to_normalized(effect: np.ndarray, x: Var, axes: set[int], dtype: type) -> n
 
 def _coremltools_plan(norm: _Norm) -> _Plan | None:
     """coremltools' decision between layer_norm and instance_norm, with its wrong fusions refused."""
-    x, gamma, beta = norm.x, norm.gamma, norm.beta
-    rank = x.rank
+    x_shape, gamma, beta = norm.shape, norm.gamma, norm.beta
+    rank = len(x_shape)
     neg = sorted(a - rank if a >= 0 else a for a in norm.axes)
     g_rank = gamma.array.ndim if gamma is not None else -1
     b_rank = beta.array.ndim if beta is not None else -1
     pos = {a + rank for a in neg}
-    x_norm = tuple(x.shape[i] for i in sorted(pos))
+    x_norm = tuple(x_shape[i] for i in sorted(pos))
 
     def along(p: _Affine | None, axes: set[int]) -> bool:
-        return p is None or p.trivial or _aligned(p.effect.shape, x.shape, axes, broadcast=False) is not None
+        return p is None or p.trivial or _aligned(p.effect.shape, x_shape, axes, broadcast=False) is not None
 
     if rank == 4 and neg == [-3]:
         if not ((gamma is None and beta is None) or (g_rank == 1 and b_rank == 1)):
@@ -432,7 +434,7 @@ def _coremltools_plan(norm: _Norm) -> _Plan | None:
         if g_sq.ndim == 1 and b_sq.ndim == 1:
             transpose = neg == [-3, -2]
             channel = 3 if transpose else 1
-            c = x.shape[channel]
+            c = x_shape[channel]
             params = []
             for p, squeezed, fill in ((gamma, g_sq, np.ones), (beta, b_sq, np.zeros)):
                 if p.trivial and not is_symbolic(c) and squeezed.shape != (int(c),):
@@ -453,19 +455,19 @@ def _coremltools_plan(norm: _Norm) -> _Plan | None:
 
 def _general_plan(norm: _Norm) -> _Plan | None:
     """Our layer_norm where coremltools' decision refuses: gamma/beta of any shape acting along the axes."""
-    x = norm.x
-    rank = x.rank
+    x_shape = norm.shape
+    rank = len(x_shape)
     neg = sorted(a - rank if a >= 0 else a for a in norm.axes)
     if not (neg == list(range(-len(neg), 0)) or (rank == 4 and neg == [-3])):
         return None
     pos = {a + rank for a in neg}
-    dtype = types.nptype_from_builtin(x.dtype)
+    dtype = types.nptype_from_builtin(norm.x.dtype)
     out: list[Var | np.ndarray | None] = []
     for p in (norm.gamma, norm.beta):
         if p is None or p.trivial:
             out.append(None)
             continue
-        value = _to_normalized(p.effect, x, pos, dtype)
+        value = _to_normalized(p.effect, x_shape, pos, dtype)
         if value is None:
             return None
         if p.var is not None and p.effect is p.array and p.array.shape == value.shape:
@@ -481,15 +483,16 @@ def _general_plan(norm: _Norm) -> _Plan | None:
 
 def _check(norm: _Norm, reductions: list[Operation]) -> _Plan | None:
     """Semantic checks shared by every pattern, then the plan (None: leave the match alone)."""
-    x = norm.x
-    if x.shape is None or x.rank == 0 or not _float_dtype(x):
+    x_shape = norm.shape
+    if x_shape is None or len(x_shape) == 0 or not _float_dtype(norm.x):
         return None
-    rank = x.rank
+    rank = len(x_shape)
     axes_sets = []
     for red in reductions:
-        if red.axes is None or red.axes.val is None or red.keep_dims is None or not red.keep_dims.val:
+        axes_value = red.axes.val if red.axes is not None else None
+        if axes_value is None or red.keep_dims is None or not red.keep_dims.val:
             return None
-        axes = [int(a) for a in np.atleast_1d(red.axes.val)]
+        axes = [int(a) for a in np.atleast_1d(axes_value)]
         normalized = {a + rank if a < 0 else a for a in axes}
         if len(normalized) != len(axes) or not all(0 <= a < rank for a in normalized):
             return None
@@ -499,8 +502,8 @@ def _check(norm: _Norm, reductions: list[Operation]) -> _Plan | None:
     eps = norm.eps.val
     if eps is None or np.shape(eps) != ():
         return None
-    out = norm.end_op.outputs[0]
-    if out.shape is None or not _keeps_shape(tuple(out.shape), tuple(x.shape)):
+    out_shape = norm.end_op.outputs[0].shape
+    if out_shape is None or not _keeps_shape(tuple(out_shape), x_shape):
         return None  # a constant broadcast x to another shape
     return _coremltools_plan(norm) or _general_plan(norm)
 
@@ -515,10 +518,13 @@ def _accept(
     """Plans the normalisation every pattern computes and keeps the plan on ``pattern`` for
     :func:`transform_norm`: of ``x`` over the axes of the first of its two ``reductions`` (none if they
     are not constant), with the ``eps`` of ``add_eps``, ending at the last matched op."""
-    first = reductions[0]
+    first_axes = reductions[0].axes.val
+    x = pattern.root_var
+    x_shape = x.shape
     norm = _Norm(
-        x=pattern.root_var,
-        axes=_axes_of(first) if first.axes.val is not None else [],
+        x=x,
+        shape=tuple(x_shape) if x_shape is not None else None,
+        axes=[int(a) for a in np.atleast_1d(first_axes)] if first_axes is not None else [],
         eps=pattern.operand("add_eps", "y"),
         gamma=gamma,
         beta=beta,
