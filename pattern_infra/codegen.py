@@ -33,9 +33,10 @@ How the source of one search is generated (:func:`generate`):
 4. **Final checks** sit in the innermost loop body, after the last binding, as in the interpreter: the
    outputs of non-final ops have exactly the pattern's uses and are not block outputs, and no root and no
    constant slot is computed by a matched op.
-5. **Success** builds the :class:`~pattern_infra.pattern.Pattern` through the interpreter's constructor
-   call (``matcher._new_pattern``), with its dicts (ops, operands, constants) written out as literals:
-   the constants' insertion sequence of ``_build_pattern`` is played at generation time.
+5. **Success** builds the :class:`~pattern_infra.pattern.Pattern` with ``Pattern._of_search``, which
+   takes its dicts (ops, operands, constants), written out as literals, without copying them (the
+   interpreter's ``_build_pattern`` gives equal patterns): the constants' insertion sequence of
+   ``_build_pattern`` is played at generation time.
    ``Matcher.bind_attempts`` is counted in a local and added once, in a ``finally`` (so also when a
    check raises), by the same rule as the interpreter: the anchor, every producer reached by an up-step,
    every consumer of the right type not already bound. The matcher is the function's first argument.
@@ -223,7 +224,8 @@ class _Generator:
     """Writes the search of one anchor, step by step of its plan."""
 
     def __init__(self, matcher: Matcher, anchor: int) -> None:
-        from .matcher import _new_pattern, _optional_const
+        from .matcher import _optional_const
+        from .pattern import Pattern
 
         self.m = matcher
         self.compiled = matcher.compiled
@@ -244,7 +246,8 @@ class _Generator:
             "_FLOAT_TYPES": _FLOAT_TYPES,
             "_tn": _OP_TYPE_NAMES.get,
             "_learn_op_type": _learn_op_type,
-            "_new_pattern": _new_pattern,
+            "_of_search": Pattern._of_search,
+            "_FINALS": tuple(self.compiled.nodes[i].name for i in self.compiled.final_nodes),
             "__name__": __name__,
         }
         self.slot_names: list[dict[str, str]] = [self._slot_names(node) for node in self.nodes]
@@ -683,7 +686,8 @@ class _Generator:
             self.emit_new_pattern(ops, roots, with_skips=False)
 
     def emit_new_pattern(self, ops: str, roots: str, with_skips: bool) -> None:
-        """``return _new_pattern(...)``; ``with_skips`` leaves out the wildcard slots that are None."""
+        """``return _of_search(...)`` (``Pattern._of_search``); ``with_skips`` leaves out the wildcard
+        slots that are None."""
         operands = []
         for node in self.nodes:
             n = node.index
@@ -718,11 +722,12 @@ class _Generator:
                 played[key] = var
                 played.setdefault(cname, var)
             consts = "{" + ", ".join(f"{k!r}: {v}" for k, v in played.items()) + "}"
-        self.line("return _new_pattern(")
+        self.line("return _of_search(")
         self.line(f"    _m.compiled, block, {{{ops}}}, [{roots}],")
         self.line(f"    {{{', '.join(operands)}}},")
         self.line(f"    {consts},")
         self.line("    order,")
+        self.line("    _FINALS,")
         self.line(")")
 
 

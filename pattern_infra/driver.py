@@ -510,11 +510,11 @@ class _Changes:
             for var in flat_inputs(op):
                 if op in var._child_ops:
                     raise ValueError(f"removed op {op.name} is still listed as a user of {var.name}")
-        seen: set[int] = set()
+        seen: set[Operation] = set()  # ops hash by identity
         for op in self.created + self.rewired:
-            if op.enclosing_block is None or id(op) in seen:
+            if op.enclosing_block is None or op in seen:
                 continue  # removed by a later rewrite of the same sub-pass, or already checked
-            seen.add(id(op))
+            seen.add(op)
             _check_op(op)
 
 

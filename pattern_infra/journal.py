@@ -131,10 +131,12 @@ class Journal:
         """``op_lists``: block id to the block's ops in program order, where the caller has them (the
         lists are kept, not copied: they must not change afterwards)."""
         self.thread = _get_ident()
-        self.saved: set[int] = set()
-        """Ids of the objects whose state is saved (or that were created after the journal opened)."""
-        self.users_saved: set[int] = set()
-        """Ids of the variables whose user list alone is saved (in :attr:`users`)."""
+        self.saved: set[Any] = set()
+        """The objects whose state is saved (or that were created after the journal opened). Held
+        as objects, not ids: MIL's ops and variables hash by identity, and a membership test then
+        needs neither a new int per ``id()`` nor a second memory read to compare it."""
+        self.users_saved: set[Var] = set()
+        """The variables whose user list alone is saved (in :attr:`users`)."""
         self.users: list[tuple[Var, list[Operation]]] = []
         self.ops: list[tuple[Operation, dict[str, Any], dict[str, Any]]] = []
         self.vars: list[tuple[Var, tuple[Any, ...], list[Any], list[Any] | None, set[Any] | None]] = []
@@ -151,9 +153,9 @@ class Journal:
 
     def keep_op(self, op: Operation) -> None:
         """Saves ``op``'s state, unless it is saved already."""
-        if id(op) in self.saved:
+        if op in self.saved:
             return
-        self.saved.add(id(op))
+        self.saved.add(op)
         if getattr(op, "_output_vars", None) is None:
             return  # an op under construction: created after the journal opened, nothing to restore
         fields = op.__dict__
@@ -162,9 +164,9 @@ class Journal:
 
     def keep_var(self, var: Any) -> None:
         """Saves a variable's state, unless it is saved already (or is still being constructed)."""
-        if id(var) in self.saved:
+        if var in self.saved:
             return
-        self.saved.add(id(var))
+        self.saved.add(var)
         if type(var) is not Var:
             if type(var) is InternalVar and not var._child_ops:
                 return  # a constant's value the builder just made (or one nothing reads): unreachable
@@ -177,20 +179,19 @@ class Journal:
 
     def keep_users(self, var: Var) -> None:
         """Saves a variable's user list, unless the variable or its user list is saved already."""
-        key = id(var)
-        if key in self.saved or key in self.users_saved:
+        if var in self.saved or var in self.users_saved:
             return
         if type(var) is not Var:
             self.keep_var(var)
             return
-        self.users_saved.add(key)
+        self.users_saved.add(var)
         self.users.append((var, var._child_ops.copy()))
 
     def keep_block(self, block: Block) -> None:
         """Saves every variable of ``block`` and of the blocks nested in it: leaving a block's builder
         context (``Block.__exit__``) recomputes their ``nonreplaceable_vars_upstream``."""
         for var in _block_vars(block):
-            if id(var) not in self.saved:
+            if var not in self.saved:
                 self.keep_var(var)
 
     def keep_match(self, ops: Iterable[Operation], users: Iterable[Operation]) -> None:
@@ -198,10 +199,10 @@ class Journal:
         see the module docstring)."""
         saved, keep_op = self.saved, self.keep_op
         for op in ops:
-            if id(op) not in saved:
+            if op not in saved:
                 keep_op(op)
         for op in users:
-            if id(op) not in saved:
+            if op not in saved:
                 keep_op(op)
 
     # -- restoring ------------------------------------------------------------------------------------
@@ -250,7 +251,7 @@ def _hook_add_child_op(original: Callable[..., Any]) -> Callable[..., Any]:
         journals = _ACTIVE.get(_get_ident())
         if journals:
             for journal in journals:
-                if id(self) not in journal.saved:
+                if self not in journal.saved:
                     journal.keep_users(self)
         return original(self, new_op)
 
@@ -262,7 +263,7 @@ def _hook_remove_child_op(original: Callable[..., Any]) -> Callable[..., Any]:
         journals = _ACTIVE.get(_get_ident())
         if journals:
             for journal in journals:
-                if id(self) not in journal.saved:
+                if self not in journal.saved:
                     journal.keep_users(self)
         return original(self, target_op, no_check)
 
@@ -299,7 +300,7 @@ def _hook_set_inputs(original: Callable[..., Any]) -> Callable[..., Any]:
         journals = _ACTIVE.get(_get_ident())
         if journals:
             for journal in journals:
-                if id(self) not in journal.saved:
+                if self not in journal.saved:
                     journal.keep_op(self)
         return original(self, input_kvs, no_check_var_types)
 
@@ -316,13 +317,13 @@ def _hook_type_value_inference(original: Callable[..., Any]) -> Callable[..., An
             if outputs is None:  # a new op creating its outputs: new variables, nothing to restore
                 result = original(self, overwrite_output)
                 for journal in journals:
-                    journal.saved.update(id(var) for var in self._output_vars)
+                    journal.saved.update(self._output_vars)
                 return result
             for journal in journals:
-                if id(self) not in journal.saved:
+                if self not in journal.saved:
                     journal.keep_op(self)
                 for var in outputs:
-                    if id(var) not in journal.saved:
+                    if var not in journal.saved:
                         journal.keep_var(var)
         return original(self, overwrite_output)
 
@@ -369,7 +370,7 @@ def _hook_remove_ops(original: Callable[..., Any]) -> Callable[..., Any]:
         if journals:
             for journal in journals:
                 for op in ops_to_remove:
-                    if id(op) not in journal.saved:
+                    if op not in journal.saved:
                         journal.keep_op(op)
         return original(self, ops_to_remove)
 

@@ -71,6 +71,41 @@ class Pattern:
             self.op_set = set(captured_ops)  # type: ignore[arg-type]
         vars(self).update(self._ops)  # pattern.<name>; compile_pattern refuses names Pattern uses
 
+    @classmethod
+    def _of_search(
+        cls,
+        compiled: CompiledPattern,
+        block: Block,
+        ops: dict[str, Operation],
+        roots: list[Var],
+        operands: dict[str, dict[str, Any]],
+        consts: dict[str, Var],
+        order: Callable[[list[Operation]], list[Operation]] | None,
+        final_names: tuple[str, ...],
+    ) -> Pattern:
+        """The constructor of the compiled search: the dicts and the list are fresh and become the
+        pattern's own (no copies), no op is a fan-out list, ``final_names`` are the final ops' names."""
+        self = cls.__new__(cls)
+        fields = self.__dict__
+        fields.update(ops)  # pattern.<name>
+        finals = [ops[name] for name in final_names]
+        fields.update(
+            _attributes={},
+            _compiled=compiled,
+            _ops=ops,
+            _operands=operands,
+            _order=order,
+            root_vars=roots,
+            root_var=roots[0] if roots else None,
+            block=block,
+            consts=consts,
+            pattern_name=compiled.name,
+            final_ops=finals,
+            final_op=finals[0] if finals else None,
+            op_set=set(ops.values()),
+        )
+        return self
+
     # -- seed API -----------------------------------------------------------------------------------
 
     def set_root_var(self, root_var: Var) -> None:
