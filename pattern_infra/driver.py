@@ -218,13 +218,23 @@ class _BlockState:
         None when some pattern op has no op of its type(s) in the block: nothing can match (the cheap
         rejection, before any search).
         """
-        for node in matcher.nodes:
-            if not any(self.counts.get(t, 0) > 0 for t in node.op_types):
-                return None
+        if not self.possible(matcher):
+            return None
         anchor = matcher.choose_anchor(self.counts)
         types = matcher.nodes[anchor].op_types
         candidates = [op for t in sorted(types) for op in self.by_type.get(t, ())]
         return anchor, (self.order(candidates) if len(types) > 1 else candidates)
+
+    def possible(self, matcher: Matcher) -> bool:
+        """Whether the block has an op of every pattern op's type(s) (else nothing can match)."""
+        counts = self.counts
+        for types in matcher.type_groups:
+            for op_type in types:
+                if counts.get(op_type, 0) > 0:
+                    break
+            else:
+                return False
+        return True
 
     def order(self, ops: list[Operation]) -> list[Operation]:
         """Sorts ``ops`` of this block into program order; ops no longer in the block go last.
@@ -368,6 +378,10 @@ def run_subpasses(
     try:
         blocks = run.blocks
         for sub in subpasses:
+            if not any(run.state(block).possible(sub.matcher) for block in blocks):
+                sub.stats.runs += 1  # no block holds every op type of the pattern: nothing to do
+                total.runs += 1
+                continue
             stats = PassStats(runs=1)
             start = time.perf_counter()
             bind_before = sub.matcher.bind_attempts
@@ -706,9 +720,13 @@ def _unlink(block: Block, ops: list[Operation]) -> None:
         block.remove_ops(ops)
         return
     for op in ops:
-        if op.blocks or any(isinstance(v, InternalVar) for v in op._input_vars.values()):
+        if op.blocks:
             block.remove_ops(ops)
             return
+        for value in op._input_vars.values():
+            if isinstance(value, InternalVar):
+                block.remove_ops(ops)
+                return
     for op in ops:
         keep_op_on_this_thread(op)
         ops_list.remove(op)

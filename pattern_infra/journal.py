@@ -137,8 +137,10 @@ class Journal:
         needs neither a new int per ``id()`` nor a second memory read to compare it."""
         self.users_saved: set[Var] = set()
         """The variables whose user list alone is saved (in :attr:`users`)."""
-        self.users: list[tuple[Var, list[Operation]]] = []
-        self.ops: list[tuple[Operation, dict[str, Any], dict[str, Any]]] = []
+        self.users: list[Any] = []
+        """Flat: a variable, then its user list as saved, and so on (no tuple per entry)."""
+        self.ops: list[Any] = []
+        """Flat: an op, its fields as saved, its input map as saved, and so on."""
         self.vars: list[tuple[Var, tuple[Any, ...], list[Any], list[Any] | None, set[Any] | None]] = []
         self.others: list[tuple[Any, dict[str, Any]]] = []
         listed = op_lists or {}
@@ -160,7 +162,7 @@ class Journal:
             return  # an op under construction: created after the journal opened, nothing to restore
         fields = op.__dict__
         inputs = fields.get("_input_vars")
-        self.ops.append((op, fields.copy(), inputs.copy() if type(inputs) is dict else inputs))
+        self.ops += (op, fields.copy(), inputs.copy() if type(inputs) is dict else inputs)
 
     def keep_var(self, var: Any) -> None:
         """Saves a variable's state, unless it is saved already (or is still being constructed)."""
@@ -185,7 +187,7 @@ class Journal:
             self.keep_var(var)
             return
         self.users_saved.add(var)
-        self.users.append((var, var._child_ops.copy()))
+        self.users += (var, var._child_ops.copy())
 
     def keep_block(self, block: Block) -> None:
         """Saves every variable of ``block`` and of the blocks nested in it: leaving a block's builder
@@ -209,7 +211,8 @@ class Journal:
 
     def restore(self) -> None:
         """Puts every saved op, variable and block back as it was when the journal opened."""
-        for op, state, inputs in self.ops:
+        ops = self.ops
+        for op, state, inputs in zip(ops[0::3], ops[1::3], ops[2::3]):
             fields = op.__dict__
             fields.clear()
             fields.update(state)
@@ -222,7 +225,8 @@ class Journal:
             _object_setattr(var, "_nonreplaceable_vars_upstream", upstream.copy() if upstream else set())
         for obj, saved in self.others:
             _set_fields(obj, saved)
-        for var, users in self.users:
+        saved_users = self.users
+        for var, users in zip(saved_users[0::2], saved_users[1::2]):
             _object_setattr(var, "_child_ops", users.copy())
         for block, ops, saved in self.blocks:
             _set_fields(block, saved)

@@ -98,6 +98,11 @@ class Matcher:
         """Per anchor: producer/consumer hops from the anchor op within which any op of a match lies,
         plus one (an op just outside the match, such as a root's producer, can unblock it)."""
         self.op_types: frozenset[str] = frozenset(t for n in compiled.nodes for t in n.op_types)
+        self.type_groups: tuple[tuple[str, ...], ...] = tuple(
+            dict.fromkeys(tuple(sorted(n.op_types)) for n in compiled.nodes)
+        )
+        """The pattern ops' type sets, each once: a block can hold a match only if it has an op of
+        every group."""
         self._const_slots = [
             (node.index, slot, pos)
             for node in compiled.nodes
