@@ -40,7 +40,7 @@ def _phases(subs: list[SubPass]) -> list[tuple[str, list[tuple[str, int, str]]]]
         ("  of which constant checks: ConstRule.accepts (np.allclose)", [_key(ConstRule.accepts)]),
         ("var_constraints callbacks", constraints),
         ("transform callbacks (build replacement, redirect uses)", transforms),
-        ("remove_dead_ops (one remove_ops per match)", [_key(driver.remove_dead_ops)]),
+        ("remove_dead_ops (dead matched ops unlinked, per match)", [_key(driver.remove_dead_ops)]),
         ("undo journal: Journal.keep_match + opening (copy-on-write saves)", [_key(Journal.keep_match), _key(Journal.__init__)]),
         ("validation of the changes after each sub-pass that rewrote", [_key(driver._Changes.validate)]),
         ("Block.__exit__ (propagate_nonreplaceable_vars over the whole block)", [_key(Block.__exit__)]),

@@ -8,8 +8,9 @@ How a group of sub-passes runs on a program (``run_subpasses``):
    recorded.
 2. For each sub-pass, in order, and each block: the anchor is the pattern op whose type is rarest in the
    block, and only ops of that type are tried. After a match, the user's constraints and transform run;
-   the matched ops left without users are removed in one call (consumers first, in the pattern's order
-   reversed). What the rewrite did is recorded as :class:`_Changes`: the ops created, the ops removed,
+   the matched ops left without users are removed together (consumers first, in the pattern's order
+   reversed), unlinked directly rather than through ``Block.remove_ops``, whose checks the dead-op
+   test has already made (see :func:`remove_dead_ops`). What the rewrite did is recorded as :class:`_Changes`: the ops created, the ops removed,
    and the ops outside the match whose inputs were redirected.
 3. Nothing is rescanned from the start. A match that did not exist before a round of rewrites contains
    an op whose inputs or whose outputs' users changed: a created op, a redirected op, or the producer of
@@ -20,13 +21,14 @@ How a group of sub-passes runs on a program (``run_subpasses``):
    ``max_iterations`` rounds re-creates its own pattern: :class:`FixpointError`.
 4. The first time a transform is about to run, an undo journal opens (:mod:`pattern_infra.journal`):
    from then on, the first change to an op or variable saves its state, copy-on-write, and every op
-   and variable of a match is saved before its transform runs. If a constraint or transform raises, or
+   of a match, and every user of its outputs, is saved before its transform runs. If a constraint or transform raises, or
    the validation after a sub-pass finds the program inconsistent, the program is restored from it,
    identical to what it was before the pass, and :class:`PassExecutionError` names the pass, the
    pattern and (for a callback) the matched ops. The validation checks coremltools' ``Block.validate``
    invariants on the recorded changes only (see :meth:`_Changes.validate`).
 5. A block's builder context (``with block:``) is entered only when a rewrite needs it, and a
-   function's block stays entered for the rest of the run; cyclic GC is paused during the run.
+   function's block stays entered for the rest of the run; cyclic GC is paused during the run. A
+   sub-pass whose op types are not all present in some block costs one check per block.
 """
 
 from __future__ import annotations
@@ -470,8 +472,8 @@ class _Changes:
     rewired: list[Operation] = field(default_factory=list)
     """Ops outside the matches that read a match output before the transform (their inputs moved)."""
     removed_by_transforms: list[Operation] = field(default_factory=list)
-    """Ops a transform took out of the block itself; the others went through ``Block.remove_ops``,
-    which unlists them from their inputs' users or raises."""
+    """Ops a transform took out of the block itself; the others went through :func:`remove_dead_ops`,
+    which unlists them from their inputs' users (``Var.remove_child_op``) or raises."""
     seeds: list[Operation] = field(default_factory=list)
     """Ops whose surroundings changed and whose type the pattern has: created and rewired ops, and
     the producers of the inputs of removed ops (they lost a consumer). Collected right after each
@@ -682,11 +684,14 @@ def _rewrite(run: _Run, sub: SubPass, st: _BlockState, match: Pattern) -> bool:
 
 
 def remove_dead_ops(match: Pattern) -> list[Operation]:
-    """Removes, in one call, the matched ops still in the block whose outputs nothing uses.
+    """Removes the matched ops still in the block whose outputs nothing uses.
 
     This is what lets a transform only build the replacement and redirect the outputs: the framework
     deletes what the replacement made dead. The ops are visited consumers first (the pattern's own
-    order, reversed), so a chain of matched ops dies in one visit.
+    order, reversed), so a chain of matched ops dies in one visit. An op is dead when no output is a
+    block output (``consuming_blocks``) or read by an op outside the dead ones: what
+    ``Block.remove_ops`` checks, so the ops are then unlinked directly (:func:`_unlink`), the same end
+    state as ``Block.remove_ops`` at about two thirds of its cost.
 
     Returns:
         The removed ops.

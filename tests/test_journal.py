@@ -252,3 +252,57 @@ def test_nested_journals_restore_independently():
         assert var.name == "first"
     finally:
         outer.close()
+
+
+def _with_dead_ops() -> Program:
+    """``program()`` plus dead ops: a ``sin -> cos`` chain and a ``cond`` (nested blocks), both unused."""
+
+    @mb.program(input_specs=[mb.TensorSpec(shape=S)])
+    def prog(x):
+        mb.cos(x=mb.sin(x=x, name="dead_sin"), name="dead_cos")
+        mb.cond(
+            pred=mb.greater(x=mb.reduce_sum(x=x), y=0.0, name="dead_pred"),
+            _true_fn=lambda: mb.exp(x=x, name="dead_inner_e"),
+            _false_fn=lambda: mb.sin(x=x, name="dead_inner_s"),
+            name="dead_cond",
+        )
+        return mb.relu(x=x, name="live")
+
+    return prog
+
+
+def _structure(prog: Program) -> list[Any]:
+    """Every block's op names and outputs, every variable's users by name: by value, not identity."""
+    state: list[Any] = []
+    for block in iter_blocks(prog):
+        state.append(([op.name for op in block.operations], [v.name for v in block.outputs]))
+        for op in block.operations:
+            for var in op.outputs:
+                state.append((var.name, [user.name for user in var.child_ops], len(var.consuming_blocks)))
+    state.append(("x", [user.name for user in prog.functions["main"].inputs["x"].child_ops]))
+    return state
+
+
+@pytest.mark.parametrize("names", [["dead_cos", "dead_sin"], ["dead_cond"]], ids=["plain ops", "nested blocks"])
+def test_dead_ops_are_unlinked_as_block_remove_ops_would(names):
+    from pattern_infra.driver import _unlink
+
+    names_before = dict(mb.name_count)
+    by_coremltools = _with_dead_ops()
+    mb.name_count.clear()
+    mb.name_count.update(names_before)  # the same generated names in both copies
+    ours = _with_dead_ops()
+    by_coremltools.functions["main"].remove_ops([op_named(by_coremltools, n) for n in names])
+    removed = [op_named(ours, n) for n in names]
+    block = ours.functions["main"]
+    before = fingerprint(ours)
+    journal = Journal(list(iter_blocks(ours)))
+    try:
+        _unlink(block, removed)
+        assert _structure(ours) == _structure(by_coremltools)
+        assert all(op.enclosing_block is None for op in removed)
+        ours.validate()
+        journal.restore()
+    finally:
+        journal.close()
+    assert fingerprint(ours) == before
