@@ -155,14 +155,21 @@ class Journal:
 
     def keep_op(self, op: Operation) -> None:
         """Saves ``op``'s state, unless it is saved already."""
-        if op in self.saved:
-            return
-        self.saved.add(op)
-        if getattr(op, "_output_vars", None) is None:
-            return  # an op under construction: created after the journal opened, nothing to restore
-        fields = op.__dict__
-        inputs = fields.get("_input_vars")
-        self.ops += (op, fields.copy(), inputs.copy() if type(inputs) is dict else inputs)
+        if op not in self.saved:
+            self.keep_ops((op,))
+
+    def keep_ops(self, ops: Iterable[Operation]) -> None:
+        """Saves the state of each op of ``ops`` not saved yet (one loop: a match has a dozen)."""
+        saved, out = self.saved, self.ops
+        for op in ops:
+            if op in saved:
+                continue
+            saved.add(op)
+            if getattr(op, "_output_vars", None) is None:
+                continue  # an op under construction: created after the journal opened, nothing to restore
+            fields = op.__dict__
+            inputs = fields.get("_input_vars")
+            out += (op, fields.copy(), inputs.copy() if type(inputs) is dict else inputs)
 
     def keep_var(self, var: Any) -> None:
         """Saves a variable's state, unless it is saved already (or is still being constructed)."""
@@ -199,13 +206,8 @@ class Journal:
     def keep_match(self, ops: Iterable[Operation], users: Iterable[Operation]) -> None:
         """Saves the ops of a match and the users of its outputs (their variables are left to the hooks,
         see the module docstring)."""
-        saved, keep_op = self.saved, self.keep_op
-        for op in ops:
-            if op not in saved:
-                keep_op(op)
-        for op in users:
-            if op not in saved:
-                keep_op(op)
+        self.keep_ops(ops)
+        self.keep_ops(users)
 
     # -- restoring ------------------------------------------------------------------------------------
 

@@ -81,10 +81,10 @@ class PassContainer(AbstractGraphPass):
     """A coremltools graph pass made of generic sub-passes (the design document's ``PassContainer``).
 
     Sub-passes run in order of priority (higher first), then registration order; ``order`` shows it.
-    Each sub-pass is applied to every block, nested blocks included. After each sub-pass that changed
-    the program, the ops it created or rewired are validated (coremltools' ``Block.validate``
-    invariants, linear in what changed; ``container.validate = "full"`` validates the whole program);
-    an inconsistency restores the program and raises ``PassExecutionError``.
+    Each sub-pass is applied to every block, nested blocks included. After each rewrite, the ops it
+    created or rewired are validated (coremltools' ``Block.validate`` invariants, linear in what
+    changed; ``container.validate = "full"`` validates the whole program after each sub-pass that
+    rewrote); an inconsistency restores the program and raises ``PassExecutionError``.
     """
 
     def __init__(self, pass_name: str, namespace: str = "", replaces: type | None = None) -> None:
@@ -103,7 +103,8 @@ class PassContainer(AbstractGraphPass):
         self.passes: list[SubPass | Callable[[Program], Any]] = []
         self.stats = PassStats()
         self.validate: bool | str = True
-        """After each sub-pass: ``True`` validates what it changed, ``"full"`` the whole program."""
+        """``True`` validates what each rewrite changed, right after it; ``"full"`` the whole program
+        after each sub-pass that rewrote; ``False`` neither."""
         self.followers: list[PassContainer] = []
         """Generic passes registered with ``run_after`` this pass id: run right after it, override on."""
         self._options: list[PassOption] | None = None
