@@ -450,3 +450,38 @@ def test_program_order_of_ops_inserted_during_the_pass():
         assert st.order([program_order[5], ops[0]]) == [ops[0], program_order[5]]
     finally:
         st.release()
+
+
+def test_the_pass_leaves_no_young_objects_and_respects_a_freeze(namespace):
+    # With collection paused during the pass, everything it kept would be young, and the next
+    # allocation would collect all of it; the driver promotes it instead (gc.freeze + gc.unfreeze),
+    # unless the process has frozen objects of its own, which stay frozen.
+    import gc
+
+    c = register_generic_pass(relu_exp, None, to_softplus, "p", namespace)
+    prog = chain(200)
+    collections: list[int] = []
+
+    def note(phase, info):
+        if phase == "start":
+            collections.append(info["generation"])
+
+    gc.collect()
+    gc.callbacks.append(note)
+    try:
+        c(prog)
+        [[] for _ in range(10)]  # the allocations that would set off the pending collection
+    finally:
+        gc.callbacks.remove(note)
+    assert op_types(prog).count("softplus") == 200
+    assert collections == []
+
+    frozen = [object() for _ in range(10)], {"kept": [1, 2, 3]}
+    gc.freeze()
+    try:
+        count = gc.get_freeze_count()
+        c(chain(20))
+        assert gc.get_freeze_count() > count // 2  # not unfrozen (that empties it); a few may have died
+    finally:
+        gc.unfreeze()
+    del frozen
