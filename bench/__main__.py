@@ -6,7 +6,7 @@ Writes ``<out>/results.json`` and ``<out>/scaling.png``.
 
 Usage::
 
-    python -m bench              # full run (about 9 minutes)
+    python -m bench              # full run (about 10 minutes)
     python -m bench --quick      # small N only: a smoke run
     python -m bench --profile 800  # cProfile of our GELU pass on a chain of 800
     python -m bench --profile 100 --workload layernorm

@@ -10,8 +10,9 @@ How a group of sub-passes runs on a program (``run_subpasses``):
    block, and only ops of that type are tried. After a match, the user's constraints and transform run;
    the matched ops left without users are removed together (consumers first, in the pattern's order
    reversed), unlinked directly rather than through ``Block.remove_ops``, whose checks the dead-op
-   test has already made (see :func:`remove_dead_ops`). What the rewrite did is recorded as :class:`_Changes`: the ops created, the ops removed,
-   and the ops outside the match whose inputs were redirected.
+   test has already made (see :func:`remove_dead_ops`). What the rewrite did is recorded as
+   :class:`_Changes`: the ops created, the ops removed, and the ops outside the match whose inputs
+   were redirected.
 3. Nothing is rescanned from the start. A match that did not exist before a round of rewrites contains
    an op whose inputs or whose outputs' users changed: a created op, a redirected op, or the producer of
    a removed op's input. Only those of the pattern's op types can be part of a match; when there are
@@ -24,9 +25,9 @@ How a group of sub-passes runs on a program (``run_subpasses``):
    of a match, and every user of its outputs, is saved before its transform runs. If a constraint or
    transform raises, or the validation after a rewrite (after a sub-pass, with ``"full"``) finds the
    program inconsistent, the program is restored from it, identical to what it was before the pass,
-   and :class:`PassExecutionError` names the pass, the
-   pattern and (for a callback) the matched ops. The validation checks coremltools' ``Block.validate``
-   invariants on the recorded changes only (see :meth:`_Changes.validate`).
+   and :class:`PassExecutionError` names the pass, the pattern and (for a callback) the matched ops.
+   The validation checks coremltools' ``Block.validate`` invariants on the recorded changes only
+   (see :meth:`_Changes.validate`).
 5. A block's builder context (``with block:``) is entered only when a rewrite needs it, and a
    function's block stays entered for the rest of the run; cyclic GC is paused during the run. A
    sub-pass whose op types are not all present in some block costs one check per block.
@@ -361,8 +362,8 @@ def run_subpasses(
         pass_name: Pass id, for messages.
         validate: ``True`` checks the invariants of coremltools' ``Block.validate`` on the ops each
             rewrite created or rewired, right after it (linear in what changed); ``"full"`` validates
-            the whole program after each sub-pass that rewrote; ``False`` skips it. coremltools' pipeline validates the whole
-            program after every pass anyway.
+            the whole program after each sub-pass that rewrote; ``False`` skips it. coremltools'
+            pipeline validates the whole program after every pass anyway.
 
     Returns:
         The counters of this run, summed over the sub-passes.
@@ -397,12 +398,9 @@ def run_subpasses(
             stats.seconds = time.perf_counter() - start
             sub.stats.add(stats)
             total.add(stats)
-            if stats.rewrites and validate:
+            if stats.rewrites and validate == "full":  # otherwise each rewrite was checked (_rewrite)
                 try:
-                    if validate == "full":
-                        prog.validate()
-                    else:
-                        run.changes.validate()
+                    prog.validate()
                 except Exception as exc:
                     raise _inconsistent(run, sub, exc) from exc
             run.changes = _Changes()
@@ -520,12 +518,10 @@ class _Changes:
         if removed_by_transform:
             self.removed_by_transforms += removed_by_transform
         seeds = self.seeds
-        for op in created:
-            if (types is None or type(op).__name__ in types) and op.enclosing_block is block:
-                seeds.append(op)
-        for op in rewired:
-            if (types is None or type(op).__name__ in types) and op.enclosing_block is block:
-                seeds.append(op)
+        for changed in (created, rewired):
+            for op in changed:
+                if (types is None or type(op).__name__ in types) and op.enclosing_block is block:
+                    seeds.append(op)
         for op in removed:
             for var in flat_inputs(op):
                 producer = var._op
@@ -545,7 +541,7 @@ class _Changes:
         the size of the changes.
 
         Only the changes recorded since the last call are checked: the driver calls this right after
-        each rewrite, while its ops are still in the cache (and once more after the sub-pass).
+        each rewrite, while its ops are still in the cache.
 
         Raises:
             ValueError: An invariant does not hold (the caller restores the program).
@@ -720,7 +716,7 @@ def _rewrite(run: _Run, sub: SubPass, st: _BlockState, match: Pattern) -> bool:
         removed_by_transform=st.removed[n_removed:n_removed_by_transform],
         rewired=outside_users,
     )
-    if run.validate is True:
+    if run.validate and run.validate != "full":
         try:
             run.changes.validate()
         except Exception as exc:

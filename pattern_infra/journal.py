@@ -169,7 +169,8 @@ class Journal:
                 continue  # an op under construction: created after the journal opened, nothing to restore
             fields = op.__dict__
             inputs = fields.get("_input_vars")
-            out += (op, fields.copy(), inputs.copy() if type(inputs) is dict else inputs)
+            if type(inputs) is dict:
+                out += (op, fields.copy(), inputs.copy())
 
     def keep_var(self, var: Any) -> None:
         """Saves a variable's state, unless it is saved already (or is still being constructed)."""
