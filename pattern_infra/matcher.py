@@ -414,13 +414,7 @@ class _Search:
         return False
 
     def slot_var(self, node: int, slot: str, pos: int) -> Var | None:
-        assigned = self.assign[node]
-        if assigned is None:
-            return None
-        value = assigned.get(slot)
-        if pos >= 0:
-            return value[pos] if isinstance(value, (list, tuple)) and pos < len(value) else None
-        return value
+        return _slot_value(self.assign, node, slot, pos)
 
     def bind(self, n: int, op: Operation, i: int) -> bool:
         self.m.bind_attempts += 1

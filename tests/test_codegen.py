@@ -33,6 +33,7 @@ from pattern_infra import generic_passes as registered_passes
 from pattern_infra.codegen import INTERPRET_ENV_VAR
 from pattern_infra.driver import SubPass, iter_blocks
 from pattern_infra.matcher import _Search
+from pattern_infra.testing.passes import relu_exp
 
 PASSES_DIR = Path(__file__).resolve().parent / "passes"
 REPO = Path(__file__).resolve().parent.parent
@@ -453,11 +454,6 @@ def test_several_outputs_with_shared_input():
 
     found = same_everywhere(matcher_of(pat), prog)
     assert {(p.e.name, p.s.name) for p in found} == {("e1", "s1"), ("e2", "s1")}
-
-
-@mb.program(input_specs=[mb.TensorSpec(shape=S)])
-def relu_exp(x):
-    return mb.exp(x=mb.relu(x=x, name="r"), name="e")
 
 
 def test_final_check_extra_consumer_and_block_output():

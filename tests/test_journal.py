@@ -19,18 +19,9 @@ from coremltools.converters.mil.mil.scope import ScopeSource
 from pattern_infra import PassExecutionError, register_generic_pass
 from pattern_infra.driver import iter_blocks
 from pattern_infra.journal import Journal
+from pattern_infra.testing.passes import relu_exp, to_softplus
 
 S = (2, 3)
-
-
-@mb.program(input_specs=[mb.TensorSpec(shape=S)])
-def relu_exp(x):
-    return mb.exp(x=mb.relu(x=x, name="r"), name="e")
-
-
-def to_softplus(pattern):
-    out = mb.softplus(x=pattern.root_var, name=pattern.e.outputs[0].name, before_op=pattern.e)
-    pattern.replace_output(out)
 
 
 def program() -> Program:

@@ -17,18 +17,13 @@ from pattern_infra import (
     lists_op_equality,
     pattern_detected,
 )
+from pattern_infra.testing.passes import relu_exp
 
 S = (2, 3)
 
 
 def spec(*shapes):
     return [mb.TensorSpec(shape=s) for s in (shapes or (S,))]
-
-
-@mb.program(input_specs=spec())
-def relu_exp(x):
-    r = mb.relu(x=x, name="r")
-    return mb.exp(x=r, name="e")
 
 
 @mb.program(input_specs=spec())

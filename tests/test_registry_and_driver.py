@@ -27,20 +27,9 @@ from pattern_infra import (
     register_generic_pass,
     run_log,
 )
-from pattern_infra.testing.passes import op_types, override, run_both
+from pattern_infra.testing.passes import op_types, override, relu_exp, run_both, to_softplus
 
 S = (2, 3)
-
-
-@mb.program(input_specs=[mb.TensorSpec(shape=S)])
-def relu_exp(x):
-    return mb.exp(x=mb.relu(x=x, name="r"), name="e")
-
-
-def to_softplus(pattern):
-    """Toy rewrite: relu -> exp becomes one softplus (structure only; numerics are not the point)."""
-    out = mb.softplus(x=pattern.root_var, name=pattern.e.outputs[0].name, before_op=pattern.e)
-    pattern.replace_output(out)
 
 
 def chain(n, *, residual=False):
@@ -456,14 +445,7 @@ _GC_SCRIPT = """
 import gc, sys
 from coremltools.converters.mil import Builder as mb
 from pattern_infra import driver, register_generic_pass
-
-@mb.program(input_specs=[mb.TensorSpec(shape=(2, 3))])
-def relu_exp(x):
-    return mb.exp(x=mb.relu(x=x, name="r"), name="e")
-
-def to_softplus(pattern):
-    out = mb.softplus(x=pattern.root_var, name=pattern.e.outputs[0].name, before_op=pattern.e)
-    pattern.replace_output(out)
+from pattern_infra.testing.passes import relu_exp, to_softplus
 
 def chain(n):
     @mb.program(input_specs=[mb.TensorSpec(shape=(2, 3))])

@@ -40,6 +40,8 @@ __all__ = [
     "dyadic_f32",
     "conv_weight_shape",
     "sampled_conv",
+    "relu_exp",
+    "to_softplus",
 ]
 
 _T = TypeVar("_T")
@@ -351,3 +353,19 @@ def sampled_conv(x: Var, op_type: str, c_out: int, sample: Sampler, *, bias: boo
     if bias:
         kwargs["bias"] = sample(c_out)
     return getattr(mb, op_type)(**kwargs)
+
+
+
+# -- a toy pattern for the framework's own tests ------------------------------------------------------------
+
+
+@mb.program(input_specs=[mb.TensorSpec(shape=(2, 3))])
+def relu_exp(x: Any) -> Any:
+    """The driver and journal tests' pattern: ``exp(relu(x))``, ops named ``r`` and ``e``."""
+    return mb.exp(x=mb.relu(x=x, name="r"), name="e")
+
+
+def to_softplus(pattern: Any) -> None:
+    """Toy rewrite of :data:`relu_exp`: one ``softplus`` (structure only; numerics are not the point)."""
+    out = mb.softplus(x=pattern.root_var, name=pattern.e.outputs[0].name, before_op=pattern.e)
+    pattern.replace_output(out)
