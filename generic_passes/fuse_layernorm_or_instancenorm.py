@@ -115,7 +115,7 @@ import itertools
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 import numpy as np
 from coremltools.converters.mil import Builder as mb
@@ -492,7 +492,7 @@ def _check(norm: _Norm, reductions: list[Operation]) -> _Plan | None:
         axes_value = red.axes.val if red.axes is not None else None
         if axes_value is None or red.keep_dims is None or not red.keep_dims.val:
             return None
-        axes = [int(a) for a in np.atleast_1d(axes_value)]
+        axes = _int_axes(axes_value)
         normalized = {a + rank if a < 0 else a for a in axes}
         if len(normalized) != len(axes) or not all(0 <= a < rank for a in normalized):
             return None
@@ -508,8 +508,13 @@ def _check(norm: _Norm, reductions: list[Operation]) -> _Plan | None:
     return _coremltools_plan(norm) or _general_plan(norm)
 
 
+def _int_axes(value: Any) -> list[int]:
+    """A reduction's constant ``axes`` value (a scalar or an array) as a list of ints."""
+    return [int(a) for a in np.atleast_1d(value)]
+
+
 def _axes_of(op: Operation) -> list[int]:
-    return [int(a) for a in np.atleast_1d(op.axes.val)]
+    return _int_axes(op.axes.val)
 
 
 def _accept(
@@ -524,7 +529,7 @@ def _accept(
     norm = _Norm(
         x=x,
         shape=tuple(x_shape) if x_shape is not None else None,
-        axes=[int(a) for a in np.atleast_1d(first_axes)] if first_axes is not None else [],
+        axes=_int_axes(first_axes) if first_axes is not None else [],
         eps=pattern.operand("add_eps", "y"),
         gamma=gamma,
         beta=beta,
