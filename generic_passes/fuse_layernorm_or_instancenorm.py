@@ -306,7 +306,7 @@ layernorm_pattern_5 = WRITTEN_OUT_PATTERNS["sub1_mul_rsqrt_none_nobeta"]
 # -- what a match says, and which op it becomes --------------------------------------------------------------
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class _Affine:
     """A gamma or a beta: what coremltools hands to the fused op, and what it really does to ``x``."""
 
@@ -323,11 +323,11 @@ class _Affine:
 
     @staticmethod
     def of(var: Var) -> _Affine:
-        value = np.asarray(var.val)
+        value = np.asarray(_value(var))
         return _Affine(array=value, var=var, effect=value)
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class _Norm:
     """What a match computes: a normalisation of ``x`` over ``axes``."""
 
@@ -343,7 +343,7 @@ class _Norm:
     """The last matched op: the fused op goes before it and takes its output's name."""
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class _Plan:
     """The replacement to build."""
 
@@ -489,8 +489,8 @@ def _check(norm: _Norm, reductions: list[Operation]) -> _Plan | None:
     rank = len(x_shape)
     axes_sets = []
     for red in reductions:
-        axes_value = red.axes.val if red.axes is not None else None
-        if axes_value is None or red.keep_dims is None or not red.keep_dims.val:
+        axes_value = _value(red.axes) if red.axes is not None else None
+        if axes_value is None or red.keep_dims is None or not _value(red.keep_dims):
             return None
         axes = _int_axes(axes_value)
         normalized = {a + rank if a < 0 else a for a in axes}
@@ -499,7 +499,7 @@ def _check(norm: _Norm, reductions: list[Operation]) -> _Plan | None:
         axes_sets.append(normalized)
     if any(s != axes_sets[0] for s in axes_sets):
         return None  # coremltools does not compare the two reductions' axes
-    eps = norm.eps.val
+    eps = _value(norm.eps)
     if eps is None or np.shape(eps) != ():
         return None
     out_shape = norm.end_op.outputs[0].shape
@@ -508,13 +508,29 @@ def _check(norm: _Norm, reductions: list[Operation]) -> _Plan | None:
     return _coremltools_plan(norm) or _general_plan(norm)
 
 
+def _value(var: Var) -> Any:
+    """``var.val``, read straight from the variable when it holds a number or a numeric array:
+    ``Var.val`` searches the value for symbols on every read, and those have none (the constraints read
+    8 per match)."""
+    held = var._sym_val
+    if held is None:
+        return None
+    value = held.val
+    if type(value) in _PLAIN or (isinstance(value, (np.ndarray, np.generic)) and value.dtype.kind in "biuf"):
+        return value
+    return var.val
+
+
+_PLAIN = (bool, int, float)
+
+
 def _int_axes(value: Any) -> list[int]:
     """A reduction's constant ``axes`` value (a scalar or an array) as a list of ints."""
     return [int(a) for a in np.atleast_1d(value)]
 
 
 def _axes_of(op: Operation) -> list[int]:
-    return _int_axes(op.axes.val)
+    return _int_axes(_value(op.axes))
 
 
 def _accept(
@@ -523,7 +539,7 @@ def _accept(
     """Plans the normalisation every pattern computes and keeps the plan on ``pattern`` for
     :func:`transform_norm`: of ``x`` over the axes of the first of its two ``reductions`` (none if they
     are not constant), with the ``eps`` of ``add_eps``, ending at the last matched op."""
-    first_axes = reductions[0].axes.val
+    first_axes = _value(reductions[0].axes)
     x = pattern.root_var
     x_shape = x.shape
     norm = _Norm(

@@ -43,13 +43,13 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from coremltools.converters.mil.mil import Block, Operation, Program
+from coremltools.converters.mil.mil import Block, Operation, Program, Var
 from coremltools.converters.mil.mil.utils import CacheDoublyLinkedList
 from coremltools.converters.mil.mil.var import InternalVar
 
 from .compiler import CompiledPattern
 from .errors import FixpointError, PassExecutionError, PatternInfraError
-from .journal import Journal, flat_inputs, keep_op_on_this_thread
+from .journal import Journal, flat_inputs, journals_on_this_thread
 from .matcher import Matcher
 from .pattern import Pattern
 
@@ -507,23 +507,26 @@ class _Changes:
         block: Block,
         types: frozenset[str] | None,
         created: list[Operation],
-        removed: list[Operation],
+        dead: list[tuple[Operation, list[Var]]],
         removed_by_transform: list[Operation],
         rewired: list[Operation],
     ) -> None:
-        """Adds one rewrite's changes (``removed_by_transform`` is the part of ``removed`` its transform
-        took out itself) to the lists, and their seeds, of every type when ``types`` is None."""
+        """Adds one rewrite's changes to the lists, and their seeds (of every type when ``types`` is
+        None). ``dead``: the matched ops the framework removed, each with the variables it read (as
+        :func:`_remove_dead` listed them); ``removed_by_transform``: the ops the transform removed."""
         self.created += created
         self.rewired += rewired
+        removed_inputs = [inputs for _, inputs in dead]
         if removed_by_transform:
             self.removed_by_transforms += removed_by_transform
+            removed_inputs += [flat_inputs(op) for op in removed_by_transform]
         seeds = self.seeds
         for changed in (created, rewired):
             for op in changed:
                 if (types is None or type(op).__name__ in types) and op.enclosing_block is block:
                     seeds.append(op)
-        for op in removed:
-            for var in flat_inputs(op):
+        for inputs in removed_inputs:
+            for var in inputs:
                 producer = var._op
                 if (
                     producer is not None
@@ -549,16 +552,16 @@ class _Changes:
         removed, created, rewired = self.removed_by_transforms, self.created, self.rewired
         start_removed, start_created, start_rewired = self.checked
         self.checked = (len(removed), len(created), len(rewired))
-        for op in removed[start_removed:]:
+        for i in range(start_removed, len(removed)):
+            op = removed[i]
             for var in flat_inputs(op):
                 if op in var._child_ops:
                     raise ValueError(f"removed op {op.name} is still listed as a user of {var.name}")
-        seen: set[Operation] = set()  # ops hash by identity
-        for op in created[start_created:] + rewired[start_rewired:]:
-            if op.enclosing_block is None or op in seen:
-                continue  # removed since, or already checked
-            seen.add(op)
-            _check_op(op)
+        for ops, start in ((created, start_created), (rewired, start_rewired)):
+            for i in range(start, len(ops)):
+                op = ops[i]
+                if op.enclosing_block is not None:  # else removed since
+                    _check_op(op)
 
 
 def _sweep(run: _Run, sub: SubPass, st: _BlockState, stats: PassStats, context: _LazyBlockContext) -> None:
@@ -682,21 +685,15 @@ def _rewrite(run: _Run, sub: SubPass, st: _BlockState, match: Pattern) -> bool:
     block = st.block
     matched = match.op_set
     outside_users = [user for var in match.output_vars() for user in var._child_ops if user not in matched]
-    run.journal.keep_match(matched, outside_users)
+    run.journal.keep_match(matched)
     n_inserted, n_removed = len(st.inserted), len(st.removed)
     before = -1 if st.observed else len(block.operations)  # an unobservable op list: count the ops
     try:
         result = sub.transform_pattern(match)
     except Exception as exc:
         raise run.fail(sub, "transform_pattern", match, exc) from exc
-
-    def changed_structure() -> bool:
-        if len(st.inserted) != n_inserted or len(st.removed) != n_removed:
-            return True
-        return before >= 0 and len(block.operations) != before
-
     if result is False:
-        if changed_structure():
+        if _changed_structure(st, n_inserted, n_removed, before):
             raise run.fail(
                 sub,
                 "transform_pattern",
@@ -705,14 +702,14 @@ def _rewrite(run: _Run, sub: SubPass, st: _BlockState, match: Pattern) -> bool:
             )
         return False
     n_removed_by_transform = len(st.removed)
-    remove_dead_ops(match)
-    if not changed_structure():
+    dead = _remove_dead(match)
+    if not _changed_structure(st, n_inserted, n_removed, before):
         return False  # nothing inserted or removed: the transform left the match as it was
     run.changes.record(
         block,
         sub.seed_types,
         created=st.inserted[n_inserted:],
-        removed=st.removed[n_removed:],
+        dead=dead,
         removed_by_transform=st.removed[n_removed:n_removed_by_transform],
         rewired=outside_users,
     )
@@ -722,6 +719,14 @@ def _rewrite(run: _Run, sub: SubPass, st: _BlockState, match: Pattern) -> bool:
         except Exception as exc:
             raise _inconsistent(run, sub, exc) from exc
     return True
+
+
+def _changed_structure(st: _BlockState, n_inserted: int, n_removed: int, before: int) -> bool:
+    """Whether ops were inserted into or removed from ``st``'s block since the counts were taken
+    (``before``: the op count, for a block whose op list cannot be observed; else -1)."""
+    if len(st.inserted) != n_inserted or len(st.removed) != n_removed:
+        return True
+    return before >= 0 and len(st.block.operations) != before
 
 
 def remove_dead_ops(match: Pattern) -> list[Operation]:
@@ -737,6 +742,11 @@ def remove_dead_ops(match: Pattern) -> list[Operation]:
     Returns:
         The removed ops.
     """
+    return [op for op, _ in _remove_dead(match)]
+
+
+def _remove_dead(match: Pattern) -> list[tuple[Operation, list[Var]]]:
+    """:func:`remove_dead_ops`, returning each removed op with the variables it read."""
     block = match.block
     dead: set[Operation] = set()
     order: list[Operation] = []
@@ -749,36 +759,37 @@ def remove_dead_ops(match: Pattern) -> list[Operation]:
         else:
             dead.add(op)
             order.append(op)
-    if order:
-        _unlink(block, order)
-    return order
+    return _unlink(block, order) if order else []
 
 
-def _unlink(block: Block, ops: list[Operation]) -> None:
+def _unlink(block: Block, ops: list[Operation]) -> list[tuple[Operation, list[Var]]]:
     """Takes ``ops``, dead ops of ``block`` (no output used outside ``ops``, none a block output), out of
     the block: what ``Block.remove_ops`` does to them, without its checks, which ``remove_dead_ops`` made
     already, and without its copies (``get_flattened_inputs``, ``set(ops)``): about a third of its cost.
     Ops with nested blocks or internal inputs, and a block whose op list is not coremltools' linked list,
-    go through ``Block.remove_ops``. The journal saves each op (its ``enclosing_block`` is set here) and
-    each input's user list (through ``Var.remove_child_op``'s hook)."""
+    go through ``Block.remove_ops``. Each open journal records the removal (:meth:`Journal.unlinked`:
+    the op's block and its inputs' user lists), since the hooked ``Var.remove_child_op`` is bypassed."""
+    removal = [(op, flat_inputs(op)) for op in ops]
     ops_list = block.operations
     if type(ops_list) is not CacheDoublyLinkedList and not isinstance(ops_list, CacheDoublyLinkedList):
         block.remove_ops(ops)
-        return
+        return removal
     for op in ops:
         if op.blocks:
             block.remove_ops(ops)
-            return
+            return removal
         for value in op._input_vars.values():
             if isinstance(value, InternalVar):
                 block.remove_ops(ops)
-                return
-    for op in ops:
-        keep_op_on_this_thread(op)
+                return removal
+    for journal in journals_on_this_thread():
+        journal.unlinked(block, removal)
+    for op, inputs in removal:
         ops_list.remove(op)
         op.enclosing_block = None
-        for var in flat_inputs(op):
-            var.remove_child_op(op)
+        for var in inputs:
+            var._child_ops.remove(op)
+    return removal
 
 
 def _near(seeds: list[Operation], block: Block, anchor_types: frozenset[str], radius: int) -> list[Operation]:

@@ -35,12 +35,15 @@ per new variable); the driver calls :meth:`Journal.keep_block` before it leaves 
 closes the journal before it leaves a function's block.
 
 Plain attribute assignments are not hooked (the builder makes dozens per new op; hooking them costs more
-than it saves), so a transform that writes ``op.name = ...`` or ``op._input_vars[...] = v`` by hand on
-an op the journal never saw is not undone. The driver therefore also saves every op of a match, and the
-users of its outputs, before calling the transform (:meth:`Journal.keep_match`): that covers the ops a
-transform reaches without searching the program. Variables are saved by the hooks only: every MIL
-method that changes a variable is hooked, and a by-hand write to a variable's slots (``var.name = ...``
-instead of ``var.set_name(...)``, ``var._child_ops.append(...)``) is not undone.
+than it saves), so what a transform writes by hand (``op._input_vars[...] = v``, ``var._child_ops.append``,
+``op.enclosing_block = ...``) is not undone. One by-hand write is common, coremltools' own passes make
+it: a rename, ``op.name = ...`` or ``var.name = ...``. The driver saves the names of every op of a match
+and of their outputs before the transform runs (:meth:`Journal.keep_match`, one attribute read each),
+so those renames are undone (elsewhere, rename variables with ``Var.set_name``).
+
+The driver's own removal of dead matched ops (``driver._unlink``) bypasses the hooked methods for speed
+and records what it does with :meth:`Journal.unlinked`: the op's block, and the user lists of its inputs.
+Neither it nor the hooks copy an op's fields unless a hooked method changes the op.
 
 The hooks never read an op's ``__dict__`` unless they save the op: CPython 3.11 keeps an instance's
 attributes inline until its ``__dict__`` is first asked for, and attribute reads on an op whose dict was
@@ -63,7 +66,7 @@ from coremltools.converters.mil.mil import Block, Operation, Var
 from coremltools.converters.mil.mil.utils import CacheDoublyLinkedList
 from coremltools.converters.mil.mil.var import InternalVar
 
-__all__ = ["Journal", "flat_inputs", "keep_op_on_this_thread"]
+__all__ = ["Journal", "flat_inputs", "journals_on_this_thread"]
 
 _get_ident = threading.get_ident
 _object_setattr = object.__setattr__
@@ -97,13 +100,10 @@ def flat_inputs(op: Operation) -> list[Var]:
     return flat
 
 
-def keep_op_on_this_thread(op: Operation) -> None:
-    """Saves ``op`` in every journal open on this thread, before a change the hooks do not see (the
-    driver's own removal of dead ops sets ``enclosing_block`` directly)."""
-    journals = _ACTIVE.get(_get_ident())
-    if journals:
-        for journal in journals:
-            journal.keep_op(op)
+def journals_on_this_thread() -> list[Journal]:
+    """The journals open on this thread, innermost last (empty when none): for a change made without
+    the hooked methods, which must be recorded in each (see :meth:`Journal.unlinked`)."""
+    return _ACTIVE.get(_get_ident()) or []
 
 
 def _var_state(var: Var) -> tuple[Var, tuple[Any, ...], list[Any], list[Any] | None, set[Any] | None]:
@@ -143,6 +143,10 @@ class Journal:
         """Flat: an op, its fields as saved, its input map as saved, and so on."""
         self.vars: list[tuple[Var, tuple[Any, ...], list[Any], list[Any] | None, set[Any] | None]] = []
         self.others: list[tuple[Any, dict[str, Any]]] = []
+        self.enclosing: list[Any] = []
+        """Flat: an op the driver unlinked before anything else saved it, then its block."""
+        self.names: list[Any] = []
+        """Flat: an op or variable of a match, then its name before the transform ran."""
         listed = op_lists or {}
         self.blocks: list[tuple[Block, list[Operation], dict[str, Any]]] = [
             (block, listed.get(id(block)) or list(block.operations), _fields(block, skip=("operations",)))
@@ -204,11 +208,37 @@ class Journal:
             if var not in self.saved:
                 self.keep_var(var)
 
-    def keep_match(self, ops: Iterable[Operation], users: Iterable[Operation]) -> None:
-        """Saves the ops of a match and the users of its outputs (their variables are left to the hooks,
-        see the module docstring)."""
-        self.keep_ops(ops)
-        self.keep_ops(users)
+    def keep_match(self, ops: Iterable[Operation]) -> None:
+        """Saves the names of a match's ops and of their outputs, which transforms (coremltools' own
+        passes too) sometimes write by hand (``op.name = ...``, ``var.name = ...``); every other change
+        to them goes through the hooks. The ops' other fields are not copied (see the module docstring)."""
+        saved, names = self.saved, self.names
+        for op in ops:
+            if op not in saved:
+                names += (op, op.name)
+            for var in op._output_vars or ():
+                if var not in saved:
+                    names += (var, var.name)
+
+    def unlinked(self, block: Block, removal: list[tuple[Operation, list[Var]]]) -> None:
+        """Records that the driver is about to take each op of ``removal`` out of ``block`` directly
+        (``enclosing_block`` set to None, the op removed from the user list of each variable listed with
+        it), without the hooked methods. One call per removal, the loop inlined: it runs for every
+        input of every removed op."""
+        saved, users_saved, users, enclosing = self.saved, self.users_saved, self.users, self.enclosing
+        for op, inputs in removal:
+            if op not in saved:
+                enclosing.append(op)
+                enclosing.append(block)
+            for var in inputs:
+                if var in saved or var in users_saved:
+                    continue
+                if type(var) is Var:
+                    users_saved.add(var)
+                    users.append(var)
+                    users.append(var._child_ops.copy())
+                else:
+                    self.keep_var(var)
 
     # -- restoring ------------------------------------------------------------------------------------
 
@@ -228,6 +258,14 @@ class Journal:
             _object_setattr(var, "_nonreplaceable_vars_upstream", upstream.copy() if upstream else set())
         for obj, saved in self.others:
             _set_fields(obj, saved)
+        # Recorded only for objects not saved whole at the time, so older than any whole state saved
+        # since: applied after those.
+        enclosing = self.enclosing
+        for op, block in zip(enclosing[0::2], enclosing[1::2]):
+            op.enclosing_block = block
+        names = self.names
+        for obj, name in zip(names[0::2], names[1::2]):
+            _object_setattr(obj, "name", name)
         saved_users = self.users
         for var, users in zip(saved_users[0::2], saved_users[1::2]):
             _object_setattr(var, "_child_ops", users.copy())

@@ -146,9 +146,9 @@ def rescope_far_op(pattern, prog):
     op_named(prog, "last").outputs[0].scopes = {ScopeSource.COREMLTOOLS_GRAPH_PASS: ["elsewhere"]}
 
 
-def edit_the_match_by_hand(pattern, prog):
-    pattern.r.name = "hand_renamed"
-    pattern.r._input_vars["x"] = prog.functions["main"].inputs["x"]  # bypasses set_inputs
+def rename_the_match_by_hand(pattern, prog):
+    pattern.r.name = "hand_renamed"  # as coremltools' own passes do: plain attribute writes
+    pattern.e.outputs[0].name = "hand_renamed_var"
 
 
 CHANGES = [
@@ -159,7 +159,7 @@ CHANGES = [
     insert_ops_everywhere,
     change_nested_block,
     rescope_far_op,
-    edit_the_match_by_hand,
+    rename_the_match_by_hand,
 ]
 
 
