@@ -10,6 +10,8 @@ Usage::
     python -m bench --quick      # small N only: a smoke run
     python -m bench --profile 800  # cProfile of our GELU pass on a chain of 800
     python -m bench --profile 100 --workload layernorm
+
+Deterministic counts instead of times (under valgrind): ``python -m bench.instructions gelu 100``.
 """
 
 from __future__ import annotations
