@@ -223,22 +223,14 @@ class Journal:
     def unlinked(self, block: Block, removal: list[tuple[Operation, list[Var]]]) -> None:
         """Records that the driver is about to take each op of ``removal`` out of ``block`` directly
         (``enclosing_block`` set to None, the op removed from the user list of each variable listed with
-        it), without the hooked methods. One call per removal, the loop inlined: it runs for every
-        input of every removed op."""
-        saved, users_saved, users, enclosing = self.saved, self.users_saved, self.users, self.enclosing
+        it), without the hooked methods: one call per removal, not one hooked call per input."""
+        saved, enclosing, keep_users = self.saved, self.enclosing, self.keep_users
         for op, inputs in removal:
             if op not in saved:
                 enclosing.append(op)
                 enclosing.append(block)
             for var in inputs:
-                if var in saved or var in users_saved:
-                    continue
-                if type(var) is Var:
-                    users_saved.add(var)
-                    users.append(var)
-                    users.append(var._child_ops.copy())
-                else:
-                    self.keep_var(var)
+                keep_users(var)
 
     # -- restoring ------------------------------------------------------------------------------------
 
