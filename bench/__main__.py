@@ -24,7 +24,6 @@ import argparse
 import logging
 import platform
 import sys
-import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -190,17 +189,10 @@ def main(argv: list[str] | None = None) -> int:
     args = _parse(argv)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     logging.getLogger("coremltools").setLevel(logging.ERROR)
-    sys.setrecursionlimit(1_000_000)
-    threading.stack_size(512 * 1024 * 1024)
-    result: dict[str, int] = {}
+    from .workloads import run_with_deep_stack
 
-    def target() -> None:
-        result["code"] = _run(args)
-
-    thread = threading.Thread(target=target, name="bench")
-    thread.start()
-    thread.join()
-    return result.get("code", 1)
+    code = run_with_deep_stack(lambda: _run(args))
+    return 1 if code is None else code
 
 
 if __name__ == "__main__":

@@ -30,8 +30,6 @@ import re
 import shutil
 import subprocess
 import sys
-import threading
-from collections.abc import Callable
 
 __all__ = ["count", "main"]
 
@@ -43,7 +41,9 @@ _REPEATS = 4
 
 def _parse(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m bench.instructions", description=__doc__.split("\n")[0])
-    parser.add_argument("workload", choices=("gelu", "layernorm", "conv_bn"))
+    from bench.suites import CHAINS
+
+    parser.add_argument("workload", choices=sorted(CHAINS))
     parser.add_argument("n", type=int, help="instances in the chain")
     parser.add_argument("--runner", choices=("c", "d"), action="append",
                         help="c (ours) or d (floor); both when omitted")
@@ -54,12 +54,9 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
 def _counted_runs(workload: str, n: int, runner_key: str) -> None:
     """What runs under valgrind: one uncounted run, then ``_REPEATS`` counted ones."""
     from bench.runners import _restore_name_counter, name_counter_state, workload_runners
-    from bench.workloads import conv_bn_chain, gelu_chain, layernorm_chain
+    from bench.suites import CHAINS
 
-    build: dict[str, Callable[[int], object]] = {
-        "gelu": gelu_chain, "layernorm": layernorm_chain, "conv_bn": conv_bn_chain
-    }
-    prog = build[workload](n)
+    prog = CHAINS[workload][0](n)
     runner = workload_runners(workload).runners[runner_key]
     names = name_counter_state()
     for i in range(_REPEATS + 1):
@@ -99,11 +96,9 @@ def main(argv: list[str] | None = None) -> int:
     args = _parse(argv)
     runners = args.runner or ["c", "d"]
     if args.inner:
-        sys.setrecursionlimit(1_000_000)
-        threading.stack_size(512 * 1024 * 1024)  # copy.deepcopy of a long chain recurses deeply
-        thread = threading.Thread(target=_counted_runs, args=(args.workload, args.n, runners[0]))
-        thread.start()
-        thread.join()
+        from bench.workloads import run_with_deep_stack
+
+        run_with_deep_stack(lambda: _counted_runs(args.workload, args.n, runners[0]))
         return 0
     counts = {}
     for key in runners:

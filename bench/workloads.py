@@ -27,7 +27,10 @@ pattern has (coremltools' generic matcher insists on that count).
 from __future__ import annotations
 
 import math
-from typing import Any
+import sys
+import threading
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 import numpy as np
 from coremltools.converters.mil import Builder as mb
@@ -38,8 +41,23 @@ __all__ = [
     "conv_bn_chain",
     "gelu_chain",
     "layernorm_chain",
+    "run_with_deep_stack",
     "transformer_model",
 ]
+
+_T = TypeVar("_T")
+
+
+def run_with_deep_stack(target: Callable[[], _T]) -> _T | None:
+    """Calls ``target`` in a thread with a 512 MB stack and a high recursion limit: ``copy.deepcopy`` of
+    a long chain recurses once per op. Returns its result (None if it raised; the thread reports it)."""
+    sys.setrecursionlimit(1_000_000)
+    threading.stack_size(512 * 1024 * 1024)
+    result: list[_T] = []
+    thread = threading.Thread(target=lambda: result.append(target()), name="bench")
+    thread.start()
+    thread.join()
+    return result[0] if result else None
 
 GELU_PATTERN_OPS = ("pow", "mul", "add", "mul", "tanh", "add", "mul", "mul")
 """Non-const ops of one tanh GELU, in program order."""

@@ -159,22 +159,16 @@ class Journal:
 
     def keep_op(self, op: Operation) -> None:
         """Saves ``op``'s state, unless it is saved already."""
-        if op not in self.saved:
-            self.keep_ops((op,))
-
-    def keep_ops(self, ops: Iterable[Operation]) -> None:
-        """Saves the state of each op of ``ops`` not saved yet (one loop: a match has a dozen)."""
-        saved, out = self.saved, self.ops
-        for op in ops:
-            if op in saved:
-                continue
-            saved.add(op)
-            if getattr(op, "_output_vars", None) is None:
-                continue  # an op under construction: created after the journal opened, nothing to restore
-            fields = op.__dict__
-            inputs = fields.get("_input_vars")
-            if type(inputs) is dict:
-                out += (op, fields.copy(), inputs.copy())
+        saved = self.saved
+        if op in saved:
+            return
+        saved.add(op)
+        if getattr(op, "_output_vars", None) is None:
+            return  # an op under construction: created after the journal opened, nothing to restore
+        fields = op.__dict__
+        inputs = fields.get("_input_vars")
+        if type(inputs) is dict:
+            self.ops += (op, fields.copy(), inputs.copy())
 
     def keep_var(self, var: Any) -> None:
         """Saves a variable's state, unless it is saved already (or is still being constructed)."""
