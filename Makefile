@@ -13,7 +13,7 @@ help: ## List the targets
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e ".[test,bench]"
+	$(PY) -m pip install -q -e ".[test,bench,report]"
 	touch $(STAMP)
 
 venv: $(STAMP) ## Create .venv and install the project with its test extras

@@ -23,6 +23,7 @@ from .explain import Explanation, explain
 from .matcher import Failure, Matcher, detect_pattern, lists_op_equality, pattern_detected
 from .pattern import Pattern
 from .rewrite import replace_with
+from .tracing import Rewrite, Trace, trace
 from .verify import assert_programs_equivalent, prove_equivalent, verify_pass
 from . import predicates
 from .registry import (
@@ -78,5 +79,8 @@ __all__ = [
     "register_generic_pass",
     "remove_dead_ops",
     "replace_with",
+    "Rewrite",
+    "Trace",
+    "trace",
     "run_log",
 ]

@@ -12,6 +12,8 @@ always runs when a pipeline names it.
 
 from __future__ import annotations
 
+import contextlib
+import difflib
 import logging
 import os
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -23,7 +25,7 @@ from coremltools.converters.mil.mil.passes.graph_pass import AbstractGraphPass, 
 from coremltools.converters.mil.mil.passes.pass_registry import PASS_REGISTRY
 from coremltools.converters.mil.mil.scope import ScopeInfo, ScopeSource
 
-from .compiler import ConstMode, ConstRule, compile_pattern
+from .compiler import CompiledPattern, ConstMode, ConstRule, compile_pattern
 from .driver import (
     DEFAULT_MAX_ITERATIONS,
     PassStats,
@@ -44,7 +46,9 @@ __all__ = [
     "fuse_one_block",
     "find_matches",
     "generic_passes",
+    "override",
     "override_enabled",
+    "resolve_patterns",
     "run_log",
 ]
 
@@ -60,6 +64,27 @@ _RUN_LOG_LIMIT = 10_000
 def override_enabled() -> bool:
     """Whether generic passes replace coremltools' passes right now (``ENABLE_EXPERIMENTAL_PASSES=1``)."""
     return os.environ.get(ENV_VAR) == "1"
+
+
+@contextlib.contextmanager
+def override(enabled: bool = True) -> Iterator[None]:
+    """Sets ``ENABLE_EXPERIMENTAL_PASSES`` for the duration of the ``with`` block.
+
+    The variable is ``"1"`` when ``enabled`` and absent otherwise; its previous value (or absence) is
+    restored on exit, also when the block raises.
+    """
+    previous = os.environ.get(ENV_VAR)
+    if enabled:
+        os.environ[ENV_VAR] = "1"
+    else:
+        os.environ.pop(ENV_VAR, None)
+    try:
+        yield
+    finally:
+        if previous is None:
+            os.environ.pop(ENV_VAR, None)
+        else:
+            os.environ[ENV_VAR] = previous
 
 
 def run_log(clear: bool = False) -> list[tuple[str, bool, PassStats]]:
@@ -392,8 +417,64 @@ class _BlockProgram:
         self.functions = {"main": block}
 
 
+PatternSource = Any
+"""What ``find_matches`` and ``explain`` search for: a pattern program, a list of them, a registered
+pass (a :class:`PassContainer` or its id ``"namespace::name"``) or a compiled pattern."""
+
+
+def resolve_patterns(
+    ops_arrangement: PatternSource,
+    var_constraints: Callable[[Pattern], Any] | None,
+    pattern_options: Mapping[str, Any],
+) -> list[tuple[CompiledPattern, Callable[[Pattern], Any] | None]]:
+    """The compiled patterns to search for, each with the constraints to apply.
+
+    A registered pass gives its sub-passes' patterns, compiled with the options of their registration,
+    each with its own ``var_constraints`` unless ``var_constraints`` is given.
+
+    Raises:
+        PassRegistrationError: A pass id that is not registered, a pass without pattern sub-passes, or
+            pattern options given with a registered pass (its options are those of the registration).
+        PatternDefinitionError: A pattern program breaks a rule.
+    """
+    if isinstance(ops_arrangement, str):
+        found = PASS_REGISTRY.passes.get(ops_arrangement)
+        if not isinstance(found, PassContainer):
+            near = difflib.get_close_matches(ops_arrangement, list(generic_passes()), n=3)
+            hint = f" Did you mean {', '.join(near)}?" if near else ""
+            raise PassRegistrationError(
+                f"{ops_arrangement!r} is not a registered generic pass.{hint} Give a pattern program, a "
+                f"list of them, or the PassContainer register_generic_pass returned."
+            )
+        ops_arrangement = found
+    if isinstance(ops_arrangement, (PassContainer, SubPass)):
+        if pattern_options:
+            raise PassRegistrationError(
+                f"{ops_arrangement!r}: pattern options {sorted(pattern_options)} cannot be given with a "
+                f"registered pass, whose patterns keep the options they were registered with; drop them, "
+                f"or pass the pattern program instead."
+            )
+        subs = ops_arrangement.passes if isinstance(ops_arrangement, PassContainer) else [ops_arrangement]
+        subs = [sub for sub in subs if isinstance(sub, SubPass)]
+        if not subs:
+            raise PassRegistrationError(
+                f"{ops_arrangement!r} has no pattern sub-pass (only plain callables), so there is no "
+                f"pattern to search for."
+            )
+        return [(sub.compiled, sub.var_constraints if var_constraints is None else var_constraints) for sub in subs]
+    if isinstance(ops_arrangement, CompiledPattern):
+        return [(ops_arrangement, var_constraints)]
+    if isinstance(ops_arrangement, (list, tuple)):
+        if not ops_arrangement:
+            raise PassRegistrationError("An empty list of patterns: give at least one pattern program.")
+        return [
+            pair for item in ops_arrangement for pair in resolve_patterns(item, var_constraints, pattern_options)
+        ]
+    return [(compile_pattern(ops_arrangement, **pattern_options), var_constraints)]
+
+
 def find_matches(
-    ops_arrangement: Program,
+    ops_arrangement: PatternSource,
     prog: Program,
     var_constraints: Callable[[Pattern], Any] | None = None,
     **pattern_options: Any,
@@ -401,14 +482,17 @@ def find_matches(
     """Yields the matches of a pattern in ``prog`` lazily, never changing the program.
 
     Args:
-        ops_arrangement: The pattern program.
+        ops_arrangement: The pattern program; or a list of them; or a registered pass (its
+            ``PassContainer`` or pass id), whose patterns are searched with the options and the
+            ``var_constraints`` of their registration.
         prog: The program to search.
-        var_constraints: Only matches it accepts are yielded.
+        var_constraints: Only matches it accepts are yielded (for a registered pass: instead of its own).
         **pattern_options: As for :func:`register_generic_pass` (``commutative``, ``alternatives``,
-            ``constants``, ``const_rules``, ``fanout``).
+            ``constants``, ``const_rules``, ``fanout``); not with a registered pass.
 
     Yields:
-        One :class:`Pattern` per distinct set of matched ops, outer blocks first, in program order.
+        One :class:`Pattern` per distinct set of matched ops, outer blocks first, in program order; with
+        several patterns, the matches of each pattern in turn.
     """
-    matcher = Matcher(compile_pattern(ops_arrangement, **pattern_options))
-    yield from find_in_program(prog, matcher, var_constraints)
+    for compiled, constraints in resolve_patterns(ops_arrangement, var_constraints, pattern_options):
+        yield from find_in_program(prog, Matcher(compiled), constraints)

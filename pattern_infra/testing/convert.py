@@ -30,7 +30,7 @@ from typing import Any
 import coremltools
 from coremltools.converters.mil.mil import Block, Program
 
-from ..registry import ENV_VAR
+from ..registry import ENV_VAR, override
 
 __all__ = [
     "DEFAULT_TARGET",
@@ -69,19 +69,9 @@ def experimental_passes(enabled: bool) -> Iterator[None]:
     Yields:
         Nothing.
     """
-    previous = os.environ.get(ENV_VAR)
-    if enabled:
-        os.environ[ENV_VAR] = "1"
-    else:
-        os.environ.pop(ENV_VAR, None)
-    logger.debug(f"{ENV_VAR} set to {os.environ.get(ENV_VAR)!r} (was {previous!r})")
-    try:
+    with override(enabled):
+        logger.debug(f"{ENV_VAR} set to {os.environ.get(ENV_VAR)!r}")
         yield
-    finally:
-        if previous is None:
-            os.environ.pop(ENV_VAR, None)
-        else:
-            os.environ[ENV_VAR] = previous
 
 
 def _register_generic_passes(override: bool) -> None:
