@@ -19,9 +19,11 @@ from .errors import (
     VerificationError,
 )
 from .evaluator import evaluate, register_op_semantics
-from .explain import Explanation, explain
+from .explain import Explanation, Explanations, explain
+from .in_conversion import explain_in_conversion, program_before
 from .matcher import Failure, Matcher, detect_pattern, lists_op_equality, pattern_detected
 from .pattern import Pattern
+from .program import pattern_program
 from .rewrite import replace_with
 from .tracing import Rewrite, Trace, trace
 from .verify import assert_programs_equivalent, prove_equivalent, verify_pass
@@ -33,6 +35,7 @@ from .registry import (
     fuse_all_blocks,
     fuse_one_block,
     generic_passes,
+    override,
     override_enabled,
     register_generic_pass,
     run_log,
@@ -52,6 +55,7 @@ __all__ = [
     "DEFAULT_MAX_ITERATIONS",
     "ENV_VAR",
     "Explanation",
+    "Explanations",
     "Failure",
     "FixpointError",
     "Matcher",
@@ -68,12 +72,16 @@ __all__ = [
     "compile_pattern",
     "detect_pattern",
     "explain",
+    "explain_in_conversion",
     "find_matches",
     "fuse_all_blocks",
     "fuse_one_block",
     "generic_passes",
     "lists_op_equality",
+    "override",
     "override_enabled",
+    "pattern_program",
+    "program_before",
     "pattern_detected",
     "predicates",
     "register_generic_pass",

@@ -16,6 +16,7 @@ import contextlib
 import difflib
 import logging
 import os
+import warnings
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
@@ -61,9 +62,36 @@ _RUN_LOG: list[tuple[str, bool, PassStats]] = []
 _RUN_LOG_LIMIT = 10_000
 
 
+_ON = ("1", "true", "yes", "on")
+_OFF = ("", "0", "false", "no", "off")
+_warned_values: set[str] = set()
+
+
 def override_enabled() -> bool:
-    """Whether generic passes replace coremltools' passes right now (``ENABLE_EXPERIMENTAL_PASSES=1``)."""
-    return os.environ.get(ENV_VAR) == "1"
+    """Whether generic passes replace coremltools' passes right now (``ENABLE_EXPERIMENTAL_PASSES=1``).
+
+    ``1`` (also ``true``, ``yes``, ``on``, any case) turns the override on; unset, empty, ``0`` (also
+    ``false``, ``no``, ``off``) leaves it off. Any other value leaves it off with a ``RuntimeWarning``
+    naming the accepted values (once per value), so a typo is never silently "off".
+    """
+    value = os.environ.get(ENV_VAR)
+    if value is None:
+        return False
+    if value == "1":
+        return True
+    folded = value.strip().lower()
+    if folded in _ON:
+        return True
+    if folded not in _OFF and value not in _warned_values:
+        _warned_values.add(value)
+        warnings.warn(
+            f"{ENV_VAR}={value!r} is not understood, so the generic passes do NOT replace coremltools' "
+            f"passes. Set {ENV_VAR}=1 to turn the override on (also accepted: true, yes, on), or 0 / "
+            f"unset it to leave it off (also: false, no, off).",
+            RuntimeWarning,
+            stacklevel=2,
+        )
+    return False
 
 
 @contextlib.contextmanager
@@ -254,9 +282,33 @@ def container_for(pass_name: str, namespace: str) -> PassContainer:
             f"Pass id {pass_id!r} is taken by {current!r}, which is neither a coremltools pass class "
             f"nor a PassContainer; choose another pass_name or namespace."
         )
+    if current is None and namespace in coremltools_namespaces():
+        near = difflib.get_close_matches(pass_id, _coremltools_ids(namespace), n=3, cutoff=0.6)
+        hint = f"Did you mean {', '.join(repr(n) for n in near)}? " if near else ""
+        raise PassRegistrationError(
+            f"Pass id {pass_id!r} is in coremltools' namespace {namespace!r}, but coremltools has no pass "
+            f"of that name, so it would be a new pass that no pipeline runs. {hint}To replace a "
+            f"coremltools pass, use its exact id; for a new fusion, use a namespace of your own (e.g. "
+            f"'generic') and run_after= to join the conversion pipeline."
+        )
     container = PassContainer(pass_name, namespace, replaces=replaces)
     PASS_REGISTRY.passes[pass_id] = container
     return container
+
+
+def coremltools_namespaces() -> list[str]:
+    """The namespaces of coremltools' own passes (``common``, ``mil_backend``, ...), sorted."""
+    return sorted({pass_id.split("::", 1)[0] for pass_id in _coremltools_ids()})
+
+
+def _coremltools_ids(namespace: str | None = None) -> list[str]:
+    """Ids of coremltools' own passes (the classes in its registry, also those a generic pass replaces)."""
+    ids = []
+    for pass_id, value in PASS_REGISTRY.passes.items():
+        own = value.replaces is not None if isinstance(value, PassContainer) else isinstance(value, type)
+        if own and "::" in pass_id and (namespace is None or pass_id.split("::", 1)[0] == namespace):
+            ids.append(pass_id)
+    return sorted(ids)
 
 
 def register_generic_pass(
