@@ -242,7 +242,8 @@ def write_html_report(
             for kind, ops in (("before", rewrite.before), ("after", rewrite.after)):
                 name = f"rewrite{index}_{kind}.svg"
                 (out / name).write_text(draw_graph(ops, kind), encoding="utf-8")
-                pictures.append(f'<figure><img src="{name}" alt="{kind}"/><figcaption>{kind}</figcaption></figure>')
+                count = f"{len(ops)} op{'' if len(ops) == 1 else 's'}"
+                pictures.append(f'<figure><figcaption>{kind} ({count})</figcaption><img src="{name}" alt="{kind}"/></figure>')
             replaced = ", ".join(rewrite.replaced_by) or "(outputs redirected)"
             body.append(
                 f'<section class="rewrite" id="rewrite{index}" data-pass="{html.escape(pass_id)}">'
@@ -289,7 +290,8 @@ _PAGE = """<!DOCTYPE html>
 body {{ font-family: sans-serif; margin: 2em; color: #202124; }}
 .rewrite {{ border-top: 1px solid #dadce0; padding: 0.5em 0; }}
 .pair {{ display: flex; gap: 2em; align-items: flex-start; flex-wrap: wrap; }}
-figure {{ margin: 0; }} figcaption {{ color: #5f6368; font-size: 90%; }}
+figure {{ margin: 0; }} figcaption {{ color: #5f6368; font-size: 90%; margin-bottom: 0.3em; }}
+img[src="histogram.svg"] {{ max-width: 640px; }}
 img.broken {{ outline: 3px solid red; }}
 </style></head>
 <body>

@@ -98,7 +98,7 @@ def trace() -> Iterator[Trace]:
     try:
         yield rewrites
     finally:
-        _open.remove(rewrites)
+        _open[:] = [t for t in _open if t is not rewrites]  # by identity: two traces may hold equal lists
         recording = bool(_open)
 
 

@@ -34,3 +34,29 @@ def namespace():
         del PASS_REGISTRY.passes[pass_id]
     for container in generic_passes_registered().values():
         container.followers = [f for f in container.followers if not f.pass_id.startswith(f"{name}::")]
+
+
+@pytest.fixture(scope="session")
+def saved(tmp_path_factory):
+    """A PyTorch pre-norm transformer (2 layers: 5 written-out layer norms) converted without the
+    override and saved as an .mlpackage with metadata; with its PyTorch output and the op counts of a
+    conversion with the override on. For the command-line and report tests."""
+    torch = pytest.importorskip("torch")
+    import coremltools as ct
+
+    from pattern_infra.mlpackage import op_histogram
+    from pattern_infra.testing import models
+    from pattern_infra.testing.convert import DEFAULT_TARGET, convert_torch, experimental_passes
+
+    module, args = models.prenorm_transformer()
+    exported = torch.export.export(module.eval(), args).run_decompositions({})
+    with experimental_passes(False):
+        mlmodel = ct.convert(exported, convert_to="mlprogram", skip_model_load=True,
+                             compute_precision=ct.precision.FLOAT32, minimum_deployment_target=DEFAULT_TARGET)
+    mlmodel.author = "test author"
+    mlmodel.user_defined_metadata["origin"] = "tests/test_cli.py"
+    path = tmp_path_factory.mktemp("models") / "transformer.mlpackage"
+    mlmodel.save(str(path))
+    with_override = convert_torch(module, args, override=True)
+    expected = module(*args).detach().numpy()
+    return {"path": path, "args": args, "torch": expected, "override_counts": op_histogram(with_override)}
