@@ -51,6 +51,13 @@ class _Capture(AbstractGraphPass):
         self(prog)
 
 
+def _check_pass_id(at: str) -> None:
+    if at not in PASS_REGISTRY.passes:
+        near = difflib.get_close_matches(at, list(PASS_REGISTRY.passes), n=3)
+        hint = f" Did you mean {', '.join(near)}?" if near else ""
+        raise PassRegistrationError(f"explain_in_conversion: {at!r} is not a registered pass id.{hint}")
+
+
 def program_before(model: Any, at: str, *, override_passes: bool | None = None, **convert_kwargs: Any) -> Program:
     """Converts ``model`` and returns a copy of the program as the pass ``at`` received it.
 
@@ -71,10 +78,7 @@ def program_before(model: Any, at: str, *, override_passes: bool | None = None, 
     """
     import coremltools as ct
 
-    if at not in PASS_REGISTRY.passes:
-        near = difflib.get_close_matches(at, list(PASS_REGISTRY.passes), n=3)
-        hint = f" Did you mean {', '.join(near)}?" if near else ""
-        raise PassRegistrationError(f"explain_in_conversion: {at!r} is not a registered pass id.{hint}")
+    _check_pass_id(at)
     real = PASS_REGISTRY.passes[at]
     capture = _Capture(at, real)
     convert_kwargs.setdefault("convert_to", "mlprogram")
@@ -126,6 +130,7 @@ def explain_in_conversion(
             "explain_in_conversion: say where to look with at='namespace::pass', e.g. "
             "at='common::fuse_gelu_exact'."
         )
+    _check_pass_id(at)
     if pattern is None:
         if not isinstance(PASS_REGISTRY.passes.get(at), PassContainer):
             raise PassRegistrationError(
