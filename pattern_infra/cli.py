@@ -215,7 +215,9 @@ def list_passes(as_json: bool) -> None:
         what = f"replaces coremltools' {row['replaces']}" if row["replaces"] else "new pass"
         if row["run_after"]:
             what += f", runs after {row['run_after']}"
-        click.echo(f"{row['order']:3d}. {row['id']:45s} {what}; patterns: {', '.join(row['patterns'])}")
+        names = row["patterns"]
+        shown = ", ".join(names) if len(names) <= 4 else f"{', '.join(names[:3])}, ... ({len(names)} in all)"
+        click.echo(f"{row['order']:3d}. {row['id']:45s} {what}; patterns: {shown}")
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -41,18 +41,14 @@ def saved(tmp_path_factory):
     """A PyTorch pre-norm transformer (2 layers: 5 written-out layer norms) converted without the
     override and saved as an .mlpackage with metadata; with its PyTorch output and the op counts of a
     conversion with the override on. For the command-line and report tests."""
-    torch = pytest.importorskip("torch")
-    import coremltools as ct
+    pytest.importorskip("torch")
 
     from pattern_infra.mlpackage import op_histogram
     from pattern_infra.testing import models
-    from pattern_infra.testing.convert import DEFAULT_TARGET, convert_torch, experimental_passes
+    from pattern_infra.testing.convert import convert_torch, convert_torch_model
 
     module, args = models.prenorm_transformer()
-    exported = torch.export.export(module.eval(), args).run_decompositions({})
-    with experimental_passes(False):
-        mlmodel = ct.convert(exported, convert_to="mlprogram", skip_model_load=True,
-                             compute_precision=ct.precision.FLOAT32, minimum_deployment_target=DEFAULT_TARGET)
+    mlmodel = convert_torch_model(module, args, override=False)
     mlmodel.author = "test author"
     mlmodel.user_defined_metadata["origin"] = "tests/test_cli.py"
     path = tmp_path_factory.mktemp("models") / "transformer.mlpackage"

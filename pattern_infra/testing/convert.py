@@ -37,6 +37,7 @@ __all__ = [
     "ENV_VAR",
     "convert_mil",
     "convert_torch",
+    "convert_torch_model",
     "count_ops",
     "experimental_passes",
     "iter_ops",
@@ -89,6 +90,21 @@ def _with_defaults(convert_kwargs: dict[str, Any]) -> dict[str, Any]:
     return kwargs
 
 
+def convert_torch_model(
+    module: Any, example_args: tuple[Any, ...], *, override: bool, **convert_kwargs: Any
+) -> Any:
+    """:func:`convert_torch`, returning the ``MLModel`` (to save it) rather than its MIL program."""
+    import torch  # Imported here: the core framework never needs torch.
+
+    exported = torch.export.export(module.eval(), tuple(example_args)).run_decompositions({})
+    kwargs = _with_defaults(convert_kwargs)
+    kwargs.setdefault("minimum_deployment_target", DEFAULT_TARGET)
+    logger.debug(f"converting {type(module).__name__} with override={override}")
+    _register_generic_passes(override)
+    with experimental_passes(override):
+        return coremltools.convert(exported, **kwargs)
+
+
 def convert_torch(
     module: Any, example_args: tuple[Any, ...], *, override: bool, **convert_kwargs: Any
 ) -> Program:
@@ -106,16 +122,7 @@ def convert_torch(
     Returns:
         The MIL program after the whole pass pipeline.
     """
-    import torch  # Imported here: the core framework never needs torch.
-
-    exported = torch.export.export(module.eval(), tuple(example_args)).run_decompositions({})
-    kwargs = _with_defaults(convert_kwargs)
-    kwargs.setdefault("minimum_deployment_target", DEFAULT_TARGET)
-    logger.debug(f"converting {type(module).__name__} with override={override}")
-    _register_generic_passes(override)
-    with experimental_passes(override):
-        mlmodel = coremltools.convert(exported, **kwargs)
-    return mlmodel._mil_program
+    return convert_torch_model(module, example_args, override=override, **convert_kwargs)._mil_program
 
 
 def convert_mil(prog: Program, *, override: bool, **kwargs: Any) -> Program:
