@@ -11,6 +11,7 @@ from coremltools.converters.mil.mil import get_new_symbol
 from coremltools.converters.mil.mil.passes.pass_registry import PASS_REGISTRY
 
 from pattern_infra import (
+    PassExecutionError,
     PatternDefinitionError,
     explain,
     find_matches,
@@ -329,7 +330,7 @@ def test_alternatives_may_lack_a_wildcard_constant_slot():
         m.operand("rs", "shape")
 
 
-def test_a_transform_that_changes_nothing_is_declined_not_looped(namespace):
+def test_a_transform_that_changes_nothing_is_named_with_the_fix(namespace):
     calls = []
     c = register_generic_pass(relu_exp, None, lambda p: calls.append(p) or None, "p", namespace)
 
@@ -338,8 +339,37 @@ def test_a_transform_that_changes_nothing_is_declined_not_looped(namespace):
         return mb.exp(x=mb.relu(x=x))
 
     before = str(prog)
-    c(prog)
+    with pytest.raises(PassExecutionError, match=r"returned None without changing the program.*replace_output"):
+        c(prog)
     assert str(prog) == before and len(calls) == 1
+
+
+def test_a_transform_that_forgets_replace_output_is_named_not_a_fixpoint(namespace):
+    def forgets(pattern):
+        mb.softplus(x=pattern.root_var, before_op=pattern.final_op, name="built")
+
+    c = register_generic_pass(relu_exp, None, forgets, "p", namespace)
+
+    @one_input
+    def prog(x):
+        return mb.exp(x=mb.relu(x=x))
+
+    before = str(prog)
+    with pytest.raises(PassExecutionError, match=r"built \[built\] but nothing uses them.*replace_output"):
+        c(prog)
+    assert str(prog) == before
+
+
+def test_a_transform_that_returns_false_declines(namespace):
+    c = register_generic_pass(relu_exp, None, lambda p: False, "p", namespace)
+
+    @one_input
+    def prog(x):
+        return mb.exp(x=mb.relu(x=x))
+
+    before = str(prog)
+    c(prog)
+    assert str(prog) == before
     assert (c.stats.rewrites, c.stats.declined) == (0, 1)
 
 
