@@ -20,7 +20,6 @@ from .compiler import compile_pattern
 from .driver import _BlockState, constraint_verdict, iter_blocks
 from .matcher import Failure, Matcher
 from .pattern import Pattern
-from .verify import clone_program
 
 __all__ = ["Explanation", "explain"]
 
@@ -143,6 +142,8 @@ def _try_transforms(
     misses: dict[tuple[int, str, str], Failure],
 ) -> list[Pattern]:
     """Runs the transform on a copy; keeps the matches it did not decline."""
+    from .verify import clone_program  # verification tooling, imported on use
+
     wanted = [_names(m) for m in result.matches]
     clone = clone_program(prog)
     kept: list[Pattern] = []

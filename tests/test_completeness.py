@@ -213,3 +213,32 @@ def test_the_error_names_the_ops_as_restored_not_as_the_transform_renamed_them(n
     message = str(info.value)
     assert "o0 (sigmoid)" in message and "o1 (mul)" in message
     assert "_byhand" not in message
+
+
+# -- a constraint may say why it refused (issue #15) -------------------------------------------------------
+
+
+@pytest.mark.parametrize("refusal", [(False, "root is not a graph input"), "root is not a graph input"],
+                         ids=["pair", "string"])
+def test_a_constraints_reason_is_counted_and_explained(namespace, refusal):
+    from pattern_infra import explain
+
+    def only_graph_inputs(pattern):
+        return True if pattern.root_var.op is None else refusal
+
+    def to_double(pattern):
+        new = mb.add(x=pattern.root_var, y=pattern.root_var, name=pattern.m.name + "_s", before_op=pattern.m)
+        pattern.replace_output(new)
+
+    @mb.program(input_specs=[mb.TensorSpec(shape=S)])
+    def prog(a0):
+        return mb.mul(x=mb.relu(x=a0, name="r"), y=2.0, name="o")
+
+    container = register_generic_pass(mul_by_constant, only_graph_inputs, to_double, "f", namespace,
+                                      constants="value")
+    container(prog)
+    reason = "constraint returned False: root is not a graph input"
+    assert dict(container.stats.rejections) == {reason: 1} and container.stats.rewrites == 0
+    report = explain(mul_by_constant, prog, only_graph_inputs, constants="value")
+    assert [m.reason for m in report.near_misses][:1] == [reason]
+    assert reason in str(report)
