@@ -19,10 +19,8 @@ from .errors import (
     VerificationError,
 )
 from .explain import Explanation, Explanations, explain
-from .in_conversion import explain_in_conversion, program_before
 from .matcher import Failure, Matcher, detect_pattern, lists_op_equality, pattern_detected
 from .pattern import Pattern
-from .program import pattern_program
 from .rewrite import replace_with
 from .tracing import Rewrite, Trace, trace
 from . import predicates
@@ -97,9 +95,13 @@ _ON_USE = {
     "assert_programs_equivalent": "verify",
     "prove_equivalent": "verify",
     "verify_pass": "verify",
+    "explain_in_conversion": "in_conversion",
+    "program_before": "in_conversion",
+    "pattern_program": "program",
 }
-"""Verification tooling (the numpy evaluator, sympy proofs) is imported on first use, not with the
-package: a conversion that only runs passes never loads it."""
+"""Verification tooling (the numpy evaluator, sympy proofs), ``explain_in_conversion`` and
+``pattern_program`` are imported on first use, not with the package: a conversion that only runs passes
+never loads them (nor the command line, the report or matplotlib, which nothing here imports)."""
 
 
 def __getattr__(name: str) -> object:
