@@ -253,7 +253,7 @@ def run_passes(
             graph_pass = PASS_REGISTRY[pass_id]
             graph_pass.set_options(None)
             if generic:
-                graph_pass.apply(prog)  # this pass only: its followers have their own place in the plan
+                graph_pass.run_alone(prog)  # without its followers: they have their own place in the plan
             else:
                 graph_pass(prog)
             prog.validate()

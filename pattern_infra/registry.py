@@ -186,13 +186,18 @@ class PassContainer(AbstractGraphPass):
             original.set_options(self._options)
             original(prog)
             return
-        with mb.scope(ScopeInfo(source=ScopeSource.COREMLTOOLS_GRAPH_PASS, data=[str(self)])):
-            self.apply(prog)
+        self.run_alone(prog)
         if override_enabled():
             for follower in self.followers:
                 follower.set_options(None)
                 follower(prog)
                 prog.validate()
+
+    def run_alone(self, prog: Program) -> None:
+        """Runs the generic sub-passes under coremltools' graph-pass scope (as the pipeline runs a pass),
+        whatever the override says, and without the passes that follow this one (``run_after``)."""
+        with mb.scope(ScopeInfo(source=ScopeSource.COREMLTOOLS_GRAPH_PASS, data=[str(self)])):
+            self.apply(prog)
 
     def apply(self, prog: Program) -> None:
         """Runs every sub-pass, in order, on ``prog``."""

@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import shutil
 import struct
+import sys
 import subprocess
 import xml.etree.ElementTree as ET
 from pathlib import Path
@@ -108,3 +109,12 @@ def test_report_renders_in_headless_chromium(saved, tmp_path):
     (out / "rewrite3_after.svg").unlink()  # the check itself can fail: a missing picture is counted
     dom = _chromium("--virtual-time-budget=10000", "--dump-dom", page.as_uri(), user_dir=tmp_path / "profile")
     assert "pictures: 11, broken: 1" in dom
+
+
+def test_without_matplotlib_the_html_report_names_the_extra(namespace, tmp_path, monkeypatch):
+    container = register_generic_pass(relu_exp, None, to_softplus, "softplus", namespace)
+    with pattern_infra.trace() as rewrites:
+        container(two_instances())
+    monkeypatch.setitem(sys.modules, "matplotlib.figure", None)  # import fails as if absent
+    with pytest.raises(pattern_infra.PatternInfraError, match=r"pip install 'mil-pattern-infra\[report\]'"):
+        write_html_report(rewrites, tmp_path, before={"relu": 2}, after={"softplus": 2})
