@@ -34,3 +34,17 @@ def namespace():
         del PASS_REGISTRY.passes[pass_id]
     for container in generic_passes_registered().values():
         container.followers = [f for f in container.followers if not f.pass_id.startswith(f"{name}::")]
+
+
+def pytest_addoption(parser):
+    parser.addoption("--run-slow", action="store_true", default=False,
+                     help="also run tests marked slow (the whole transformers zoo; `make models` does)")
+
+
+def pytest_collection_modifyitems(config, items):
+    if config.getoption("--run-slow"):
+        return
+    skip = pytest.mark.skip(reason="slow: run with --run-slow (make models)")
+    for item in items:
+        if "slow" in item.keywords:
+            item.add_marker(skip)

@@ -35,6 +35,7 @@ from ..registry import ENV_VAR
 __all__ = [
     "DEFAULT_TARGET",
     "ENV_VAR",
+    "convert_exported",
     "convert_mil",
     "convert_torch",
     "count_ops",
@@ -119,9 +120,26 @@ def convert_torch(
     import torch  # Imported here: the core framework never needs torch.
 
     exported = torch.export.export(module.eval(), tuple(example_args)).run_decompositions({})
+    logger.debug(f"converting {type(module).__name__} with override={override}")
+    return convert_exported(exported, override=override, **convert_kwargs)
+
+
+def convert_exported(exported: Any, *, override: bool, **convert_kwargs: Any) -> Program:
+    """Convert an already exported program (``torch.export.export(...).run_decompositions({})``).
+
+    Converting does not change ``exported``, so one export serves several conversions (override off and
+    on, several deployment targets).
+
+    Args:
+        exported: A :class:`torch.export.ExportedProgram`.
+        override: As for :func:`convert_torch`.
+        **convert_kwargs: As for :func:`convert_torch`.
+
+    Returns:
+        The MIL program after the whole pass pipeline.
+    """
     kwargs = _with_defaults(convert_kwargs)
     kwargs.setdefault("minimum_deployment_target", DEFAULT_TARGET)
-    logger.debug(f"converting {type(module).__name__} with override={override}")
     _register_generic_passes(override)
     with experimental_passes(override):
         mlmodel = coremltools.convert(exported, **kwargs)
