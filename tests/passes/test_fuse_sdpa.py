@@ -53,6 +53,7 @@ def attention(
     kv_heads: int = H,
     axis: int = -1,
     extra: str | None = None,
+    scale_at: str = "scores",
 ) -> Program:
     """``softmax(q @ k^T * scale [mask]) @ v`` in one of the forms the pass matches.
 
@@ -79,13 +80,15 @@ def attention(
     np_dtype = np.float16 if dtype == types.fp16 else np.float32
 
     def body(q, k, v, *more):
+        c = more[-1] if extra == "dynamic_scale" else np_dtype(scale)
+        if scale_at == "query":
+            q = mb.mul(x=q, y=c, name="scale")
         if key_form == "transpose_y":
             qk = mb.matmul(x=q, y=k, transpose_y=True, name="qk")
         else:
             perm = [0, 2, 3, 1] if key_form == "merged" else [0, 1, 3, 2]
             qk = mb.matmul(x=q, y=mb.transpose(x=k, perm=perm, name="key_t"), name="qk")
-        c = more[-1] if extra == "dynamic_scale" else np_dtype(scale)
-        scores = mb.mul(x=c, y=qk, name="scale")
+        scores = mb.mul(x=c, y=qk, name="scale") if scale_at == "scores" else qk
         if mask_form == "add":
             scores = mb.add(x=more[0], y=scores, name="masked")
         elif mask_form == "select":
@@ -141,6 +144,26 @@ def test_fused(key_form, mask_form):
     if key_form == "merged":
         (transpose,) = ours.functions["main"].find_ops(op_type="transpose")
         assert [int(p) for p in transpose.perm.val] == [0, 2, 1, 3]
+
+
+@pytest.mark.parametrize("mask_form", MASK_FORMS)
+@pytest.mark.parametrize("key_form", KEY_FORMS)
+def test_fused_with_the_scale_on_the_query(key_form, mask_form):
+    """``(q * c) @ K^T``: coremltools' own decomposition of ``F.scaled_dot_product_attention``."""
+    prog = attention(key_form, mask_form, scale_at="query")
+    expected = ([] if key_form != "merged" else ["transpose"]) + [SDPA, "relu"]
+    ours = check(prog, expected)
+    assert sdpa_op(ours).query.name == "q"
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [{"scale": 0.3, "mask_form": "add"}, {"extra": "dynamic_scale"}, {"opset": ct.target.iOS17, "mask_form": "add"}],
+    ids=["wrong_scale", "dynamic_scale", "ios17"],
+)
+def test_query_scaled_declined(kwargs):
+    prog = attention(scale_at="query", **kwargs)
+    check(prog, op_types(prog))
 
 
 def test_fused_fp16():
