@@ -73,7 +73,7 @@ import math
 import numpy as np
 from coremltools import target
 from coremltools.converters.mil import Builder as mb
-from coremltools.converters.mil.mil import Block, Function, Program, Var
+from coremltools.converters.mil.mil import Block, Function, Operation, Program, Var
 
 from pattern_infra import Pattern, predicates, register_generic_pass
 
@@ -94,9 +94,11 @@ KEY_FORMS: tuple[str, ...] = ("transpose", "transpose_y")
 MASK_FORMS: tuple[str, ...] = ("none", "add", "select", "select_inverted")
 """No mask, an additive mask, ``select(mask, scores, fill)``, ``select(mask, fill, scores)``."""
 
-SCALE_FORMS: tuple[str, ...] = ("scores", "query")
-"""Where the scale is applied: to the scores ``(Q @ K^T) * c`` or to the query ``(Q * c) @ K^T``
-(coremltools' own decomposition of ``F.scaled_dot_product_attention`` with a float mask)."""
+SCALE_FORMS: tuple[str, ...] = ("scores", "query", "query_transposed", "none")
+"""Where the scale is applied: to the scores ``(Q @ K^T) * c``; to the query ``(Q * c) @ K^T``
+(coremltools' own decomposition of ``F.scaled_dot_product_attention``); to the query before its head
+transpose ``transpose(Q * c) @ K^T`` (the same after coremltools moved the ``mul`` above the transpose);
+nowhere (the scale folded into the query projection's weights, as in Whisper)."""
 
 MASK_FILL_MAX = -1e9
 """A ``select`` fill must be at most this: ``exp(fill - max)`` is then exactly 0 (see the docstring)."""
@@ -125,8 +127,10 @@ def attention_pattern(key_form: str, mask_form: str, scale_form: str = "scores")
     """
 
     def body(q: Var, k: Var, v: Var, mask: Var | None) -> Var:
-        if scale_form == "query":
+        if scale_form.startswith("query"):
             q = mb.mul(x=q, y=0.5, name="scale")
+        if scale_form == "query_transposed":
+            q = mb.transpose(x=q, perm=[0, 1, 3, 2], name="query_t")
         if key_form == "transpose":
             kt = mb.transpose(x=k, perm=[0, 1, 3, 2], name="key_t")
             qk = mb.matmul(x=q, y=kt, transpose_x=False, transpose_y=False, name="qk")
@@ -142,15 +146,17 @@ def attention_pattern(key_form: str, mask_form: str, scale_form: str = "scores")
         probs = mb.softmax(x=scores, axis=-1, name="softmax")
         return mb.matmul(x=probs, y=v, transpose_x=False, transpose_y=False, name="pv")
 
+    q_shape = _QKV[:2] + _QKV[:1:-1] if scale_form == "query_transposed" else _QKV
+    specs = [mb.TensorSpec(shape=q_shape), mb.TensorSpec(shape=_QKV), mb.TensorSpec(shape=_QKV)]
     if mask_form == "add":
 
-        @mb.program(input_specs=[*(mb.TensorSpec(shape=_QKV) for _ in range(3)), mb.TensorSpec(shape=_MASK)])
+        @mb.program(input_specs=[*specs, mb.TensorSpec(shape=_MASK)])
         def attention_with_mask(q, k, v, mask):
             return body(q, k, v, mask)
 
         return attention_with_mask
 
-    @mb.program(input_specs=[mb.TensorSpec(shape=_QKV) for _ in range(3)])
+    @mb.program(input_specs=specs)
     def attention(q, k, v):
         return body(q, k, v, None)
 
@@ -201,13 +207,14 @@ def _fits(mask: tuple, scores: tuple) -> bool:
 
 def _scale_factor(pattern: Pattern, embed: int) -> float | None:
     """1.0 when the scale is ``1/sqrt(E)``; a power of two to fold into Q; None to decline."""
-    scale = pattern.operand("scale", "y")
-    if not predicates.is_constant(scale) or predicates.is_constexpr(scale):
-        return None
-    value = np.asarray(scale.val)
-    scaled = pattern.qk.x if _query_scaled(pattern) else pattern.qk.outputs[0]
-    if value.size != 1 or _shape(pattern.scale.outputs[0]) != _shape(scaled):
-        return None
+    value = np.ones(())
+    if "scale" in pattern.ops:
+        scale = pattern.operand("scale", "y")
+        if not predicates.is_constant(scale) or predicates.is_constexpr(scale):
+            return None
+        value = np.asarray(scale.val)
+        if value.size != 1 or _shape(pattern.scale.outputs[0]) != _shape(pattern.operand("scale", "x")):
+            return None
     factor = float(value.reshape(())) * math.sqrt(embed)
     if not factor > 0.0 or not math.isfinite(factor):
         return None
@@ -217,14 +224,22 @@ def _scale_factor(pattern: Pattern, embed: int) -> float | None:
     return power
 
 
-def _query_scaled(pattern: Pattern) -> bool:
-    """Whether the ``mul`` by the scale is applied to Q (scale form "query")."""
-    return pattern.qk.x is pattern.scale.outputs[0]
-
-
 def _scores(pattern: Pattern) -> Var:
     """The scaled scores ``Q @ K^T * c``, the var the mask is applied to."""
-    return pattern.qk.outputs[0] if _query_scaled(pattern) else pattern.scale.outputs[0]
+    if "scale" in pattern.ops and pattern.operand("scale", "x") is pattern.qk.outputs[0]:
+        return pattern.scale.outputs[0]
+    return pattern.qk.outputs[0]
+
+
+def _query(pattern: Pattern, before: Operation) -> Var:
+    """Q without the scale: ``qk.x``, the ``mul``'s input, or that input transposed like the original."""
+    if "scale" not in pattern.ops or _scores(pattern) is pattern.scale.outputs[0]:
+        return pattern.qk.x
+    query = pattern.operand("scale", "x")
+    if "query_t" in pattern.ops:
+        query = mb.transpose(x=query, perm=pattern.query_t.perm, name=pattern.query_t.outputs[0].name,
+                             before_op=before)
+    return query
 
 
 def _mask_fits(pattern: Pattern, scores: tuple) -> bool:
@@ -297,7 +312,7 @@ def transform_sdpa(pattern: Pattern) -> None:
     """Inserts the op (with the Q scaling, K transpose or inverted mask it needs) before the last matmul."""
     pv = pattern.pv
     name = pv.outputs[0].name
-    query = pattern.scale.x if _query_scaled(pattern) else pattern.qk.x
+    query = _query(pattern, pv)
     if pattern.query_factor != 1.0:
         query = mb.mul(x=query, y=_np_float(query)(pattern.query_factor), name=f"{name}_query",
                        before_op=pv)
@@ -325,7 +340,11 @@ def transform_sdpa(pattern: Pattern) -> None:
 def _register(key_form: str, mask_form: str, scale_form: str) -> None:
     const_rules: dict[str, str] = {"qk.transpose_x": "const", "qk.transpose_y": "const",
                                    "pv.transpose_x": "const", "pv.transpose_y": "const",
-                                   "scale.y": "const", "softmax.axis": "const"}
+                                   "softmax.axis": "const"}
+    if scale_form != "none":
+        const_rules["scale.y"] = "const"
+    if scale_form == "query_transposed":
+        const_rules["query_t.perm"] = "const"
     if key_form == "transpose":
         const_rules["key_t.perm"] = "const"
     if mask_form.startswith("select"):
@@ -338,7 +357,7 @@ def _register(key_form: str, mask_form: str, scale_form: str) -> None:
         pass_name="fuse_sdpa",
         namespace="generic",
         const_rules=const_rules,
-        name=f"sdpa[{key_form}, {mask_form}]" if scale_form == "scores" else f"sdpa[{key_form}, {mask_form}, query-scaled]",
+        name=f"sdpa[{key_form}, {mask_form}]" if scale_form == "scores" else f"sdpa[{key_form}, {mask_form}, {scale_form}]",
         run_after="common::fuse_transpose_matmul",
     )
 

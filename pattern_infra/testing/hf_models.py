@@ -225,5 +225,5 @@ DECODER_LLMS: tuple[str, ...] = tuple(n for n in HF_ZOO if n.split("_")[0] in
 GROUPED_KV: tuple[str, ...] = tuple(n for n in HF_ZOO if n.split("_")[0] in ("llama", "mistral", "qwen2", "gemma"))
 """Models whose attention repeats K/V (``repeat_kv``) and must lose that repetition at iOS18."""
 
-FAST: tuple[str, ...] = ("llama_eager", "llama_sdpa", "gpt2_eager", "bert_sdpa")
+FAST: tuple[str, ...] = ("llama_sdpa", "gpt2_eager")
 """A few small models the default test run converts; ``make models`` converts them all."""
