@@ -42,7 +42,7 @@ def test_sign_folded_exactly():
     before, after = op_types(prog), op_types(ours)
     assert sorted(after) == sorted(before[:2] + before[3:]), after  # the mul(-1) gone, nothing else
     assert_programs_equivalent(prog, ours, rtol=0.0, atol=0.0)  # negation is exact
-    (table,) = [op.y.val for op in ours.functions["main"].find_ops(op_type="mul") if op.x.op.op_type == "concat"]
+    (table,) = [op.y.val for op in ours.functions["main"].find_ops(op_type="mul") if op.x.op is not None and op.x.op.op_type == "concat"]
     np.testing.assert_array_equal(table[..., : D // 2], -SIN[..., : D // 2])
     np.testing.assert_array_equal(table[..., D // 2 :], SIN[..., D // 2 :])
 
