@@ -48,6 +48,7 @@ def test_decoder_llms_lose_ops(name):
 def test_rmsnorm_and_grouped_kv_attention_fused_at_ios18(name):
     row = _rows(name)[ct.target.iOS18]
     assert row.fired.get("generic::fuse_rms_norm", 0) == 5, row.fired  # 2 layers x 2 + the final norm
+    assert row.fired.get("generic::fuse_grouped_kv_attention", 0) == 2, row.fired  # one per layer
     assert row.ops_off["tile"] > 0 and row.ops_on["tile"] == 0, row.changed()
     assert row.ops_on["scaled_dot_product_attention"] == 2, row.changed()
     assert row.ops_on["rsqrt"] == 0 and row.ops_on["reduce_mean"] == 0, row.changed()
