@@ -117,8 +117,9 @@ def installed() -> list[str]:
 def install() -> list[str]:
     """Register the converters of :data:`CONVERTERS` that coremltools does not have.
 
-    Each goes through coremltools' ``register_torch_op`` under the keys coremltools reads for the op
-    kind; a kind coremltools already converts is left to coremltools' own converter.
+    Each goes through coremltools' ``register_torch_op`` under each key coremltools reads for the op kind
+    that has no converter yet (a key ending in ``_``, which ``register_torch_op`` reserves for in-place
+    ops, through the registry's ``set_func_by_name``); a key coremltools already has keeps its converter.
 
     Returns:
         The op kinds registered by this call (empty when coremltools already converts them all, e.g. on a
@@ -131,14 +132,16 @@ def install() -> list[str]:
 
     added = []
     for kind, func in CONVERTERS.items():
-        if _registered(kind):
+        missing = [key for key in _keys(kind) if key not in _TORCH_OPS_REGISTRY.name_to_func_mapping]
+        if not missing:
             continue
-        key, *others = reversed(_keys(kind))  # the sanitized key first
-        func.__name__ = key  # the registry keys a converter by its function's name
-        register_torch_op(func, override=True)
-        for other in others:
-            # register_torch_op refuses names ending in "_" (taken for in-place ops), such as "__and__"
-            _TORCH_OPS_REGISTRY.set_func_by_name(func, other)
+        for key in missing:
+            if key.endswith("_"):
+                # register_torch_op refuses names ending in "_" (taken for in-place ops), such as "__and__"
+                _TORCH_OPS_REGISTRY.set_func_by_name(func, key)
+            else:
+                func.__name__ = key  # the registry keys a converter by its function's name
+                register_torch_op(func)
         added.append(kind)
-        logger.debug(f"registered a converter for torch op {kind!r}")
+        logger.debug(f"registered a converter for torch op {kind!r} under {missing}")
     return added
