@@ -57,15 +57,15 @@ def op_types(prog: Program, include_const: bool = False) -> list[str]:
     return [op.op_type for op in ops if include_const or op.op_type != "const"]
 
 
-def run_pass(pass_id: str, prog: Program, *, generic: bool = True, followers: bool = True) -> Program:
+def run_pass(pass_id: str, prog: Program, *, generic: bool = True, followers: bool = False) -> Program:
     """Applies ``pass_id`` to a deep copy of ``prog`` and returns the copy.
 
     Args:
         pass_id: e.g. ``"common::fuse_gelu_exact"``.
         prog: Left untouched.
         generic: Run our generic pass (override on) or coremltools' own (override off).
-        followers: Also run the generic passes registered ``run_after`` it, as the pipeline does; False
-            tests one pass alone.
+        followers: Also run the generic passes registered ``run_after`` it, as the pipeline does
+            (override on); by default the pass runs alone.
     """
     result = clone_program(prog)
     graph_pass = PASS_REGISTRY[pass_id]

@@ -38,7 +38,7 @@ def rotary(*, sin: np.ndarray | None = SIN, minus: float = -1.0, neg_first: bool
 
 def test_sign_folded_exactly():
     prog = rotary()
-    ours = run_pass(PASS, prog, followers=False)
+    ours = run_pass(PASS, prog)
     before, after = op_types(prog), op_types(ours)
     assert sorted(after) == sorted(before[:2] + before[3:]), after  # the mul(-1) gone, nothing else
     assert_programs_equivalent(prog, ours, rtol=0.0, atol=0.0)  # negation is exact
@@ -54,5 +54,5 @@ def test_sign_folded_exactly():
 )
 def test_near_misses_left_alone(kwargs):
     prog = rotary(**kwargs)
-    ours = run_pass(PASS, prog, followers=False)
+    ours = run_pass(PASS, prog)
     assert op_types(ours) == op_types(prog)

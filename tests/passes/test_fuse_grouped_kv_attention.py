@@ -72,7 +72,7 @@ FOLDED = ["reshape", SDPA, "reshape", "relu"]
 )
 def test_folded(mask, expected):
     prog = grouped(mask)
-    ours = run_pass(PASS, prog, followers=False)
+    ours = run_pass(PASS, prog)
     assert op_types(ours) == expected, op_types(ours)
     (sdpa,) = ours.functions["main"].find_ops(op_type=SDPA)
     assert sdpa.key.name == "k" and sdpa.value.name == "v"  # K and V themselves, never repeated
@@ -82,27 +82,27 @@ def test_folded(mask, expected):
 
 def test_fp16():
     prog = grouped("const_bool", dtype=types.fp16)
-    ours = run_pass(PASS, prog, followers=False)
+    ours = run_pass(PASS, prog)
     assert op_types(ours) == FOLDED
     assert_programs_equivalent(prog, ours, rtol=1e-12, atol=1e-12)
 
 
 def test_two_groups():
     prog = grouped(groups=2)
-    ours = run_pass(PASS, prog, followers=False)
+    ours = run_pass(PASS, prog)
     assert op_types(ours) == FOLDED
     assert_programs_equivalent(prog, ours, rtol=1e-12, atol=1e-12)
 
 
 def test_runtime_per_head_mask_without_query_axis_left_alone():
     prog = grouped("per_head_row")
-    ours = run_pass(PASS, prog, followers=False)
+    ours = run_pass(PASS, prog)
     assert op_types(ours) == op_types(prog)
 
 
 def test_repeat_along_the_sequence_left_alone():
     prog = _repeat_along_sequence()
-    ours = run_pass(PASS, prog, followers=False)
+    ours = run_pass(PASS, prog)
     assert op_types(ours) == op_types(prog)
 
 
@@ -135,5 +135,5 @@ def test_different_groups_for_k_and_v_left_alone():
     def prog(q, k, v):
         return mb.relu(x=mb.scaled_dot_product_attention(query=q, key=rep(k, 2, 3, E), value=rep(v, 3, 2, EV)))
 
-    ours = run_pass(PASS, prog, followers=False)
+    ours = run_pass(PASS, prog)
     assert op_types(ours) == op_types(prog)

@@ -90,7 +90,7 @@ def rms_norm(
 
 def check(prog: Program, expected: list[str], rtol: float = 1e-5) -> Program:
     """Runs the pass, demands ``expected`` op types and the same outputs as before."""
-    ours = run_pass(PASS, prog, followers=False)
+    ours = run_pass(PASS, prog)
     assert op_types(ours) == expected, op_types(ours)
     assert_programs_equivalent(prog, ours, rtol=rtol, atol=1e-6)
     return ours
@@ -152,13 +152,13 @@ def test_float16_magnitude_300_where_the_square_overflows():
 )
 def test_near_misses_are_left_alone(near_miss):
     prog = rms_norm(**near_miss)
-    ours = run_pass(PASS, prog, followers=False)
+    ours = run_pass(PASS, prog)
     assert op_types(ours) == op_types(prog)
 
 
 def test_keep_dims_false_left_alone():
     prog = rms_norm(weight=None, shape=(6, 6, 6), keep_dims=False)  # mean [6, 6] broadcasts along axis 0
-    ours = run_pass(PASS, prog, followers=False)
+    ours = run_pass(PASS, prog)
     assert op_types(ours) == op_types(prog)
 
 
