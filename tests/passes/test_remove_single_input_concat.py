@@ -12,12 +12,19 @@ from pattern_infra.verify import assert_programs_equivalent
 PASS = "generic::remove_single_input_concat"
 
 
-@pytest.mark.parametrize("axis", [0, -2, 2])
-def test_removed(axis):
+def single_concat(axis: int = 0):
+    """``relu(concat(values=(exp(x),), axis))``."""
+
     @mb.program(input_specs=[mb.TensorSpec(shape=(2, 3, 4))])
     def prog(x):
         return mb.relu(x=mb.concat(values=[mb.exp(x=x)], axis=axis))
 
+    return prog
+
+
+@pytest.mark.parametrize("axis", [0, -2, 2])
+def test_removed(axis):
+    prog = single_concat(axis)
     ours = run_pass(PASS, prog)
     assert op_types(ours) == ["exp", "relu"]
     assert_programs_equivalent(prog, ours, rtol=0.0, atol=0.0)
