@@ -56,3 +56,17 @@ def saved(tmp_path_factory):
     with_override = convert_torch(module, args, override=True)
     expected = module(*args).detach().numpy()
     return {"path": path, "args": args, "torch": expected, "override_counts": op_histogram(with_override)}
+
+
+def pytest_addoption(parser):
+    parser.addoption("--run-slow", action="store_true", default=False,
+                     help="also run tests marked slow (the whole transformers zoo; `make models` does)")
+
+
+def pytest_collection_modifyitems(config, items):
+    if config.getoption("--run-slow"):
+        return
+    skip = pytest.mark.skip(reason="slow: run with --run-slow (make models)")
+    for item in items:
+        if "slow" in item.keywords:
+            item.add_marker(skip)

@@ -35,6 +35,8 @@ from ..registry import ENV_VAR, override
 __all__ = [
     "DEFAULT_TARGET",
     "ENV_VAR",
+    "convert_exported",
+    "convert_exported_model",
     "convert_mil",
     "convert_torch",
     "convert_torch_model",
@@ -97,12 +99,8 @@ def convert_torch_model(
     import torch  # Imported here: the core framework never needs torch.
 
     exported = torch.export.export(module.eval(), tuple(example_args)).run_decompositions({})
-    kwargs = _with_defaults(convert_kwargs)
-    kwargs.setdefault("minimum_deployment_target", DEFAULT_TARGET)
     logger.debug(f"converting {type(module).__name__} with override={override}")
-    _register_generic_passes(override)
-    with experimental_passes(override):
-        return coremltools.convert(exported, **kwargs)
+    return convert_exported_model(exported, override=override, **convert_kwargs)
 
 
 def convert_torch(
@@ -123,6 +121,33 @@ def convert_torch(
         The MIL program after the whole pass pipeline.
     """
     return convert_torch_model(module, example_args, override=override, **convert_kwargs)._mil_program
+
+
+def convert_exported_model(exported: Any, *, override: bool, **convert_kwargs: Any) -> Any:
+    """Convert an already exported program (``torch.export.export(...).run_decompositions({})``) to an
+    ``MLModel``.
+
+    Converting does not change ``exported``, so one export serves several conversions (override off and
+    on, several deployment targets).
+
+    Args:
+        exported: A :class:`torch.export.ExportedProgram`.
+        override: As for :func:`convert_torch`.
+        **convert_kwargs: As for :func:`convert_torch`.
+
+    Returns:
+        The converted model.
+    """
+    kwargs = _with_defaults(convert_kwargs)
+    kwargs.setdefault("minimum_deployment_target", DEFAULT_TARGET)
+    _register_generic_passes(override)
+    with experimental_passes(override):
+        return coremltools.convert(exported, **kwargs)
+
+
+def convert_exported(exported: Any, *, override: bool, **convert_kwargs: Any) -> Program:
+    """:func:`convert_exported_model`, returning the MIL program after the whole pass pipeline."""
+    return convert_exported_model(exported, override=override, **convert_kwargs)._mil_program
 
 
 def convert_mil(prog: Program, *, override: bool, **kwargs: Any) -> Program:
