@@ -36,6 +36,7 @@ from .registry import (
     register_generic_pass,
     run_log,
 )
+from .sweep import GenericSweep, pipeline
 
 __all__ = [
     "EvaluationError",
@@ -52,6 +53,7 @@ __all__ = [
     "ENV_VAR",
     "Explanation",
     "Failure",
+    "GenericSweep",
     "FixpointError",
     "Matcher",
     "PassContainer",
@@ -74,6 +76,7 @@ __all__ = [
     "lists_op_equality",
     "override_enabled",
     "pattern_detected",
+    "pipeline",
     "predicates",
     "register_generic_pass",
     "remove_dead_ops",

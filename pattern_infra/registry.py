@@ -154,8 +154,17 @@ class PassContainer(AbstractGraphPass):
                 if isinstance(sub, SubPass):
                     stats.add(run_subpasses(prog, [sub], self.pass_id, validate=self.validate))
                 else:
-                    sub(prog)
-                    prog.validate()
+                    self.apply_callable(prog, sub)
+        self.record(stats)
+
+    def apply_callable(self, prog: Program, sub: Callable[[Program], Any]) -> None:
+        """Runs a seed-style sub-pass (a callable taking the program), then validates the program:
+        the driver's per-rewrite checks do not see what such a callable changes."""
+        sub(prog)
+        prog.validate()
+
+    def record(self, stats: PassStats) -> None:
+        """Adds one run's counters to :attr:`stats` and to :func:`run_log`."""
         self.stats.add(stats)
         _RUN_LOG.append((self.pass_id, True, stats))
         del _RUN_LOG[:-_RUN_LOG_LIMIT]
