@@ -1,30 +1,30 @@
-"""One pipeline entry per run of consecutive generic passes: :func:`pipeline` for ``coremltools.convert``.
+"""Runs of passes as single pipeline entries: :func:`pipeline`, for ``coremltools.convert``.
 
 coremltools' ``PassPipelineManager.apply_pipeline`` validates the whole program after every entry of a
-pipeline (about 2 s per validation at 100k ops). In the default pipeline with the override on, 22 of the
-entries are generic passes, in 6 runs of consecutive ones (``fuse_matmul_weight_bias`` to
-``fuse_leaky_relu``, ``fuse_squeeze_expand_dims``, ``fuse_pad_conv``, ``fuse_conv_scale`` to
-``fuse_conv_batchnorm``, ``fuse_prelu`` to ``merge_consecutive_relus``, ``fuse_transpose_matmul``, and
-``fuse_transpose_matmul`` again in the cleanup). :func:`pipeline` returns the default pipeline with each
-such run replaced by one :class:`GenericSweep` entry, which applies the sub-passes of all of its passes
-(their ``run_after`` followers included, right after their leader) in one
-:func:`~pattern_infra.driver.run_subpasses` call: one walk and index of the program, one undo journal,
-and one whole-program validation by coremltools after it instead of one per pass. Every rewrite is
-still validated as it happens (the driver's own check), and coremltools' passes keep their entries and
-their validations.
+pipeline: 112 validations in a ``convert`` to mlprogram, about 40% of its time (``Block.validate`` counts
+each input's users per op, so a constant shared by thousands of ops makes it superlinear). In the
+default pipeline with the override on, 22 of the entries are generic passes, in 6 runs of consecutive
+ones. :func:`pipeline` returns the default pipeline with runs of passes replaced by one
+:class:`GenericSweep` entry each: either every run of consecutive generic passes (``group="generic"``:
+their sub-passes, ``run_after`` followers included, applied in one
+:func:`~pattern_infra.driver.run_subpasses` call, one walk and index of the program, one undo journal,
+one validation), or, by default, every run of passes between the entries ``convert`` itself must find
+by id (``group="all"``: coremltools' passes inside a sweep run back to back, the program validated once
+after the sweep). Every rewrite of ours is still validated as it happens (the driver's own check).
 
-The result is the same program as the pass-by-pass pipeline with the override on: the sub-passes run
-in the same order, and each rewrite's ops carry the scope of the pass they belong to. Each pass's
+The result is the same program as the pass-by-pass pipeline with the override on: the passes run in
+the same order, and each rewrite's ops carry the scope of the pass they belong to. Each generic pass's
 counters and ``run_log()`` entry are kept per pass, as when it runs alone.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import logging
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from typing import Any
+from typing import Any, Literal
 
 from coremltools.converters.mil import Builder as mb
 from coremltools.converters.mil.mil import Program
@@ -46,67 +46,97 @@ SWEEP_NAMESPACE = "pattern_infra"
 
 
 class GenericSweep(AbstractGraphPass):
-    """A graph pass applying several generic passes in one sweep, in the order given.
+    """A graph pass applying several passes in one pipeline entry, in the order given.
 
-    Unlike a :class:`PassContainer` that replaces a coremltools pass, a sweep runs the generic
-    sub-passes whatever ``ENABLE_EXPERIMENTAL_PASSES`` says: choosing :func:`pipeline` is choosing them.
+    Consecutive generic passes run as one :func:`~pattern_infra.driver.run_subpasses` call (their
+    ``run_after`` followers right after them); any other pass id runs as coremltools' pipeline runs it
+    (``PASS_REGISTRY[id]``, its options set), without a whole-program validation after it: the pipeline
+    validates once the sweep returns. After ``common::dead_code_elimination`` the sweep checks, as
+    coremltools' pipeline does, that no op lost its essential scopes. Unlike a :class:`PassContainer`
+    replacing a coremltools pass, a sweep runs the generic sub-passes whatever
+    ``ENABLE_EXPERIMENTAL_PASSES`` says: choosing :func:`pipeline` is choosing them.
     """
 
-    def __init__(self, pass_ids: Sequence[str]) -> None:
+    def __init__(self, pass_ids: Sequence[str], options: Mapping[str, list[PassOption]] | None = None) -> None:
         """Creates the sweep.
 
         Args:
-            pass_ids: Ids of registered generic passes (:class:`PassContainer`), in run order.
+            pass_ids: Registered pass ids, in run order.
+            options: Options per pass id, for the passes that are not generic.
 
         Raises:
-            PassRegistrationError: An id names no generic pass.
+            PassRegistrationError: An id is not registered, or options are given for a generic pass.
         """
+        options = dict(options or {})
+        self.steps: list[PassContainer | str] = []
+        """Each pass: the generic pass itself, or the id of a pass to look up when it runs."""
         for pass_id in pass_ids:
-            if not isinstance(PASS_REGISTRY.passes.get(pass_id), PassContainer):
+            entry = PASS_REGISTRY.passes.get(pass_id)
+            if entry is None:
                 raise PassRegistrationError(
-                    f"GenericSweep: {pass_id!r} is not a registered generic pass; `import generic_passes` "
-                    f"(or register it) first, or leave it out of the sweep."
+                    f"GenericSweep: {pass_id!r} is not a registered pass; `import generic_passes` (or "
+                    f"register it) first, or leave it out of the sweep."
                 )
+            if isinstance(entry, PassContainer) and options.get(pass_id):
+                raise PassRegistrationError(
+                    f"GenericSweep: options are set for the generic pass {pass_id!r}, which a sweep "
+                    f"cannot pass on; declare them as its defaults (register_generic_pass(..., "
+                    f"options=...)) instead."
+                )
+            self.steps.append(entry if isinstance(entry, PassContainer) else pass_id)
         self.pass_ids = tuple(pass_ids)
+        self.options = {k: list(v) for k, v in options.items() if v and k in self.pass_ids}
+        """Options of the non-generic passes, by id."""
         self.stats = PassStats()
-        """Counters of every run, summed over the passes."""
+        """Counters of every run of the generic passes, summed."""
 
     @property
     def pass_id(self) -> str:
-        """The id :func:`pipeline` registers this sweep under."""
-        return f"{SWEEP_NAMESPACE}::sweep({','.join(i.split('::', 1)[1] for i in self.pass_ids)})"
+        """The id :func:`pipeline` registers this sweep under: its first and last passes and a digest
+        of all of them (two sweeps with the same passes share it)."""
+        names = [i.split("::", 1)[-1] for i in self.pass_ids]
+        digest = hashlib.sha1(repr((self.pass_ids, sorted(self.options.items(), key=str))).encode()).hexdigest()
+        span = names[0] if len(names) == 1 else f"{names[0]}..{names[-1]}"
+        return f"{SWEEP_NAMESPACE}::sweep[{span}]#{digest[:8]}"
 
     def containers(self) -> list[PassContainer]:
-        """The passes in run order, each generic pass followed by its ``run_after`` followers."""
-        order: list[PassContainer] = []
-
-        def add(container: PassContainer) -> None:
-            order.append(container)
-            for follower in container.followers:
-                add(follower)
-
-        for pass_id in self.pass_ids:
-            add(PASS_REGISTRY.passes[pass_id])
-        return order
+        """The generic passes in run order, each followed by its ``run_after`` followers."""
+        return [container for step in self.steps if isinstance(step, PassContainer) for container in _with_followers(step)]
 
     def set_options(self, pass_options: list[PassOption] | None = None) -> None:
         """A sweep takes no options (coremltools passes None when the pipeline sets none)."""
         if pass_options:
             raise NotImplementedError(
                 f"The graph pass `{self.pass_id}` takes no options; set the options of its passes before "
-                f"calling pattern_infra.pipeline(), or leave those passes out of the sweep."
+                f"calling pattern_infra.pipeline()."
             )
 
     def __call__(self, prog: Program) -> None:
         """Runs :meth:`apply` outside any scope of its own (``AbstractGraphPass.__call__`` would open
-        one for the sweep): each rewrite's ops carry their own pass's scope only."""
+        one for the sweep): each op created carries its own pass's scope only."""
         if not getattr(prog, "skip_all_passes", False):
             self.apply(prog)
 
     def apply(self, prog: Program) -> None:
-        """Applies every pass of the sweep to ``prog``, each sub-pass in order, in as few runs as
-        possible (a seed-style callable sub-pass, or a change of ``validate`` setting, splits a run)."""
-        plan = [(container, sub) for container in self.containers() for sub in _fresh(container)]
+        """Applies every pass of the sweep to ``prog``, in order; consecutive generic sub-passes in as
+        few runs as possible (a seed-style callable sub-pass, or a change of ``validate`` setting,
+        splits a run)."""
+        plan: list[tuple[PassContainer, Any]] = []
+        for step in [*self.steps, None]:
+            if isinstance(step, PassContainer):
+                plan += [(container, sub) for container in _with_followers(step) for sub in _fresh(container)]
+                continue
+            self._run_generic(prog, plan)
+            plan = []
+            if step is not None:
+                graph_pass = PASS_REGISTRY[step]
+                graph_pass.set_options(self.options.get(step))
+                graph_pass(prog)
+                if step == _DEAD_CODE_ELIMINATION:
+                    for function in prog.functions.values():
+                        function._check_has_scope_info()  # what apply_pipeline checks after this pass
+
+    def _run_generic(self, prog: Program, plan: list[tuple[PassContainer, Any]]) -> None:
         for segment in _segments(plan):
             container, first = segment[0]
             if not isinstance(first, SubPass):
@@ -114,9 +144,7 @@ class GenericSweep(AbstractGraphPass):
                 continue
             before = {id(sub): dataclasses.replace(sub.stats) for _, sub in segment}
             with _scoped_transforms(segment):
-                stats = run_subpasses(
-                    prog, [sub for _, sub in segment], self.pass_id, validate=container.validate
-                )
+                stats = run_subpasses(prog, [sub for _, sub in segment], self.pass_id, validate=container.validate)
             self.stats.add(stats)
             _record_per_pass(segment, before)
 
@@ -125,6 +153,17 @@ class GenericSweep(AbstractGraphPass):
 
     def __repr__(self) -> str:
         return f"GenericSweep({list(self.pass_ids)!r})"
+
+
+_DEAD_CODE_ELIMINATION = "common::dead_code_elimination"
+
+
+def _with_followers(container: PassContainer) -> list[PassContainer]:
+    """``container`` then its ``run_after`` followers (and theirs), in registration order."""
+    order = [container]
+    for follower in container.followers:
+        order += _with_followers(follower)
+    return order
 
 
 def _fresh(container: PassContainer) -> list[SubPass | Callable[[Program], Any]]:
@@ -198,53 +237,76 @@ def _difference(after: PassStats, before: PassStats) -> PassStats:
     return PassStats(**{name: getattr(after, name) - getattr(before, name) for name in PassStats.__dataclass_fields__})
 
 
-def pipeline(base: PassPipeline | None = None) -> PassPipeline:
-    """A copy of a coremltools pipeline in which each run of consecutive generic passes is one entry.
+Grouping = Literal["all", "generic"]
+
+
+def pipeline(base: PassPipeline | None = None, *, group: Grouping = "all") -> PassPipeline:
+    """A copy of a coremltools pipeline in which runs of passes are single entries (sweeps).
 
     Pass the result to ``coremltools.convert(..., pass_pipeline=pattern_infra.pipeline())``. It gives
-    the same program as ``base`` with ``ENABLE_EXPERIMENTAL_PASSES=1``, with one whole-program
-    validation per run of generic passes instead of one per pass. The generic passes of the sweeps run
-    whatever the variable says; the variable still decides for passes outside them (the backend's
-    ``mil_backend::fuse_activation_silu`` and ``fuse_pow2_sqrt``, which ``convert`` runs after the main
-    pipeline). coremltools' passes keep their entries, their options and their order, so ``convert``
-    can still remove ``add_fp16_cast`` or set its options. Call it once per conversion: ``convert``
-    edits the pipeline it is given.
+    the same program as ``base`` with ``ENABLE_EXPERIMENTAL_PASSES=1``: the same passes in the same
+    order (each run of generic passes applied in one sweep), with fewer whole-program validations
+    (coremltools validates after every entry; about 40% of a conversion's time). The generic passes
+    of the sweeps run whatever the variable says; the variable still decides for generic passes outside
+    them (the backend's ``mil_backend::fuse_activation_silu`` and ``fuse_pow2_sqrt``, which ``convert``
+    runs after the main pipeline). Call it once per conversion: ``convert`` edits the pipeline it gets.
 
     Args:
         base: The pipeline to copy (default: ``PassPipeline.DEFAULT``).
+        group: ``"all"`` (default): every run of passes between the entries ``convert`` must find by id
+            is one entry: ``add_fp16_cast`` and ``add_int16_cast`` (``convert`` removes them or sets
+            their options), and one entry of each pass the frontend and backend pipelines share with
+            ``base`` (``convert`` drops those from the other pipelines when the main one lacks them).
+            The program is validated after each entry and each rewrite of ours, not after each of
+            coremltools' passes inside a sweep. ``"generic"``: only runs of consecutive generic passes
+            are grouped; coremltools' passes keep their entries and their validations.
 
     Returns:
         A new ``PassPipeline`` named ``"pattern_infra"``.
 
     Raises:
-        PassRegistrationError: ``base`` sets options for a generic pass (a sweep cannot pass them on).
+        PassRegistrationError: ``base`` sets options for a generic pass (a sweep cannot pass them on),
+            or ``group`` is unknown.
     """
+    if group not in ("all", "generic"):
+        raise PassRegistrationError(f"pattern_infra.pipeline(): group must be 'all' or 'generic', got {group!r}.")
     base = PassPipeline.DEFAULT if base is None else base
     options = base.get_all_options()
+    kept = _ids_convert_looks_up(base) if group == "all" else set()
     entries: list[str] = []
     run: list[str] = []
 
     def flush() -> None:
         if run:
-            sweep = GenericSweep(run)
+            sweep = GenericSweep(run, options)
             PASS_REGISTRY.passes[sweep.pass_id] = sweep
             entries.append(sweep.pass_id)
             run.clear()
 
     for pass_id in base.passes:
-        if isinstance(PASS_REGISTRY.passes.get(pass_id), PassContainer):
-            if options.get(pass_id):
-                raise PassRegistrationError(
-                    f"pattern_infra.pipeline(): the base pipeline sets options for the generic pass "
-                    f"{pass_id!r}, which a sweep cannot pass on; declare them as its defaults "
-                    f"(register_generic_pass(..., options=...)) instead."
-                )
+        generic = isinstance(PASS_REGISTRY.passes.get(pass_id), PassContainer)
+        if generic or (group == "all" and pass_id not in kept and pass_id not in _EDITED_BY_CONVERT):
             run.append(pass_id)
         else:
+            kept.discard(pass_id)  # one entry is enough for convert to find it
             flush()
             entries.append(pass_id)
     flush()
     result = PassPipeline(entries, pipeline_name="pattern_infra")
     for pass_id, pass_options in options.items():
-        result._pass_options[pass_id] = list(pass_options)
+        if pass_id in entries:
+            result._pass_options[pass_id] = list(pass_options)
     return result
+
+
+_EDITED_BY_CONVERT = ("common::add_fp16_cast", "common::add_int16_cast")
+
+
+def _ids_convert_looks_up(base: PassPipeline) -> set[str]:
+    """Pass ids of ``base`` that ``convert`` looks for in the main pipeline: the two it edits, and those
+    of the frontend and backend pipelines (it removes from them what the main pipeline lacks)."""
+    ids = set(_EDITED_BY_CONVERT)
+    for name in PassPipeline.list_available_pipelines():
+        if name.startswith(("frontend_", "backend_")):
+            ids.update(PassPipeline.get_pipeline(name).passes)
+    return ids & set(base.passes)
