@@ -10,7 +10,7 @@
   an RMS norm (``x * x``, mean, ``+ eps``, ``rsqrt``, two ``mul``), q/k/v projections, rotary embeddings
   (``rotate_half`` as two slices, a negation and a concat), causal attention written out per head
   (slice, matmul, scale, mask, softmax, matmul; heads concatenated), the output projection, and a
-  SwiGLU MLP with SiLU written ``x * sigmoid(x)``; 32 layers of 32 heads by default (about 11k ops).
+  SwiGLU MLP with SiLU written ``x * sigmoid(x)``; 32 layers of 8 heads by default (about 6.5k ops).
 
 Both are built directly with ``mb`` (no PyTorch export), deterministically (seeded weights, fixed
 names), so a benchmark builds a fresh copy for each run instead of copying one.
@@ -78,7 +78,7 @@ def synthetic_mix(n_ops: int, d: int = 16, seq: int = 8, seed: int = 0) -> Progr
 
 
 def llama_decoder(
-    n_layers: int = 32, heads: int = 32, head_dim: int = 4, ffn: int = 256, seq: int = 8, seed: int = 0
+    n_layers: int = 32, heads: int = 8, head_dim: int = 16, ffn: int = 256, seq: int = 8, seed: int = 0
 ) -> Program:
     """A Llama-style decoder, written out (see the module docstring).
 

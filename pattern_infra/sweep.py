@@ -3,7 +3,7 @@
 coremltools' ``PassPipelineManager.apply_pipeline`` validates the whole program after every entry of a
 pipeline: 112 validations in a ``convert`` to mlprogram, about 40% of its time (``Block.validate`` counts
 each input's users per op, so a constant shared by thousands of ops makes it superlinear). In the
-default pipeline with the override on, 22 of the entries are generic passes, in 6 runs of consecutive
+default pipeline with the override on, 22 of the entries are generic passes, in 7 runs of consecutive
 ones. :func:`pipeline` returns the default pipeline with runs of passes replaced by one
 :class:`GenericSweep` entry each: either every run of consecutive generic passes (``group="generic"``:
 their sub-passes, ``run_after`` followers included, applied in one

@@ -8,7 +8,6 @@ ops, names, types, attributes and constants (as printed), in the same order, wit
 
 from __future__ import annotations
 
-import os
 import re
 from collections.abc import Callable
 from typing import Any
@@ -18,7 +17,7 @@ from coremltools.converters.mil import Builder as mb
 from coremltools.converters.mil.mil import Program
 
 from ..driver import iter_blocks
-from ..registry import ENV_VAR
+from .convert import experimental_passes
 
 __all__ = ["converted", "program_signature"]
 
@@ -45,16 +44,9 @@ def converted(
     options: dict[str, Any] = {"convert_to": "mlprogram", "skip_model_load": True, **convert_options}
     if pass_pipeline is not None:
         options["pass_pipeline"] = pass_pipeline()
-    saved = os.environ.get(ENV_VAR)
-    os.environ[ENV_VAR] = "1" if override else "0"
     mb.name_count.clear()
-    try:
+    with experimental_passes(override):
         return ct.convert(model, **options)._mil_program
-    finally:
-        if saved is None:
-            os.environ.pop(ENV_VAR, None)
-        else:
-            os.environ[ENV_VAR] = saved
 
 
 def program_signature(prog: Program) -> tuple[str, list[tuple[str, str, Any]]]:
