@@ -86,6 +86,8 @@ class PassStats:
     """Complete structural matches."""
     rejected: int = 0
     """Matches that ``var_constraints`` turned down."""
+    rejections: Counter[str] = field(default_factory=Counter)
+    """How often each reason was given for turning a match down (see :func:`constraint_verdict`)."""
     declined: int = 0
     """Matches whose transform returned False."""
     rewrites: int = 0
@@ -296,6 +298,8 @@ class _Run:
         self.states: dict[int, _BlockState] = {}
         self.changes = _Changes()
         """What the current sub-pass's rewrites did, for the revisits and the validation."""
+        self.rounds: dict[int, int] = {}
+        """Per block (by id), the rounds the current sub-pass has swept it: the fixpoint cap."""
         self.open_block: Block | None = None
 
     def close(self) -> None:
@@ -319,8 +323,8 @@ class _Run:
         return st
 
     def fail(self, sub: SubPass, what: str, match: Pattern, exc: BaseException) -> PassExecutionError:
+        restored = self.restore()  # first: the message names the ops as they are again, not as renamed
         ops = ", ".join(f"{op.name} ({op.op_type})" for op in match.op_list())
-        restored = self.restore()
         note = (
             "The program was restored to its state before the pass."
             if restored
@@ -329,6 +333,16 @@ class _Run:
         return PassExecutionError(
             f"Pass {self.pass_name!r}, pattern {sub.name!r}: {what} raised "
             f"{type(exc).__name__}: {exc}, on the match [{ops}]. {note}"
+        )
+
+    def refuse(self, sub: SubPass, match: Pattern, problem: str, fix: str) -> PassExecutionError:
+        """Restores the program; the error for a transform that broke the rules without raising."""
+        restored = self.restore()
+        ops = ", ".join(f"{op.name} ({op.op_type})" for op in match.op_list())
+        note = " The program was restored to its state before the pass." if restored else ""
+        return PassExecutionError(
+            f"Pass {self.pass_name!r}, pattern {sub.name!r}: on the match [{ops}], transform_pattern "
+            f"{problem}. {fix}{note}"
         )
 
     def restore(self) -> bool:
@@ -389,11 +403,19 @@ def run_subpasses(
             stats = PassStats(runs=1)
             start = time.perf_counter()
             bind_before = sub.matcher.bind_attempts
+            run.rounds = {}
             for block in blocks:
-                if block.outer_op is not None and block.outer_op.enclosing_block is None:
-                    continue  # removed with its op by an earlier rewrite
-                with _LazyBlockContext(run, block) as context:
-                    _sweep(run, sub, run.state(block), stats, context)
+                if _live(block):
+                    with _LazyBlockContext(run, block) as context:
+                        _sweep(run, sub, run.state(block), stats, context, first=True)
+            # A rewrite may free a match in another block (an inner rewrite drops a use of an outer
+            # variable; an outer one rewires ops of an inner block): those blocks are swept again, from
+            # what changed in them, until no block has anything left to revisit.
+            while pending := run.changes.pending(blocks):
+                for block in pending:
+                    if _live(block):
+                        with _LazyBlockContext(run, block) as context:
+                            _sweep(run, sub, run.state(block), stats, context, first=False)
             stats.bind_attempts = sub.matcher.bind_attempts - bind_before
             stats.seconds = time.perf_counter() - start
             sub.stats.add(stats)
@@ -497,14 +519,38 @@ class _Changes:
     which unlists them from their inputs' users (``Var.remove_child_op``) or raises."""
     checked: tuple[int, int, int] = (0, 0, 0)
     """How many of ``removed_by_transforms``, ``created`` and ``rewired`` :meth:`validate` has checked."""
-    seeds: list[Operation] = field(default_factory=list)
-    """Ops whose surroundings changed and whose type the pattern has: created and rewired ops, and
-    the producers of the inputs of removed ops (they lost a consumer). Collected right after each
-    rewrite, while its ops are in the cache."""
+    seeds: dict[int, list[Operation]] = field(default_factory=dict)
+    """Per block (by id), ops whose surroundings changed and whose type the pattern has: created and
+    rewired ops, and the producers of the inputs of removed ops (they lost a consumer), whatever block
+    they lie in. Collected right after each rewrite, while its ops are in the cache."""
+
+    def take(self, block: Block) -> list[Operation]:
+        """The seeds of ``block`` recorded so far, which are then forgotten."""
+        return self.seeds.pop(id(block), [])
+
+    def pending(self, blocks: list[Block]) -> list[Block]:
+        """The blocks among ``blocks`` (in that order) with seeds to revisit. Seeds in blocks that are not
+        among them (created by a transform) are dropped: the next run of the pass searches those."""
+        seeds = self.seeds
+        if not seeds:
+            return []
+        found = [block for block in blocks if id(block) in seeds]
+        if len(found) != len(seeds):
+            keep = {id(block) for block in found}
+            self.seeds = {k: v for k, v in seeds.items() if k in keep}
+        return found
+
+    def _seed(self, op: Operation) -> None:
+        block = op.enclosing_block
+        if block is not None:
+            same = self.seeds.get(id(block))
+            if same is None:
+                self.seeds[id(block)] = [op]
+            else:
+                same.append(op)
 
     def record(
         self,
-        block: Block,
         types: frozenset[str] | None,
         created: list[Operation],
         dead: list[tuple[Operation, list[Var]]],
@@ -520,20 +566,16 @@ class _Changes:
         if removed_by_transform:
             self.removed_by_transforms += removed_by_transform
             removed_inputs += [flat_inputs(op) for op in removed_by_transform]
-        seeds = self.seeds
+        seed = self._seed
         for changed in (created, rewired):
             for op in changed:
-                if (types is None or type(op).__name__ in types) and op.enclosing_block is block:
-                    seeds.append(op)
+                if types is None or type(op).__name__ in types:
+                    seed(op)
         for inputs in removed_inputs:
             for var in inputs:
                 producer = var._op
-                if (
-                    producer is not None
-                    and producer.enclosing_block is block  # removed producers are out of the block
-                    and (types is None or type(producer).__name__ in types)
-                ):
-                    seeds.append(producer)
+                if producer is not None and (types is None or type(producer).__name__ in types):
+                    seed(producer)  # of any block; a removed producer has none and is left out
 
     def validate(self) -> None:
         """Block.validate's invariants, where the rewrites could have broken them.
@@ -564,27 +606,48 @@ class _Changes:
                     _check_op(op)
 
 
-def _sweep(run: _Run, sub: SubPass, st: _BlockState, stats: PassStats, context: _LazyBlockContext) -> None:
-    """One sub-pass over one block, then over what its rewrites touched, until nothing changes.
+def _live(block: Block) -> bool:
+    """Whether ``block`` is still part of the program (not removed with its op by a rewrite)."""
+    return block.outer_op is None or block.outer_op.enclosing_block is not None
 
-    ``context`` enters the block's builder context before the first transform only, so sub-passes that
-    rewrite nothing never pay for it (see :class:`_LazyBlockContext`).
+
+def _sweep(
+    run: _Run, sub: SubPass, st: _BlockState, stats: PassStats, context: _LazyBlockContext, *, first: bool
+) -> None:
+    """One sub-pass over one block, then over what its rewrites touched, until nothing changes there.
+
+    ``first``: the first round tries every anchor candidate of the block; otherwise the block is
+    revisited from the seeds other blocks' rewrites left in it. Each match found is offered to the
+    constraints and the transform *inside* the search (:func:`_offer`): one they turn down lets the search
+    go on to the next structural match at the same anchor op. ``context`` enters the block's builder
+    context before the first transform only, so sub-passes that rewrite nothing never pay for it (see
+    :class:`_LazyBlockContext`).
     """
     matcher = sub.matcher
-    found = st.anchor_candidates(matcher)
-    if found is None:
-        return
-    anchor, candidates = found
     block = st.block
+    if first:
+        found = st.anchor_candidates(matcher)
+        if found is None:
+            return
+        anchor, candidates = found
+        extra: list[tuple[Operation, int]] = []
+    else:
+        if not st.possible(matcher):
+            run.changes.take(block)
+            return
+        anchor = matcher.choose_anchor(st.counts)
+        candidates, extra = _revisit(run.changes.take(block), block, matcher, anchor)
+    accept, last = _offer(run, sub, st, stats, context)
     match_at = matcher.match_at
     order = st.order
-    iteration = attempts = matches = rejected = declined = rewrites = 0
-    last: Pattern | None = None
+    rounds = run.rounds
+    attempts = 0
     try:
-        while candidates:
-            iteration += 1
-            if iteration > sub.max_iterations:
-                ops = ", ".join(op.name for op in last.op_list()) if last else "?"
+        while candidates or extra:
+            rounds[id(block)] = done = rounds.get(id(block), 0) + 1
+            stats.iterations += 1
+            if done > sub.max_iterations:
+                ops = ", ".join(op.name for op in last[0].op_list()) if last else "?"
                 run.restore()
                 raise FixpointError(
                     f"Pass {run.pass_name!r}, pattern {sub.name!r}: still rewriting after "
@@ -592,35 +655,52 @@ def _sweep(run: _Run, sub: SubPass, st: _BlockState, stats: PassStats, context: 
                     f"pattern it replaces; make the replacement differ from the pattern, or raise "
                     f"max_iterations. The program was restored to its state before the pass."
                 )
-            mark = len(run.changes.seeds)
             for op in candidates:
-                if op.enclosing_block is not block:
-                    continue
-                attempts += 1
-                match = match_at(op, block, anchor, order=order)
-                if match is None:
-                    continue
-                matches += 1
-                if sub.var_constraints is not None and not _accepts(run, sub, match):
-                    rejected += 1
-                    continue
-                context.enter()
-                if not _rewrite(run, sub, st, match):
-                    declined += 1
-                    continue
-                rewrites += 1
-                last = match
-            candidates = _revisit(run.changes.seeds[mark:], block, matcher, anchor)
+                if op.enclosing_block is block:
+                    attempts += 1
+                    match_at(op, block, anchor, order=order, accept=accept)
+            for op, at in extra:
+                if op.enclosing_block is block:
+                    attempts += 1
+                    match_at(op, block, at, order=order, accept=accept)
+            candidates, extra = _revisit(run.changes.take(block), block, matcher, anchor)
     finally:
-        stats.iterations += iteration
         stats.attempts += attempts
-        stats.matches += matches
-        stats.rejected += rejected
-        stats.declined += declined
-        stats.rewrites += rewrites
 
 
-def _revisit(seeds: list[Operation], block: Block, matcher: Matcher, anchor: int) -> list[Operation]:
+def _offer(
+    run: _Run, sub: SubPass, st: _BlockState, stats: PassStats, context: _LazyBlockContext
+) -> tuple[Callable[[Pattern], Any], list[Pattern]]:
+    """The ``accept`` of the driver's searches in one block: constraints, then the transform.
+
+    Returns:
+        The function, and a list that holds the last match rewritten (for the fixpoint message).
+    """
+    constraints = sub.var_constraints
+    last: list[Pattern] = []
+
+    def accept(match: Pattern) -> Any:
+        stats.matches += 1
+        if constraints is not None:
+            reason = _rejection(run, sub, match)
+            if reason is not None:
+                stats.rejected += 1
+                stats.rejections[reason] += 1
+                return reason
+        context.enter()
+        if not _rewrite(run, sub, st, match):
+            stats.declined += 1
+            return "transform declined"
+        stats.rewrites += 1
+        last[:] = [match]
+        return True
+
+    return accept, last
+
+
+def _revisit(
+    seeds: list[Operation], block: Block, matcher: Matcher, anchor: int
+) -> tuple[list[Operation], list[tuple[Operation, int]]]:
     """The anchor candidates a round of rewrites may have made matchable.
 
     A match that did not exist before the round contains an op whose inputs or whose outputs' users
@@ -628,12 +708,24 @@ def _revisit(seeds: list[Operation], block: Block, matcher: Matcher, anchor: int
     pattern's op types can be in a match (:attr:`_Changes.seeds`), so when there is none (a GELU fusion
     creates a ``gelu`` and rewires a ``relu``), nothing is revisited. A pattern with a fan-out node also
     depends on the users of a variable it does not capture, so for it every changed op is a seed,
-    whatever its type. The candidates are the anchor-type ops within the anchor's radius of a seed.
+    whatever its type.
+
+    Returns:
+        The anchor-type ops within the anchor's radius of a seed (the walk does not go through
+        constants, which may feed thousands of ops); and, for a pattern whose parts may meet only at a
+        pattern input (:attr:`Matcher.joins_through_roots`), each seed paired with every other pattern
+        op of its type, to be tried as that op's anchor: a match through a shared constant contains a
+        seed, and the search from it reaches the other parts.
     """
-    seeds = [op for op in seeds if op.enclosing_block is block]
+    seeds = [op for op in dict.fromkeys(seeds) if op.enclosing_block is block]
     if not seeds:
-        return []
-    return _near(seeds, block, matcher.nodes[anchor].op_types, matcher.radius[anchor])
+        return [], []
+    candidates = _near(seeds, block, matcher.nodes[anchor].op_types, matcher.radius[anchor])
+    extra: list[tuple[Operation, int]] = []
+    if matcher.joins_through_roots:
+        by_type = matcher.anchors_by_type
+        extra = [(op, at) for op in seeds for at in by_type.get(op.op_type, ()) if at != anchor]
+    return candidates, extra
 
 
 def _check_op(op: Operation) -> None:
@@ -665,9 +757,23 @@ def _inconsistent(run: _Run, sub: SubPass, exc: Exception) -> PassExecutionError
     )
 
 
-def _accepts(run: _Run, sub: SubPass, match: Pattern) -> bool:
+def constraint_verdict(result: Any) -> str | None:
+    """What a ``var_constraints`` result says: None to accept, else the reason for turning the match down.
+
+    A constraint accepts with any true value; it refuses with a false value (``False``, ``None``), with a
+    ``(False, "reason")`` pair, or with a string, which is the reason itself (``"rank 3, not 2"``).
+    """
+    if isinstance(result, str):
+        return f"constraint returned False: {result}" if result else "constraint returned False"
+    if isinstance(result, tuple) and len(result) == 2 and isinstance(result[1], str):
+        ok, reason = result
+        return None if ok else f"constraint returned False: {reason}" if reason else "constraint returned False"
+    return None if result else "constraint returned False"
+
+
+def _rejection(run: _Run, sub: SubPass, match: Pattern) -> str | None:
     try:
-        return bool(sub.var_constraints(match))  # type: ignore[misc]
+        return constraint_verdict(sub.var_constraints(match))  # type: ignore[misc]
     except Exception as exc:
         raise run.fail(sub, "var_constraints", match, exc) from exc
 
@@ -675,9 +781,10 @@ def _accepts(run: _Run, sub: SubPass, match: Pattern) -> bool:
 def _rewrite(run: _Run, sub: SubPass, st: _BlockState, match: Pattern) -> bool:
     """Runs the transform and removes the matched ops it left dead; False if it declined.
 
-    A transform declines by returning False before changing anything; one that returns anything else
-    but neither inserted nor removed an op (the framework's removal of dead matched ops included) left
-    the match as it was, and is counted as declined too, so it is not retried until a cap.
+    A transform declines by returning False before changing anything. One that returns anything else
+    must have rewritten the match: a transform that inserted and removed nothing (the framework's removal
+    of dead matched ops included), or that only built ops nothing uses while every matched op stayed, is
+    an error naming the missing ``replace_output`` (it would otherwise be retried until the fixpoint cap).
     """
     if run.journal is None:
         run.journal = Journal(run.blocks, run.ops_at_start)  # nothing was rewritten before
@@ -704,11 +811,16 @@ def _rewrite(run: _Run, sub: SubPass, st: _BlockState, match: Pattern) -> bool:
     n_removed_by_transform = len(st.removed)
     dead = _remove_dead(match)
     if not _changed_structure(st, n_inserted, n_removed, before):
-        return False  # nothing inserted or removed: the transform left the match as it was
+        raise run.refuse(sub, match, f"returned {result!r} without changing the program (no op inserted "
+                         f"or removed)", _REPLACE_OUTPUT + " To leave a match as it is, return False.")
+    created = st.inserted[n_inserted:]
+    if not dead and n_removed_by_transform == n_removed and created and not _used(created):
+        names = ", ".join(op.name for op in created)
+        raise run.refuse(sub, match, f"built [{names}] but nothing uses them and every matched op is still "
+                         f"in place", _REPLACE_OUTPUT)
     run.changes.record(
-        block,
         sub.seed_types,
-        created=st.inserted[n_inserted:],
+        created=created,
         dead=dead,
         removed_by_transform=st.removed[n_removed:n_removed_by_transform],
         rewired=outside_users,
@@ -719,6 +831,17 @@ def _rewrite(run: _Run, sub: SubPass, st: _BlockState, match: Pattern) -> bool:
         except Exception as exc:
             raise _inconsistent(run, sub, exc) from exc
     return True
+
+
+_REPLACE_OUTPUT = (
+    "Call pattern.replace_output(new_var) (or replace_outputs) to redirect the match's users to the "
+    "replacement; the framework then removes the matched ops."
+)
+
+
+def _used(ops: list[Operation]) -> bool:
+    """Whether an output of one of ``ops`` is read by an op or returned by a block."""
+    return any(var._child_ops or var.consuming_blocks for op in ops for var in op._output_vars)
 
 
 def _changed_structure(st: _BlockState, n_inserted: int, n_removed: int, before: int) -> bool:
@@ -829,7 +952,9 @@ def find_in_program(
 ) -> Iterator[Pattern]:
     """Yields every match of ``matcher``'s pattern in ``prog``, lazily, without changing it.
 
-    Each anchor op yields at most one match; matches may overlap. Blocks are visited outer first.
+    One match per distinct set of program ops: every structural match at each anchor candidate is
+    offered to ``var_constraints`` (a refused one lets the search go on), and a set of ops already
+    yielded is skipped. Blocks are visited outer first, anchor ops in program order; matches may overlap.
     """
     for block in iter_blocks(prog):
         st = _BlockState(block)
@@ -838,16 +963,22 @@ def find_in_program(
             continue
         anchor, candidates = found
         seen: set[frozenset[int]] = set()
-        for op in candidates:
-            if op.enclosing_block is not block:
-                continue
-            match = matcher.match_at(op, block, anchor, order=st.order)
-            if match is None:
-                continue
+        here: list[Pattern] = []
+
+        def collect(match: Pattern) -> str:
             key = frozenset(id(o) for o in match.op_set)
             if key in seen:
-                continue
-            if var_constraints is not None and not var_constraints(match):
-                continue
+                return "already found"
+            if var_constraints is not None:
+                reason = constraint_verdict(var_constraints(match))
+                if reason is not None:
+                    return reason
             seen.add(key)
-            yield match
+            here.append(match)
+            return "collected"  # not taken: the search goes on to the next match
+
+        for op in candidates:
+            if op.enclosing_block is block:
+                matcher.match_at(op, block, anchor, order=st.order, accept=collect)
+                yield from here
+                here.clear()

@@ -19,7 +19,6 @@ counters and ``run_log()`` entry are kept per pass, as when it runs alone.
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import logging
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -142,7 +141,7 @@ class GenericSweep(AbstractGraphPass):
             if not isinstance(first, SubPass):
                 container.apply_callable(prog, first)
                 continue
-            before = {id(sub): dataclasses.replace(sub.stats) for _, sub in segment}
+            before = {id(sub): _snapshot(sub.stats) for _, sub in segment}
             with _scoped_transforms(segment):
                 stats = run_subpasses(prog, [sub for _, sub in segment], self.pass_id, validate=container.validate)
             self.stats.add(stats)
@@ -231,6 +230,13 @@ def _record_per_pass(segment: list[tuple[PassContainer, SubPass]], before: dict[
         for sub in subs.values():
             stats.add(_difference(sub.stats, before[id(sub)]))
         container.record(stats)
+
+
+def _snapshot(stats: PassStats) -> PassStats:
+    """A copy of ``stats`` sharing no mutable counter with it."""
+    copy = PassStats()
+    copy.add(stats)
+    return copy
 
 
 def _difference(after: PassStats, before: PassStats) -> PassStats:
