@@ -23,6 +23,7 @@ Usage::
     python -m bench.llm                      # full run (about an hour on a quiet 2-core machine)
     python -m bench.llm --quick              # 1k and 2k ops, 2 layers: a smoke run
     python -m bench.llm --sizes 10000 25000  # chosen mix sizes
+    python -m bench.llm --no-llama --sizes 100000 --merge bench/out/earlier.json  # add a size to a run
 """
 
 from __future__ import annotations
@@ -44,7 +45,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-__all__ = ["Conversion", "convert_timed", "growth_exponent", "main", "timed_passes"]
+__all__ = ["Conversion", "convert_timed", "growth_exponent", "load_rows", "main", "timed_passes"]
 
 logger = logging.getLogger("bench.llm")
 
@@ -64,13 +65,15 @@ class Conversion:
     mode: str
     seconds: float
     """Wall time of the whole ``convert``."""
+    cpu_seconds: float | None = None
+    """CPU time of the converting thread (steadier than wall time when the machine is shared)."""
     passes: dict[str, float] = field(default_factory=dict)
-    """Seconds per pass id (summed over its entries in every pipeline)."""
+    """CPU seconds per pass id (summed over its entries in every pipeline)."""
     validate_seconds: float = 0.0
-    """Time in ``Program.validate``."""
+    """CPU time in ``Program.validate``."""
     validations: int = 0
     format_seconds: float = 0.0
-    """Time formatting the whole program (``Program.__str__``)."""
+    """CPU time formatting the whole program (``Program.__str__``)."""
     formats: int = 0
     ops_after: int = 0
     """Non-const ops of the converted program."""
@@ -94,11 +97,11 @@ class _Timed:
             self.entry() if isinstance(self.entry, type) else self.entry
         )
         self.instance = None
-        start = time.perf_counter()
+        start = time.thread_time()
         try:
             instance(prog)
         finally:
-            self.totals[self.pass_id] += time.perf_counter() - start
+            self.totals[self.pass_id] += time.thread_time() - start
 
     def __str__(self) -> str:
         return str(self.entry if not isinstance(self.entry, type) else self.entry.__name__)
@@ -115,19 +118,19 @@ def timed_passes(result: Conversion) -> Iterator[None]:
     original_validate, original_str = Program.validate, Program.__str__
 
     def validate(self: Any, *args: Any, **kwargs: Any) -> Any:
-        start = time.perf_counter()
+        start = time.thread_time()
         try:
             return original_validate(self, *args, **kwargs)
         finally:
-            result.validate_seconds += time.perf_counter() - start
+            result.validate_seconds += time.thread_time() - start
             result.validations += 1
 
     def to_str(self: Any, *args: Any, **kwargs: Any) -> str:
-        start = time.perf_counter()
+        start = time.thread_time()
         try:
             return original_str(self, *args, **kwargs)
         finally:
-            result.format_seconds += time.perf_counter() - start
+            result.format_seconds += time.thread_time() - start
             result.formats += 1
 
     PASS_REGISTRY.passes.update({k: _Timed(k, v, totals) for k, v in saved.items()})
@@ -157,9 +160,10 @@ def convert_timed(workload: str, build: Callable[[], Any], mode: str) -> tuple[C
     pipeline = pattern_infra.pipeline() if mode == "ours" else None  # built before the timing wrappers
     gc.collect()
     with timed_passes(result):
-        start = time.perf_counter()
+        start, cpu_start = time.perf_counter(), time.thread_time()
         out = converted(lambda: prog, (lambda: pipeline) if pipeline else None, override=mode != "off")
         result.seconds = time.perf_counter() - start
+        result.cpu_seconds = time.thread_time() - cpu_start
     result.ops_after = _non_const_ops(out)
     return result, out
 
@@ -205,7 +209,7 @@ def _run_workload(
         del out
         rows.append(row)
         print(
-            f"  {name} ({row.ops} ops) {mode:>4}: {row.seconds:7.1f} s  validate {row.validate_seconds:6.1f} s "
+            f"  {name} ({row.ops} ops) {mode:>4}: {row.seconds:7.1f} s (CPU {row.cpu_seconds:7.1f} s)  validate {row.validate_seconds:6.1f} s "
             f"({row.validations}x)  format {row.format_seconds:5.1f} s ({row.formats}x)  -> {row.ops_after} ops"
             + ("" if row.same_as_on is None else f"  same program as on: {row.same_as_on}"),
             flush=True,
@@ -219,9 +223,9 @@ def _table(rows: list[Conversion]) -> str:
     by = {(r.workload, r.mode): r for r in rows}
     names = list(dict.fromkeys(r.workload for r in rows))
     lines = [
-        "| workload | ops | off | on (pass by pass) | ours (pipeline()) | on/ours | off/ours | validations on / ours "
-        "| same program |",
-        "|---|---:|---:|---:|---:|---:|---:|---|---|",
+        "| workload | ops | off | on (pass by pass) | ours (pipeline()) | on/ours | off/ours | on/ours CPU "
+        "| off/ours CPU | validations on / ours | same program |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---|---|",
     ]
     for name in names:
         on, ours, off = by.get((name, "on")), by.get((name, "ours")), by.get((name, "off"))
@@ -231,10 +235,22 @@ def _table(rows: list[Conversion]) -> str:
             f"| {f'{on.seconds:.1f} s' if on else '-'} | {f'{ours.seconds:.1f} s' if ours else '-'} "
             f"| {f'{on.seconds / ours.seconds:.2f}x' if on and ours else '-'} "
             f"| {f'{off.seconds / ours.seconds:.2f}x' if off and ours else '-'} "
+            f"| {_cpu_ratio(on, ours)} | {_cpu_ratio(off, ours)} "
             f"| {f'{on.validations} / {ours.validations}' if on and ours else '-'} "
             f"| {ours.same_as_on if ours else '-'} |"
         )
     return "\n".join(lines)
+
+
+def _cpu_ratio(a: Conversion | None, b: Conversion | None) -> str:
+    if a is None or b is None or not a.cpu_seconds or not b.cpu_seconds:
+        return "-"
+    return f"{a.cpu_seconds / b.cpu_seconds:.2f}x"
+
+
+def _total(row: Conversion) -> float:
+    """The conversion's CPU time where measured, else its wall time."""
+    return row.cpu_seconds or row.seconds
 
 
 def _pass_table(rows: list[Conversion], mode: str, top: int = 12) -> str:
@@ -247,7 +263,7 @@ def _pass_table(rows: list[Conversion], mode: str, top: int = 12) -> str:
             totals[k] += v
     keys = sorted(totals, key=lambda k: -totals[k])[:top]
     extra = [("(validate)", lambda r: r.validate_seconds), ("(format program)", lambda r: r.format_seconds),
-             ("(whole convert)", lambda r: r.seconds)]
+             ("(whole convert, CPU)", _total)]
     lines = [f"| {mode}: pass | " + " | ".join(f"{r.ops} ops" for r in mix) + " | exponent |",
              "|---|" + "---:|" * (len(mix) + 1)]
     getters = [(k, (lambda r, k=k: r.passes.get(k, 0.0))) for k in keys] + extra
@@ -268,12 +284,12 @@ def plot(path: Path, rows: list[Conversion], note: str) -> None:
     mix = [r for r in rows if r.workload.startswith("mix")]
     fig, (left, right) = plt.subplots(1, 2, figsize=(13, 5))
     for mode, style in zip(MODES, ("s--", "o-", "^-")):
-        pts = sorted((r.ops, r.seconds) for r in mix if r.mode == mode)
+        pts = sorted((r.ops, _total(r)) for r in mix if r.mode == mode)
         if pts:
             exponent = growth_exponent(pts)
             label = f"{mode} (exponent {exponent:.2f})" if exponent is not None else mode
             left.plot(*zip(*pts), style, label=label)
-    left.set(xscale="log", yscale="log", xlabel="non-const ops", ylabel="seconds",
+    left.set(xscale="log", yscale="log", xlabel="non-const ops", ylabel="CPU seconds",
              title="whole coremltools.convert, synthetic mix")
     left.legend()
     on = sorted((r for r in mix if r.mode == "on"), key=lambda r: r.ops)
@@ -287,7 +303,7 @@ def plot(path: Path, rows: list[Conversion], note: str) -> None:
         series.append(("(format program)", lambda r: r.format_seconds))
         for label, get in series:
             right.plot([r.ops for r in on], [max(get(r), 1e-3) for r in on], ".-", label=label)
-        right.set(xscale="log", yscale="log", xlabel="non-const ops", ylabel="seconds",
+        right.set(xscale="log", yscale="log", xlabel="non-const ops", ylabel="CPU seconds",
                   title="costliest passes, override on, pass by pass")
         right.legend(fontsize=7)
     fig.suptitle(note, fontsize=8)
@@ -295,6 +311,11 @@ def plot(path: Path, rows: list[Conversion], note: str) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)
     plt.close(fig)
+
+
+def load_rows(path: Path) -> list[Conversion]:
+    """The conversions an earlier run wrote to ``path`` (its ``llm.json``)."""
+    return [Conversion(**row) for row in json.loads(path.read_text())["rows"]]
 
 
 def _parse(argv: list[str] | None) -> argparse.Namespace:
@@ -305,6 +326,8 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--no-llama", action="store_true", help="skip the decoder")
     parser.add_argument("--off-budget", type=float, default=900.0,
                         help="skip 'off' where its predicted time exceeds this many seconds (default 900)")
+    parser.add_argument("--merge", type=Path, nargs="+", default=[],
+                        help="llm.json files of earlier runs whose rows join the tables and the plot")
     parser.add_argument("--out", type=Path, default=_ROOT / "bench" / "out", help="directory of llm.json")
     parser.add_argument("--plot", type=Path, default=None,
                         help="plot path (default docs/llm_scaling.png; <out>/llm_scaling.png with --quick)")
@@ -321,14 +344,21 @@ def _run(args: argparse.Namespace) -> int:
     sizes = args.sizes or (QUICK_SIZES if args.quick else FULL_SIZES)
     layers = args.layers or (2 if args.quick else 32)
     started, load = time.perf_counter(), os.getloadavg()
-    rows: list[Conversion] = []
+    rows: list[Conversion] = [row for path in args.merge for row in load_rows(path)]
+    json_path = args.out / "llm.json"
+    args.out.mkdir(parents=True, exist_ok=True)
+
+    def keep(found: list[Conversion]) -> None:  # written after each workload: a long run keeps what it did
+        rows.extend(found)
+        json_path.write_text(json.dumps({"note": "partial", "rows": [asdict(r) for r in rows]}, indent=1))
+
     if not args.no_llama:
         print(f"== Llama-style decoder, {layers} layers", flush=True)
-        rows += _run_workload(f"llama{layers}", lambda: llama_decoder(layers), [], args.off_budget, 0)
-    off_history: list[tuple[int, float]] = []
+        keep(_run_workload(f"llama{layers}", lambda: llama_decoder(layers), [], args.off_budget, 0))
+    off_history = sorted((r.ops, r.seconds) for r in rows if r.mode == "off" and r.workload.startswith("mix"))
     for size in sizes:
         print(f"== synthetic mix, {size} ops", flush=True)
-        rows += _run_workload(f"mix{size}", lambda size=size: synthetic_mix(size), off_history, args.off_budget, size)
+        keep(_run_workload(f"mix{size}", lambda size=size: synthetic_mix(size), off_history, args.off_budget, size))
     print("\n" + _table(rows))
     for mode in MODES:
         table = _pass_table(rows, mode)
@@ -337,11 +367,10 @@ def _run(args: argparse.Namespace) -> int:
     elapsed = time.perf_counter() - started
     note = (f"{'quick' if args.quick else 'full'} run, {os.cpu_count()} CPUs, load avg {load[0]:.1f}, "
             f"coremltools {coremltools.__version__}, {elapsed:.0f} s")
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "llm.json").write_text(json.dumps({"note": note, "rows": [asdict(r) for r in rows]}, indent=1))
+    json_path.write_text(json.dumps({"note": note, "rows": [asdict(r) for r in rows]}, indent=1))
     target = args.plot or (args.out / "llm_scaling.png" if args.quick else _ROOT / "docs" / "llm_scaling.png")
     plot(target, rows, note)
-    print(f"\nwrote {args.out / 'llm.json'} and {target} ({note})")
+    print(f"\nwrote {json_path} and {target} ({note})")
     return 0 if all(r.same_as_on is not False for r in rows) else 1
 
 
