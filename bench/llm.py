@@ -10,12 +10,14 @@ and 100k ops; see :mod:`bench.llm_workloads`), one process converts a freshly bu
 
 Every pipeline entry is timed (a wrapper around each ``PASS_REGISTRY`` entry, summed per pass id over
 the frontend, main and backend pipelines; a generic pass's ``run_after`` followers count in their
-leader), and so are coremltools' whole-program validations (``Program.validate``) and the formatting
+leader; inside a sweep of ``pipeline()``, coremltools' passes are timed on their own as well, so a
+sweep's time includes theirs), and so are coremltools' whole-program validations (``Program.validate``) and the formatting
 of the whole program (``Program.__str__``: ``apply_pipeline`` formats it twice per pipeline for a debug
 message even when debug logging is off). ``on`` and ``ours`` must give the same program; ``off`` is
 skipped at a size where its time, extrapolated from the smaller sizes, would exceed ``--off-budget``.
 
-Each pass's growth exponent is the slope of log(time) against log(ops) over the mix sizes. Writes
+Times are CPU times of the converting thread (the machine may be shared), the whole conversion's wall
+time beside them. Each pass's growth exponent is the slope of log(time) against log(ops) over the mix sizes. Writes
 ``<out>/llm.json`` and the plot (default ``docs/llm_scaling.png``).
 
 Usage::
