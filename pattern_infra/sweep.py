@@ -1,8 +1,7 @@
 """Runs of passes as single pipeline entries: :func:`pipeline`, for ``coremltools.convert``.
 
 coremltools' ``PassPipelineManager.apply_pipeline`` validates the whole program after every entry of a
-pipeline: 112 validations in a ``convert`` to mlprogram, about 40% of its time (``Block.validate`` counts
-each input's users per op, so a constant shared by thousands of ops makes it superlinear). In the
+pipeline: 112 validations in a ``convert`` to mlprogram, nearly half of its CPU time at 10k-50k ops. In the
 default pipeline with the override on, 22 of the entries are generic passes, in 7 runs of consecutive
 ones. :func:`pipeline` returns the default pipeline with runs of passes replaced by one
 :class:`GenericSweep` entry each: either every run of consecutive generic passes (``group="generic"``:
@@ -252,7 +251,7 @@ def pipeline(base: PassPipeline | None = None, *, group: Grouping = "all") -> Pa
     Pass the result to ``coremltools.convert(..., pass_pipeline=pattern_infra.pipeline())``. It gives
     the same program as ``base`` with ``ENABLE_EXPERIMENTAL_PASSES=1``: the same passes in the same
     order (each run of generic passes applied in one sweep), with fewer whole-program validations
-    (coremltools validates after every entry; about 40% of a conversion's time). The generic passes
+    (coremltools validates after every entry: nearly half of a conversion's CPU time). The generic passes
     of the sweeps run whatever the variable says; the variable still decides for generic passes outside
     them (the backend's ``mil_backend::fuse_activation_silu`` and ``fuse_pow2_sqrt``, which ``convert``
     runs after the main pipeline). Call it once per conversion: ``convert`` edits the pipeline it gets.
