@@ -7,19 +7,24 @@ How a group of sub-passes runs on a program (``run_subpasses``):
    are inserted (later sub-passes see them without a rescan), and every insertion and removal is
    recorded.
 2. For each sub-pass, in order, and each block: the anchor is the pattern op whose type is rarest in the
-   block, and only ops of that type are tried. After a match, the user's constraints and transform run;
-   the matched ops left without users are removed together (consumers first, in the pattern's order
-   reversed), unlinked directly rather than through ``Block.remove_ops``, whose checks the dead-op
-   test has already made (see :func:`remove_dead_ops`). What the rewrite did is recorded as
-   :class:`_Changes`: the ops created, the ops removed, and the ops outside the match whose inputs
-   were redirected.
+   block, and only ops of that type are tried. Each structural match is offered, inside the search, to
+   the user's constraints and then the transform (:func:`_offer`); a match they turn down lets the search
+   go on to the next structural match at the same anchor op. The matched ops left without users are
+   removed together (consumers first, in the pattern's order reversed), unlinked directly rather than
+   through ``Block.remove_ops``, whose checks the dead-op test has already made (see
+   :func:`remove_dead_ops`). What the rewrite did is recorded as :class:`_Changes`: the ops created, the
+   ops removed, and the ops outside the match whose inputs were redirected.
 3. Nothing is rescanned from the start. A match that did not exist before a round of rewrites contains
    an op whose inputs or whose outputs' users changed: a created op, a redirected op, or the producer of
-   a removed op's input. Only those of the pattern's op types can be part of a match; when there are
-   some, the anchor candidates within the pattern's radius of them (the anchor's eccentricity in the
-   pattern graph, plus one hop) are tried again, until a round changes nothing. A GELU fusion creates a
-   ``gelu`` and redirects a ``relu``: no revisit at all. A pass still rewriting after
-   ``max_iterations`` rounds re-creates its own pattern: :class:`FixpointError`.
+   a removed op's input, in whatever block it lies. Only those of the pattern's op types can be part of
+   a match; when there are some, the anchor candidates within the pattern's radius of them (the anchor's
+   eccentricity in the pattern graph, plus one hop) are tried again, and, for a pattern whose parts meet
+   only at a pattern input, each such op as every pattern op of its type; blocks are revisited until no
+   block has anything left (an inner rewrite may free an outer match). A GELU fusion creates a ``gelu``
+   and redirects a ``relu``: no revisit at all. A pass still rewriting after ``max_iterations`` rounds
+   re-creates its own pattern: :class:`FixpointError`. Every change is also logged by op type for the
+   other sub-passes: after the last one, each revisits what the later ones changed
+   (:func:`_revisit_earlier`), until a round rewrites nothing, so the pass ends at a fixpoint.
 4. The first time a transform is about to run, an undo journal opens (:mod:`pattern_infra.journal`):
    from then on, the first change to an op or variable saves its state, copy-on-write, and every op
    of a match, and every user of its outputs, is saved before its transform runs. If a constraint or
@@ -39,7 +44,7 @@ import gc
 import logging
 import time
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -52,6 +57,7 @@ from .errors import FixpointError, PassExecutionError, PatternInfraError
 from .journal import Journal, flat_inputs, journals_on_this_thread
 from .matcher import Matcher
 from .pattern import Pattern
+from . import tracing
 
 __all__ = [
     "DEFAULT_MAX_ITERATIONS",
@@ -296,7 +302,10 @@ class _Run:
         self.ops_at_start: dict[int, list[Operation]] = {id(block): ops for block, ops in walked}
         """Each block's ops as listed at the start, for its index while nothing has been rewritten."""
         self.states: dict[int, _BlockState] = {}
-        self.changes = _Changes()
+        self.log: dict[str, list[Operation]] = {}
+        """Every op a rewrite of any sub-pass created, rewired or left with fewer users, by type: what
+        the other sub-passes revisit (:func:`_revisit_earlier`)."""
+        self.changes = _Changes(log=self.log)
         """What the current sub-pass's rewrites did, for the revisits and the validation."""
         self.rounds: dict[int, int] = {}
         """Per block (by id), the rounds the current sub-pass has swept it: the fixpoint cap."""
@@ -308,6 +317,10 @@ class _Run:
             block, self.open_block = self.open_block, None
             self.keep_block(block)
             block.__exit__(None, None, None)
+
+    def log_position(self) -> dict[str, int]:
+        """How much of :attr:`log` there is now, per type."""
+        return {op_type: len(ops) for op_type, ops in self.log.items()}
 
     def keep_block(self, block: Block) -> None:
         """Saves the variables ``Block.__exit__`` is about to rewrite, while the journal is open."""
@@ -367,6 +380,7 @@ def run_subpasses(
     pass_name: str,
     *,
     validate: bool | str = True,
+    passes: Sequence[int] | None = None,
 ) -> PassStats:
     """Applies each sub-pass, in order, to every block of ``prog``.
 
@@ -378,6 +392,10 @@ def run_subpasses(
             rewrite created or rewired, right after it (linear in what changed); ``"full"`` validates
             the whole program after each sub-pass that rewrote; ``False`` skips it. coremltools'
             pipeline validates the whole program after every pass anyway.
+        passes: For several passes applied in one call, the pass each sub-pass belongs to (consecutive
+            sub-passes of one pass share a number). Each pass reaches its own fixpoint (its sub-passes
+            revisit each other's changes) before the next one starts, as when they run one by one.
+            None: all sub-passes form one pass.
 
     Returns:
         The counters of this run, summed over the sub-passes.
@@ -395,37 +413,17 @@ def run_subpasses(
     gc.disable()
     try:
         blocks = run.blocks
-        for sub in subpasses:
-            if not any(run.state(block).possible(sub.matcher) for block in blocks):
-                sub.stats.runs += 1  # no block holds every op type of the pattern: nothing to do
-                total.runs += 1
-                continue
-            stats = PassStats(runs=1)
-            start = time.perf_counter()
-            bind_before = sub.matcher.bind_attempts
-            run.rounds = {}
-            for block in blocks:
-                if _live(block):
-                    with _LazyBlockContext(run, block) as context:
-                        _sweep(run, sub, run.state(block), stats, context, first=True)
-            # A rewrite may free a match in another block (an inner rewrite drops a use of an outer
-            # variable; an outer one rewires ops of an inner block): those blocks are swept again, from
-            # what changed in them, until no block has anything left to revisit.
-            while pending := run.changes.pending(blocks):
-                for block in pending:
-                    if _live(block):
-                        with _LazyBlockContext(run, block) as context:
-                            _sweep(run, sub, run.state(block), stats, context, first=False)
-            stats.bind_attempts = sub.matcher.bind_attempts - bind_before
-            stats.seconds = time.perf_counter() - start
-            sub.stats.add(stats)
-            total.add(stats)
-            if stats.rewrites and validate == "full":  # otherwise each rewrite was checked (_rewrite)
-                try:
-                    prog.validate()
-                except Exception as exc:
-                    raise _inconsistent(run, sub, exc) from exc
-            run.changes = _Changes()
+        for group in _groups(subpasses, passes):
+            seen: list[dict[str, int]] = []
+            for sub in group:
+                if any(run.state(block).possible(sub.matcher) for block in blocks):
+                    total.add(_apply(run, sub, first=True))
+                else:
+                    sub.stats.runs += 1  # no block holds every op type of the pattern: nothing to do
+                    total.runs += 1
+                seen.append(run.log_position())
+            if len(group) > 1:
+                _revisit_earlier(run, group, seen, total)
     except PatternInfraError:
         raise
     except Exception as exc:  # an error of coremltools' own while applying the rewrite
@@ -443,6 +441,87 @@ def run_subpasses(
         if gc_was_enabled:
             gc.enable()
     return total
+
+
+def _groups(subpasses: list[SubPass], passes: Sequence[int] | None) -> list[list[SubPass]]:
+    """The sub-passes cut into runs of one pass each (see ``run_subpasses``' ``passes``)."""
+    if passes is None:
+        return [subpasses] if subpasses else []
+    if len(passes) != len(subpasses):
+        raise ValueError(f"passes names {len(passes)} sub-passes, but {len(subpasses)} were given")
+    groups: list[list[SubPass]] = []
+    for i, sub in enumerate(subpasses):
+        if i == 0 or passes[i] != passes[i - 1]:
+            groups.append([])
+        groups[-1].append(sub)
+    return groups
+
+
+def _apply(run: _Run, sub: SubPass, *, first: bool) -> PassStats:
+    """One sub-pass over the program: every block (``first``), or the blocks with seeds to revisit.
+
+    A rewrite may free a match in another block (an inner rewrite drops a use of an outer variable; an
+    outer one rewires ops of an inner block): those blocks are swept again, from what changed in them,
+    until no block has anything left to revisit.
+    """
+    blocks = run.blocks
+    stats = PassStats(runs=1 if first else 0)
+    start = time.perf_counter()
+    bind_before = sub.matcher.bind_attempts
+    run.rounds = {}
+    pending = blocks if first else run.changes.pending(blocks)
+    while pending:
+        for block in pending:
+            if _live(block):
+                with _LazyBlockContext(run, block) as context:
+                    _sweep(run, sub, run.state(block), stats, context, first=first)
+        first = False
+        pending = run.changes.pending(blocks)
+    stats.bind_attempts = sub.matcher.bind_attempts - bind_before
+    stats.seconds = time.perf_counter() - start
+    sub.stats.add(stats)
+    if stats.rewrites and run.validate == "full":  # otherwise each rewrite was checked (_rewrite)
+        try:
+            run.prog.validate()
+        except Exception as exc:
+            raise _inconsistent(run, sub, exc) from exc
+    run.changes = _Changes(log=run.log)
+    return stats
+
+
+def _revisit_earlier(run: _Run, subpasses: list[SubPass], seen: list[dict[str, int]], total: PassStats) -> None:
+    """Lets each sub-pass revisit what the others changed after it ran, until a round rewrites nothing.
+
+    A later sub-pass's rewrite may create or free a match of an earlier one; every rewrite's changed ops
+    are logged by type (:attr:`_Run.log`), and each sub-pass takes the ones of its types it has not seen.
+    Costs a dictionary lookup per sub-pass and type when the rewrites touched none of its types.
+    """
+    limit = max(sub.max_iterations for sub in subpasses)
+    for _ in range(limit):
+        rewrites = total.rewrites
+        for k, sub in enumerate(subpasses):
+            if not any(run.state(block).possible(sub.matcher) for block in run.blocks if _live(block)):
+                seen[k] = run.log_position()  # no block holds every op type of its pattern any more
+                continue
+            position = seen[k]
+            types = sorted(sub.seed_types) if sub.seed_types is not None else list(run.log)
+            for op_type in types:
+                logged = run.log.get(op_type)
+                if logged is not None and len(logged) > position.get(op_type, 0):
+                    for op in logged[position.get(op_type, 0):]:
+                        run.changes._seed(op)
+            seen[k] = run.log_position()
+            if run.changes.seeds:
+                total.add(_apply(run, sub, first=False))
+                seen[k] = run.log_position()
+        if total.rewrites == rewrites:
+            return
+    run.restore()
+    raise FixpointError(
+        f"Pass {run.pass_name!r}: its sub-passes kept re-creating each other's patterns for {limit} rounds "
+        f"({', '.join(sub.name for sub in subpasses)}); make each replacement differ from the other patterns. "
+        f"The program was restored to its state before the pass."
+    )
 
 
 _PROMOTE_ABOVE = 20_000
@@ -519,6 +598,8 @@ class _Changes:
     which unlists them from their inputs' users (``Var.remove_child_op``) or raises."""
     checked: tuple[int, int, int] = (0, 0, 0)
     """How many of ``removed_by_transforms``, ``created`` and ``rewired`` :meth:`validate` has checked."""
+    log: dict[str, list[Operation]] = field(default_factory=dict)
+    """The run's log of changed ops by type, shared by the sub-passes (see :attr:`_Run.log`)."""
     seeds: dict[int, list[Operation]] = field(default_factory=dict)
     """Per block (by id), ops whose surroundings changed and whose type the pattern has: created and
     rewired ops, and the producers of the inputs of removed ops (they lost a consumer), whatever block
@@ -567,15 +648,21 @@ class _Changes:
             self.removed_by_transforms += removed_by_transform
             removed_inputs += [flat_inputs(op) for op in removed_by_transform]
         seed = self._seed
+        log = self.log
         for changed in (created, rewired):
             for op in changed:
-                if types is None or type(op).__name__ in types:
+                op_type = type(op).__name__
+                log.setdefault(op_type, []).append(op)
+                if types is None or op_type in types:
                     seed(op)
         for inputs in removed_inputs:
             for var in inputs:
                 producer = var._op
-                if producer is not None and (types is None or type(producer).__name__ in types):
-                    seed(producer)  # of any block; a removed producer has none and is left out
+                if producer is not None:
+                    op_type = type(producer).__name__
+                    log.setdefault(op_type, []).append(producer)
+                    if types is None or op_type in types:
+                        seed(producer)  # of any block; a removed producer has none and is left out
 
     def validate(self) -> None:
         """Block.validate's invariants, where the rewrites could have broken them.
@@ -830,6 +917,8 @@ def _rewrite(run: _Run, sub: SubPass, st: _BlockState, match: Pattern) -> bool:
             run.changes.validate()
         except Exception as exc:
             raise _inconsistent(run, sub, exc) from exc
+    if tracing.recording:  # a trace is open (pattern_infra.trace): one flag test otherwise
+        tracing.record(run.prog, run.pass_name, sub.name, block, match.op_list(), created, st.removed[n_removed:])
     return True
 
 

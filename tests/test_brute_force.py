@@ -372,3 +372,29 @@ def test_the_brute_force_sees_what_it_should(pattern_name):
     }[pattern_name]
     assert found == expected
     assert {frozenset(o.name for o in m.op_set) for m in find_matches(pattern, prog, **options)} == found
+
+
+@settings(max_examples=EXAMPLES, deadline=None, derandomize="FUZZ_EXAMPLES" not in os.environ,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@given(plan=plans, names=st.lists(st.sampled_from(sorted(PATTERNS)), min_size=2, max_size=3, unique=True),
+       replacement=st.sampled_from(sorted(REPLACEMENTS)))
+@example(  # the second sub-pass's rewrite frees a match of the first: relu(a0) loses its other consumer
+    plan={"outer": [("relu", [1, 0]), ("exp", [0, 0]), ("sigmoid", [1, 0]), ("sub", [0, -2])],
+          "inner": [], "outputs": [0, 2]},
+    names=["chain", "by_constant_value"], replacement="constant",
+)
+def test_a_pass_of_several_patterns_ends_at_a_fixpoint(plan, names, replacement):
+    """A rewrite by a later sub-pass may create or free a match of an earlier one: the pass revisits it,
+    so no match of any of its patterns is left."""
+    namespace = _fresh_namespace()
+    for name in names:
+        pattern, options = PATTERNS[name]
+        container = register_generic_pass(pattern, None, REPLACEMENTS[replacement], "several", namespace,
+                                          **options)
+    prog = build(plan)
+    container(prog)
+    prog.validate()
+    for name in names:
+        pattern, options = PATTERNS[name]
+        left = brute_force(compile_pattern(pattern, **options), prog, None)
+        assert left == set(), f"{name}: the pass stopped with matches left: {sorted(map(sorted, left))}"
