@@ -36,6 +36,7 @@ from .registry import (
     register_generic_pass,
     run_log,
 )
+from .sweep import GenericSweep, pipeline
 
 __all__ = [
     "EvaluationError",
@@ -53,6 +54,7 @@ __all__ = [
     "Explanation",
     "Explanations",
     "Failure",
+    "GenericSweep",
     "FixpointError",
     "Matcher",
     "PassContainer",
@@ -79,6 +81,7 @@ __all__ = [
     "pattern_program",
     "program_before",
     "pattern_detected",
+    "pipeline",
     "predicates",
     "register_generic_pass",
     "remove_dead_ops",
