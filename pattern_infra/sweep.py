@@ -142,7 +142,10 @@ class GenericSweep(AbstractGraphPass):
                 continue
             before = {id(sub): _snapshot(sub.stats) for _, sub in segment}
             with _scoped_transforms(segment):
-                stats = run_subpasses(prog, [sub for _, sub in segment], self.pass_id, validate=container.validate)
+                # each pass reaches its own fixpoint before the next starts, as when they run one by one
+                owners = {id(owner): k for k, (owner, _) in enumerate(segment)}
+                stats = run_subpasses(prog, [sub for _, sub in segment], self.pass_id, validate=container.validate,
+                                      passes=[owners[id(owner)] for owner, _ in segment])
             self.stats.add(stats)
             _record_per_pass(segment, before)
 
