@@ -20,6 +20,7 @@ from .errors import (
 )
 from .evaluator import evaluate, register_op_semantics
 from .explain import Explanation, explain
+from .from_torch import TorchCapture, capture_torch, pattern_from_torch
 from .matcher import Failure, Matcher, detect_pattern, lists_op_equality, pattern_detected
 from .pattern import Pattern
 from .rewrite import replace_with
@@ -51,6 +52,9 @@ __all__ = [
     "DEFAULT_MAX_ITERATIONS",
     "ENV_VAR",
     "Explanation",
+    "TorchCapture",
+    "capture_torch",
+    "pattern_from_torch",
     "Failure",
     "FixpointError",
     "Matcher",
