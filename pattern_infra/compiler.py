@@ -30,6 +30,7 @@ import numpy as np
 from coremltools.converters.mil.mil import Operation, Program, Var
 
 from .choices import Choice, _Region, collapse, records_of
+from .equivalences import Equivalences, with_equivalences
 from .errors import PatternDefinitionError
 
 __all__ = [
@@ -275,6 +276,7 @@ def compile_pattern(
     constants: ConstMode | ConstRule = "any",
     const_rules: Mapping[str, ConstMode | ConstRule] | None = None,
     fanout: Iterable[str] = (),
+    equivalences: Equivalences = False,
 ) -> CompiledPattern:
     """Reads a pattern program into a :class:`CompiledPattern`, enforcing the pattern rules.
 
@@ -295,6 +297,9 @@ def compile_pattern(
         fanout: Pattern ops that stand for every consumer of their input (one or more ops of the same
             kind, captured as a list). Such an op must be a last op of the pattern, with exactly one
             input coming from a pattern input or another pattern op.
+        equivalences: Identities the matcher also matches (``pow(x, 2)`` = ``mul(x, x)``, ...): False,
+            True, a list of identity names or ``{"<op>": [names]}``; see
+            :mod:`pattern_infra.equivalences`.
 
     Returns:
         The compiled pattern.
@@ -304,6 +309,9 @@ def compile_pattern(
     """
     pattern_name = name or pattern_name_of(ops_arrangement)
     func = _function_of(ops_arrangement, pattern_name)
+    if equivalences:
+        ops_arrangement = with_equivalences(ops_arrangement, pattern_name, equivalences)
+        func = ops_arrangement.functions["main"]
     return _compile_graph(
         func,
         ops_arrangement,
