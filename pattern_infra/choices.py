@@ -385,6 +385,8 @@ class SubMatch:
     choices)."""
     ops: list[Operation]
     """Every program op of the sub-match (nested choices' included)."""
+    choice: str = ""
+    """The choice's name."""
 
 
 def _matcher_of(alternative: Alternative) -> Any:
@@ -431,7 +433,7 @@ def choice_matches(
         outer.bind_attempts += matcher.bind_attempts - before
         for sub in search.found:
             slots = {slot: var for slot, var in zip(alternative.slots, sub.root_vars)}
-            found.append(SubMatch(alternative.index, slots, sub, list(sub._flat_ops())))
+            found.append(SubMatch(alternative.index, slots, sub, list(sub._flat_ops()), choice.name))
         if not search.found and failures is not None:
             failure = search.failure
             reason = failure.reason if isinstance(failure, Failure) else "no match"
@@ -466,3 +468,76 @@ class _LazyCollecting:
 
 _Collecting = _LazyCollecting()
 """``_Collecting(matcher, block, plan, trace)``: built on first use (the matcher imports this module)."""
+
+
+def candidates_below(var: Var, choice: Choice) -> list[Operation]:
+    """Ops that may compute a choice's variable from ``var`` (a down-step into a choice node): every op
+    at most ``choice.depth`` consumer steps below ``var`` whose type an alternative ends with, breadth
+    first, each once. The alternatives' own searches check the rest (that the choice really reads
+    ``var`` is checked by the outer search, as for any slot)."""
+    seen: dict[int, Operation] = {}
+    frontier = [var]
+    out: list[Operation] = []
+    for _ in range(choice.depth):
+        next_vars: list[Var] = []
+        for v in frontier:
+            for op in v.child_ops:
+                if id(op) in seen:
+                    continue
+                seen[id(op)] = op
+                if op.op_type in choice.output_types:
+                    out.append(op)
+                next_vars.extend(op.outputs)
+        frontier = next_vars
+    return out
+
+
+def clashes(sub: SubMatch, bound: Sequence[Any]) -> bool:
+    """Whether an op of ``sub`` other than its last one is already bound by the outer search (a match is
+    injective); ``bound`` holds program ops (or None, or fan-out lists, which never hold choice ops)."""
+    last = sub.pattern.final_op
+    ids = {id(op) for op in bound if op is not None}
+    return any(id(op) in ids for op in sub.ops if op is not last)
+
+
+def computed_inside(var: Var | None, ops: Sequence[Any], subs: Sequence[SubMatch | None]) -> bool:
+    """Whether ``var`` is computed by an op of the match: ``ops`` (the outer ops) or a sub-match."""
+    producer = var.op if var is not None else None
+    if producer is None:
+        return False
+    if any(producer is op for op in ops):
+        return True
+    return any(sub is not None and any(producer is op for op in sub.ops) for sub in subs)
+
+
+def subs_final_ok(ops: Sequence[Any], subs: Sequence[SubMatch | None]) -> bool:
+    """The outer final check the alternatives cannot make themselves: no constant slot of a sub-match is
+    computed by an op of the outer match or of another sub-match."""
+    for sub in subs:
+        if sub is None:
+            continue
+        for var in sub.pattern.consts.values():
+            if computed_inside(var, ops, [s for s in subs if s is not sub]):
+                return False
+    return True
+
+
+def merged(
+    ops: dict[str, Any], operands: dict[str, dict[str, Any]], consts: dict[str, Var], subs: Sequence[SubMatch | None]
+) -> dict[str, int]:
+    """Adds the sub-matches' ops, operands and constants to a match's dicts; returns ``pattern.choices``
+    (choice name to the index of the alternative that matched, nested choices included)."""
+    chosen: dict[str, int] = {}
+    for sub in subs:
+        if sub is None:
+            continue
+        inner = sub.pattern
+        for name, op in inner.ops.items():
+            ops.setdefault(name, op)
+        for name, slots in inner._operands.items():
+            operands.setdefault(name, slots)
+        for key, var in inner.consts.items():
+            consts.setdefault(key, var)
+        chosen[sub.choice] = sub.alternative
+        chosen.update(inner.choices)
+    return chosen
