@@ -128,3 +128,85 @@ def _inner_var_used_outside(x):
 
     c = one_of("c", first, lambda: mb.sigmoid(x=x, name="s"))
     return mb.add(x=c, y=inner[0], name="a")
+
+
+# -- matching ---------------------------------------------------------------------------------------------
+
+SQUARES = {"mul": lambda x: mb.mul(x=x, y=x), "pow": lambda x: mb.pow(x=x, y=2.0)}
+NORMALIZERS = {
+    "rsqrt": lambda x, v: mb.mul(x=mb.rsqrt(x=v), y=x),  # operands in the other order than the pattern
+    "div_sqrt": lambda x, v: mb.real_div(x=x, y=mb.sqrt(x=v)),
+    "inv_sqrt": lambda x, v: mb.mul(x=x, y=mb.real_div(x=1.0, y=mb.sqrt(x=v))),
+}
+SPELLINGS = [(s, n, w) for s in SQUARES for n in NORMALIZERS for w in (True, False)]
+
+
+def rms_program(square, normalizer, weighted, extra_consumer=False):
+    specs = [mb.TensorSpec(shape=(3, 8)), mb.TensorSpec(shape=(8,))] if weighted else [mb.TensorSpec(shape=(3, 8))]
+
+    def body(x, w=None):
+        v = mb.add(x=mb.reduce_mean(x=SQUARES[square](x), axes=[-1], keep_dims=True), y=1e-6)
+        out = NORMALIZERS[normalizer](x, v)
+        if weighted:
+            out = mb.mul(x=w, y=out)
+        if extra_consumer:
+            return out, mb.relu(x=v)
+        return out
+
+    if weighted:
+        return mb.program(input_specs=specs)(lambda x, w: body(x, w))
+    return mb.program(input_specs=specs)(lambda x: body(x))
+
+
+def test_twelve_spellings_of_rms_norm_are_twelve_programs():
+    assert len(SPELLINGS) == 12
+    listings = {tuple(op.op_type for op in rms_program(*s).functions["main"].operations if op.op_type != "const")
+                for s in SPELLINGS}
+    assert len(listings) == 12
+
+
+@pytest.mark.parametrize("spelling", SPELLINGS, ids=["-".join(map(str, s)) for s in SPELLINGS])
+def test_one_pattern_matches_every_spelling_of_rms_norm(spelling):
+    square, normalizer, weighted = spelling
+    prog = rms_program(*spelling)
+    (match,) = find_matches(rms_norm, prog, constants="const")
+    main = prog.functions["main"]
+    ops = [op for op in main.operations if op.op_type != "const"]
+    assert match.final_op is ops[-1] and set(match.op_set) == set(ops)
+    assert match.root_vars[0] is main.inputs["x"]
+    assert match.root_vars[1] is (main.inputs["w"] if weighted else None)
+    expected_normed = list(NORMALIZERS).index(normalizer)
+    assert match.choices == {"square": list(SQUARES).index(square), "weighted": 0 if weighted else 1,
+                             "normed": expected_normed}
+    assert match.sq.op_type == square and match.square is match.sq
+    assert match.weighted is ops[-1]
+
+
+def test_every_spelling_matches_in_the_compiled_search_and_the_interpreter_alike(monkeypatch):
+    from pattern_infra.codegen import INTERPRET_ENV_VAR
+
+    compiled = []
+    for spelling in SPELLINGS:
+        compiled.append(sorted(op.name for op in next(iter(find_matches(rms_norm, rms_program(*spelling)))).op_set))
+    monkeypatch.setenv(INTERPRET_ENV_VAR, "1")
+    interpreted = []
+    for spelling in SPELLINGS:
+        interpreted.append(sorted(op.name for op in next(iter(find_matches(rms_norm, rms_program(*spelling)))).op_set))
+    assert compiled == interpreted
+
+
+def test_an_intermediate_inside_an_alternative_used_elsewhere_blocks_the_match():
+    prog = rms_program("mul", "div_sqrt", True, extra_consumer=True)
+    assert list(find_matches(rms_norm, prog)) == []
+
+
+def test_explain_lists_the_alternatives_tried():
+    from pattern_infra import explain
+
+    @mb.program(input_specs=[mb.TensorSpec(shape=(3, 8))])
+    def prog(x):
+        v = mb.add(x=mb.reduce_mean(x=mb.mul(x=x, y=x), axes=[-1], keep_dims=True), y=1e-6)
+        return mb.mul(x=x, y=mb.exp(x=v))  # exp: no alternative of "normed" has it
+
+    text = str(explain(rms_norm, prog))
+    assert "tried 2 alternatives for 'weighted'" in text or "tried 3 alternatives for 'normed'" in text
