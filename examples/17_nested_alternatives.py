@@ -76,6 +76,8 @@ ex.check(len(matches) == 12 and len({tuple(sorted(m.choices.items())) for m in m
 
 
 def to_rms(pattern):
+    if pattern.choices["square"] == 0 and pattern.choices["normed"] == 0:
+        return False  # already the canonical spelling: decline (else the pass would rewrite it forever)
     x, w, last = pattern.root_vars[0], pattern.root_vars[1], pattern.final_op
     eps = pattern.operand("var", "y")
     ms = mb.reduce_mean(x=mb.mul(x=x, y=x, before_op=last), axes=[-1], keep_dims=True, before_op=last)

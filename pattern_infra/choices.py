@@ -400,7 +400,8 @@ def _matcher_of(alternative: Alternative) -> Any:
 
 
 def choice_matches(
-    outer: Any, choice: Choice, op: Operation, block: Any, failures: list[str] | None = None
+    outer: Any, choice: Choice, op: Operation, block: Any, failures: list[str] | None = None,
+    maximal: bool = False,
 ) -> list[SubMatch]:
     """Every complete match of every alternative of ``choice`` whose last op is ``op``, in order.
 
@@ -415,30 +416,53 @@ def choice_matches(
         block: The block searched.
         failures: If given, receives for each alternative without a match ``"<label>: <reason>"`` (the
             alternatives are then searched with tracing, as ``explain`` does).
+        maximal: The choice ends the pattern (its variable may be used anywhere): a later alternative is
+            left out at ``op`` when an earlier one matches further down with ``op`` inside (the longest
+            spelling wins, as with ``optional``: ``norm * w`` is not matched as ``norm`` followed by an
+            unrelated ``mul``).
 
     Returns:
         The sub-matches, alternative by alternative.
     """
-    from .matcher import Failure, _Search
+    from .matcher import Failure
 
     found: list[SubMatch] = []
     for alternative in choice.alternatives:
-        matcher = _matcher_of(alternative)
-        compiled = alternative.compiled
-        anchor = compiled.final_nodes[0]
-        before = matcher.bind_attempts
-        search = _Collecting(matcher, block, matcher.plans[anchor], failures is not None)
-        search.found = []
-        search.run(op)
-        outer.bind_attempts += matcher.bind_attempts - before
+        search = _search_alternative(outer, alternative, op, block, failures is not None)
+        if search.found and maximal and alternative.index > 0 and _taken_further(outer, choice, alternative,
+                                                                                  op, block):
+            if failures is not None:
+                failures.append(f"{alternative.label}: an earlier alternative matches further down")
+            continue
         for sub in search.found:
             slots = {slot: var for slot, var in zip(alternative.slots, sub.root_vars)}
-            found.append(SubMatch(alternative.index, slots, sub, list(sub._flat_ops()), choice.name))
+            found.append(SubMatch(alternative.index, slots, sub, list(dict.fromkeys(sub._flat_ops())), choice.name))
         if not search.found and failures is not None:
             failure = search.failure
             reason = failure.reason if isinstance(failure, Failure) else "no match"
             failures.append(f"{alternative.label}: {reason}")
     return found
+
+
+def _search_alternative(outer: Any, alternative: Alternative, op: Operation, block: Any, trace: bool) -> Any:
+    """The alternative's search anchored at its last op, run to the end (``.found``: every match)."""
+    matcher = _matcher_of(alternative)
+    before = matcher.bind_attempts
+    search = _Collecting(matcher, block, matcher.plans[alternative.compiled.final_nodes[0]], trace)
+    search.found = []
+    search.run(op)
+    outer.bind_attempts += matcher.bind_attempts - before
+    return search
+
+
+def _taken_further(outer: Any, choice: Choice, alternative: Alternative, op: Operation, block: Any) -> bool:
+    """Whether an alternative before ``alternative`` matches at an op below ``op`` with ``op`` inside."""
+    for below in candidates_below(op.outputs[0], choice):
+        for earlier in choice.alternatives[: alternative.index]:
+            for sub in _search_alternative(outer, earlier, below, block, False).found:
+                if any(o is op for o in sub._flat_ops()):
+                    return True
+    return False
 
 
 def _collecting_class() -> type:
@@ -526,14 +550,23 @@ def merged(
     ops: dict[str, Any], operands: dict[str, dict[str, Any]], consts: dict[str, Var], subs: Sequence[SubMatch | None]
 ) -> dict[str, int]:
     """Adds the sub-matches' ops, operands and constants to a match's dicts; returns ``pattern.choices``
-    (choice name to the index of the alternative that matched, nested choices included)."""
+    (choice name to the index of the alternative that matched, nested choices included). The ops of an
+    alternative go right before its choice's entry, so the dict stays in a topological order (the
+    driver removes dead ops in its reverse)."""
     chosen: dict[str, int] = {}
+    by_choice = {sub.choice: sub for sub in subs if sub is not None}
+    outer = list(ops.items())
+    ops.clear()
+    for name, op in outer:  # each alternative's ops right before its choice: a topological order still
+        sub = by_choice.get(name)
+        if sub is not None:
+            for inner_name, inner_op in sub.pattern.ops.items():
+                ops.setdefault(inner_name, inner_op)
+        ops.setdefault(name, op)
     for sub in subs:
         if sub is None:
             continue
         inner = sub.pattern
-        for name, op in inner.ops.items():
-            ops.setdefault(name, op)
         for name, slots in inner._operands.items():
             operands.setdefault(name, slots)
         for key, var in inner.consts.items():
@@ -541,3 +574,15 @@ def merged(
         chosen[sub.choice] = sub.alternative
         chosen.update(inner.choices)
     return chosen
+
+
+def all_op_types(compiled: CompiledPattern) -> frozenset[str]:
+    """Every op type a match of ``compiled`` may contain, the alternatives' (nested) included."""
+    types: set[str] = set()
+    for node in compiled.nodes:
+        if node.choice is None:
+            types |= node.op_types
+        else:
+            for alternative in node.choice.alternatives:
+                types |= all_op_types(alternative.compiled)
+    return frozenset(types)

@@ -323,6 +323,8 @@ class _Generator:
 
         if any(node.fanout for node in self.nodes):
             raise _NotCompilable("the pattern has a fan-out op")
+        if self.m.has_choices:
+            raise _NotCompilable("the pattern has one_of choices")
         for node in self.nodes:
             if node.commutative and self.skippable[node.index] & {"x", "y"}:
                 raise _NotCompilable(f"commutative op {node.name!r} has an optional constant x or y")

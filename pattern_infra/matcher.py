@@ -38,7 +38,7 @@ from typing import Any
 from coremltools.converters.mil.mil import Block, Operation, Var
 from coremltools.converters.mil.mil.var import InternalVar
 
-from . import codegen
+from . import choices, codegen
 from .compiler import COMMUTATIVE_OPS, CompiledPattern, Edge, PatternNode, compile_pattern, edge_positions
 from .pattern import Pattern
 
@@ -97,12 +97,15 @@ class Matcher:
         self.radius: list[int] = self._radii()
         """Per anchor: producer/consumer hops from the anchor op within which any op of a match lies,
         plus one (an op just outside the match, such as a root's producer, can unblock it)."""
-        self.op_types: frozenset[str] = frozenset(t for n in compiled.nodes for t in n.op_types)
+        self.op_types: frozenset[str] = choices.all_op_types(compiled)
+        """Every op type a match may contain (the alternatives' ops included)."""
         self.type_groups: tuple[tuple[str, ...], ...] = tuple(
             dict.fromkeys(tuple(sorted(n.op_types)) for n in compiled.nodes)
         )
         """The pattern ops' type sets, each once: a block can hold a match only if it has an op of
         every group."""
+        self.has_choices: bool = any(n.choice is not None for n in compiled.nodes)
+        """Whether the pattern has a choice node (``one_of``, ``equivalences=``)."""
         self._const_slots = [
             (node.index, slot, pos)
             for node in compiled.nodes
@@ -128,7 +131,10 @@ class Matcher:
         roots_bound: set[int] = set()
 
         def note_roots(n: int) -> None:
-            for _, edge in nodes[n].inputs.items():
+            choice = nodes[n].choice
+            for slot, edge in nodes[n].inputs.items():
+                if choice is not None and slot not in choice.full_slots:
+                    continue  # bound only when the alternative that matched reads it
                 for _, e in edge_positions(edge):
                     if e.kind == "root":
                         roots_bound.add(e.index)
@@ -145,18 +151,19 @@ class Matcher:
 
     def _radii(self) -> list[int]:
         nodes = self.nodes
+        span = [node.choice.depth if node.choice is not None else 1 for node in nodes]
         hops: list[dict[int, int]] = [{} for _ in nodes]
         for node in nodes:
             for _, edge in node.inputs.items():
                 for _, e in edge_positions(edge):
                     if e.kind == "op":
-                        hops[node.index][e.index] = 1
-                        hops[e.index][node.index] = 1
+                        hops[node.index][e.index] = span[node.index]
+                        hops[e.index][node.index] = span[node.index]
         for users in self.compiled.root_consumers:  # two consumers of one variable: 2 hops apart
             for a, _, _ in users:
                 for b, _, _ in users:
                     if a != b:
-                        hops[a].setdefault(b, 2)
+                        hops[a].setdefault(b, span[a] + span[b])
         radii = []
         for anchor in range(len(nodes)):
             dist = {anchor: 0}
@@ -294,6 +301,7 @@ def _build_pattern(
     assign: list[dict[str, Any] | None],
     roots: list[Var | None],
     order: Callable[[list[Operation]], list[Operation]] | None,
+    subs: list[choices.SubMatch | None] | None = None,
 ) -> Pattern:
     """The :class:`Pattern` of a complete binding (interpreter and compiled searches alike).
 
@@ -304,6 +312,7 @@ def _build_pattern(
         assign: Per pattern op, its operands as assigned (after any x/y swap).
         roots: Per root, the bound program variable.
         order: Sorts ops into program order, for ``Pattern.op_list``.
+        subs: Per pattern op, the sub-match of a choice node (None elsewhere).
     """
     compiled = matcher.compiled
     by_name = {node.name: ops[node.index] for node in compiled.nodes}
@@ -317,7 +326,12 @@ def _build_pattern(
             continue  # a wildcard slot the matched alternative op does not have
         consts[key] = var
         consts.setdefault(cname, var)
-    return _new_pattern(compiled, block, by_name, roots, operands, consts, order)
+    if subs is None or not matcher.has_choices:
+        return _new_pattern(compiled, block, by_name, roots, operands, consts, order)
+    chosen = choices.merged(by_name, operands, consts, subs)
+    pattern = _new_pattern(compiled, block, by_name, roots, operands, consts, order)
+    pattern.choices = chosen
+    return pattern
 
 
 def _new_pattern(
@@ -350,7 +364,7 @@ def _optional_const(compiled: CompiledPattern, edge: Edge | tuple[Edge, ...]) ->
 class _Search:
     """State of one anchored search; undone on backtracking."""
 
-    __slots__ = ("m", "block", "plan", "trace", "ops", "assign", "roots", "used", "failure", "depth")
+    __slots__ = ("m", "block", "plan", "trace", "ops", "assign", "roots", "used", "failure", "depth", "subs")
 
     def __init__(self, matcher: Matcher, block: Block, plan: list[_Step], trace: bool) -> None:
         n = len(matcher.nodes)
@@ -364,6 +378,7 @@ class _Search:
         self.used: dict[int, int] = {}
         self.failure: Failure | None = None
         self.depth = 0
+        self.subs: list[choices.SubMatch | None] = [None] * n
 
     def fail(self, node: int, reason: str | Callable[[], str]) -> bool:
         if self.trace and (self.failure is None or self.depth > self.failure.bound):
@@ -403,8 +418,11 @@ class _Search:
         if self.m.nodes[st.node].fanout:
             return self.bind_fanout(st.node, var, i)
         tried = False
-        for consumer in dict.fromkeys(var.child_ops):
-            if consumer.op_type in self.m.nodes[st.node].op_types and id(consumer) not in self.used:
+        target = self.m.nodes[st.node]
+        candidates = (choices.candidates_below(var, target.choice) if target.choice is not None
+                      else dict.fromkeys(var.child_ops))
+        for consumer in candidates:
+            if consumer.op_type in target.op_types and id(consumer) not in self.used:
                 tried = True
                 if self.bind(st.node, consumer, i):
                     return True
@@ -429,6 +447,8 @@ class _Search:
             return self.fail(n, lambda: f"{op.name} lies in another block")
         if id(op) in self.used:
             return self.fail(n, lambda: f"{op.name} is already matched by another pattern op")
+        if node.choice is not None:
+            return self.bind_choice(n, op, i)
         for assignment in self.assignments(node, op):
             saved_roots = list(self.roots)
             if self.check_edges(node, op, assignment):
@@ -442,6 +462,39 @@ class _Search:
                 del self.used[id(op)]
                 self.ops[n] = None
                 self.assign[n] = None
+            self.roots = saved_roots
+        return False
+
+    def bind_choice(self, n: int, op: Operation, i: int) -> bool:
+        """Binds choice node ``n`` to ``op``: each complete match of each alternative ending at ``op``
+        gives the node's slots; the search goes on with them (:mod:`pattern_infra.choices`)."""
+        node = self.m.nodes[n]
+        failures: list[str] | None = [] if self.trace else None
+        subs = choices.choice_matches(self.m, node.choice, op, self.block, failures, maximal=node.is_final)
+        if not subs:
+            return self.fail(n, lambda: f"tried {len(node.choice.alternatives)} alternatives for "
+                             f"{node.name!r}: " + "; ".join(failures or []))
+        for sub in subs:
+            if any(id(o) in self.used for o in sub.ops):
+                self.fail(n, lambda: f"an op of alternative {sub.alternative} of {node.name!r} is already "
+                          f"matched by another pattern op")
+                continue
+            saved_roots = list(self.roots)
+            if self.check_edges(node, op, sub.slots):
+                self.ops[n] = op
+                self.assign[n] = sub.slots
+                self.subs[n] = sub
+                for o in sub.ops:
+                    self.used[id(o)] = n
+                self.depth += 1
+                if self.step(i + 1):
+                    return True
+                self.depth -= 1
+                for o in sub.ops:
+                    del self.used[id(o)]
+                self.ops[n] = None
+                self.assign[n] = None
+                self.subs[n] = None
             self.roots = saved_roots
         return False
 
@@ -594,10 +647,12 @@ class _Search:
             if var is not None and var.op is not None and id(var.op) in self.used:
                 return self.fail(n, lambda: f"constant slot {self.m.nodes[n].name}.{slot} is wired "
                                  f"from inside the match ({var.name})")
+        if self.m.has_choices and not choices.subs_final_ok(self.ops, self.subs):
+            return self.fail(0, "a constant slot of an alternative is wired from inside the match")
         return True
 
     def to_pattern(self, order: Callable[[list[Operation]], list[Operation]] | None) -> Pattern:
-        return _build_pattern(self.m, self.block, self.ops, self.assign, self.roots, order)
+        return _build_pattern(self.m, self.block, self.ops, self.assign, self.roots, order, self.subs)
 
 
 # -- design-document helpers, kept importable ---------------------------------------------------------

@@ -250,7 +250,8 @@ class Pattern:
                 ops.extend(op)
             else:
                 ops.append(op)
-        return ops
+        # a choice and its alternative's last op are one op under two names
+        return list(dict.fromkeys(ops)) if self.choices else ops
 
     def _flat_ops(self) -> Iterator[Operation]:
         for op in self._ops.values():

@@ -6,7 +6,7 @@ import pytest
 from coremltools.converters.mil import Builder as mb
 from coremltools.converters.mil.mil import get_new_symbol
 
-from pattern_infra import PatternDefinitionError, compile_pattern
+from pattern_infra import PatternDefinitionError, compile_pattern, find_matches
 from pattern_infra.choices import one_of, optional
 
 ROW = [mb.TensorSpec(shape=(get_new_symbol(), 8))]
@@ -160,9 +160,13 @@ def rms_program(square, normalizer, weighted, extra_consumer=False):
 
 def test_twelve_spellings_of_rms_norm_are_twelve_programs():
     assert len(SPELLINGS) == 12
-    listings = {tuple(op.op_type for op in rms_program(*s).functions["main"].operations if op.op_type != "const")
-                for s in SPELLINGS}
-    assert len(listings) == 12
+    def structure(prog):  # each op with the types of what it reads
+        ops = [op for op in prog.functions["main"].operations if op.op_type != "const"]
+        return tuple((op.op_type, tuple(v.op.op_type if v.op is not None else "input"
+                                        for v in op.inputs.values() if not isinstance(v, (list, tuple))))
+                     for op in ops)
+
+    assert len({structure(rms_program(*s)) for s in SPELLINGS}) == 12
 
 
 @pytest.mark.parametrize("spelling", SPELLINGS, ids=["-".join(map(str, s)) for s in SPELLINGS])
@@ -185,14 +189,15 @@ def test_one_pattern_matches_every_spelling_of_rms_norm(spelling):
 def test_every_spelling_matches_in_the_compiled_search_and_the_interpreter_alike(monkeypatch):
     from pattern_infra.codegen import INTERPRET_ENV_VAR
 
-    compiled = []
-    for spelling in SPELLINGS:
-        compiled.append(sorted(op.name for op in next(iter(find_matches(rms_norm, rms_program(*spelling)))).op_set))
+    programs = [rms_program(*spelling) for spelling in SPELLINGS]
+
+    def outcome(prog):
+        return [(sorted(op.name for op in m.op_set), m.choices) for m in find_matches(rms_norm, prog)]
+
+    compiled = [outcome(prog) for prog in programs]
     monkeypatch.setenv(INTERPRET_ENV_VAR, "1")
-    interpreted = []
-    for spelling in SPELLINGS:
-        interpreted.append(sorted(op.name for op in next(iter(find_matches(rms_norm, rms_program(*spelling)))).op_set))
-    assert compiled == interpreted
+    assert [outcome(prog) for prog in programs] == compiled
+    assert all(len(found) == 1 for found in compiled)
 
 
 def test_an_intermediate_inside_an_alternative_used_elsewhere_blocks_the_match():
