@@ -114,6 +114,15 @@ class Choice:
     """Op types the choice's variable may be produced by."""
     full_slots: frozenset[str] = field(default_factory=frozenset)
     """Slots every alternative reads."""
+    reads: dict[str, int] = field(default_factory=dict)
+    """For a slot holding a pattern op's output: how many times each alternative reads it (the same in
+    every alternative), for the outer check that the op's output has no consumer outside the match."""
+    uses: dict[str, int] = field(default_factory=dict)
+    """For every slot, how many times the first alternative reading it reads it."""
+
+    def reads_of(self, slot: str) -> int:
+        """How many times an alternative reads ``slot`` (for a nested choice's input)."""
+        return self.reads.get(slot, self.uses.get(slot, 1))
 
 
 def one_of(name: str, *alternatives: Callable[[], Var]) -> Var:
@@ -313,6 +322,7 @@ def _choice_of(
                 f"{record.name!r} but not by alternative(s) {missing}, so nothing would match it when "
                 f"those do. Build it inside the alternatives that read it."
             )
+
     alternatives = []
     for k, (alt_ops, out) in enumerate(record.alternatives):
         region_inputs = {slots[id(v)]: v for v in external[k]}
@@ -321,6 +331,19 @@ def _choice_of(
             record.children.get(k, []),
         )
         alternatives.append(Alternative(k, compiled, list(region_inputs), _label(compiled)))
+    reads: dict[str, int] = {}
+    for slot, var in inputs.items():
+        if var.op is None or var.op.op_type == "const":
+            continue
+        per_alt = [_uses(a.compiled, a.slots.index(slot)) for a in alternatives]
+        if len(set(per_alt)) > 1:
+            raise PatternDefinitionError(
+                f"Pattern {pattern_name!r}: the alternatives of choice {record.name!r} read {var.name!r} a "
+                f"different number of times ({per_alt}), so whether it has a consumer outside the match "
+                f"would depend on the alternative. Read it the same number of times in each (e.g. through "
+                f"one op)."
+            )
+        reads[slot] = per_alt[0]
     full = frozenset(s for s in inputs if all(any(slots[id(v)] == s for v in reads) for reads in external))
     choice = Choice(
         name=record.name,
@@ -329,8 +352,21 @@ def _choice_of(
         output_types=frozenset(t for a in alternatives for n in a.compiled.final_nodes
                                for t in a.compiled.nodes[n].op_types),
         full_slots=full,
+        reads=reads,
+        uses={slot: next(_uses(a.compiled, a.slots.index(slot)) for a in alternatives if slot in a.slots)
+              for slot in inputs},
     )
     return choice, inputs
+
+
+def _uses(compiled: CompiledPattern, root: int) -> int:
+    """How many times a match of ``compiled`` reads its input ``root`` (nested choices counted as their
+    alternatives read)."""
+    total = 0
+    for n, slot, _ in compiled.root_consumers[root]:
+        choice = compiled.nodes[n].choice
+        total += choice.reads_of(slot) if choice is not None else 1
+    return total
 
 
 def _depth(compiled: CompiledPattern) -> int:
@@ -516,12 +552,19 @@ def candidates_below(var: Var, choice: Choice) -> list[Operation]:
     return out
 
 
-def clashes(sub: SubMatch, bound: Sequence[Any]) -> bool:
-    """Whether an op of ``sub`` other than its last one is already bound by the outer search (a match is
-    injective); ``bound`` holds program ops (or None, or fan-out lists, which never hold choice ops)."""
-    last = sub.pattern.final_op
+def clashes(sub: SubMatch, bound: Sequence[Any], bound_subs: Sequence[SubMatch] = ()) -> bool:
+    """Whether an op of ``sub`` is already bound by the outer search (a match is injective): one of the
+    ``bound`` program ops or of the sub-matches of choices bound before (the generated search's check;
+    the interpreter reads its ``used`` map, which holds the same ops)."""
     ids = {id(op) for op in bound if op is not None}
-    return any(id(op) in ids for op in sub.ops if op is not last)
+    for other in bound_subs:
+        ids.update(id(op) for op in other.ops)
+    return any(id(op) in ids for op in sub.ops)
+
+
+def op_in_subs(op: Operation, subs: Sequence[SubMatch | None]) -> bool:
+    """Whether ``op`` is an op of one of the sub-matches."""
+    return any(sub is not None and any(op is o for o in sub.ops) for sub in subs)
 
 
 def computed_inside(var: Var | None, ops: Sequence[Any], subs: Sequence[SubMatch | None]) -> bool:

@@ -480,7 +480,9 @@ def _compile_graph(
                 if e.kind == "root":
                     root_consumers[e.index].append((node.index, slot, pos))
                 elif e.kind == "op":
-                    nodes[e.index].output_uses[e.output] += 1
+                    # a choice node stands for as many reads as each of its alternatives makes
+                    reads = node.choice.reads.get(slot, 1) if node.choice is not None else 1
+                    nodes[e.index].output_uses[e.output] += reads
                     nodes[e.index].consumers.append((node.index, slot, pos, e.output))
 
     for r, users in enumerate(root_consumers):

@@ -215,3 +215,27 @@ def test_explain_lists_the_alternatives_tried():
 
     text = str(explain(rms_norm, prog))
     assert "tried 2 alternatives for 'weighted'" in text or "tried 3 alternatives for 'normed'" in text
+
+
+def test_an_outer_op_read_twice_by_an_alternative_is_counted_so():
+    @mb.program(input_specs=ROW)
+    def twice(x):
+        r = mb.relu(x=x, name="r")
+        return one_of("c", lambda: mb.mul(x=r, y=r, name="m"), lambda: mb.pow(x=mb.abs(x=r, name="a"), y=2.0,
+                                                                                  name="m"))
+
+    with pytest.raises(PatternDefinitionError, match="different number of times"):
+        compile_pattern(twice)
+
+    @mb.program(input_specs=ROW)
+    def both_twice(x):
+        r = mb.relu(x=x, name="r")
+        return one_of("c", lambda: mb.mul(x=r, y=r, name="m"), lambda: mb.add(x=r, y=r, name="m"))
+
+    @mb.program(input_specs=[mb.TensorSpec(shape=(2, 3))])
+    def prog(x):
+        r = mb.relu(x=x)
+        return mb.add(x=r, y=r)
+
+    (match,) = find_matches(both_twice, prog)
+    assert match.choices == {"c": 1} and match.r.op_type == "relu"
