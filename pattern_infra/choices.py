@@ -407,22 +407,57 @@ def _label(compiled: CompiledPattern) -> str:
 # -- matching: the helper both searches (interpreter and compiled) call for a choice node -------------------
 
 
-@dataclass
 class SubMatch:
-    """One complete match of one alternative, anchored at the op computing the choice's variable."""
+    """One complete match of one alternative, anchored at the op computing the choice's variable.
 
-    alternative: int
-    """Index of the alternative that matched."""
-    slots: dict[str, Var]
-    """Choice-node slot to the program variable the alternative read there (slots it does not read are
-    absent)."""
-    pattern: Any
-    """The alternative's :class:`~pattern_infra.pattern.Pattern` (its ops, operands, constants, nested
-    choices)."""
-    ops: list[Operation]
-    """Every program op of the sub-match (nested choices' included)."""
-    choice: str = ""
-    """The choice's name."""
+    Kept as the search's state (a few list copies); the alternative's
+    :class:`~pattern_infra.pattern.Pattern` is built only when a whole match is (``pattern``).
+    """
+
+    __slots__ = ("alternative", "slots", "ops", "choice", "_matcher", "_block", "_state", "_pattern")
+
+    def __init__(self, alternative: Alternative, matcher: Any, block: Any, state: tuple[list, list, list, list],
+                 choice: str) -> None:
+        ops, assign, roots, subs = state
+        self.alternative: int = alternative.index
+        """Index of the alternative that matched."""
+        self.slots: dict[str, Var] = {slot: var for slot, var in zip(alternative.slots, roots) if var is not None}
+        """Choice-node slot to the program variable the alternative read there (slots it does not read
+        are absent)."""
+        flat = [op for op in ops if op is not None]
+        for sub in subs:
+            if sub is not None:
+                flat.extend(o for o in sub.ops if all(o is not f for f in flat))
+        self.ops: list[Operation] = flat
+        """Every program op of the sub-match (nested choices' included), each once."""
+        self.choice: str = choice
+        """The choice's name."""
+        self._matcher = matcher
+        self._block = block
+        self._state = state
+        self._pattern: Any = None
+
+    @property
+    def pattern(self) -> Any:
+        """The alternative's Pattern (its ops, operands, constants, nested choices), built on first use."""
+        if self._pattern is None:
+            from .matcher import _build_pattern
+
+            ops, assign, roots, subs = self._state
+            self._pattern = _build_pattern(self._matcher, self._block, ops, assign, roots, None, subs)
+        return self._pattern
+
+    def const_vars(self) -> list[Var]:
+        """The program variables in the alternative's constant slots (nested choices' included)."""
+        from .matcher import _slot_value
+
+        ops, assign, roots, subs = self._state
+        out = [v for n, slot, pos in self._matcher._const_slots
+               if (v := _slot_value(assign, n, slot, pos)) is not None]
+        for sub in subs:
+            if sub is not None:
+                out.extend(sub.const_vars())
+        return out
 
 
 def _matcher_of(alternative: Alternative) -> Any:
@@ -470,9 +505,9 @@ def choice_matches(
             if failures is not None:
                 failures.append(f"{alternative.label}: an earlier alternative matches further down")
             continue
-        for sub in search.found:
-            slots = {slot: var for slot, var in zip(alternative.slots, sub.root_vars)}
-            found.append(SubMatch(alternative.index, slots, sub, list(dict.fromkeys(sub._flat_ops())), choice.name))
+        matcher = _matcher_of(alternative)
+        for state in search.found:
+            found.append(SubMatch(alternative, matcher, block, state, choice.name))
         if not search.found and failures is not None:
             failure = search.failure
             reason = failure.reason if isinstance(failure, Failure) else "no match"
@@ -495,8 +530,9 @@ def _taken_further(outer: Any, choice: Choice, alternative: Alternative, op: Ope
     """Whether an alternative before ``alternative`` matches at an op below ``op`` with ``op`` inside."""
     for below in candidates_below(op.outputs[0], choice):
         for earlier in choice.alternatives[: alternative.index]:
-            for sub in _search_alternative(outer, earlier, below, block, False).found:
-                if any(o is op for o in sub._flat_ops()):
+            for state in _search_alternative(outer, earlier, below, block, False).found:
+                if any(o is op for o in state[0]) or any(
+                        sub is not None and any(o is op for o in sub.ops) for sub in state[3]):
                     return True
     return False
 
@@ -511,7 +547,7 @@ def _collecting_class() -> type:
 
         def final_checks(self) -> bool:
             if super().final_checks():
-                self.found.append(self.to_pattern(None))
+                self.found.append((list(self.ops), list(self.assign), list(self.roots), list(self.subs)))
             return False
 
     return Collecting
@@ -583,7 +619,7 @@ def subs_final_ok(ops: Sequence[Any], subs: Sequence[SubMatch | None]) -> bool:
     for sub in subs:
         if sub is None:
             continue
-        for var in sub.pattern.consts.values():
+        for var in sub.const_vars():
             if computed_inside(var, ops, [s for s in subs if s is not sub]):
                 return False
     return True
