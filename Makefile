@@ -27,8 +27,8 @@ test: $(STAMP) ## Run the test suite (bounded fuzzing included)
 bench: $(STAMP) ## Benchmark against coremltools side by side; prints ratios, writes bench/out/scaling.png
 	$(PY) -m bench
 
-fuzz: $(STAMP) ## Long property-based fuzzing campaign through every generic pass
-	FUZZ_EXAMPLES=$${FUZZ_EXAMPLES:-20000} $(PY) -m pytest -q tests/test_fuzz.py -p no:cacheprovider --hypothesis-show-statistics
+fuzz: $(STAMP) ## Long fuzzing: random programs through every generic pass, and against a brute-force matcher
+	FUZZ_EXAMPLES=$${FUZZ_EXAMPLES:-20000} $(PY) -m pytest -q tests/test_fuzz.py tests/test_brute_force.py -p no:cacheprovider --hypothesis-show-statistics
 
 models: $(STAMP) ## Real-model table: op counts with and without the override, passes that fired
 	$(PY) examples/real_models.py

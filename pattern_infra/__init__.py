@@ -18,13 +18,11 @@ from .errors import (
     UnsupportedOpError,
     VerificationError,
 )
-from .evaluator import evaluate, register_op_semantics
 from .explain import Explanation, explain
 from .from_torch import TorchCapture, capture_torch, pattern_from_torch
 from .matcher import Failure, Matcher, detect_pattern, lists_op_equality, pattern_detected
 from .pattern import Pattern
 from .rewrite import replace_with
-from .verify import assert_programs_equivalent, prove_equivalent, verify_pass
 from . import predicates
 from .registry import (
     ENV_VAR,
@@ -84,3 +82,24 @@ __all__ = [
     "replace_with",
     "run_log",
 ]
+
+_ON_USE = {
+    "evaluate": "evaluator",
+    "register_op_semantics": "evaluator",
+    "assert_programs_equivalent": "verify",
+    "prove_equivalent": "verify",
+    "verify_pass": "verify",
+}
+"""Verification tooling (the numpy evaluator, sympy proofs) is imported on first use, not with the
+package: a conversion that only runs passes never loads it."""
+
+
+def __getattr__(name: str) -> object:
+    module = _ON_USE.get(name)
+    if module is None:
+        raise AttributeError(f"module 'pattern_infra' has no attribute {name!r}")
+    import importlib
+
+    value = getattr(importlib.import_module(f".{module}", __name__), name)
+    globals()[name] = value
+    return value

@@ -546,7 +546,7 @@ def _collecting_class() -> type:
         __slots__ = ("found",)
 
         def final_checks(self) -> bool:
-            if super().final_checks():
+            if self.structure_ok():
                 self.found.append((list(self.ops), list(self.assign), list(self.roots), list(self.subs)))
             return False
 

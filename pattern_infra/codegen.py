@@ -36,7 +36,9 @@ How the source of one search is generated (:func:`generate`):
 5. **Success** builds the :class:`~pattern_infra.pattern.Pattern` with ``Pattern._of_search``, which
    takes its dicts (ops, operands, constants), written out as literals, without copying them (the
    interpreter's ``_build_pattern`` gives equal patterns): the constants' insertion sequence of
-   ``_build_pattern`` is played at generation time.
+   ``_build_pattern`` is played at generation time. It is returned when there is no ``accept`` or
+   ``accept`` returns ``True``; otherwise the innermost loop goes on to the next structural match, as
+   the interpreter backtracks.
    ``Matcher.bind_attempts`` is counted in a local and added once, in a ``finally`` (so also when a
    check raises), by the same rule as the interpreter: the anchor, every producer reached by an up-step,
    every consumer of the right type not already bound. The matcher is the function's first argument.
@@ -114,9 +116,9 @@ def interpret_forced() -> bool:
 
 
 CompiledSearch = Callable[
-    ["Matcher", Operation, Block, "Callable[[list[Operation]], list[Operation]] | None"], "Pattern | None"
+    ["Matcher", Operation, Block, "Callable[[list[Operation]], list[Operation]] | None", Any], "Pattern | None"
 ]
-"""``fn(matcher, op, block, order)``: the compiled ``_Search.run`` + ``to_pattern`` for one anchor. The
+"""``fn(matcher, op, block, order, accept)``: the compiled ``_Search.run`` for one anchor. The
 matcher is an argument (not a global of the function), so a copy of a matcher counts its own attempts."""
 
 _DIRECT_COMPARISONS = 4
@@ -364,7 +366,7 @@ class _Generator:
             header.append(f"#   r{k} = root {name!r}")
         header.append("")
         self.depth = 0
-        self.line("def search(_m, op, block, order):")
+        self.line("def search(_m, op, block, order, accept):")
         self.depth = 1
         self.line("nb = 1")
         self.line("try:")
@@ -740,7 +742,9 @@ class _Generator:
             per_node = ", ".join(f"_s{n}" if n in self.choice_nodes else "None" for n in range(len(self.nodes)))
             ops = ", ".join(f"o{n}" for n in range(len(self.nodes)))
             roots = ", ".join(f"r{k}" for k in range(len(self.compiled.root_names)))
-            self.line(f"return _build_pattern(_m, block, [{ops}], [{assign}], [{roots}], order, [{per_node}])")
+            self.line(f"_p = _build_pattern(_m, block, [{ops}], [{assign}], [{roots}], order, [{per_node}])")
+            self.line("if accept is None or accept(_p) is True:")
+            self.line("    return _p")
             return
         self._success_plain()
 
@@ -769,7 +773,7 @@ class _Generator:
             self.emit_new_pattern(ops, roots, with_skips=False)
 
     def emit_new_pattern(self, ops: str, roots: str, with_skips: bool) -> None:
-        """``return _of_search(...)`` (``Pattern._of_search``); ``with_skips`` leaves out the wildcard
+        """``_p = _of_search(...)`` (``Pattern._of_search``), returned if accepted; ``with_skips`` leaves out the wildcard
         slots that are None."""
         operands = []
         for node in self.nodes:
@@ -805,13 +809,15 @@ class _Generator:
                 played[key] = var
                 played.setdefault(cname, var)
             consts = "{" + ", ".join(f"{k!r}: {v}" for k, v in played.items()) + "}"
-        self.line("return _of_search(")
+        self.line("_p = _of_search(")
         self.line(f"    _m.compiled, block, {{{ops}}}, [{roots}],")
         self.line(f"    {{{', '.join(operands)}}},")
         self.line(f"    {consts},")
         self.line("    order,")
         self.line("    _FINALS,")
         self.line(")")
+        self.line("if accept is None or accept(_p) is True:")
+        self.line("    return _p")
 
 
 def _set_literal(values: frozenset[str]) -> str:

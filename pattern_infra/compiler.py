@@ -394,7 +394,13 @@ def _compile_graph(
                 f"have. Pattern ops: {sorted(by_name)}."
             )
     if isinstance(commutative, bool):
-        swappable = {op.name for op in real_ops if op.op_type in COMMUTATIVE_OPS} if commutative else set()
+        # Whether the slots may swap is decided per matched program op (by its type): a pattern op is
+        # swappable when any type it accepts is commutative, not only the type written in the pattern.
+        swappable = (
+            {op.name for op in real_ops if COMMUTATIVE_OPS.intersection(alternatives.get(op.name) or (op.op_type,))}
+            if commutative
+            else set()
+        )
     else:
         swappable = set(commutative)
         unknown = swappable - everywhere

@@ -7,19 +7,24 @@ How a group of sub-passes runs on a program (``run_subpasses``):
    are inserted (later sub-passes see them without a rescan), and every insertion and removal is
    recorded.
 2. For each sub-pass, in order, and each block: the anchor is the pattern op whose type is rarest in the
-   block, and only ops of that type are tried. After a match, the user's constraints and transform run;
-   the matched ops left without users are removed together (consumers first, in the pattern's order
-   reversed), unlinked directly rather than through ``Block.remove_ops``, whose checks the dead-op
-   test has already made (see :func:`remove_dead_ops`). What the rewrite did is recorded as
-   :class:`_Changes`: the ops created, the ops removed, and the ops outside the match whose inputs
-   were redirected.
+   block, and only ops of that type are tried. Each structural match is offered, inside the search, to
+   the user's constraints and then the transform (:func:`_offer`); a match they turn down lets the search
+   go on to the next structural match at the same anchor op. The matched ops left without users are
+   removed together (consumers first, in the pattern's order reversed), unlinked directly rather than
+   through ``Block.remove_ops``, whose checks the dead-op test has already made (see
+   :func:`remove_dead_ops`). What the rewrite did is recorded as :class:`_Changes`: the ops created, the
+   ops removed, and the ops outside the match whose inputs were redirected.
 3. Nothing is rescanned from the start. A match that did not exist before a round of rewrites contains
    an op whose inputs or whose outputs' users changed: a created op, a redirected op, or the producer of
-   a removed op's input. Only those of the pattern's op types can be part of a match; when there are
-   some, the anchor candidates within the pattern's radius of them (the anchor's eccentricity in the
-   pattern graph, plus one hop) are tried again, until a round changes nothing. A GELU fusion creates a
-   ``gelu`` and redirects a ``relu``: no revisit at all. A pass still rewriting after
-   ``max_iterations`` rounds re-creates its own pattern: :class:`FixpointError`.
+   a removed op's input, in whatever block it lies. Only those of the pattern's op types can be part of
+   a match; when there are some, the anchor candidates within the pattern's radius of them (the anchor's
+   eccentricity in the pattern graph, plus one hop) are tried again, and, for a pattern whose parts meet
+   only at a pattern input, each such op as every pattern op of its type; blocks are revisited until no
+   block has anything left (an inner rewrite may free an outer match). A GELU fusion creates a ``gelu``
+   and redirects a ``relu``: no revisit at all. A pass still rewriting after ``max_iterations`` rounds
+   re-creates its own pattern: :class:`FixpointError`. Every change is also logged by op type for the
+   other sub-passes: after the last one, each revisits what the later ones changed
+   (:func:`_revisit_earlier`), until a round rewrites nothing, so the pass ends at a fixpoint.
 4. The first time a transform is about to run, an undo journal opens (:mod:`pattern_infra.journal`):
    from then on, the first change to an op or variable saves its state, copy-on-write, and every op
    of a match, and every user of its outputs, is saved before its transform runs. If a constraint or
@@ -86,6 +91,8 @@ class PassStats:
     """Complete structural matches."""
     rejected: int = 0
     """Matches that ``var_constraints`` turned down."""
+    rejections: Counter[str] = field(default_factory=Counter)
+    """How often each reason was given for turning a match down (see :func:`constraint_verdict`)."""
     declined: int = 0
     """Matches whose transform returned False."""
     rewrites: int = 0
@@ -294,8 +301,13 @@ class _Run:
         self.ops_at_start: dict[int, list[Operation]] = {id(block): ops for block, ops in walked}
         """Each block's ops as listed at the start, for its index while nothing has been rewritten."""
         self.states: dict[int, _BlockState] = {}
-        self.changes = _Changes()
+        self.log: dict[str, list[Operation]] = {}
+        """Every op a rewrite of any sub-pass created, rewired or left with fewer users, by type: what
+        the other sub-passes revisit (:func:`_revisit_earlier`)."""
+        self.changes = _Changes(log=self.log)
         """What the current sub-pass's rewrites did, for the revisits and the validation."""
+        self.rounds: dict[int, int] = {}
+        """Per block (by id), the rounds the current sub-pass has swept it: the fixpoint cap."""
         self.open_block: Block | None = None
 
     def close(self) -> None:
@@ -304,6 +316,10 @@ class _Run:
             block, self.open_block = self.open_block, None
             self.keep_block(block)
             block.__exit__(None, None, None)
+
+    def log_position(self) -> dict[str, int]:
+        """How much of :attr:`log` there is now, per type."""
+        return {op_type: len(ops) for op_type, ops in self.log.items()}
 
     def keep_block(self, block: Block) -> None:
         """Saves the variables ``Block.__exit__`` is about to rewrite, while the journal is open."""
@@ -319,8 +335,8 @@ class _Run:
         return st
 
     def fail(self, sub: SubPass, what: str, match: Pattern, exc: BaseException) -> PassExecutionError:
+        restored = self.restore()  # first: the message names the ops as they are again, not as renamed
         ops = ", ".join(f"{op.name} ({op.op_type})" for op in match.op_list())
-        restored = self.restore()
         note = (
             "The program was restored to its state before the pass."
             if restored
@@ -329,6 +345,16 @@ class _Run:
         return PassExecutionError(
             f"Pass {self.pass_name!r}, pattern {sub.name!r}: {what} raised "
             f"{type(exc).__name__}: {exc}, on the match [{ops}]. {note}"
+        )
+
+    def refuse(self, sub: SubPass, match: Pattern, problem: str, fix: str) -> PassExecutionError:
+        """Restores the program; the error for a transform that broke the rules without raising."""
+        restored = self.restore()
+        ops = ", ".join(f"{op.name} ({op.op_type})" for op in match.op_list())
+        note = " The program was restored to its state before the pass." if restored else ""
+        return PassExecutionError(
+            f"Pass {self.pass_name!r}, pattern {sub.name!r}: on the match [{ops}], transform_pattern "
+            f"{problem}. {fix}{note}"
         )
 
     def restore(self) -> bool:
@@ -381,29 +407,16 @@ def run_subpasses(
     gc.disable()
     try:
         blocks = run.blocks
+        seen: list[dict[str, int]] = []
         for sub in subpasses:
-            if not any(run.state(block).possible(sub.matcher) for block in blocks):
+            if any(run.state(block).possible(sub.matcher) for block in blocks):
+                total.add(_apply(run, sub, first=True))
+            else:
                 sub.stats.runs += 1  # no block holds every op type of the pattern: nothing to do
                 total.runs += 1
-                continue
-            stats = PassStats(runs=1)
-            start = time.perf_counter()
-            bind_before = sub.matcher.bind_attempts
-            for block in blocks:
-                if block.outer_op is not None and block.outer_op.enclosing_block is None:
-                    continue  # removed with its op by an earlier rewrite
-                with _LazyBlockContext(run, block) as context:
-                    _sweep(run, sub, run.state(block), stats, context)
-            stats.bind_attempts = sub.matcher.bind_attempts - bind_before
-            stats.seconds = time.perf_counter() - start
-            sub.stats.add(stats)
-            total.add(stats)
-            if stats.rewrites and validate == "full":  # otherwise each rewrite was checked (_rewrite)
-                try:
-                    prog.validate()
-                except Exception as exc:
-                    raise _inconsistent(run, sub, exc) from exc
-            run.changes = _Changes()
+            seen.append(run.log_position())
+        if len(subpasses) > 1:
+            _revisit_earlier(run, subpasses, seen, total)
     except PatternInfraError:
         raise
     except Exception as exc:  # an error of coremltools' own while applying the rewrite
@@ -421,6 +434,73 @@ def run_subpasses(
         if gc_was_enabled:
             gc.enable()
     return total
+
+
+def _apply(run: _Run, sub: SubPass, *, first: bool) -> PassStats:
+    """One sub-pass over the program: every block (``first``), or the blocks with seeds to revisit.
+
+    A rewrite may free a match in another block (an inner rewrite drops a use of an outer variable; an
+    outer one rewires ops of an inner block): those blocks are swept again, from what changed in them,
+    until no block has anything left to revisit.
+    """
+    blocks = run.blocks
+    stats = PassStats(runs=1 if first else 0)
+    start = time.perf_counter()
+    bind_before = sub.matcher.bind_attempts
+    run.rounds = {}
+    pending = blocks if first else run.changes.pending(blocks)
+    while pending:
+        for block in pending:
+            if _live(block):
+                with _LazyBlockContext(run, block) as context:
+                    _sweep(run, sub, run.state(block), stats, context, first=first)
+        first = False
+        pending = run.changes.pending(blocks)
+    stats.bind_attempts = sub.matcher.bind_attempts - bind_before
+    stats.seconds = time.perf_counter() - start
+    sub.stats.add(stats)
+    if stats.rewrites and run.validate == "full":  # otherwise each rewrite was checked (_rewrite)
+        try:
+            run.prog.validate()
+        except Exception as exc:
+            raise _inconsistent(run, sub, exc) from exc
+    run.changes = _Changes(log=run.log)
+    return stats
+
+
+def _revisit_earlier(run: _Run, subpasses: list[SubPass], seen: list[dict[str, int]], total: PassStats) -> None:
+    """Lets each sub-pass revisit what the others changed after it ran, until a round rewrites nothing.
+
+    A later sub-pass's rewrite may create or free a match of an earlier one; every rewrite's changed ops
+    are logged by type (:attr:`_Run.log`), and each sub-pass takes the ones of its types it has not seen.
+    Costs a dictionary lookup per sub-pass and type when the rewrites touched none of its types.
+    """
+    limit = max(sub.max_iterations for sub in subpasses)
+    for _ in range(limit):
+        rewrites = total.rewrites
+        for k, sub in enumerate(subpasses):
+            if not any(run.state(block).possible(sub.matcher) for block in run.blocks if _live(block)):
+                seen[k] = run.log_position()  # no block holds every op type of its pattern any more
+                continue
+            position = seen[k]
+            types = sorted(sub.seed_types) if sub.seed_types is not None else list(run.log)
+            for op_type in types:
+                logged = run.log.get(op_type)
+                if logged is not None and len(logged) > position.get(op_type, 0):
+                    for op in logged[position.get(op_type, 0):]:
+                        run.changes._seed(op)
+            seen[k] = run.log_position()
+            if run.changes.seeds:
+                total.add(_apply(run, sub, first=False))
+                seen[k] = run.log_position()
+        if total.rewrites == rewrites:
+            return
+    run.restore()
+    raise FixpointError(
+        f"Pass {run.pass_name!r}: its sub-passes kept re-creating each other's patterns for {limit} rounds "
+        f"({', '.join(sub.name for sub in subpasses)}); make each replacement differ from the other patterns. "
+        f"The program was restored to its state before the pass."
+    )
 
 
 _PROMOTE_ABOVE = 20_000
@@ -497,14 +577,40 @@ class _Changes:
     which unlists them from their inputs' users (``Var.remove_child_op``) or raises."""
     checked: tuple[int, int, int] = (0, 0, 0)
     """How many of ``removed_by_transforms``, ``created`` and ``rewired`` :meth:`validate` has checked."""
-    seeds: list[Operation] = field(default_factory=list)
-    """Ops whose surroundings changed and whose type the pattern has: created and rewired ops, and
-    the producers of the inputs of removed ops (they lost a consumer). Collected right after each
-    rewrite, while its ops are in the cache."""
+    log: dict[str, list[Operation]] = field(default_factory=dict)
+    """The run's log of changed ops by type, shared by the sub-passes (see :attr:`_Run.log`)."""
+    seeds: dict[int, list[Operation]] = field(default_factory=dict)
+    """Per block (by id), ops whose surroundings changed and whose type the pattern has: created and
+    rewired ops, and the producers of the inputs of removed ops (they lost a consumer), whatever block
+    they lie in. Collected right after each rewrite, while its ops are in the cache."""
+
+    def take(self, block: Block) -> list[Operation]:
+        """The seeds of ``block`` recorded so far, which are then forgotten."""
+        return self.seeds.pop(id(block), [])
+
+    def pending(self, blocks: list[Block]) -> list[Block]:
+        """The blocks among ``blocks`` (in that order) with seeds to revisit. Seeds in blocks that are not
+        among them (created by a transform) are dropped: the next run of the pass searches those."""
+        seeds = self.seeds
+        if not seeds:
+            return []
+        found = [block for block in blocks if id(block) in seeds]
+        if len(found) != len(seeds):
+            keep = {id(block) for block in found}
+            self.seeds = {k: v for k, v in seeds.items() if k in keep}
+        return found
+
+    def _seed(self, op: Operation) -> None:
+        block = op.enclosing_block
+        if block is not None:
+            same = self.seeds.get(id(block))
+            if same is None:
+                self.seeds[id(block)] = [op]
+            else:
+                same.append(op)
 
     def record(
         self,
-        block: Block,
         types: frozenset[str] | None,
         created: list[Operation],
         dead: list[tuple[Operation, list[Var]]],
@@ -520,20 +626,22 @@ class _Changes:
         if removed_by_transform:
             self.removed_by_transforms += removed_by_transform
             removed_inputs += [flat_inputs(op) for op in removed_by_transform]
-        seeds = self.seeds
+        seed = self._seed
+        log = self.log
         for changed in (created, rewired):
             for op in changed:
-                if (types is None or type(op).__name__ in types) and op.enclosing_block is block:
-                    seeds.append(op)
+                op_type = type(op).__name__
+                log.setdefault(op_type, []).append(op)
+                if types is None or op_type in types:
+                    seed(op)
         for inputs in removed_inputs:
             for var in inputs:
                 producer = var._op
-                if (
-                    producer is not None
-                    and producer.enclosing_block is block  # removed producers are out of the block
-                    and (types is None or type(producer).__name__ in types)
-                ):
-                    seeds.append(producer)
+                if producer is not None:
+                    op_type = type(producer).__name__
+                    log.setdefault(op_type, []).append(producer)
+                    if types is None or op_type in types:
+                        seed(producer)  # of any block; a removed producer has none and is left out
 
     def validate(self) -> None:
         """Block.validate's invariants, where the rewrites could have broken them.
@@ -564,27 +672,48 @@ class _Changes:
                     _check_op(op)
 
 
-def _sweep(run: _Run, sub: SubPass, st: _BlockState, stats: PassStats, context: _LazyBlockContext) -> None:
-    """One sub-pass over one block, then over what its rewrites touched, until nothing changes.
+def _live(block: Block) -> bool:
+    """Whether ``block`` is still part of the program (not removed with its op by a rewrite)."""
+    return block.outer_op is None or block.outer_op.enclosing_block is not None
 
-    ``context`` enters the block's builder context before the first transform only, so sub-passes that
-    rewrite nothing never pay for it (see :class:`_LazyBlockContext`).
+
+def _sweep(
+    run: _Run, sub: SubPass, st: _BlockState, stats: PassStats, context: _LazyBlockContext, *, first: bool
+) -> None:
+    """One sub-pass over one block, then over what its rewrites touched, until nothing changes there.
+
+    ``first``: the first round tries every anchor candidate of the block; otherwise the block is
+    revisited from the seeds other blocks' rewrites left in it. Each match found is offered to the
+    constraints and the transform *inside* the search (:func:`_offer`): one they turn down lets the search
+    go on to the next structural match at the same anchor op. ``context`` enters the block's builder
+    context before the first transform only, so sub-passes that rewrite nothing never pay for it (see
+    :class:`_LazyBlockContext`).
     """
     matcher = sub.matcher
-    found = st.anchor_candidates(matcher)
-    if found is None:
-        return
-    anchor, candidates = found
     block = st.block
+    if first:
+        found = st.anchor_candidates(matcher)
+        if found is None:
+            return
+        anchor, candidates = found
+        extra: list[tuple[Operation, int]] = []
+    else:
+        if not st.possible(matcher):
+            run.changes.take(block)
+            return
+        anchor = matcher.choose_anchor(st.counts)
+        candidates, extra = _revisit(run.changes.take(block), block, matcher, anchor)
+    accept, last = _offer(run, sub, st, stats, context)
     match_at = matcher.match_at
     order = st.order
-    iteration = attempts = matches = rejected = declined = rewrites = 0
-    last: Pattern | None = None
+    rounds = run.rounds
+    attempts = 0
     try:
-        while candidates:
-            iteration += 1
-            if iteration > sub.max_iterations:
-                ops = ", ".join(op.name for op in last.op_list()) if last else "?"
+        while candidates or extra:
+            rounds[id(block)] = done = rounds.get(id(block), 0) + 1
+            stats.iterations += 1
+            if done > sub.max_iterations:
+                ops = ", ".join(op.name for op in last[0].op_list()) if last else "?"
                 run.restore()
                 raise FixpointError(
                     f"Pass {run.pass_name!r}, pattern {sub.name!r}: still rewriting after "
@@ -592,35 +721,52 @@ def _sweep(run: _Run, sub: SubPass, st: _BlockState, stats: PassStats, context: 
                     f"pattern it replaces; make the replacement differ from the pattern, or raise "
                     f"max_iterations. The program was restored to its state before the pass."
                 )
-            mark = len(run.changes.seeds)
             for op in candidates:
-                if op.enclosing_block is not block:
-                    continue
-                attempts += 1
-                match = match_at(op, block, anchor, order=order)
-                if match is None:
-                    continue
-                matches += 1
-                if sub.var_constraints is not None and not _accepts(run, sub, match):
-                    rejected += 1
-                    continue
-                context.enter()
-                if not _rewrite(run, sub, st, match):
-                    declined += 1
-                    continue
-                rewrites += 1
-                last = match
-            candidates = _revisit(run.changes.seeds[mark:], block, matcher, anchor)
+                if op.enclosing_block is block:
+                    attempts += 1
+                    match_at(op, block, anchor, order=order, accept=accept)
+            for op, at in extra:
+                if op.enclosing_block is block:
+                    attempts += 1
+                    match_at(op, block, at, order=order, accept=accept)
+            candidates, extra = _revisit(run.changes.take(block), block, matcher, anchor)
     finally:
-        stats.iterations += iteration
         stats.attempts += attempts
-        stats.matches += matches
-        stats.rejected += rejected
-        stats.declined += declined
-        stats.rewrites += rewrites
 
 
-def _revisit(seeds: list[Operation], block: Block, matcher: Matcher, anchor: int) -> list[Operation]:
+def _offer(
+    run: _Run, sub: SubPass, st: _BlockState, stats: PassStats, context: _LazyBlockContext
+) -> tuple[Callable[[Pattern], Any], list[Pattern]]:
+    """The ``accept`` of the driver's searches in one block: constraints, then the transform.
+
+    Returns:
+        The function, and a list that holds the last match rewritten (for the fixpoint message).
+    """
+    constraints = sub.var_constraints
+    last: list[Pattern] = []
+
+    def accept(match: Pattern) -> Any:
+        stats.matches += 1
+        if constraints is not None:
+            reason = _rejection(run, sub, match)
+            if reason is not None:
+                stats.rejected += 1
+                stats.rejections[reason] += 1
+                return reason
+        context.enter()
+        if not _rewrite(run, sub, st, match):
+            stats.declined += 1
+            return "transform declined"
+        stats.rewrites += 1
+        last[:] = [match]
+        return True
+
+    return accept, last
+
+
+def _revisit(
+    seeds: list[Operation], block: Block, matcher: Matcher, anchor: int
+) -> tuple[list[Operation], list[tuple[Operation, int]]]:
     """The anchor candidates a round of rewrites may have made matchable.
 
     A match that did not exist before the round contains an op whose inputs or whose outputs' users
@@ -628,12 +774,24 @@ def _revisit(seeds: list[Operation], block: Block, matcher: Matcher, anchor: int
     pattern's op types can be in a match (:attr:`_Changes.seeds`), so when there is none (a GELU fusion
     creates a ``gelu`` and rewires a ``relu``), nothing is revisited. A pattern with a fan-out node also
     depends on the users of a variable it does not capture, so for it every changed op is a seed,
-    whatever its type. The candidates are the anchor-type ops within the anchor's radius of a seed.
+    whatever its type.
+
+    Returns:
+        The anchor-type ops within the anchor's radius of a seed (the walk does not go through
+        constants, which may feed thousands of ops); and, for a pattern whose parts may meet only at a
+        pattern input (:attr:`Matcher.joins_through_roots`), each seed paired with every other pattern
+        op of its type, to be tried as that op's anchor: a match through a shared constant contains a
+        seed, and the search from it reaches the other parts.
     """
-    seeds = [op for op in seeds if op.enclosing_block is block]
+    seeds = [op for op in dict.fromkeys(seeds) if op.enclosing_block is block]
     if not seeds:
-        return []
-    return _near(seeds, block, matcher.nodes[anchor].op_types, matcher.radius[anchor])
+        return [], []
+    candidates = _near(seeds, block, matcher.nodes[anchor].op_types, matcher.radius[anchor])
+    extra: list[tuple[Operation, int]] = []
+    if matcher.joins_through_roots:
+        by_type = matcher.anchors_by_type
+        extra = [(op, at) for op in seeds for at in by_type.get(op.op_type, ()) if at != anchor]
+    return candidates, extra
 
 
 def _check_op(op: Operation) -> None:
@@ -665,9 +823,23 @@ def _inconsistent(run: _Run, sub: SubPass, exc: Exception) -> PassExecutionError
     )
 
 
-def _accepts(run: _Run, sub: SubPass, match: Pattern) -> bool:
+def constraint_verdict(result: Any) -> str | None:
+    """What a ``var_constraints`` result says: None to accept, else the reason for turning the match down.
+
+    A constraint accepts with any true value; it refuses with a false value (``False``, ``None``), with a
+    ``(False, "reason")`` pair, or with a string, which is the reason itself (``"rank 3, not 2"``).
+    """
+    if isinstance(result, str):
+        return f"constraint returned False: {result}" if result else "constraint returned False"
+    if isinstance(result, tuple) and len(result) == 2 and isinstance(result[1], str):
+        ok, reason = result
+        return None if ok else f"constraint returned False: {reason}" if reason else "constraint returned False"
+    return None if result else "constraint returned False"
+
+
+def _rejection(run: _Run, sub: SubPass, match: Pattern) -> str | None:
     try:
-        return bool(sub.var_constraints(match))  # type: ignore[misc]
+        return constraint_verdict(sub.var_constraints(match))  # type: ignore[misc]
     except Exception as exc:
         raise run.fail(sub, "var_constraints", match, exc) from exc
 
@@ -675,9 +847,10 @@ def _accepts(run: _Run, sub: SubPass, match: Pattern) -> bool:
 def _rewrite(run: _Run, sub: SubPass, st: _BlockState, match: Pattern) -> bool:
     """Runs the transform and removes the matched ops it left dead; False if it declined.
 
-    A transform declines by returning False before changing anything; one that returns anything else
-    but neither inserted nor removed an op (the framework's removal of dead matched ops included) left
-    the match as it was, and is counted as declined too, so it is not retried until a cap.
+    A transform declines by returning False before changing anything. One that returns anything else
+    must have rewritten the match: a transform that inserted and removed nothing (the framework's removal
+    of dead matched ops included), or that only built ops nothing uses while every matched op stayed, is
+    an error naming the missing ``replace_output`` (it would otherwise be retried until the fixpoint cap).
     """
     if run.journal is None:
         run.journal = Journal(run.blocks, run.ops_at_start)  # nothing was rewritten before
@@ -704,11 +877,16 @@ def _rewrite(run: _Run, sub: SubPass, st: _BlockState, match: Pattern) -> bool:
     n_removed_by_transform = len(st.removed)
     dead = _remove_dead(match)
     if not _changed_structure(st, n_inserted, n_removed, before):
-        return False  # nothing inserted or removed: the transform left the match as it was
+        raise run.refuse(sub, match, f"returned {result!r} without changing the program (no op inserted "
+                         f"or removed)", _REPLACE_OUTPUT + " To leave a match as it is, return False.")
+    created = st.inserted[n_inserted:]
+    if not dead and n_removed_by_transform == n_removed and created and not _used(created):
+        names = ", ".join(op.name for op in created)
+        raise run.refuse(sub, match, f"built [{names}] but nothing uses them and every matched op is still "
+                         f"in place", _REPLACE_OUTPUT)
     run.changes.record(
-        block,
         sub.seed_types,
-        created=st.inserted[n_inserted:],
+        created=created,
         dead=dead,
         removed_by_transform=st.removed[n_removed:n_removed_by_transform],
         rewired=outside_users,
@@ -719,6 +897,17 @@ def _rewrite(run: _Run, sub: SubPass, st: _BlockState, match: Pattern) -> bool:
         except Exception as exc:
             raise _inconsistent(run, sub, exc) from exc
     return True
+
+
+_REPLACE_OUTPUT = (
+    "Call pattern.replace_output(new_var) (or replace_outputs) to redirect the match's users to the "
+    "replacement; the framework then removes the matched ops."
+)
+
+
+def _used(ops: list[Operation]) -> bool:
+    """Whether an output of one of ``ops`` is read by an op or returned by a block."""
+    return any(var._child_ops or var.consuming_blocks for op in ops for var in op._output_vars)
 
 
 def _changed_structure(st: _BlockState, n_inserted: int, n_removed: int, before: int) -> bool:
@@ -829,7 +1018,9 @@ def find_in_program(
 ) -> Iterator[Pattern]:
     """Yields every match of ``matcher``'s pattern in ``prog``, lazily, without changing it.
 
-    Each anchor op yields at most one match; matches may overlap. Blocks are visited outer first.
+    One match per distinct set of program ops: every structural match at each anchor candidate is
+    offered to ``var_constraints`` (a refused one lets the search go on), and a set of ops already
+    yielded is skipped. Blocks are visited outer first, anchor ops in program order; matches may overlap.
     """
     for block in iter_blocks(prog):
         st = _BlockState(block)
@@ -838,16 +1029,22 @@ def find_in_program(
             continue
         anchor, candidates = found
         seen: set[frozenset[int]] = set()
-        for op in candidates:
-            if op.enclosing_block is not block:
-                continue
-            match = matcher.match_at(op, block, anchor, order=st.order)
-            if match is None:
-                continue
+        here: list[Pattern] = []
+
+        def collect(match: Pattern) -> str:
             key = frozenset(id(o) for o in match.op_set)
             if key in seen:
-                continue
-            if var_constraints is not None and not var_constraints(match):
-                continue
+                return "already found"
+            if var_constraints is not None:
+                reason = constraint_verdict(var_constraints(match))
+                if reason is not None:
+                    return reason
             seen.add(key)
-            yield match
+            here.append(match)
+            return "collected"  # not taken: the search goes on to the next match
+
+        for op in candidates:
+            if op.enclosing_block is block:
+                matcher.match_at(op, block, anchor, order=st.order, accept=collect)
+                yield from here
+                here.clear()

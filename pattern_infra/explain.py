@@ -2,9 +2,10 @@
 
 ``explain`` tries every pattern op as the anchor at every program op of its type (a diagnostic, so it
 does not take the driver's shortcuts), records for each attempt how many pattern ops were bound and the
-first reason the search gave up, and reports the attempts that got furthest. Complete structural matches
-go on to ``var_constraints`` ("constraint returned False") and, if a transform is given, to the transform
-on a copy of the program ("transform declined"): the program passed in is never changed.
+first reason the search gave up, and reports the attempts that got furthest. Every complete structural
+match goes on to ``var_constraints`` ("constraint returned False", with the reason the constraint gave)
+and, if a transform is given, to the transform on a copy of the program ("transform declined"): the
+program passed in is never changed. A match turned down lets the search go on, as in a pass.
 """
 
 from __future__ import annotations
@@ -16,10 +17,9 @@ from typing import Any
 from coremltools.converters.mil.mil import Program
 
 from .compiler import compile_pattern
-from .driver import _BlockState, iter_blocks
+from .driver import _BlockState, constraint_verdict, iter_blocks
 from .matcher import Failure, Matcher
 from .pattern import Pattern
-from .verify import clone_program
 
 __all__ = ["Explanation", "explain"]
 
@@ -98,28 +98,35 @@ def explain(
                 continue
             for t in sorted(node.op_types):
                 for op in st.by_type.get(t, ()):
-                    found = matcher.match_at(op, block, node.index, order=st.order, trace=True)
-                    if isinstance(found, Failure):
+
+                    def offered(found: Pattern) -> str:
+                        ids = frozenset(id(o) for o in found.op_set)
+                        if ids in seen:
+                            return _SEEN
+                        seen.add(ids)
+                        reason = None if var_constraints is None else constraint_verdict(var_constraints(found))
+                        if reason is not None:
+                            failure = Failure(len(compiled.nodes), compiled.nodes[-1].name, reason, _names(found))
+                            misses.setdefault((failure.bound, failure.reason, str(sorted(ids))), failure)
+                            return _SEEN
+                        accepted.append((b, len(result.matches)))
+                        result.matches.append(found)
+                        return _SEEN
+
+                    found = matcher.match_at(op, block, node.index, order=st.order, trace=True, accept=offered)
+                    if isinstance(found, Failure) and found.reason != _SEEN:
                         key = (0, found.node, found.reason)
                         if key not in misses or misses[key].bound < found.bound:
                             misses[key] = found
-                        continue
-                    ids = frozenset(id(o) for o in found.op_set)
-                    if ids in seen:
-                        continue
-                    seen.add(ids)
-                    if var_constraints is not None and not var_constraints(found):
-                        failure = Failure(len(compiled.nodes), compiled.nodes[-1].name,
-                                          "constraint returned False", _names(found))
-                        misses.setdefault((failure.bound, op.name, failure.reason), failure)
-                        continue
-                    accepted.append((b, len(result.matches)))
-                    result.matches.append(found)
     if transform_pattern is not None and result.matches:
         result.matches = _try_transforms(prog, result, compiled.name, matcher, transform_pattern, misses)
     ranked = sorted(misses.values(), key=lambda f: (-f.bound, f.node, f.reason))
     result.near_misses = ranked[:top]
     return result
+
+
+_SEEN = "offered to the constraints"
+"""What the explaining search's ``accept`` answers: never taken, so every match is enumerated."""
 
 
 def _names(match: Pattern) -> dict[str, str]:
@@ -135,6 +142,8 @@ def _try_transforms(
     misses: dict[tuple[int, str, str], Failure],
 ) -> list[Pattern]:
     """Runs the transform on a copy; keeps the matches it did not decline."""
+    from .verify import clone_program  # verification tooling, imported on use
+
     wanted = [_names(m) for m in result.matches]
     clone = clone_program(prog)
     kept: list[Pattern] = []
@@ -144,19 +153,21 @@ def _try_transforms(
         if found is None:
             continue
         anchor, candidates = found
-        for op in candidates:
-            if op.enclosing_block is not block:
-                continue
-            match = matcher.match_at(op, block, anchor, order=st.order)
-            if not isinstance(match, Pattern) or _names(match) not in wanted:
-                continue
-            original = result.matches[wanted.index(_names(match))]
+
+        def rewrite(match: Pattern) -> Any:
+            names = _names(match)
+            if names not in wanted:
+                return "not a match of the original program"
             with block:
                 declined = transform_pattern(match) is False
             if declined:
-                failure = Failure(len(matcher.nodes), match.final_op.name, "transform declined",
-                                  _names(match))
-                misses.setdefault((failure.bound, failure.node, failure.reason), failure)
-            else:
-                kept.append(original)
+                failure = Failure(len(matcher.nodes), match.final_op.name, "transform declined", names)
+                misses.setdefault((failure.bound, failure.node, failure.reason + str(names)), failure)
+                return "transform declined"
+            kept.append(result.matches[wanted.index(names)])
+            return True
+
+        for op in candidates:
+            if op.enclosing_block is block:
+                matcher.match_at(op, block, anchor, order=st.order, accept=rewrite)
     return kept

@@ -17,7 +17,9 @@ Algorithm (per pattern, per block):
 4. **Backtracking** undoes the bindings of a failed branch (ops, operand orders, roots).
 5. **Final checks** on a complete binding: outputs of non-final ops have exactly the pattern's uses
    (so no consumer outside the match) and are not block outputs; no root and no constant slot is
-   computed inside the match.
+   computed inside the match. Then the caller's ``accept`` (the user's constraints, the transform)
+   decides: anything but ``True`` backtracks into the search, which goes on to the next structural
+   match at the same anchor. The user's rule is a filter on matches, not on the first match found.
 
 6. **Compiled fast path.** ``match_at`` runs each anchor's plan as one generated Python function
    (:mod:`pattern_infra.codegen`, built on first use, read with :meth:`Matcher.source`): the same
@@ -52,6 +54,10 @@ __all__ = [
 
 _UP = 0
 _DOWN = 1
+
+Accept = Callable[[Pattern], Any]
+"""Offered each complete structural match: ``True`` takes it; anything else continues the search (a
+``str`` is the reason reported to a tracing search)."""
 
 
 @dataclass(frozen=True)
@@ -106,6 +112,18 @@ class Matcher:
         every group."""
         self.has_choices: bool = any(n.choice is not None for n in compiled.nodes)
         """Whether the pattern has a choice node (``one_of``, ``equivalences=``)."""
+        self.joins_through_roots: bool = any(
+            len({n for n, _, _ in users}) > 1 for users in compiled.root_consumers
+        )
+        """Whether two pattern ops read one pattern input: parts of a match may then meet only at a
+        variable the program shares widely (a deduplicated constant), which a revisit does not walk
+        through; the driver tries a changed op itself as each pattern op of its type instead."""
+        self.anchors_by_type: dict[str, tuple[int, ...]] = {}
+        """Program op type to the pattern ops (anchors) that accept it; fan-out ops excluded."""
+        for node in compiled.nodes:
+            if not node.fanout:
+                for t in sorted(node.op_types):
+                    self.anchors_by_type[t] = (*self.anchors_by_type.get(t, ()), node.index)
         self._const_slots = [
             (node.index, slot, pos)
             for node in compiled.nodes
@@ -228,6 +246,7 @@ class Matcher:
         order: Callable[[list[Operation]], list[Operation]] | None = None,
         trace: bool = False,
         root_hint: Var | None = None,
+        accept: Accept | None = None,
     ) -> Pattern | Failure | None:
         """Tries to match with ``op`` bound to pattern op number ``anchor``.
 
@@ -238,6 +257,9 @@ class Matcher:
             order: Sorts captured ops into program order for ``Pattern.op_list``.
             trace: Return a :class:`Failure` describing the nearest miss instead of None.
             root_hint: If given, the first root must be this variable.
+            accept: Called with each complete structural match, in search order: ``True`` takes it
+                (the search returns it), anything else lets the search go on (a string is the reason
+                a tracing search reports). None takes the first match.
 
         Returns:
             A :class:`Pattern` on success; on failure None, or a :class:`Failure` when tracing.
@@ -249,12 +271,12 @@ class Matcher:
                 fn = self._build(anchor).function
                 self._compiled_fns[anchor] = fn
             if fn is not None:
-                return fn(self, op, block, order)
-        search = _Search(self, block, self.plans[anchor], trace)
+                return fn(self, op, block, order, accept)
+        search = _Search(self, block, self.plans[anchor], trace, order, accept)
         if root_hint is not None:
             search.roots[0] = root_hint
         if search.run(op):
-            return search.to_pattern(order)
+            return search.result
         return search.failure if trace else None
 
     def source(self, anchor: int) -> str:
@@ -364,9 +386,18 @@ def _optional_const(compiled: CompiledPattern, edge: Edge | tuple[Edge, ...]) ->
 class _Search:
     """State of one anchored search; undone on backtracking."""
 
-    __slots__ = ("m", "block", "plan", "trace", "ops", "assign", "roots", "used", "failure", "depth", "subs")
+    __slots__ = ("m", "block", "plan", "trace", "ops", "assign", "roots", "used", "failure", "depth",
+                 "order", "accept", "result", "subs")
 
-    def __init__(self, matcher: Matcher, block: Block, plan: list[_Step], trace: bool) -> None:
+    def __init__(
+        self,
+        matcher: Matcher,
+        block: Block,
+        plan: list[_Step],
+        trace: bool,
+        order: Callable[[list[Operation]], list[Operation]] | None = None,
+        accept: Accept | None = None,
+    ) -> None:
         n = len(matcher.nodes)
         self.m = matcher
         self.block = block
@@ -378,7 +409,12 @@ class _Search:
         self.used: dict[int, int] = {}
         self.failure: Failure | None = None
         self.depth = 0
+        self.order = order
+        self.accept = accept
+        self.result: Pattern | None = None
+        """The match taken, once the search succeeded."""
         self.subs: list[choices.SubMatch | None] = [None] * n
+        """Per pattern op, the sub-match of a choice node (None elsewhere)."""
 
     def fail(self, node: int, reason: str | Callable[[], str]) -> bool:
         if self.trace and (self.failure is None or self.depth > self.failure.bound):
@@ -620,7 +656,9 @@ class _Search:
                              f"{var.name} is not the output of {producer.name}")
         return True
 
-    def final_checks(self) -> bool:
+    def structure_ok(self) -> bool:
+        """The checks of a complete binding (uses of intermediates, roots and constants not computed
+        inside the match), before the match is built and offered to ``accept``."""
         for node in self.m.nodes:
             if node.is_final or node.fanout:
                 continue
@@ -651,8 +689,17 @@ class _Search:
             return self.fail(0, "a constant slot of an alternative is wired from inside the match")
         return True
 
-    def to_pattern(self, order: Callable[[list[Operation]], list[Operation]] | None) -> Pattern:
-        return _build_pattern(self.m, self.block, self.ops, self.assign, self.roots, order, self.subs)
+    def final_checks(self) -> bool:
+        if not self.structure_ok():
+            return False
+        pattern = _build_pattern(self.m, self.block, self.ops, self.assign, self.roots, self.order, self.subs)
+        if self.accept is not None:
+            verdict = self.accept(pattern)
+            if verdict is not True:
+                last = self.m.compiled.final_nodes[-1]
+                return self.fail(last, verdict if isinstance(verdict, str) else "the match was not taken")
+        self.result = pattern
+        return True
 
 
 # -- design-document helpers, kept importable ---------------------------------------------------------

@@ -60,18 +60,30 @@ def _compiled_path(monkeypatch):
 # -- the differential check ---------------------------------------------------------------------------
 
 
-def interpreted(matcher: Matcher, op: Any, block: Any, anchor: int) -> tuple[Pattern | None, int]:
+def interpreted(matcher: Matcher, op: Any, block: Any, anchor: int, accept: Any = None) -> tuple[Pattern | None, int]:
     """The reference: ``_Search`` as ``match_at`` runs it without the compiled path."""
     before = matcher.bind_attempts
-    search = _Search(matcher, block, matcher.plans[anchor], False)
-    found = search.to_pattern(None) if search.run(op) else None
+    search = _Search(matcher, block, matcher.plans[anchor], False, None, accept)
+    found = search.result if search.run(op) else None
     return found, matcher.bind_attempts - before
 
 
-def compiled(matcher: Matcher, op: Any, block: Any, anchor: int) -> tuple[Pattern | None, int]:
+def compiled(matcher: Matcher, op: Any, block: Any, anchor: int, accept: Any = None) -> tuple[Pattern | None, int]:
     before = matcher.bind_attempts
-    found = matcher.match_at(op, block, anchor)
+    found = matcher.match_at(op, block, anchor, accept=accept)
     return found, matcher.bind_attempts - before
+
+
+def every_match(search: Any, matcher: Matcher, op: Any, block: Any, anchor: int) -> tuple[list[Any], int]:
+    """Every structural match at one anchor op, in search order: ``accept`` takes none of them."""
+    seen: list[Any] = []
+
+    def collect(match: Pattern) -> str:
+        seen.append(content(match))
+        return "collected"
+
+    _, binds = search(matcher, op, block, anchor, collect)
+    return seen, binds
 
 
 def _ids(value: Any) -> Any:
@@ -101,6 +113,10 @@ def assert_same(matcher: Matcher, op: Any, block: Any, anchor: int) -> Pattern |
     where = f"{matcher.compiled.name} anchored at {matcher.nodes[anchor].name} on {op.name}"
     assert content(got) == content(want), where
     assert got_binds == want_binds, where
+    if got is not None:  # both searches go on past a match not taken, through the same choices
+        assert every_match(compiled, matcher, op, block, anchor) == every_match(
+            interpreted, matcher, op, block, anchor
+        ), where
     return got
 
 
@@ -577,7 +593,7 @@ def test_wrong_type_outputs_and_block():
 def test_source_is_readable_and_registered():
     matcher = matcher_of(relu_exp)
     text = matcher.source(1)
-    assert "def search(_m, op, block, order):" in text and "'r'" in text and "'e'" in text
+    assert "def search(_m, op, block, order, accept):" in text and "'r'" in text and "'e'" in text
     assert "# step 1: up to 'r' (relu)" in text
     fn = matcher._build(1).function
     assert fn.__source__ == text

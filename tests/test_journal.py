@@ -180,14 +180,39 @@ def test_a_failing_pass_restores_every_object(namespace, change):
     assert [op.op_type for op in prog.functions["main"].operations].count("softplus") == 3
 
 
-def test_the_hooks_are_gone_once_the_pass_ends(namespace):
-    originals = {name: Var.__dict__[name] for name in ("add_child_op", "remove_child_op", "set_name")}
-    c = register_generic_pass(relu_exp, None, fails_after(lambda p, q: None, on_call=99), "p", namespace)
-    c(program())
-    assert {name: Var.__dict__[name] for name in originals} == originals
-    hooked = [Block.__dict__["remove_ops"], Var.__dict__["add_child_op"], Operation.__dict__["_validate_and_set_inputs"]]
-    assert not any(hasattr(f, "__wrapped__") for f in hooked)
-    assert type(Var.__dict__["scopes"]) is property and Var.__dict__["scopes"].fset.__qualname__ == "Var.scopes"
+@pytest.mark.parametrize("fail", [False, True], ids=["rewrites", "fails and restores"])
+def test_the_hooks_are_gone_once_the_pass_ends(namespace, fail):
+    """Every hooked attribute of coremltools' classes is, after the pass, the very object it was before;
+    and during the transform it was not (so this check would see a hook left installed)."""
+    from pattern_infra.journal import _HOOKS
+
+    def attributes() -> dict[tuple[type, str], Any]:
+        return {(cls, name): cls.__dict__.get(name) for cls, name, _ in _HOOKS}
+
+    before = attributes()
+    during: list[dict[tuple[type, str], Any]] = []
+
+    def transform(pattern):
+        during.append(attributes())
+        to_softplus(pattern)
+        if fail:
+            raise RuntimeError("boom")
+
+    c = register_generic_pass(relu_exp, None, transform, "p", namespace)
+    if fail:
+        with pytest.raises(PassExecutionError):
+            c(program())
+    else:
+        c(program())
+    assert during, "the transform never ran: nothing was hooked"
+    hooked = [key for key, value in during[0].items() if value is not before[key]]
+    assert sorted(f"{cls.__name__}.{name}" for cls, name in hooked) == sorted(
+        f"{cls.__name__}.{name}" for cls, name, _ in _HOOKS
+    )
+    after = attributes()
+    left = [f"{cls.__name__}.{name}" for key, value in after.items() if value is not before[key]
+            for cls, name in [key]]
+    assert left == [], f"hooks left installed: {left}"
 
 
 def test_other_threads_are_not_journaled():

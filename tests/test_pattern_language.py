@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import time
 
 import numpy as np
 import pytest
@@ -11,6 +12,7 @@ from coremltools.converters.mil.mil import get_new_symbol
 from coremltools.converters.mil.mil.passes.pass_registry import PASS_REGISTRY
 
 from pattern_infra import (
+    PassExecutionError,
     PatternDefinitionError,
     explain,
     find_matches,
@@ -271,12 +273,15 @@ def test_statistics_and_run_log(namespace):
         return mb.exp(x=mb.relu(x=a))
 
     run_log(clear=True)
-    c(copy.deepcopy(prog))
+    copied = copy.deepcopy(prog)
+    started = time.perf_counter()
+    c(copied)
+    elapsed = time.perf_counter() - started
     s = c.stats
     # the rejected match sits next to the rewrite, so the second round looks at it again
     assert (s.runs, s.rewrites, s.declined) == (1, 1, 0) and s.rejected >= 1
     assert s.matches == s.rewrites + s.rejected
-    assert s.attempts >= 2 and s.seconds > 0
+    assert s.attempts >= 2 and 0 < s.seconds <= elapsed  # the pass's own time, within the call's
     (entry,) = run_log()
     assert entry[0] == f"{namespace}::p" and entry[2].rewrites == 1
     np.testing.assert_equal(len(run_log(clear=True)), 1)
@@ -329,7 +334,7 @@ def test_alternatives_may_lack_a_wildcard_constant_slot():
         m.operand("rs", "shape")
 
 
-def test_a_transform_that_changes_nothing_is_declined_not_looped(namespace):
+def test_a_transform_that_changes_nothing_is_named_with_the_fix(namespace):
     calls = []
     c = register_generic_pass(relu_exp, None, lambda p: calls.append(p) or None, "p", namespace)
 
@@ -338,8 +343,37 @@ def test_a_transform_that_changes_nothing_is_declined_not_looped(namespace):
         return mb.exp(x=mb.relu(x=x))
 
     before = str(prog)
-    c(prog)
+    with pytest.raises(PassExecutionError, match=r"returned None without changing the program.*replace_output"):
+        c(prog)
     assert str(prog) == before and len(calls) == 1
+
+
+def test_a_transform_that_forgets_replace_output_is_named_not_a_fixpoint(namespace):
+    def forgets(pattern):
+        mb.softplus(x=pattern.root_var, before_op=pattern.final_op, name="built")
+
+    c = register_generic_pass(relu_exp, None, forgets, "p", namespace)
+
+    @one_input
+    def prog(x):
+        return mb.exp(x=mb.relu(x=x))
+
+    before = str(prog)
+    with pytest.raises(PassExecutionError, match=r"built \[built\] but nothing uses them.*replace_output"):
+        c(prog)
+    assert str(prog) == before
+
+
+def test_a_transform_that_returns_false_declines(namespace):
+    c = register_generic_pass(relu_exp, None, lambda p: False, "p", namespace)
+
+    @one_input
+    def prog(x):
+        return mb.exp(x=mb.relu(x=x))
+
+    before = str(prog)
+    c(prog)
+    assert str(prog) == before
     assert (c.stats.rewrites, c.stats.declined) == (0, 1)
 
 

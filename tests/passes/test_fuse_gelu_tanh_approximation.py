@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 
 import coremltools as ct
+import numpy as np
 import pytest
 import torch
 from coremltools.converters.mil import Builder as mb
@@ -148,8 +149,23 @@ def test_convert_fuses_torch_tanh_gelus_under_the_override(fn):
         assert "gelu" not in op_types(plain)
 
 
-def test_math_constant():
-    assert math.isclose(SQRT_2_OVER_PI, math.sqrt(2 / math.pi))
+def test_the_patterns_require_the_float32_value_of_sqrt_2_over_pi():
+    """Every registered GELU pattern requires sqrt(2 / pi) where GELU has it (the value rule, read from
+    the compiled patterns), and a program off by 2e-3 there (twice the tolerance, coremltools' own) is left alone."""
+    from coremltools.converters.mil.mil.passes.pass_registry import PASS_REGISTRY
+
+    expected = np.float32(math.sqrt(2 / math.pi))
+    for sub in PASS_REGISTRY[PASS].passes:
+        values = [v for _, v, rule in sub.compiled.consts if rule.mode == "value" and v is not None and v.size == 1]
+        near = [float(v) for v in values if abs(float(v) - 0.8) < 0.01]
+        assert near and all(np.float32(v) == expected for v in near), (sub.name, near)
+
+    @mb.program(input_specs=[mb.TensorSpec(shape=(2, 3))])
+    def off(x):
+        inner = mb.mul(x=mb.add(x=x, y=mb.mul(x=mb.pow(x=x, y=3.0), y=0.044715)), y=float(expected) + 2e-3)
+        return mb.mul(x=mb.mul(x=mb.add(x=mb.tanh(x=inner), y=1.0), y=0.5), y=x)
+
+    assert "gelu" not in op_types(run_pass(PASS, off))
 
 
 @pytest.mark.parametrize(

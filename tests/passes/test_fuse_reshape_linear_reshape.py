@@ -251,8 +251,8 @@ def test_runs_after_fuse_leaky_relu_only_under_override():
 def test_gpt2_block_has_fewer_ops_with_override():
     row = compare_model("gpt2_block")
     assert row.fired.get(PASS) == 4  # the four Conv1D layers
-    assert row.ops_off["reshape"] == 11 and row.ops_on["reshape"] == 4
-    assert row.total_on == row.total_off - 7
+    # relations, not the installed torch's counts: only reshapes go, and some do
+    assert row.total_off - row.total_on == row.ops_off["reshape"] - row.ops_on["reshape"] > 0
     assert row.ops_on["linear"] == row.ops_off["linear"] == 4
     tolerance = 1e-5 * max(1.0, row.scale)
     assert row.max_abs_err_off < tolerance and row.max_abs_err_on < tolerance
