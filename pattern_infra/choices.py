@@ -515,11 +515,28 @@ def choice_matches(
     return found
 
 
+class _Collected:
+    """What the generated collecting search found (no failure: it never traces)."""
+
+    __slots__ = ("found", "failure")
+
+    def __init__(self, found: list[Any]) -> None:
+        self.found = found
+        self.failure = None
+
+
 def _search_alternative(outer: Any, alternative: Alternative, op: Operation, block: Any, trace: bool) -> Any:
-    """The alternative's search anchored at its last op, run to the end (``.found``: every match)."""
+    """The alternative's search anchored at its last op, run to the end (``.found``: every match, as
+    search state): the generated collecting search, or the interpreter when tracing (or forced)."""
     matcher = _matcher_of(alternative)
+    anchor = alternative.compiled.final_nodes[0]
     before = matcher.bind_attempts
-    search = _Collecting(matcher, block, matcher.plans[alternative.compiled.final_nodes[0]], trace)
+    fn = None if trace else matcher.collector(anchor)
+    if fn is not None:
+        found = fn(matcher, op, block)
+        outer.bind_attempts += matcher.bind_attempts - before
+        return _Collected(found)
+    search = _Collecting(matcher, block, matcher.plans[anchor], trace)
     search.found = []
     search.run(op)
     outer.bind_attempts += matcher.bind_attempts - before

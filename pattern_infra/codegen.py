@@ -175,18 +175,22 @@ def _filename(matcher: Matcher, anchor: int, source: str) -> str:
     return filename
 
 
-def build(matcher: Matcher, anchor: int) -> GeneratedSearch:
+def build(matcher: Matcher, anchor: int, collect: bool = False) -> GeneratedSearch:
     """Generates and compiles the search of ``matcher`` anchored at pattern op ``anchor``.
 
     Args:
         matcher: The matcher (its plans, pattern and counters are used by the function).
         anchor: Index of the anchor pattern op.
+        collect: Generate ``search(_m, op, block)`` returning *every* complete structural match as
+            search state ``(ops, assign, roots, subs)``, as the interpreter's collecting search does for
+            an alternative of a choice (:mod:`pattern_infra.choices`), instead of the first accepted
+            Pattern.
 
     Returns:
         The generated search; its ``function`` is None when the pattern needs the interpreter.
     """
     try:
-        source, namespace = generate(matcher, anchor)
+        source, namespace = generate(matcher, anchor, collect)
     except _NotCompilable as exc:
         text = _not_compiled(matcher, anchor, str(exc))
         return GeneratedSearch(text, _filename(matcher, anchor, text), None, str(exc))
@@ -214,21 +218,24 @@ def _identifier(text: str) -> str:
     return re.sub(r"\W", "_", text)
 
 
-def generate(matcher: Matcher, anchor: int) -> tuple[str, dict[str, Any]]:
+def generate(matcher: Matcher, anchor: int, collect: bool = False) -> tuple[str, dict[str, Any]]:
     """The source of the search anchored at ``anchor`` and the globals it runs with.
 
     Raises:
         _NotCompilable: The pattern has a feature left to the interpreter (see the module docstring).
     """
-    return _Generator(matcher, anchor).run()
+    return _Generator(matcher, anchor, collect).run()
 
 
 class _Generator:
     """Writes the search of one anchor, step by step of its plan."""
 
-    def __init__(self, matcher: Matcher, anchor: int) -> None:
+    def __init__(self, matcher: Matcher, anchor: int, collect: bool = False) -> None:
         from .matcher import _build_pattern, _optional_const
         from .pattern import Pattern
+
+        self.collect = collect
+        """Collect every structural match (an alternative's search) instead of returning the first."""
 
         self.m = matcher
         self.compiled = matcher.compiled
@@ -278,7 +285,11 @@ class _Generator:
         self.line("# " + text)
 
     def fail_lines(self) -> list[str]:
-        return ["continue"] if self.loops else ["return None"]
+        return ["continue"] if self.loops else [self.no_more()]
+
+    def no_more(self) -> str:
+        """The end of the search when nothing (more) matches."""
+        return "return _found" if self.collect else "return None"
 
     def guard(self, condition: str, why: str = "") -> None:
         """``if condition: <backtrack>``."""
@@ -366,9 +377,11 @@ class _Generator:
             header.append(f"#   r{k} = root {name!r}")
         header.append("")
         self.depth = 0
-        self.line("def search(_m, op, block, order, accept):")
+        self.line("def search(_m, op, block):" if self.collect else "def search(_m, op, block, order, accept):")
         self.depth = 1
         self.line("nb = 1")
+        if self.collect:
+            self.line("_found = []")
         self.line("try:")
         self.depth = 2
         a = self.anchor
@@ -381,10 +394,13 @@ class _Generator:
             else:
                 self.up_step(i, st)
         self.final_checks()
-        self.success()
+        if self.collect:
+            self.collected()
+        else:
+            self.success()
         self.depth = 2
         self.loops = 0
-        self.line("return None")
+        self.line(self.no_more())
         self.depth = 1
         self.line("finally:  # every exit, an exception included, counts the bind attempts made")
         self.line("    _m.bind_attempts += nb")
@@ -725,6 +741,26 @@ class _Generator:
                        f"constant slot {self.nodes[n].name}.{slot} computed inside the match")
             if optional:
                 self.depth -= 1
+
+    def collected(self) -> None:
+        """Collect mode: the search state of the match is kept and the search goes on (the interpreter's
+        ``Collecting.final_checks``)."""
+        if any(self.skippable):
+            raise _NotCompilable("an alternative op type may lack a wildcard constant (collect mode)")
+        per_node = ", ".join(f"_s{n}" if n in self.choice_nodes else "None" for n in range(len(self.nodes)))
+        if self.choice_nodes:
+            subs = "(" + "".join(f"_s{n}, " for n in self.choice_nodes) + ")"
+            self.guard(f"not _subs_final_ok(({', '.join(f'o{n}' for n in range(len(self.nodes)))},), {subs})",
+                       "no constant slot of an alternative computed inside the match")
+        assign = ", ".join(
+            f"_s{node.index}.slots" if node.choice is not None
+            else "{" + ", ".join(f"{slot!r}: {self.value(node.index, slot)}" for slot in node.inputs) + "}"
+            for node in self.nodes
+        )
+        ops = ", ".join(f"o{n}" for n in range(len(self.nodes)))
+        roots = ", ".join(f"r{k}" for k in range(len(self.compiled.root_names)))
+        self.comment("a match: kept, and the search goes on")
+        self.line(f"_found.append(([{ops}], [{assign}], [{roots}], [{per_node}]))")
 
     def success(self) -> None:
         """Builds the Pattern as ``matcher._build_pattern`` would, its dicts written out (for a pattern

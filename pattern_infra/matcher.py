@@ -139,6 +139,7 @@ class Matcher:
         """Per anchor: the compiled search (:mod:`~pattern_infra.codegen`), None when the interpreter
         must do it, ``_NOT_BUILT`` until first used."""
         self._generated: dict[int, codegen.GeneratedSearch] = {}
+        self._collect_fns: dict[int, Any] = {}
 
     # -- planning -----------------------------------------------------------------------------------
 
@@ -293,6 +294,17 @@ class Matcher:
             The generated source, as registered with :mod:`linecache` for tracebacks.
         """
         return self._build(anchor).source
+
+    def collector(self, anchor: int) -> Any:
+        """The generated search collecting every structural match at ``anchor`` (for an alternative of a
+        choice), or None when the interpreter must do it (``PATTERN_INFRA_INTERPRET=1`` included)."""
+        if codegen.interpret_forced():
+            return None
+        fn = self._collect_fns.get(anchor, _NOT_BUILT)
+        if fn is _NOT_BUILT:
+            fn = codegen.build(self, anchor, collect=True).function
+            self._collect_fns[anchor] = fn
+        return fn
 
     def _build(self, anchor: int) -> codegen.GeneratedSearch:
         generated = self._generated.get(anchor)

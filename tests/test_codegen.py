@@ -784,3 +784,47 @@ def test_choice_patterns_compiled_and_interpreted_agree():
                         if found is not None:
                             assert found.choices == interpreted(matcher, op, block, anchor)[0].choices
     assert compared > 100 and matched >= 12 * 4 + 1
+
+
+def test_collecting_searches_of_alternatives_agree():
+    """The generated collecting search of every alternative (``collect=True``) and the interpreter's
+    (``choices._Collecting``) find the same sub-matches, in the same order, with the same bind attempts."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).parent))
+    from test_choices import SPELLINGS, rms_norm, rms_program
+
+    from pattern_infra import compile_pattern
+    from pattern_infra.choices import _Collecting, _matcher_of
+
+    def alternatives(compiled):
+        for node in compiled.nodes:
+            if node.choice is not None:
+                for alternative in node.choice.alternatives:
+                    yield alternative
+                    yield from alternatives(alternative.compiled)
+
+    def ids(state):
+        ops, assign, roots, subs = state
+        return ([id(o) for o in ops], [sorted((k, id(v)) for k, v in a.items()) for a in assign],
+                [id(r) for r in roots], [None if s is None else id(s.ops[-1]) for s in subs])
+
+    compared = found = 0
+    for prog in [rms_program(*s) for s in SPELLINGS]:
+        block = prog.functions["main"]
+        for alternative in alternatives(compile_pattern(rms_norm)):
+            matcher = _matcher_of(alternative)
+            anchor = alternative.compiled.final_nodes[0]
+            for op in block.operations:
+                before = matcher.bind_attempts
+                generated = matcher.collector(anchor)(matcher, op, block)
+                middle = matcher.bind_attempts
+                search = _Collecting(matcher, block, matcher.plans[anchor], False)
+                search.found = []
+                search.run(op)
+                assert [ids(s) for s in generated] == [ids(s) for s in search.found]
+                assert middle - before == matcher.bind_attempts - middle
+                compared += 1
+                found += len(generated)
+    assert compared > 500 and found >= 36
