@@ -18,6 +18,7 @@ from .errors import (
     UnsupportedOpError,
     VerificationError,
 )
+from .choices import one_of, optional
 from .explain import Explanation, explain
 from .from_torch import TorchCapture, capture_torch, pattern_from_torch
 from .matcher import Failure, Matcher, detect_pattern, lists_op_equality, pattern_detected
@@ -51,6 +52,8 @@ __all__ = [
     "ENV_VAR",
     "Explanation",
     "TorchCapture",
+    "one_of",
+    "optional",
     "capture_torch",
     "pattern_from_torch",
     "Failure",
