@@ -44,7 +44,7 @@ import gc
 import logging
 import time
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -379,6 +379,7 @@ def run_subpasses(
     pass_name: str,
     *,
     validate: bool | str = True,
+    passes: Sequence[int] | None = None,
 ) -> PassStats:
     """Applies each sub-pass, in order, to every block of ``prog``.
 
@@ -390,6 +391,10 @@ def run_subpasses(
             rewrite created or rewired, right after it (linear in what changed); ``"full"`` validates
             the whole program after each sub-pass that rewrote; ``False`` skips it. coremltools'
             pipeline validates the whole program after every pass anyway.
+        passes: For several passes applied in one call, the pass each sub-pass belongs to (consecutive
+            sub-passes of one pass share a number). Each pass reaches its own fixpoint (its sub-passes
+            revisit each other's changes) before the next one starts, as when they run one by one.
+            None: all sub-passes form one pass.
 
     Returns:
         The counters of this run, summed over the sub-passes.
@@ -407,16 +412,17 @@ def run_subpasses(
     gc.disable()
     try:
         blocks = run.blocks
-        seen: list[dict[str, int]] = []
-        for sub in subpasses:
-            if any(run.state(block).possible(sub.matcher) for block in blocks):
-                total.add(_apply(run, sub, first=True))
-            else:
-                sub.stats.runs += 1  # no block holds every op type of the pattern: nothing to do
-                total.runs += 1
-            seen.append(run.log_position())
-        if len(subpasses) > 1:
-            _revisit_earlier(run, subpasses, seen, total)
+        for group in _groups(subpasses, passes):
+            seen: list[dict[str, int]] = []
+            for sub in group:
+                if any(run.state(block).possible(sub.matcher) for block in blocks):
+                    total.add(_apply(run, sub, first=True))
+                else:
+                    sub.stats.runs += 1  # no block holds every op type of the pattern: nothing to do
+                    total.runs += 1
+                seen.append(run.log_position())
+            if len(group) > 1:
+                _revisit_earlier(run, group, seen, total)
     except PatternInfraError:
         raise
     except Exception as exc:  # an error of coremltools' own while applying the rewrite
@@ -434,6 +440,20 @@ def run_subpasses(
         if gc_was_enabled:
             gc.enable()
     return total
+
+
+def _groups(subpasses: list[SubPass], passes: Sequence[int] | None) -> list[list[SubPass]]:
+    """The sub-passes cut into runs of one pass each (see ``run_subpasses``' ``passes``)."""
+    if passes is None:
+        return [subpasses] if subpasses else []
+    if len(passes) != len(subpasses):
+        raise ValueError(f"passes names {len(passes)} sub-passes, but {len(subpasses)} were given")
+    groups: list[list[SubPass]] = []
+    for i, sub in enumerate(subpasses):
+        if i == 0 or passes[i] != passes[i - 1]:
+            groups.append([])
+        groups[-1].append(sub)
+    return groups
 
 
 def _apply(run: _Run, sub: SubPass, *, first: bool) -> PassStats:

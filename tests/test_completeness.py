@@ -242,3 +242,40 @@ def test_a_constraints_reason_is_counted_and_explained(namespace, refusal):
     report = explain(mul_by_constant, prog, only_graph_inputs, constants="value")
     assert [m.reason for m in report.near_misses][:1] == [reason]
     assert reason in str(report)
+
+
+def test_several_passes_in_one_call_each_reach_their_fixpoint_before_the_next(namespace):
+    """With ``passes=``, a later pass's rewrite is not revisited by an earlier pass (as pass by pass);
+    without it, all sub-passes form one pass and it is."""
+    from pattern_infra.driver import SubPass, run_subpasses
+    from pattern_infra.compiler import compile_pattern
+
+    @mb.program(input_specs=[mb.TensorSpec(shape=S)])
+    def relu_exp_chain(x0):
+        return mb.exp(x=mb.relu(x=x0, name="r"), name="e")
+
+    @mb.program(input_specs=[mb.TensorSpec(shape=S)])
+    def sigmoid_only(x0):
+        return mb.sigmoid(x=x0, name="s")
+
+    def to_zero(pattern):
+        zero = mb.const(val=np.zeros(S, dtype=np.float32), name=pattern.final_op.name + "_z",
+                        before_op=pattern.final_op)
+        pattern.replace_output(zero)
+
+    def program():
+        @mb.program(input_specs=[mb.TensorSpec(shape=S)])
+        def prog(a0):
+            r = mb.relu(x=a0, name="r0")
+            return mb.exp(x=r, name="e0"), mb.sigmoid(x=r, name="s0")  # s0 keeps relu from the chain
+
+        return prog
+
+    results = []
+    for passes in (None, [0, 1]):
+        subs = [SubPass(compile_pattern(relu_exp_chain), None, to_zero),
+                SubPass(compile_pattern(sigmoid_only), None, to_zero)]
+        prog = program()
+        run_subpasses(prog, subs, "two", passes=passes)
+        results.append(sorted(op.op_type for op in prog.functions["main"].operations if op.op_type != "const"))
+    assert results == [[], ["exp", "relu"]]
