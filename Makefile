@@ -13,7 +13,7 @@ help: ## List the targets
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e ".[test,bench]"
+	$(PY) -m pip install -q -e ".[test,bench,report]"
 	touch $(STAMP)
 
 venv: $(STAMP) ## Create .venv and install the project with its test extras
@@ -30,8 +30,9 @@ bench: $(STAMP) ## Benchmark against coremltools side by side; prints ratios, wr
 fuzz: $(STAMP) ## Long fuzzing: random programs through every generic pass, and against a brute-force matcher
 	FUZZ_EXAMPLES=$${FUZZ_EXAMPLES:-20000} $(PY) -m pytest -q tests/test_fuzz.py tests/test_brute_force.py -p no:cacheprovider --hypothesis-show-statistics
 
-models: $(STAMP) ## Real-model table: op counts with and without the override, passes that fired
+models: $(STAMP) ## Real-model tables (hand-written and transformers zoos), then the slow zoo tests
 	$(PY) examples/real_models.py
+	$(PY) -m pytest -q --run-slow tests/test_hf_models.py tests/test_real_models.py
 
 coremltools-suite: $(STAMP) ## Run coremltools' own tests of the replaced passes against our passes
 	$(PY) -m pytest -q tests/coremltools_suite

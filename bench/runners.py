@@ -26,15 +26,13 @@ ops print the same program.
 
 from __future__ import annotations
 
-import contextlib
 import copy
 import gc
 import importlib
 import logging
-import os
 import time
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from types import ModuleType
 from typing import Any
@@ -44,7 +42,7 @@ from coremltools.converters.mil.mil import Block, Operation, Program
 from coremltools.converters.mil.mil.passes.pass_registry import PASS_REGISTRY
 from coremltools.converters.mil.mil.scope import ScopeInfo, ScopeSource
 
-from pattern_infra import ENV_VAR, ConstRule, PassContainer, SubPass, find_matches, remove_dead_ops
+from pattern_infra import ConstRule, PassContainer, SubPass, find_matches, override, remove_dead_ops
 from pattern_infra.driver import find_in_program, iter_blocks
 
 __all__ = [
@@ -107,23 +105,6 @@ class Timing:
     """Why it did not run (skipped, unavailable, failed)."""
     program: Program | None = None
     """The program after the last run (for the equality checks)."""
-
-
-@contextlib.contextmanager
-def override(enabled: bool) -> Iterator[None]:
-    """Sets ``ENABLE_EXPERIMENTAL_PASSES`` to ``"1"`` (or removes it) for the duration, then restores it."""
-    previous = os.environ.get(ENV_VAR)
-    if enabled:
-        os.environ[ENV_VAR] = "1"
-    else:
-        os.environ.pop(ENV_VAR, None)
-    try:
-        yield
-    finally:
-        if previous is None:
-            os.environ.pop(ENV_VAR, None)
-        else:
-            os.environ[ENV_VAR] = previous
 
 
 def _pass_scope(name: str) -> Any:

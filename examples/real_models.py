@@ -1,21 +1,41 @@
-"""`make models`: every zoo model converted with and without our passes; prints the README's table."""
+"""`make models`: every zoo model converted with and without our passes; prints the README's tables.
+
+First the hand-written zoo (``pattern_infra.testing.models``, iOS16), then the ``transformers`` zoo
+(``pattern_infra.testing.hf_models``) at iOS17 and iOS18, each followed by the op types whose count the
+override changed.
+"""
 
 from __future__ import annotations
 
+import sys
+
+import coremltools as ct
+
+from pattern_infra.testing.hf_models import HF_ZOO
 from pattern_infra.testing.models import ZOO
-from pattern_infra.testing.real_models import compare_model, format_table
+from pattern_infra.testing.real_models import ModelComparison, compare_model, compare_targets, format_table
 
 
-def main() -> None:
-    rows = [compare_model(name) for name in ZOO]
-    print(format_table(rows))
+def _changes(rows: list[ModelComparison]) -> None:
     for row in rows:
-        changed = {t: (row.ops_off[t], row.ops_on[t]) for t in set(row.ops_off) | set(row.ops_on)
-                   if row.ops_off[t] != row.ops_on[t]}
+        changed = row.changed()
         if changed:
-            detail = ", ".join(f"{t} {a}->{b}" for t, (a, b) in sorted(changed.items()))
-            print(f"{row.name}: {detail}")
+            detail = ", ".join(f"{t} {a}->{b}" for t, (a, b) in changed.items())
+            print(f"{row.name} ({getattr(row.target, 'name', row.target)}): {detail}")
+
+
+def main(names: list[str]) -> None:
+    if not names:
+        rows = [compare_model(name) for name in ZOO]
+        print(format_table(rows))
+        _changes(rows)
+        print()
+    hf_rows = []
+    for name in names or HF_ZOO:
+        hf_rows += compare_targets(name, [ct.target.iOS17, ct.target.iOS18])
+    print(format_table(hf_rows, with_target=True))
+    _changes(hf_rows)
 
 
 if __name__ == "__main__":
-    main()
+    main(sys.argv[1:])

@@ -51,6 +51,12 @@ reach the pass: after ``merge_consecutive_transposes`` the head split and ``K^T`
         k --> [transpose(perm with its last two axes swapped)] --> scaled_dot_product_attention --> y
         v ------------|                                            ^ [attn_mask]
 
+Scale form "query" (coremltools' decomposition of ``F.scaled_dot_product_attention`` with a float mask,
+e.g. ``transformers``' sdpa attention below iOS18's op conditions): the ``mul`` by ``c`` is on Q, before
+the first ``matmul``: ``(q * c) @ K^T`` is ``c * (Q @ K^T)`` up to where the product is rounded, the same
+reassociation the power-of-two folding below makes exactly; the sixteen patterns above are registered
+again in that form.
+
 ``* f`` appears only when the scale is folded into Q, the transpose only when the swapped ``perm`` is
 not the identity (then it replaces the old one). The op takes the name of the last ``matmul``'s output
 and is inserted before it (the only place where Q, K, V and the mask are all defined). coremltools has
@@ -67,7 +73,7 @@ import math
 import numpy as np
 from coremltools import target
 from coremltools.converters.mil import Builder as mb
-from coremltools.converters.mil.mil import Block, Function, Program, Var
+from coremltools.converters.mil.mil import Block, Function, Operation, Program, Var
 
 from pattern_infra import Pattern, predicates, register_generic_pass
 
@@ -75,6 +81,7 @@ __all__ = [
     "KEY_FORMS",
     "MASK_FORMS",
     "MASK_FILL_MAX",
+    "SCALE_FORMS",
     "SCALE_RTOL",
     "attention_pattern",
     "sdpa_constraints",
@@ -86,6 +93,12 @@ KEY_FORMS: tuple[str, ...] = ("transpose", "transpose_y")
 
 MASK_FORMS: tuple[str, ...] = ("none", "add", "select", "select_inverted")
 """No mask, an additive mask, ``select(mask, scores, fill)``, ``select(mask, fill, scores)``."""
+
+SCALE_FORMS: tuple[str, ...] = ("scores", "query", "query_transposed", "none")
+"""Where the scale is applied: to the scores ``(Q @ K^T) * c``; to the query ``(Q * c) @ K^T``
+(coremltools' own decomposition of ``F.scaled_dot_product_attention``); to the query before its head
+transpose ``transpose(Q * c) @ K^T`` (the same after coremltools moved the ``mul`` above the transpose);
+nowhere (the scale folded into the query projection's weights, as in Whisper)."""
 
 MASK_FILL_MAX = -1e9
 """A ``select`` fill must be at most this: ``exp(fill - max)`` is then exactly 0 (see the docstring)."""
@@ -100,12 +113,13 @@ _MASK = (1, 1, 1, 3)
 _COND = np.ones((1, 1, 3, 3), dtype=bool)
 
 
-def attention_pattern(key_form: str, mask_form: str) -> Program:
-    """The pattern program of one key form and one mask form (see the module docstring).
+def attention_pattern(key_form: str, mask_form: str, scale_form: str = "scores") -> Program:
+    """The pattern program of one key form, one mask form and one scale form (see the module docstring).
 
     Args:
         key_form: One of :data:`KEY_FORMS`.
         mask_form: One of :data:`MASK_FORMS`.
+        scale_form: One of :data:`SCALE_FORMS`.
 
     Returns:
         The pattern, ops named ``key_t`` (key form "transpose"), ``qk``, ``scale``, ``mask_add`` or
@@ -113,12 +127,16 @@ def attention_pattern(key_form: str, mask_form: str) -> Program:
     """
 
     def body(q: Var, k: Var, v: Var, mask: Var | None) -> Var:
+        if scale_form.startswith("query"):
+            q = mb.mul(x=q, y=0.5, name="scale")
+        if scale_form == "query_transposed":
+            q = mb.transpose(x=q, perm=[0, 1, 3, 2], name="query_t")
         if key_form == "transpose":
             kt = mb.transpose(x=k, perm=[0, 1, 3, 2], name="key_t")
             qk = mb.matmul(x=q, y=kt, transpose_x=False, transpose_y=False, name="qk")
         else:
             qk = mb.matmul(x=q, y=k, transpose_x=False, transpose_y=True, name="qk")
-        scores = mb.mul(x=qk, y=0.5, name="scale")
+        scores = mb.mul(x=qk, y=0.5, name="scale") if scale_form == "scores" else qk
         if mask_form == "add":
             scores = mb.add(x=scores, y=mask, name="mask_add")
         elif mask_form == "select":
@@ -128,15 +146,17 @@ def attention_pattern(key_form: str, mask_form: str) -> Program:
         probs = mb.softmax(x=scores, axis=-1, name="softmax")
         return mb.matmul(x=probs, y=v, transpose_x=False, transpose_y=False, name="pv")
 
+    q_shape = _QKV[:2] + _QKV[:1:-1] if scale_form == "query_transposed" else _QKV
+    specs = [mb.TensorSpec(shape=q_shape), mb.TensorSpec(shape=_QKV), mb.TensorSpec(shape=_QKV)]
     if mask_form == "add":
 
-        @mb.program(input_specs=[*(mb.TensorSpec(shape=_QKV) for _ in range(3)), mb.TensorSpec(shape=_MASK)])
+        @mb.program(input_specs=[*specs, mb.TensorSpec(shape=_MASK)])
         def attention_with_mask(q, k, v, mask):
             return body(q, k, v, mask)
 
         return attention_with_mask
 
-    @mb.program(input_specs=[mb.TensorSpec(shape=_QKV) for _ in range(3)])
+    @mb.program(input_specs=specs)
     def attention(q, k, v):
         return body(q, k, v, None)
 
@@ -187,12 +207,14 @@ def _fits(mask: tuple, scores: tuple) -> bool:
 
 def _scale_factor(pattern: Pattern, embed: int) -> float | None:
     """1.0 when the scale is ``1/sqrt(E)``; a power of two to fold into Q; None to decline."""
-    scale = pattern.operand("scale", "y")
-    if not predicates.is_constant(scale) or predicates.is_constexpr(scale):
-        return None
-    value = np.asarray(scale.val)
-    if value.size != 1 or _shape(pattern.scale.outputs[0]) != _shape(pattern.qk.outputs[0]):
-        return None
+    value = np.ones(())
+    if "scale" in pattern.ops:
+        scale = pattern.operand("scale", "y")
+        if not predicates.is_constant(scale) or predicates.is_constexpr(scale):
+            return None
+        value = np.asarray(scale.val)
+        if value.size != 1 or _shape(pattern.scale.outputs[0]) != _shape(pattern.operand("scale", "x")):
+            return None
     factor = float(value.reshape(())) * math.sqrt(embed)
     if not factor > 0.0 or not math.isfinite(factor):
         return None
@@ -200,6 +222,24 @@ def _scale_factor(pattern: Pattern, embed: int) -> float | None:
     if abs(factor - power) > SCALE_RTOL * power:
         return None
     return power
+
+
+def _scores(pattern: Pattern) -> Var:
+    """The scaled scores ``Q @ K^T * c``, the var the mask is applied to."""
+    if "scale" in pattern.ops and pattern.operand("scale", "x") is pattern.qk.outputs[0]:
+        return pattern.scale.outputs[0]
+    return pattern.qk.outputs[0]
+
+
+def _query(pattern: Pattern, before: Operation) -> Var:
+    """Q without the scale: ``qk.x``, the ``mul``'s input, or that input transposed like the original."""
+    if "scale" not in pattern.ops or _scores(pattern) is pattern.scale.outputs[0]:
+        return pattern.qk.x
+    query = pattern.operand("scale", "x")
+    if "query_t" in pattern.ops:
+        query = mb.transpose(x=query, perm=pattern.query_t.perm, name=pattern.query_t.outputs[0].name,
+                             before_op=before)
+    return query
 
 
 def _mask_fits(pattern: Pattern, scores: tuple) -> bool:
@@ -214,7 +254,7 @@ def _mask_fits(pattern: Pattern, scores: tuple) -> bool:
         )
     if "mask_select" in pattern.ops:
         op = pattern.mask_select
-        inverted = op.b is pattern.scale.outputs[0]
+        inverted = op.b is _scores(pattern)
         fill = op.a if inverted else op.b
         cond = op.cond
         if not predicates.is_constant(cond) or not predicates.is_constant(fill):
@@ -272,7 +312,7 @@ def transform_sdpa(pattern: Pattern) -> None:
     """Inserts the op (with the Q scaling, K transpose or inverted mask it needs) before the last matmul."""
     pv = pattern.pv
     name = pv.outputs[0].name
-    query = pattern.qk.x
+    query = _query(pattern, pv)
     if pattern.query_factor != 1.0:
         query = mb.mul(x=query, y=_np_float(query)(pattern.query_factor), name=f"{name}_query",
                        before_op=pv)
@@ -288,7 +328,7 @@ def transform_sdpa(pattern: Pattern) -> None:
     elif "mask_select" in pattern.ops:
         op = pattern.mask_select
         mask = op.cond
-        if op.b is pattern.scale.outputs[0]:  # select(mask, fill, scores): keep where mask is False
+        if op.b is _scores(pattern):  # select(mask, fill, scores): keep where mask is False
             mask = mb.const(val=np.logical_not(np.asarray(op.cond.val, dtype=bool)), name=f"{name}_mask",
                             before_op=pv)
     kwargs = {} if mask is None else {"attn_mask": mask}
@@ -297,27 +337,32 @@ def transform_sdpa(pattern: Pattern) -> None:
     pattern.replace_output(fused)
 
 
-def _register(key_form: str, mask_form: str) -> None:
+def _register(key_form: str, mask_form: str, scale_form: str) -> None:
     const_rules: dict[str, str] = {"qk.transpose_x": "const", "qk.transpose_y": "const",
                                    "pv.transpose_x": "const", "pv.transpose_y": "const",
-                                   "scale.y": "const", "softmax.axis": "const"}
+                                   "softmax.axis": "const"}
+    if scale_form != "none":
+        const_rules["scale.y"] = "const"
+    if scale_form == "query_transposed":
+        const_rules["query_t.perm"] = "const"
     if key_form == "transpose":
         const_rules["key_t.perm"] = "const"
     if mask_form.startswith("select"):
         const_rules["mask_select.cond"] = "const"
         const_rules["mask_select.b" if mask_form == "select" else "mask_select.a"] = "const"
     register_generic_pass(
-        ops_arrangement=attention_pattern(key_form, mask_form),
+        ops_arrangement=attention_pattern(key_form, mask_form, scale_form),
         var_constraints=sdpa_constraints,
         transform_pattern=transform_sdpa,
         pass_name="fuse_sdpa",
         namespace="generic",
         const_rules=const_rules,
-        name=f"sdpa[{key_form}, {mask_form}]",
+        name=f"sdpa[{key_form}, {mask_form}]" if scale_form == "scores" else f"sdpa[{key_form}, {mask_form}, {scale_form}]",
         run_after="common::fuse_transpose_matmul",
     )
 
 
-for _key_form in KEY_FORMS:
-    for _mask_form in MASK_FORMS:
-        _register(_key_form, _mask_form)
+for _scale_form in SCALE_FORMS:
+    for _key_form in KEY_FORMS:
+        for _mask_form in MASK_FORMS:
+            _register(_key_form, _mask_form, _scale_form)

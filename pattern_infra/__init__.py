@@ -19,11 +19,12 @@ from .errors import (
     VerificationError,
 )
 from .choices import one_of, optional
-from .explain import Explanation, explain
+from .explain import Explanation, Explanations, explain
 from .from_torch import TorchCapture, capture_torch, pattern_from_torch
 from .matcher import Failure, Matcher, detect_pattern, lists_op_equality, pattern_detected
 from .pattern import Pattern
 from .rewrite import replace_with
+from .tracing import Rewrite, Trace, trace
 from . import predicates
 from .registry import (
     ENV_VAR,
@@ -32,6 +33,7 @@ from .registry import (
     fuse_all_blocks,
     fuse_one_block,
     generic_passes,
+    override,
     override_enabled,
     register_generic_pass,
     run_log,
@@ -56,6 +58,7 @@ __all__ = [
     "optional",
     "capture_torch",
     "pattern_from_torch",
+    "Explanations",
     "Failure",
     "FixpointError",
     "Matcher",
@@ -72,17 +75,24 @@ __all__ = [
     "compile_pattern",
     "detect_pattern",
     "explain",
+    "explain_in_conversion",
     "find_matches",
     "fuse_all_blocks",
     "fuse_one_block",
     "generic_passes",
     "lists_op_equality",
+    "override",
     "override_enabled",
+    "pattern_program",
+    "program_before",
     "pattern_detected",
     "predicates",
     "register_generic_pass",
     "remove_dead_ops",
     "replace_with",
+    "Rewrite",
+    "Trace",
+    "trace",
     "run_log",
 ]
 
@@ -92,9 +102,13 @@ _ON_USE = {
     "assert_programs_equivalent": "verify",
     "prove_equivalent": "verify",
     "verify_pass": "verify",
+    "explain_in_conversion": "in_conversion",
+    "program_before": "in_conversion",
+    "pattern_program": "program",
 }
-"""Verification tooling (the numpy evaluator, sympy proofs) is imported on first use, not with the
-package: a conversion that only runs passes never loads it."""
+"""Verification tooling (the numpy evaluator, sympy proofs), ``explain_in_conversion`` and
+``pattern_program`` are imported on first use, not with the package: a conversion that only runs passes
+never loads them (nor the command line, the report or matplotlib, which nothing here imports)."""
 
 
 def __getattr__(name: str) -> object:

@@ -57,6 +57,7 @@ from .errors import FixpointError, PassExecutionError, PatternInfraError
 from .journal import Journal, flat_inputs, journals_on_this_thread
 from .matcher import Matcher
 from .pattern import Pattern
+from . import tracing
 
 __all__ = [
     "DEFAULT_MAX_ITERATIONS",
@@ -916,6 +917,8 @@ def _rewrite(run: _Run, sub: SubPass, st: _BlockState, match: Pattern) -> bool:
             run.changes.validate()
         except Exception as exc:
             raise _inconsistent(run, sub, exc) from exc
+    if tracing.recording:  # a trace is open (pattern_infra.trace): one flag test otherwise
+        tracing.record(run.prog, run.pass_name, sub.name, block, match.op_list(), created, st.removed[n_removed:])
     return True
 
 

@@ -1060,11 +1060,15 @@ def _layer_norm(ctx: OpContext) -> np.ndarray:
 
 @register_op_semantics("l2_norm")
 def _l2_norm(ctx: OpContext) -> np.ndarray:
-    # x / sqrt(sum(x^2) + eps) over the last three dimensions; leading dimensions are batch.
+    # x / sqrt(sum(x^2) + eps) over the last three dimensions; leading dimensions are batch. The sum of
+    # squares is internal to the op, not a tensor of the program: it is accumulated in float64 (in
+    # "native" precision too) and only the op's result is rounded to its dtype. A float16 x of magnitude
+    # 300 therefore normalises correctly, where a written-out pow(x, 2) overflows.
     x = ctx.array("x")
     epsilon = ctx.array("epsilon") if ctx.has("epsilon") else 1e-6
     axes = tuple(range(max(x.ndim - 3, 0), x.ndim))
-    return x / np.sqrt(np.sum(np.square(x), axis=axes, keepdims=True) + epsilon)
+    wide = x.astype(np.float64)
+    return wide / np.sqrt(np.sum(np.square(wide), axis=axes, keepdims=True) + np.float64(epsilon))
 
 
 @register_op_semantics("local_response_norm")

@@ -16,12 +16,12 @@ from typing import Any
 
 from coremltools.converters.mil.mil import Program
 
-from .compiler import compile_pattern
 from .driver import _BlockState, constraint_verdict, iter_blocks
 from .matcher import Failure, Matcher
 from .pattern import Pattern
+from .registry import PassContainer, PatternSource, resolve_patterns
 
-__all__ = ["Explanation", "explain"]
+__all__ = ["Explanation", "Explanations", "explain"]
 
 
 @dataclass
@@ -54,6 +54,18 @@ class Explanation:
         return "\n".join(lines)
 
 
+class Explanations(list):
+    """One :class:`Explanation` per pattern, for ``explain`` given several patterns or a registered pass."""
+
+    @property
+    def matches(self) -> list[Pattern]:
+        """The full matches of every pattern."""
+        return [m for explanation in self for m in explanation.matches]
+
+    def __str__(self) -> str:
+        return "\n".join(str(explanation) for explanation in self)
+
+
 def _flat(match: Pattern) -> list[tuple[str, Any]]:
     out = []
     for name, op in match.ops.items():
@@ -63,7 +75,7 @@ def _flat(match: Pattern) -> list[tuple[str, Any]]:
 
 
 def explain(
-    ops_arrangement: Program,
+    ops_arrangement: PatternSource,
     prog: Program,
     var_constraints: Callable[[Pattern], Any] | None = None,
     transform_pattern: Callable[[Pattern], Any] | None = None,
@@ -74,18 +86,25 @@ def explain(
     """Reports full matches and the nearest partial matches of a pattern in ``prog``.
 
     Args:
-        ops_arrangement: The pattern program.
+        ops_arrangement: The pattern program; or a list of them; or a registered pass (its
+            ``PassContainer`` or pass id), whose patterns are explained with the options and the
+            ``var_constraints`` of their registration.
         prog: The program to search (never changed).
         var_constraints: Applied to full matches; a False is reported as "constraint returned False".
+            For a registered pass: instead of its own.
         transform_pattern: If given, run on each accepted match of a *copy* of ``prog``; a False return
             is reported as "transform declined".
         top: How many near misses to report.
         **pattern_options: As for ``register_generic_pass`` (``commutative``, ``alternatives``, ...).
 
     Returns:
-        An :class:`Explanation`; ``str()`` of it is a readable report.
+        An :class:`Explanation` (for several patterns or a pass, :class:`Explanations`, one per
+        pattern); ``str()`` of it is a readable report.
     """
-    compiled = compile_pattern(ops_arrangement, **pattern_options)
+    targets = resolve_patterns(ops_arrangement, var_constraints, pattern_options)
+    if isinstance(ops_arrangement, (list, tuple, str, PassContainer)):
+        return Explanations(explain(c, prog, vc, transform_pattern, top=top) for c, vc in targets)
+    compiled, var_constraints = targets[0]
     matcher = Matcher(compiled)
     result = Explanation(compiled.name, len(compiled.nodes))
     misses: dict[tuple[int, str, str], Failure] = {}

@@ -12,8 +12,11 @@ always runs when a pipeline names it.
 
 from __future__ import annotations
 
+import contextlib
+import difflib
 import logging
 import os
+import warnings
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
@@ -23,7 +26,7 @@ from coremltools.converters.mil.mil.passes.graph_pass import AbstractGraphPass, 
 from coremltools.converters.mil.mil.passes.pass_registry import PASS_REGISTRY
 from coremltools.converters.mil.mil.scope import ScopeInfo, ScopeSource
 
-from .compiler import ConstMode, ConstRule, compile_pattern
+from .compiler import CompiledPattern, ConstMode, ConstRule, compile_pattern
 from .equivalences import Equivalences
 from .driver import (
     DEFAULT_MAX_ITERATIONS,
@@ -45,7 +48,9 @@ __all__ = [
     "fuse_one_block",
     "find_matches",
     "generic_passes",
+    "override",
     "override_enabled",
+    "resolve_patterns",
     "run_log",
 ]
 
@@ -58,9 +63,57 @@ _RUN_LOG: list[tuple[str, bool, PassStats]] = []
 _RUN_LOG_LIMIT = 10_000
 
 
+_ON = ("1", "true", "yes", "on")
+_OFF = ("", "0", "false", "no", "off")
+_warned_values: set[str] = set()
+
+
 def override_enabled() -> bool:
-    """Whether generic passes replace coremltools' passes right now (``ENABLE_EXPERIMENTAL_PASSES=1``)."""
-    return os.environ.get(ENV_VAR) == "1"
+    """Whether generic passes replace coremltools' passes right now (``ENABLE_EXPERIMENTAL_PASSES=1``).
+
+    ``1`` (also ``true``, ``yes``, ``on``, any case) turns the override on; unset, empty, ``0`` (also
+    ``false``, ``no``, ``off``) leaves it off. Any other value leaves it off with a ``RuntimeWarning``
+    naming the accepted values (once per value), so a typo is never silently "off".
+    """
+    value = os.environ.get(ENV_VAR)
+    if value is None:
+        return False
+    if value == "1":
+        return True
+    folded = value.strip().lower()
+    if folded in _ON:
+        return True
+    if folded not in _OFF and value not in _warned_values:
+        _warned_values.add(value)
+        warnings.warn(
+            f"{ENV_VAR}={value!r} is not understood, so the generic passes do NOT replace coremltools' "
+            f"passes. Set {ENV_VAR}=1 to turn the override on (also accepted: true, yes, on), or 0 / "
+            f"unset it to leave it off (also: false, no, off).",
+            RuntimeWarning,
+            stacklevel=2,
+        )
+    return False
+
+
+@contextlib.contextmanager
+def override(enabled: bool = True) -> Iterator[None]:
+    """Sets ``ENABLE_EXPERIMENTAL_PASSES`` for the duration of the ``with`` block.
+
+    The variable is ``"1"`` when ``enabled`` and absent otherwise; its previous value (or absence) is
+    restored on exit, also when the block raises.
+    """
+    previous = os.environ.get(ENV_VAR)
+    if enabled:
+        os.environ[ENV_VAR] = "1"
+    else:
+        os.environ.pop(ENV_VAR, None)
+    try:
+        yield
+    finally:
+        if previous is None:
+            os.environ.pop(ENV_VAR, None)
+        else:
+            os.environ[ENV_VAR] = previous
 
 
 def run_log(clear: bool = False) -> list[tuple[str, bool, PassStats]]:
@@ -134,13 +187,18 @@ class PassContainer(AbstractGraphPass):
             original.set_options(self._options)
             original(prog)
             return
-        with mb.scope(ScopeInfo(source=ScopeSource.COREMLTOOLS_GRAPH_PASS, data=[str(self)])):
-            self.apply(prog)
+        self.run_alone(prog)
         if override_enabled():
             for follower in self.followers:
                 follower.set_options(None)
                 follower(prog)
                 prog.validate()
+
+    def run_alone(self, prog: Program) -> None:
+        """Runs the generic sub-passes under coremltools' graph-pass scope (as the pipeline runs a pass),
+        whatever the override says, and without the passes that follow this one (``run_after``)."""
+        with mb.scope(ScopeInfo(source=ScopeSource.COREMLTOOLS_GRAPH_PASS, data=[str(self)])):
+            self.apply(prog)
 
     def apply(self, prog: Program) -> None:
         """Runs every sub-pass, in order, on ``prog``."""
@@ -230,9 +288,33 @@ def container_for(pass_name: str, namespace: str) -> PassContainer:
             f"Pass id {pass_id!r} is taken by {current!r}, which is neither a coremltools pass class "
             f"nor a PassContainer; choose another pass_name or namespace."
         )
+    if current is None and namespace in coremltools_namespaces():
+        near = difflib.get_close_matches(pass_id, _coremltools_ids(namespace), n=3, cutoff=0.6)
+        hint = f"Did you mean {', '.join(repr(n) for n in near)}? " if near else ""
+        raise PassRegistrationError(
+            f"Pass id {pass_id!r} is in coremltools' namespace {namespace!r}, but coremltools has no pass "
+            f"of that name, so it would be a new pass that no pipeline runs. {hint}To replace a "
+            f"coremltools pass, use its exact id; for a new fusion, use a namespace of your own (e.g. "
+            f"'generic') and run_after= to join the conversion pipeline."
+        )
     container = PassContainer(pass_name, namespace, replaces=replaces)
     PASS_REGISTRY.passes[pass_id] = container
     return container
+
+
+def coremltools_namespaces() -> list[str]:
+    """The namespaces of coremltools' own passes (``common``, ``mil_backend``, ...), sorted."""
+    return sorted({pass_id.split("::", 1)[0] for pass_id in _coremltools_ids()})
+
+
+def _coremltools_ids(namespace: str | None = None) -> list[str]:
+    """Ids of coremltools' own passes (the classes in its registry, also those a generic pass replaces)."""
+    ids = []
+    for pass_id, value in PASS_REGISTRY.passes.items():
+        own = value.replaces is not None if isinstance(value, PassContainer) else isinstance(value, type)
+        if own and "::" in pass_id and (namespace is None or pass_id.split("::", 1)[0] == namespace):
+            ids.append(pass_id)
+    return sorted(ids)
 
 
 def register_generic_pass(
@@ -397,8 +479,64 @@ class _BlockProgram:
         self.functions = {"main": block}
 
 
+PatternSource = Any
+"""What ``find_matches`` and ``explain`` search for: a pattern program, a list of them, a registered
+pass (a :class:`PassContainer` or its id ``"namespace::name"``) or a compiled pattern."""
+
+
+def resolve_patterns(
+    ops_arrangement: PatternSource,
+    var_constraints: Callable[[Pattern], Any] | None,
+    pattern_options: Mapping[str, Any],
+) -> list[tuple[CompiledPattern, Callable[[Pattern], Any] | None]]:
+    """The compiled patterns to search for, each with the constraints to apply.
+
+    A registered pass gives its sub-passes' patterns, compiled with the options of their registration,
+    each with its own ``var_constraints`` unless ``var_constraints`` is given.
+
+    Raises:
+        PassRegistrationError: A pass id that is not registered, a pass without pattern sub-passes, or
+            pattern options given with a registered pass (its options are those of the registration).
+        PatternDefinitionError: A pattern program breaks a rule.
+    """
+    if isinstance(ops_arrangement, str):
+        found = PASS_REGISTRY.passes.get(ops_arrangement)
+        if not isinstance(found, PassContainer):
+            near = difflib.get_close_matches(ops_arrangement, list(generic_passes()), n=3)
+            hint = f" Did you mean {', '.join(near)}?" if near else ""
+            raise PassRegistrationError(
+                f"{ops_arrangement!r} is not a registered generic pass.{hint} Give a pattern program, a "
+                f"list of them, or the PassContainer register_generic_pass returned."
+            )
+        ops_arrangement = found
+    if isinstance(ops_arrangement, (PassContainer, SubPass)):
+        if pattern_options:
+            raise PassRegistrationError(
+                f"{ops_arrangement!r}: pattern options {sorted(pattern_options)} cannot be given with a "
+                f"registered pass, whose patterns keep the options they were registered with; drop them, "
+                f"or pass the pattern program instead."
+            )
+        subs = ops_arrangement.passes if isinstance(ops_arrangement, PassContainer) else [ops_arrangement]
+        subs = [sub for sub in subs if isinstance(sub, SubPass)]
+        if not subs:
+            raise PassRegistrationError(
+                f"{ops_arrangement!r} has no pattern sub-pass (only plain callables), so there is no "
+                f"pattern to search for."
+            )
+        return [(sub.compiled, sub.var_constraints if var_constraints is None else var_constraints) for sub in subs]
+    if isinstance(ops_arrangement, CompiledPattern):
+        return [(ops_arrangement, var_constraints)]
+    if isinstance(ops_arrangement, (list, tuple)):
+        if not ops_arrangement:
+            raise PassRegistrationError("An empty list of patterns: give at least one pattern program.")
+        return [
+            pair for item in ops_arrangement for pair in resolve_patterns(item, var_constraints, pattern_options)
+        ]
+    return [(compile_pattern(ops_arrangement, **pattern_options), var_constraints)]
+
+
 def find_matches(
-    ops_arrangement: Program,
+    ops_arrangement: PatternSource,
     prog: Program,
     var_constraints: Callable[[Pattern], Any] | None = None,
     **pattern_options: Any,
@@ -406,14 +544,17 @@ def find_matches(
     """Yields the matches of a pattern in ``prog`` lazily, never changing the program.
 
     Args:
-        ops_arrangement: The pattern program.
+        ops_arrangement: The pattern program; or a list of them; or a registered pass (its
+            ``PassContainer`` or pass id), whose patterns are searched with the options and the
+            ``var_constraints`` of their registration.
         prog: The program to search.
-        var_constraints: Only matches it accepts are yielded.
+        var_constraints: Only matches it accepts are yielded (for a registered pass: instead of its own).
         **pattern_options: As for :func:`register_generic_pass` (``commutative``, ``alternatives``,
-            ``constants``, ``const_rules``, ``fanout``, ``equivalences``).
+            ``constants``, ``const_rules``, ``fanout``, ``equivalences``); not with a registered pass.
 
     Yields:
-        One :class:`Pattern` per distinct set of matched ops, outer blocks first, in program order.
+        One :class:`Pattern` per distinct set of matched ops, outer blocks first, in program order; with
+        several patterns, the matches of each pattern in turn.
     """
-    matcher = Matcher(compile_pattern(ops_arrangement, **pattern_options))
-    yield from find_in_program(prog, matcher, var_constraints)
+    for compiled, constraints in resolve_patterns(ops_arrangement, var_constraints, pattern_options):
+        yield from find_in_program(prog, Matcher(compiled), constraints)

@@ -34,3 +34,39 @@ def namespace():
         del PASS_REGISTRY.passes[pass_id]
     for container in generic_passes_registered().values():
         container.followers = [f for f in container.followers if not f.pass_id.startswith(f"{name}::")]
+
+
+@pytest.fixture(scope="session")
+def saved(tmp_path_factory):
+    """A PyTorch pre-norm transformer (2 layers: 5 written-out layer norms) converted without the
+    override and saved as an .mlpackage with metadata; with its PyTorch output and the op counts of a
+    conversion with the override on. For the command-line and report tests."""
+    pytest.importorskip("torch")
+
+    from pattern_infra.mlpackage import op_histogram
+    from pattern_infra.testing import models
+    from pattern_infra.testing.convert import convert_torch, convert_torch_model
+
+    module, args = models.prenorm_transformer()
+    mlmodel = convert_torch_model(module, args, override=False)
+    mlmodel.author = "test author"
+    mlmodel.user_defined_metadata["origin"] = "tests/test_cli.py"
+    path = tmp_path_factory.mktemp("models") / "transformer.mlpackage"
+    mlmodel.save(str(path))
+    with_override = convert_torch(module, args, override=True)
+    expected = module(*args).detach().numpy()
+    return {"path": path, "args": args, "torch": expected, "override_counts": op_histogram(with_override)}
+
+
+def pytest_addoption(parser):
+    parser.addoption("--run-slow", action="store_true", default=False,
+                     help="also run tests marked slow (the whole transformers zoo; `make models` does)")
+
+
+def pytest_collection_modifyitems(config, items):
+    if config.getoption("--run-slow"):
+        return
+    skip = pytest.mark.skip(reason="slow: run with --run-slow (make models)")
+    for item in items:
+        if "slow" in item.keywords:
+            item.add_marker(skip)

@@ -30,13 +30,16 @@ from typing import Any
 import coremltools
 from coremltools.converters.mil.mil import Block, Program
 
-from ..registry import ENV_VAR
+from ..registry import ENV_VAR, override
 
 __all__ = [
     "DEFAULT_TARGET",
     "ENV_VAR",
+    "convert_exported",
+    "convert_exported_model",
     "convert_mil",
     "convert_torch",
+    "convert_torch_model",
     "count_ops",
     "experimental_passes",
     "iter_ops",
@@ -69,19 +72,9 @@ def experimental_passes(enabled: bool) -> Iterator[None]:
     Yields:
         Nothing.
     """
-    previous = os.environ.get(ENV_VAR)
-    if enabled:
-        os.environ[ENV_VAR] = "1"
-    else:
-        os.environ.pop(ENV_VAR, None)
-    logger.debug(f"{ENV_VAR} set to {os.environ.get(ENV_VAR)!r} (was {previous!r})")
-    try:
+    with override(enabled):
+        logger.debug(f"{ENV_VAR} set to {os.environ.get(ENV_VAR)!r}")
         yield
-    finally:
-        if previous is None:
-            os.environ.pop(ENV_VAR, None)
-        else:
-            os.environ[ENV_VAR] = previous
 
 
 def _register_generic_passes(override: bool) -> None:
@@ -97,6 +90,17 @@ def _with_defaults(convert_kwargs: dict[str, Any]) -> dict[str, Any]:
     kwargs.setdefault("skip_model_load", True)
     kwargs.setdefault("compute_precision", coremltools.precision.FLOAT32)
     return kwargs
+
+
+def convert_torch_model(
+    module: Any, example_args: tuple[Any, ...], *, override: bool, **convert_kwargs: Any
+) -> Any:
+    """:func:`convert_torch`, returning the ``MLModel`` (to save it) rather than its MIL program."""
+    import torch  # Imported here: the core framework never needs torch.
+
+    exported = torch.export.export(module.eval(), tuple(example_args)).run_decompositions({})
+    logger.debug(f"converting {type(module).__name__} with override={override}")
+    return convert_exported_model(exported, override=override, **convert_kwargs)
 
 
 def convert_torch(
@@ -116,16 +120,34 @@ def convert_torch(
     Returns:
         The MIL program after the whole pass pipeline.
     """
-    import torch  # Imported here: the core framework never needs torch.
+    return convert_torch_model(module, example_args, override=override, **convert_kwargs)._mil_program
 
-    exported = torch.export.export(module.eval(), tuple(example_args)).run_decompositions({})
+
+def convert_exported_model(exported: Any, *, override: bool, **convert_kwargs: Any) -> Any:
+    """Convert an already exported program (``torch.export.export(...).run_decompositions({})``) to an
+    ``MLModel``.
+
+    Converting does not change ``exported``, so one export serves several conversions (override off and
+    on, several deployment targets).
+
+    Args:
+        exported: A :class:`torch.export.ExportedProgram`.
+        override: As for :func:`convert_torch`.
+        **convert_kwargs: As for :func:`convert_torch`.
+
+    Returns:
+        The converted model.
+    """
     kwargs = _with_defaults(convert_kwargs)
     kwargs.setdefault("minimum_deployment_target", DEFAULT_TARGET)
-    logger.debug(f"converting {type(module).__name__} with override={override}")
     _register_generic_passes(override)
     with experimental_passes(override):
-        mlmodel = coremltools.convert(exported, **kwargs)
-    return mlmodel._mil_program
+        return coremltools.convert(exported, **kwargs)
+
+
+def convert_exported(exported: Any, *, override: bool, **convert_kwargs: Any) -> Program:
+    """:func:`convert_exported_model`, returning the MIL program after the whole pass pipeline."""
+    return convert_exported_model(exported, override=override, **convert_kwargs)._mil_program
 
 
 def convert_mil(prog: Program, *, override: bool, **kwargs: Any) -> Program:

@@ -57,13 +57,15 @@ def op_types(prog: Program, include_const: bool = False) -> list[str]:
     return [op.op_type for op in ops if include_const or op.op_type != "const"]
 
 
-def run_pass(pass_id: str, prog: Program, *, generic: bool = True) -> Program:
+def run_pass(pass_id: str, prog: Program, *, generic: bool = True, followers: bool = False) -> Program:
     """Applies ``pass_id`` to a deep copy of ``prog`` and returns the copy.
 
     Args:
         pass_id: e.g. ``"common::fuse_gelu_exact"``.
         prog: Left untouched.
         generic: Run our generic pass (override on) or coremltools' own (override off).
+        followers: Also run the generic passes registered ``run_after`` it, as the pipeline does
+            (override on); by default the pass runs alone.
     """
     result = clone_program(prog)
     graph_pass = PASS_REGISTRY[pass_id]
@@ -71,7 +73,10 @@ def run_pass(pass_id: str, prog: Program, *, generic: bool = True) -> Program:
         raise AssertionError(f"{pass_id} is not a generic pass; import generic_passes first")
     with override(generic):
         graph_pass.set_options(None)
-        graph_pass(result)
+        if generic and not followers:
+            graph_pass.apply(result)
+        else:
+            graph_pass(result)
     result.validate()
     return result
 

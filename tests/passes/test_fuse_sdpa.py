@@ -53,6 +53,7 @@ def attention(
     kv_heads: int = H,
     axis: int = -1,
     extra: str | None = None,
+    scale_at: str = "scores",
 ) -> Program:
     """``softmax(q @ k^T * scale [mask]) @ v`` in one of the forms the pass matches.
 
@@ -65,7 +66,7 @@ def attention(
     scale = 1.0 / math.sqrt(E) if scale is None else scale
     k_shape = (B, S, kv_heads, E) if key_form == "merged" else (B, kv_heads, S, E)
     specs = [
-        mb.TensorSpec(shape=(B, H, L, E), dtype=dtype),
+        mb.TensorSpec(shape=(B, L, H, E) if scale_at == "query_transposed" else (B, H, L, E), dtype=dtype),
         mb.TensorSpec(shape=k_shape, dtype=dtype),
         mb.TensorSpec(shape=(B, kv_heads, S, EV), dtype=dtype),
     ]
@@ -79,13 +80,17 @@ def attention(
     np_dtype = np.float16 if dtype == types.fp16 else np.float32
 
     def body(q, k, v, *more):
+        c = more[-1] if extra == "dynamic_scale" else np_dtype(scale)
+        if scale_at.startswith("query"):
+            q = mb.mul(x=q, y=c, name="scale")
+        if scale_at == "query_transposed":
+            q = mb.transpose(x=q, perm=[0, 2, 1, 3], name="query_t")
         if key_form == "transpose_y":
             qk = mb.matmul(x=q, y=k, transpose_y=True, name="qk")
         else:
             perm = [0, 2, 3, 1] if key_form == "merged" else [0, 1, 3, 2]
             qk = mb.matmul(x=q, y=mb.transpose(x=k, perm=perm, name="key_t"), name="qk")
-        c = more[-1] if extra == "dynamic_scale" else np_dtype(scale)
-        scores = mb.mul(x=c, y=qk, name="scale")
+        scores = mb.mul(x=c, y=qk, name="scale") if scale_at == "scores" else qk
         if mask_form == "add":
             scores = mb.add(x=more[0], y=scores, name="masked")
         elif mask_form == "select":
@@ -141,6 +146,49 @@ def test_fused(key_form, mask_form):
     if key_form == "merged":
         (transpose,) = ours.functions["main"].find_ops(op_type="transpose")
         assert [int(p) for p in transpose.perm.val] == [0, 2, 1, 3]
+
+
+@pytest.mark.parametrize("mask_form", MASK_FORMS)
+@pytest.mark.parametrize("key_form", KEY_FORMS)
+def test_fused_with_the_scale_on_the_query(key_form, mask_form):
+    """``(q * c) @ K^T``: coremltools' own decomposition of ``F.scaled_dot_product_attention``."""
+    prog = attention(key_form, mask_form, scale_at="query")
+    expected = ([] if key_form != "merged" else ["transpose"]) + [SDPA, "relu"]
+    ours = check(prog, expected)
+    assert sdpa_op(ours).query.name == "q"
+
+
+@pytest.mark.parametrize("mask_form", MASK_FORMS)
+@pytest.mark.parametrize("key_form", KEY_FORMS)
+def test_fused_with_the_scale_before_the_query_transpose(key_form, mask_form):
+    """``transpose(q * c) @ K^T``: coremltools moved the ``mul`` above the head transpose."""
+    prog = attention(key_form, mask_form, scale_at="query_transposed")
+    transposes = ["transpose"] + (["transpose"] if key_form == "merged" else [])
+    ours = check(prog, transposes + [SDPA, "relu"])
+    assert sdpa_op(ours).query.op.op_type == "transpose" and sdpa_op(ours).query.op.x.name == "q"
+
+
+@pytest.mark.parametrize("mask_form", ["none", "add"])
+def test_fused_without_scale_when_sqrt_e_is_a_power_of_two(mask_form):
+    """No ``mul`` at all (Whisper folds the scale into the query weights): Q * sqrt(E) = Q * 4, exact."""
+    ours = check(attention(mask_form=mask_form, scale_at="none"), ["mul", SDPA, "relu"])
+    (mul,) = ours.functions["main"].find_ops(op_type="mul")
+    assert float(mul.y.val) == math.sqrt(E) == 4.0
+
+
+@pytest.mark.parametrize("kwargs", [{"scale": 0.3, "mask_form": "add"}, {"extra": "dynamic_scale"}],
+                         ids=["wrong_scale", "dynamic_scale"])
+def test_other_query_scale_stays_part_of_the_query(kwargs):
+    """A scale that is not 1/sqrt(E) stays a ``mul`` of Q; the attention is then the unscaled form,
+    whose ``Q * sqrt(E)`` is exact here (E = 16)."""
+    prog = attention(scale_at="query", **kwargs)
+    ours = check(prog, ["mul", "mul", SDPA, "relu"])
+    assert float(sdpa_op(ours).query.op.y.val) == 4.0
+
+
+def test_query_scaled_declined_before_ios18():
+    prog = attention(scale_at="query", mask_form="add", opset=ct.target.iOS17)
+    check(prog, op_types(prog))
 
 
 def test_fused_fp16():

@@ -1,0 +1,224 @@
+"""``mil-patterns``: the generic passes on saved models, from the shell.
+
+Subcommands: ``optimize`` (read a ``.mlpackage``, run the passes, write a new one), ``report`` (what each
+pass would fuse and where, optionally as an HTML page, nothing written to the model), ``explain`` (why a
+pattern does or does not match in a saved model) and ``passes`` (the registered passes, in run order).
+
+Exit status: 0 success, 1 failure (the message on stderr says what and how to fix it), 2 a usage error
+(unknown option, missing file). The project's passes are always registered; ``--import MODULE`` (before
+the subcommand) imports modules that register passes of your own.
+
+Run as ``mil-patterns`` (installed with the package) or ``python -m pattern_infra``.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import click
+
+from .errors import PatternInfraError
+
+__all__ = ["main"]
+
+
+class _Failure(click.ClickException):
+    """A failure the user can fix: exit status 1, the message on stderr."""
+
+    exit_code = 1
+
+
+def _fail_on_project_errors(function: Any) -> Any:
+    """Turns the project's errors into a clean message and exit status 1 (no traceback)."""
+    import functools
+
+    @functools.wraps(function)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return function(*args, **kwargs)
+        except PatternInfraError as exc:
+            raise _Failure(str(exc)) from exc
+
+    return wrapper
+
+
+def _split_ids(values: tuple[str, ...]) -> list[str]:
+    """``--passes a,b --passes c`` -> ``[a, b, c]``."""
+    return [item.strip() for value in values for item in value.split(",") if item.strip()]
+
+
+def _progress_default() -> bool:
+    return sys.stderr.isatty()
+
+
+_pass_options = [
+    click.option("--passes", "passes", multiple=True, metavar="ID[,ID...]",
+                 help="Run only these generic passes (ids as `mil-patterns passes` lists them)."),
+    click.option("--exclude", "exclude", multiple=True, metavar="ID[,ID...]",
+                 help="Do not run these generic passes (coremltools' own pass stands in for a replaced one)."),
+    click.option("--progress/--no-progress", default=None,
+                 help="Progress bar on stderr (default: when stderr is a terminal)."),
+]
+
+
+def _with_pass_options(function: Any) -> Any:
+    for option in reversed(_pass_options):
+        function = option(function)
+    return function
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.option("--import", "imports", multiple=True, metavar="MODULE",
+              help="Import MODULE first (it registers passes of your own); repeatable.")
+@click.version_option(package_name="mil-pattern-infra", prog_name="mil-patterns")
+def main(imports: tuple[str, ...]) -> None:
+    """Run the generic MIL passes on saved Core ML models (.mlpackage), without the Core ML runtime."""
+    importlib.import_module("generic_passes")
+    for module in imports:
+        try:
+            importlib.import_module(module)
+        except ImportError as exc:
+            raise click.BadParameter(f"cannot import {module!r}: {exc}", param_hint="--import") from exc
+
+
+@main.command()
+@click.argument("source", type=click.Path(exists=True, path_type=Path))
+@click.option("-o", "--output", type=click.Path(path_type=Path), required=True, help="The .mlpackage to write.")
+@click.option("--overwrite", is_flag=True, help="Replace OUTPUT if it exists.")
+@_with_pass_options
+@_fail_on_project_errors
+def optimize(source: Path, output: Path, overwrite: bool, passes: tuple[str, ...], exclude: tuple[str, ...],
+             progress: bool | None) -> None:
+    """Run the generic passes on SOURCE and write the result to OUTPUT (weights and metadata kept)."""
+    from .mlpackage import optimize_mlpackage
+
+    result = optimize_mlpackage(
+        source, output, passes=_split_ids(passes) or None, exclude=_split_ids(exclude),
+        progress=_progress_default() if progress is None else progress, overwrite=overwrite,
+    )
+    before, after = _non_const(result.before), _non_const(result.after)
+    click.echo(f"{output}: {len(result.rewrites)} rewrite(s); non-const ops {before} -> {after}")
+
+
+@main.command()
+@click.argument("source", type=click.Path(exists=True, path_type=Path))
+@click.option("--html", "html_dir", type=click.Path(file_okay=False, path_type=Path),
+              help="Also write an HTML page with pictures of every rewrite to this directory.")
+@click.option("--json", "as_json", is_flag=True, help="Print the trace of every rewrite as JSON.")
+@_with_pass_options
+@_fail_on_project_errors
+def report(source: Path, html_dir: Path | None, as_json: bool, passes: tuple[str, ...],
+           exclude: tuple[str, ...], progress: bool | None) -> None:
+    """List what each generic pass would fuse in SOURCE, and where; SOURCE is not changed."""
+    from .mlpackage import load_mlpackage, run_passes
+
+    model = load_mlpackage(source)
+    result = run_passes(model.program, passes=_split_ids(passes) or None, exclude=_split_ids(exclude),
+                        progress=_progress_default() if progress is None else progress)
+    if as_json:
+        click.echo(json.dumps({"source": str(source), "plan": result.plan, "rewrites": result.rewrites.to_dicts(),
+                               "before": dict(result.before), "after": dict(result.after)}, indent=1))
+    else:
+        click.echo(_report_text(result))
+    if html_dir is not None:
+        from .report import write_html_report
+
+        page = write_html_report(result, html_dir, title=source.name)
+        click.echo(f"wrote {page}", err=as_json)
+
+
+def _non_const(counts: Any) -> int:
+    return sum(n for op_type, n in counts.items() if op_type != "const")
+
+
+def _report_text(result: Any) -> str:
+    lines = []
+    by_pass: dict[str, list[Any]] = {}
+    for rewrite in result.rewrites:
+        by_pass.setdefault(rewrite.pass_id, []).append(rewrite)
+    for pass_id, rewrites in by_pass.items():
+        lines.append(f"{pass_id}: {len(rewrites)} rewrite(s)")
+        for r in rewrites:
+            new = ", ".join(f"{op.name} ({op.type})" for op in r.after) or "outputs redirected"
+            lines.append(f"  {r.pattern} in {r.function}/{r.block}: {', '.join(r.matched)} -> {new}")
+    if not by_pass:
+        lines.append("no generic pass found anything to fuse")
+    lines.append(f"non-const ops: {_non_const(result.before)} -> {_non_const(result.after)}")
+    return "\n".join(lines)
+
+
+@main.command()
+@click.argument("source", type=click.Path(exists=True, path_type=Path))
+@click.option("--pattern", "pattern", required=True, metavar="MODULE:NAME|PASS_ID",
+              help="A pattern program, a list of them or a registered pass (module:name), or a pass id.")
+@click.option("--top", default=3, show_default=True, help="Near misses to show per pattern.")
+@_fail_on_project_errors
+def explain(source: Path, pattern: str, top: int) -> None:
+    """Show the matches of a pattern in SOURCE and, where none, the nearest partial matches."""
+    from .explain import explain as explain_pattern
+    from .mlpackage import load_mlpackage
+
+    target = _resolve_pattern(pattern)
+    model = load_mlpackage(source)
+    click.echo(str(explain_pattern(target, model.program, top=top)))
+
+
+def _resolve_pattern(spec: str) -> Any:
+    from coremltools.converters.mil.mil.passes.pass_registry import PASS_REGISTRY
+
+    from .registry import PassContainer, generic_passes
+
+    if "::" in spec:
+        found = PASS_REGISTRY.passes.get(spec)
+        if isinstance(found, PassContainer):
+            return found
+        import difflib
+
+        near = difflib.get_close_matches(spec, list(generic_passes()), n=3)
+        hint = f"; did you mean {', '.join(near)}?" if near else ""
+        raise click.BadParameter(f"{spec!r} is not a registered generic pass{hint}", param_hint="--pattern")
+    module_name, sep, name = spec.partition(":")
+    if not sep or not module_name or not name:
+        raise click.BadParameter(f"expected MODULE:NAME or a pass id, got {spec!r}", param_hint="--pattern")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise click.BadParameter(f"cannot import {module_name!r}: {exc}", param_hint="--pattern") from exc
+    if not hasattr(module, name):
+        raise click.BadParameter(f"module {module_name!r} has no {name!r}", param_hint="--pattern")
+    return getattr(module, name)
+
+
+@main.command(name="passes")
+@click.option("--json", "as_json", is_flag=True, help="Print as JSON.")
+def list_passes(as_json: bool) -> None:
+    """List the generic passes in the order `optimize` runs them, with what each replaces."""
+    from .mlpackage import pass_plan
+    from .registry import generic_passes
+
+    registered = generic_passes()
+    leaders = {f.pass_id: c.pass_id for c in registered.values() for f in c.followers}
+    rows = []
+    for position, pass_id in enumerate(dict.fromkeys(pass_plan()), 1):
+        container = registered[pass_id]
+        replaces = container.replaces.__name__ if container.replaces is not None else None
+        rows.append({"order": position, "id": pass_id, "replaces": replaces, "run_after": leaders.get(pass_id),
+                     "patterns": container.order})
+    if as_json:
+        click.echo(json.dumps(rows, indent=1))
+        return
+    for row in rows:
+        what = f"replaces coremltools' {row['replaces']}" if row["replaces"] else "new pass"
+        if row["run_after"]:
+            what += f", runs after {row['run_after']}"
+        names = row["patterns"]
+        shown = ", ".join(names) if len(names) <= 4 else f"{', '.join(names[:3])}, ... ({len(names)} in all)"
+        click.echo(f"{row['order']:3d}. {row['id']:45s} {what}; patterns: {shown}")
+
+
+if __name__ == "__main__":  # pragma: no cover
+    main()
