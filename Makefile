@@ -5,7 +5,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
 .DEFAULT_GOAL := help
-.PHONY: help venv demo test bench fuzz models coremltools-suite examples clean
+.PHONY: help venv demo test bench bench-llm fuzz models coremltools-suite examples clean
 
 help: ## List the targets
 	@grep -E '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-18s %s\n", $$1, $$2}'
@@ -26,6 +26,9 @@ test: $(STAMP) ## Run the test suite (bounded fuzzing included)
 
 bench: $(STAMP) ## Benchmark against coremltools side by side; prints ratios, writes bench/out/scaling.png
 	$(PY) -m bench
+
+bench-llm: $(STAMP) ## Whole conversion at LLM size (10k-100k ops): override off, on, pattern_infra.pipeline(); writes docs/llm_scaling.png
+	$(PY) -m bench.llm
 
 fuzz: $(STAMP) ## Long fuzzing: random programs through every generic pass, and against a brute-force matcher
 	FUZZ_EXAMPLES=$${FUZZ_EXAMPLES:-20000} $(PY) -m pytest -q tests/test_fuzz.py tests/test_brute_force.py -p no:cacheprovider --hypothesis-show-statistics

@@ -47,12 +47,17 @@ __all__ = [
 
 _T = TypeVar("_T")
 
+_RECURSION_LIMIT = 20_000_000
+"""Frames ``copy.deepcopy`` may nest in :func:`run_with_deep_stack`: enough for about 1M ops."""
+
 
 def run_with_deep_stack(target: Callable[[], _T]) -> _T | None:
-    """Calls ``target`` in a thread with a 512 MB stack and a high recursion limit: ``copy.deepcopy`` of
-    a long chain recurses once per op. Returns its result (None if it raised; the thread reports it)."""
-    sys.setrecursionlimit(1_000_000)
-    threading.stack_size(512 * 1024 * 1024)
+    """Calls ``target`` in a thread with a 1 GB stack and a high recursion limit: ``copy.deepcopy`` of
+    a long chain recurses through every op, more than ten Python frames per op (a 100k-op chain
+    needs more than a million; most of them live on the heap, the stack takes the rest). Returns its
+    result (None if it raised; the thread reports it)."""
+    sys.setrecursionlimit(_RECURSION_LIMIT)
+    threading.stack_size(1024 * 1024 * 1024)
     result: list[_T] = []
     thread = threading.Thread(target=lambda: result.append(target()), name="bench")
     thread.start()
@@ -114,29 +119,33 @@ def layernorm_chain(n: int, shape: tuple[int, ...] = (1, 4, 8), eps: float = 1e-
         The program.
     """
     rng = np.random.default_rng(seed)
-    d = shape[-1]
 
     @mb.program(input_specs=[mb.TensorSpec(shape=shape)])
     def prog(x: Any) -> Any:
         for i in range(n):
-            p = f"ln{i}_"
-            gamma = rng.uniform(0.5, 1.5, size=(d,)).astype(np.float32)
-            beta = rng.uniform(-0.5, 0.5, size=(d,)).astype(np.float32)
-            mean = mb.reduce_mean(x=x, axes=[-1], keep_dims=True, name=p + "mean")
-            centred = mb.sub(x=x, y=mean, name=p + "sub")
-            sq = mb.square(x=centred, name=p + "square")
-            var = mb.reduce_mean(x=sq, axes=[-1], keep_dims=True, name=p + "var")
-            var_eps = mb.add(x=var, y=np.float32(eps), name=p + "add_eps")
-            inv = mb.rsqrt(x=var_eps, name=p + "rsqrt")
-            scale = mb.mul(x=inv, y=gamma, name=p + "mul_gamma")
-            scaled_x = mb.mul(x=x, y=scale, name=p + "mul_x")
-            scaled_mean = mb.mul(x=mean, y=scale, name=p + "mul_mean")
-            shift = mb.sub(x=beta, y=scaled_mean, name=p + "sub_beta")
-            y = mb.add(x=scaled_x, y=shift, name=p + "add_out")
-            x = mb.relu(x=y, name=f"r{i}")
+            x = mb.relu(x=_layernorm(x, f"ln{i}_", rng, eps), name=f"r{i}")
         return x
 
     return prog
+
+
+def _layernorm(x: Any, p: str, rng: np.random.Generator, eps: float = 1e-5) -> Any:
+    """One written-out layer norm over the last axis of ``x`` (11 ops named ``p...``), random gamma
+    and beta drawn from ``rng``."""
+    d = x.shape[-1]
+    gamma = rng.uniform(0.5, 1.5, size=(d,)).astype(np.float32)
+    beta = rng.uniform(-0.5, 0.5, size=(d,)).astype(np.float32)
+    mean = mb.reduce_mean(x=x, axes=[-1], keep_dims=True, name=p + "mean")
+    centred = mb.sub(x=x, y=mean, name=p + "sub")
+    sq = mb.square(x=centred, name=p + "square")
+    var = mb.reduce_mean(x=sq, axes=[-1], keep_dims=True, name=p + "var")
+    var_eps = mb.add(x=var, y=np.float32(eps), name=p + "add_eps")
+    inv = mb.rsqrt(x=var_eps, name=p + "rsqrt")
+    scale = mb.mul(x=inv, y=gamma, name=p + "mul_gamma")
+    scaled_x = mb.mul(x=x, y=scale, name=p + "mul_x")
+    scaled_mean = mb.mul(x=mean, y=scale, name=p + "mul_mean")
+    shift = mb.sub(x=beta, y=scaled_mean, name=p + "sub_beta")
+    return mb.add(x=scaled_x, y=shift, name=p + "add_out")
 
 
 def conv_bn_chain(n: int, channels: int = 8, spatial: int = 8, seed: int = 0) -> Program:

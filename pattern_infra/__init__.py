@@ -38,6 +38,7 @@ from .registry import (
     register_generic_pass,
     run_log,
 )
+from .sweep import GenericSweep, pipeline
 
 __all__ = [
     "EvaluationError",
@@ -60,6 +61,7 @@ __all__ = [
     "pattern_from_torch",
     "Explanations",
     "Failure",
+    "GenericSweep",
     "FixpointError",
     "Matcher",
     "PassContainer",
@@ -86,6 +88,7 @@ __all__ = [
     "pattern_program",
     "program_before",
     "pattern_detected",
+    "pipeline",
     "predicates",
     "register_generic_pass",
     "remove_dead_ops",

@@ -100,6 +100,11 @@ class Matcher:
         self.compiled = compiled
         self.nodes: list[PatternNode] = compiled.nodes
         self.plans: list[list[_Step]] = [self._plan(a) for a in range(len(compiled.nodes))]
+        self.joins_through_roots: bool = _parts_meet_only_at_inputs(compiled)
+        """Whether some parts of the pattern are joined only through a pattern input they both read: in
+        the program they may meet only at a variable shared widely (a deduplicated constant), which a
+        revisit does not walk through, so the driver tries a changed op itself as each pattern op of its
+        type. Otherwise every op of a match is reachable from any other through data edges."""
         self.radius: list[int] = self._radii()
         """Per anchor: producer/consumer hops from the anchor op within which any op of a match lies,
         plus one (an op just outside the match, such as a root's producer, can unblock it)."""
@@ -112,12 +117,6 @@ class Matcher:
         every group."""
         self.has_choices: bool = any(n.choice is not None for n in compiled.nodes)
         """Whether the pattern has a choice node (``one_of``, ``equivalences=``)."""
-        self.joins_through_roots: bool = any(
-            len({n for n, _, _ in users}) > 1 for users in compiled.root_consumers
-        )
-        """Whether two pattern ops read one pattern input: parts of a match may then meet only at a
-        variable the program shares widely (a deduplicated constant), which a revisit does not walk
-        through; the driver tries a changed op itself as each pattern op of its type instead."""
         self.anchors_by_type: dict[str, tuple[int, ...]] = {}
         """Program op type to the pattern ops (anchors) that accept it; fan-out ops excluded."""
         for node in compiled.nodes:
@@ -178,25 +177,29 @@ class Matcher:
                     if e.kind == "op":
                         hops[node.index][e.index] = span[node.index]
                         hops[e.index][node.index] = span[node.index]
+        if not self.joins_through_roots:
+            return [self._eccentricity(hops, anchor) + 1 for anchor in range(len(nodes))]
         for users in self.compiled.root_consumers:  # two consumers of one variable: 2 hops apart
             for a, _, _ in users:
                 for b, _, _ in users:
                     if a != b:
                         hops[a].setdefault(b, span[a] + span[b])
-        radii = []
-        for anchor in range(len(nodes)):
-            dist = {anchor: 0}
-            frontier = [anchor]
-            while frontier:  # Dijkstra on a tiny graph: relax until nothing improves
-                nxt = []
-                for n in frontier:
-                    for m, w in hops[n].items():
-                        if dist[n] + w < dist.get(m, 1 << 30):
-                            dist[m] = dist[n] + w
-                            nxt.append(m)
-                frontier = nxt
-            radii.append(max(dist.values()) + 1)
-        return radii
+        return [self._eccentricity(hops, anchor) + 1 for anchor in range(len(nodes))]
+
+    @staticmethod
+    def _eccentricity(hops: list[dict[int, int]], anchor: int) -> int:
+        """The largest number of hops from ``anchor`` to another pattern op (Dijkstra on a tiny graph)."""
+        dist = {anchor: 0}
+        frontier = [anchor]
+        while frontier:  # relax until nothing improves
+            nxt = []
+            for n in frontier:
+                for m, w in hops[n].items():
+                    if dist[n] + w < dist.get(m, 1 << 30):
+                        dist[m] = dist[n] + w
+                        nxt.append(m)
+            frontier = nxt
+        return max(dist.values())
 
     def _next_up(self, placed: set[int]) -> _Step | None:
         for n in sorted(placed):
@@ -312,6 +315,23 @@ class Matcher:
             generated = codegen.build(self, anchor)
             self._generated[anchor] = generated
         return generated
+
+
+def _parts_meet_only_at_inputs(compiled: CompiledPattern) -> bool:
+    """Whether the pattern's ops fall apart once the edges through pattern inputs are left out."""
+    part = list(range(len(compiled.nodes)))
+
+    def find(n: int) -> int:
+        while part[n] != n:
+            n = part[n]
+        return n
+
+    for node in compiled.nodes:
+        for _, edge in node.inputs.items():
+            for _, e in edge_positions(edge):
+                if e.kind == "op":
+                    part[find(node.index)] = find(e.index)
+    return len({find(n) for n in range(len(part))}) > 1
 
 
 _NOT_BUILT = object()

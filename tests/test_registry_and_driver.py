@@ -358,6 +358,23 @@ def test_run_after_joins_coremltools_pipeline_only_under_override(namespace):
         register_generic_pass(relu_exp, None, to_softplus, "q", namespace, run_after="nowhere::x")
 
 
+def test_followers_leave_the_whole_program_validation_to_the_pipeline(namespace, monkeypatch):
+    """A leader with followers validates each rewrite, not the whole program per follower: the
+    pipeline running the leader validates the program once it returns."""
+    register_generic_pass(relu_exp, None, to_softplus, "p", namespace,
+                          run_after="common::fuse_gelu_tanh_approximation")
+    register_generic_pass(relu_exp, None, to_softplus, "q", namespace,
+                          run_after="common::fuse_gelu_tanh_approximation")
+    prog = chain(3)
+    calls = []
+    original = type(prog).validate
+    monkeypatch.setattr(type(prog), "validate", lambda self, *a, **k: calls.append(1) or original(self, *a, **k))
+    with override(True):
+        PASS_REGISTRY["common::fuse_gelu_tanh_approximation"](prog)
+    assert op_types(prog) == ["softplus", "sin"] * 3
+    assert calls == []
+
+
 @pytest.mark.parametrize("validate", [True, "full"])
 def test_validation_after_a_sub_pass_catches_a_corrupt_rewrite(namespace, validate):
     def corrupt(pattern):
