@@ -18,7 +18,9 @@ from .errors import (
     UnsupportedOpError,
     VerificationError,
 )
+from .choices import one_of, optional
 from .explain import Explanation, Explanations, explain
+from .from_torch import TorchCapture, capture_torch, pattern_from_torch
 from .matcher import Failure, Matcher, detect_pattern, lists_op_equality, pattern_detected
 from .pattern import Pattern
 from .rewrite import replace_with
@@ -52,6 +54,11 @@ __all__ = [
     "DEFAULT_MAX_ITERATIONS",
     "ENV_VAR",
     "Explanation",
+    "TorchCapture",
+    "one_of",
+    "optional",
+    "capture_torch",
+    "pattern_from_torch",
     "Explanations",
     "Failure",
     "GenericSweep",

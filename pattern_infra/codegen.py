@@ -74,6 +74,7 @@ import numpy as np
 from coremltools.converters.mil.mil import Block, Operation, Var
 from coremltools.converters.mil.mil.var import InternalVar
 
+from . import choices
 from .compiler import COMMUTATIVE_OPS, Edge, PatternNode, edge_positions
 
 if TYPE_CHECKING:
@@ -174,18 +175,22 @@ def _filename(matcher: Matcher, anchor: int, source: str) -> str:
     return filename
 
 
-def build(matcher: Matcher, anchor: int) -> GeneratedSearch:
+def build(matcher: Matcher, anchor: int, collect: bool = False) -> GeneratedSearch:
     """Generates and compiles the search of ``matcher`` anchored at pattern op ``anchor``.
 
     Args:
         matcher: The matcher (its plans, pattern and counters are used by the function).
         anchor: Index of the anchor pattern op.
+        collect: Generate ``search(_m, op, block)`` returning *every* complete structural match as
+            search state ``(ops, assign, roots, subs)``, as the interpreter's collecting search does for
+            an alternative of a choice (:mod:`pattern_infra.choices`), instead of the first accepted
+            Pattern.
 
     Returns:
         The generated search; its ``function`` is None when the pattern needs the interpreter.
     """
     try:
-        source, namespace = generate(matcher, anchor)
+        source, namespace = generate(matcher, anchor, collect)
     except _NotCompilable as exc:
         text = _not_compiled(matcher, anchor, str(exc))
         return GeneratedSearch(text, _filename(matcher, anchor, text), None, str(exc))
@@ -213,21 +218,24 @@ def _identifier(text: str) -> str:
     return re.sub(r"\W", "_", text)
 
 
-def generate(matcher: Matcher, anchor: int) -> tuple[str, dict[str, Any]]:
+def generate(matcher: Matcher, anchor: int, collect: bool = False) -> tuple[str, dict[str, Any]]:
     """The source of the search anchored at ``anchor`` and the globals it runs with.
 
     Raises:
         _NotCompilable: The pattern has a feature left to the interpreter (see the module docstring).
     """
-    return _Generator(matcher, anchor).run()
+    return _Generator(matcher, anchor, collect).run()
 
 
 class _Generator:
     """Writes the search of one anchor, step by step of its plan."""
 
-    def __init__(self, matcher: Matcher, anchor: int) -> None:
-        from .matcher import _optional_const
+    def __init__(self, matcher: Matcher, anchor: int, collect: bool = False) -> None:
+        from .matcher import _build_pattern, _optional_const
         from .pattern import Pattern
+
+        self.collect = collect
+        """Collect every structural match (an alternative's search) instead of returning the first."""
 
         self.m = matcher
         self.compiled = matcher.compiled
@@ -249,6 +257,12 @@ class _Generator:
             "_tn": _OP_TYPE_NAMES.get,
             "_learn_op_type": _learn_op_type,
             "_of_search": Pattern._of_search,
+            "_build_pattern": _build_pattern,
+            "_choice_matches": choices.choice_matches,
+            "_below": choices.candidates_below,
+            "_clashes": choices.clashes,
+            "_in_subs": choices.op_in_subs,
+            "_subs_final_ok": choices.subs_final_ok,
             "_FINALS": tuple(self.compiled.nodes[i].name for i in self.compiled.final_nodes),
             "__name__": __name__,
         }
@@ -271,7 +285,11 @@ class _Generator:
         self.line("# " + text)
 
     def fail_lines(self) -> list[str]:
-        return ["continue"] if self.loops else ["return None"]
+        return ["continue"] if self.loops else [self.no_more()]
+
+    def no_more(self) -> str:
+        """The end of the search when nothing (more) matches."""
+        return "return _found" if self.collect else "return None"
 
     def guard(self, condition: str, why: str = "") -> None:
         """``if condition: <backtrack>``."""
@@ -325,6 +343,20 @@ class _Generator:
 
         if any(node.fanout for node in self.nodes):
             raise _NotCompilable("the pattern has a fan-out op")
+        self.choice_nodes = [node.index for node in self.nodes if node.choice is not None]
+        self.optional_roots: set[int] = set()
+        for n in self.choice_nodes:
+            node = self.nodes[n]
+            for slot, edge in node.inputs.items():
+                if slot in node.choice.full_slots:
+                    continue
+                if not isinstance(edge, Edge) or edge.kind != "root":
+                    raise _NotCompilable(f"choice {node.name!r} reads {slot!r} in some alternatives only, and "
+                                         f"it is not a pattern input")
+                if len(self.compiled.root_consumers[edge.index]) > 1:
+                    raise _NotCompilable(f"input {self.compiled.root_names[edge.index]!r} is read by choice "
+                                         f"{node.name!r} in some alternatives only, and by other pattern ops")
+                self.optional_roots.add(edge.index)
         for node in self.nodes:
             if node.commutative and self.skippable[node.index] & {"x", "y"}:
                 raise _NotCompilable(f"commutative op {node.name!r} has an optional constant x or y")
@@ -345,9 +377,11 @@ class _Generator:
             header.append(f"#   r{k} = root {name!r}")
         header.append("")
         self.depth = 0
-        self.line("def search(_m, op, block, order, accept):")
+        self.line("def search(_m, op, block):" if self.collect else "def search(_m, op, block, order, accept):")
         self.depth = 1
         self.line("nb = 1")
+        if self.collect:
+            self.line("_found = []")
         self.line("try:")
         self.depth = 2
         a = self.anchor
@@ -360,10 +394,13 @@ class _Generator:
             else:
                 self.up_step(i, st)
         self.final_checks()
-        self.success()
+        if self.collect:
+            self.collected()
+        else:
+            self.success()
         self.depth = 2
         self.loops = 0
-        self.line("return None")
+        self.line(self.no_more())
         self.depth = 1
         self.line("finally:  # every exit, an exception included, counts the bind attempts made")
         self.line("    _m.bind_attempts += nb")
@@ -421,8 +458,12 @@ class _Generator:
             var = f"o{st.src}._output_vars[{st.out}]"
             what = f"{self.nodes[st.src].name} (output {st.out})"
         self.comment(f"step {i}: down to {self.label(m)}, each distinct consumer of {what}")
-        self.line(f"_c{i} = {var}._child_ops")
-        self.open_loop(f"for o{m} in (_c{i} if len(_c{i}) < 2 else dict.fromkeys(_c{i})):")
+        if node.choice is not None:
+            choice = self.constant("choice", node.choice)
+            self.open_loop(f"for o{m} in _below({var}, {choice}):  # ops the choice may end with, below it")
+        else:
+            self.line(f"_c{i} = {var}._child_ops")
+            self.open_loop(f"for o{m} in (_c{i} if len(_c{i}) < 2 else dict.fromkeys(_c{i})):")
         self.guard(self.type_mismatch(f"o{m}", node), "type")
         same = self.possibly_same(m)
         if same:
@@ -458,6 +499,9 @@ class _Generator:
             same = self.possibly_same(n)
             if same:
                 self.guard(" or ".join(f"{o} is o{j}" for j in same), "already matched")
+        if node.choice is not None:
+            self.bind_choice(n, via)
+            return
         swap = self.swap_mode(node)
         swapped = {"x", "y"} if swap else set()
         # x and y checked per order when the pattern has a tuple in one of them (an order may move it)
@@ -512,6 +556,34 @@ class _Generator:
         else:
             self.root_checks(n)
             self.const_checks(n, fixed)
+        self.bound.append(n)
+
+    def bind_choice(self, n: int, via: tuple[int, str, int] | None) -> None:
+        """A choice node: a loop over the sub-matches of its alternatives ending at ``o<n>`` (the helper
+        the interpreter calls, :func:`~pattern_infra.choices.choice_matches`), its slots read from each."""
+        node = self.nodes[n]
+        choice = self.constant("choice", node.choice)
+        self.comment(f"choice {node.name!r}: every match of each alternative ending at o{n}")
+        self.open_loop(f"for _s{n} in _choice_matches(_m, {choice}, o{n}, block, None, {node.is_final}):")
+        bound = ", ".join(f"o{j}" for j in self.bound)
+        subs = ", ".join(f"_s{j}" for j in self.bound if j in self.choice_nodes)
+        self.guard(f"_clashes(_s{n}, ({bound}{',' if bound else ''}), ({subs}{',' if subs else ''}))",
+                   "an op of the alternative is already matched")
+        self.line(f"_sl = _s{n}.slots")
+        for slot in node.inputs:
+            get = f"_sl[{slot!r}]" if slot in node.choice.full_slots else f"_sl.get({slot!r})"
+            self.line(f"{self.value(n, slot)} = {get}")
+        for consumer, slot, pos, out in node.consumers:
+            if consumer not in self.bound or via == (consumer, slot, pos):
+                continue
+            self.guard(
+                f"{self.value(consumer, slot, pos)} is not o{n}._output_vars[{out}]",
+                f"{self.nodes[consumer].name}.{slot} reads {node.name}",
+            )
+        slots = list(node.inputs)
+        self.op_edge_checks(n, slots)
+        self.root_checks(n)
+        self.const_checks(n, slots)
         self.bound.append(n)
 
     def swap_mode(self, node: PatternNode) -> str:
@@ -645,10 +717,17 @@ class _Generator:
                     f"{node.name} output {j}: used {node.output_uses[j]} time(s), inside the match",
                 )
         matched = " or ".join(f"_p is o{n}" for n in range(len(self.nodes)))
-        if len(self.nodes) > _DIRECT_COMPARISONS:  # first rule out by type (a const op, mostly)
+        subs = "(" + "".join(f"_s{n}, " for n in self.choice_nodes) + ")"
+        if self.choice_nodes:
+            matched = f"{matched} or _in_subs(_p, {subs})"
+        if len(self.nodes) > _DIRECT_COMPARISONS or self.choice_nodes:  # first rule out by type
             matched = f"{self.op_type('_p')} in {_set_literal(self.m.op_types)} and ({matched})"
         self.comment("final checks: no root and no constant slot computed by a matched op")
         for k, name in enumerate(self.compiled.root_names):
+            if k in self.optional_roots:  # read by some alternatives only: None when another matched
+                self.line(f"_p = r{k}._op if r{k} is not None else None")
+                self.guard(f"_p is not None and {matched}", f"root {name!r} computed inside the match")
+                continue
             self.line(f"_p = r{k}._op")
             self.guard(f"_p is not None and {matched}", f"root {name!r} computed inside the match")
         for n, slot, pos in self.m._const_slots:
@@ -663,7 +742,49 @@ class _Generator:
             if optional:
                 self.depth -= 1
 
+    def collected(self) -> None:
+        """Collect mode: the search state of the match is kept and the search goes on (the interpreter's
+        ``Collecting.final_checks``)."""
+        if any(self.skippable):
+            raise _NotCompilable("an alternative op type may lack a wildcard constant (collect mode)")
+        per_node = ", ".join(f"_s{n}" if n in self.choice_nodes else "None" for n in range(len(self.nodes)))
+        if self.choice_nodes:
+            subs = "(" + "".join(f"_s{n}, " for n in self.choice_nodes) + ")"
+            self.guard(f"not _subs_final_ok(({', '.join(f'o{n}' for n in range(len(self.nodes)))},), {subs})",
+                       "no constant slot of an alternative computed inside the match")
+        assign = ", ".join(
+            f"_s{node.index}.slots" if node.choice is not None
+            else "{" + ", ".join(f"{slot!r}: {self.value(node.index, slot)}" for slot in node.inputs) + "}"
+            for node in self.nodes
+        )
+        ops = ", ".join(f"o{n}" for n in range(len(self.nodes)))
+        roots = ", ".join(f"r{k}" for k in range(len(self.compiled.root_names)))
+        self.comment("a match: kept, and the search goes on")
+        self.line(f"_found.append(([{ops}], [{assign}], [{roots}], [{per_node}]))")
+
     def success(self) -> None:
+        """Builds the Pattern as ``matcher._build_pattern`` would, its dicts written out (for a pattern
+        with choices, by calling it: the alternatives' ops, operands and constants are merged in)."""
+        if self.choice_nodes:
+            subs = "(" + "".join(f"_s{n}, " for n in self.choice_nodes) + ")"
+            self.guard(f"not _subs_final_ok(({', '.join(f'o{n}' for n in range(len(self.nodes)))},), {subs})",
+                       "no constant slot of an alternative computed inside the match")
+            self.comment("a match: matcher._build_pattern, with the sub-matches of the choices")
+            assign = ", ".join(
+                f"_s{node.index}.slots" if node.choice is not None
+                else "{" + ", ".join(f"{slot!r}: {self.value(node.index, slot)}" for slot in node.inputs) + "}"
+                for node in self.nodes
+            )
+            per_node = ", ".join(f"_s{n}" if n in self.choice_nodes else "None" for n in range(len(self.nodes)))
+            ops = ", ".join(f"o{n}" for n in range(len(self.nodes)))
+            roots = ", ".join(f"r{k}" for k in range(len(self.compiled.root_names)))
+            self.line(f"_p = _build_pattern(_m, block, [{ops}], [{assign}], [{roots}], order, [{per_node}])")
+            self.line("if accept is None or accept(_p) is True:")
+            self.line("    return _p")
+            return
+        self._success_plain()
+
+    def _success_plain(self) -> None:
         """Builds the Pattern as ``matcher._build_pattern`` would, its dicts written out.
 
         Skipped wildcard slots (None) leave their entries out; when every such slot is present, which is

@@ -29,6 +29,8 @@ from typing import Any, Literal
 import numpy as np
 from coremltools.converters.mil.mil import Operation, Program, Var
 
+from .choices import Choice, _Region, collapse, records_of
+from .equivalences import Equivalences, with_equivalences
 from .errors import PatternDefinitionError
 
 __all__ = [
@@ -77,6 +79,7 @@ RESERVED_NAMES: frozenset[str] = frozenset(
         "replace_output",
         "replace_outputs",
         "insert_before",
+        "choices",
     }
 )
 """Names a pattern op may not take, because :class:`~pattern_infra.pattern.Pattern` uses them."""
@@ -192,6 +195,9 @@ class PatternNode:
     """For each output, how many pattern edges consume it."""
     consumers: list[tuple[int, str, int, int]] = field(default_factory=list)
     """Edges leaving this node: (consumer node, slot, position in a tuple slot or -1, output index)."""
+    choice: Choice | None = None
+    """For a choice node (:func:`~pattern_infra.choices.one_of`): its alternatives, each a small compiled
+    pattern; its slots are the outside variables they read, and it binds the op computing its variable."""
 
     @property
     def op_type_label(self) -> str:
@@ -270,6 +276,7 @@ def compile_pattern(
     constants: ConstMode | ConstRule = "any",
     const_rules: Mapping[str, ConstMode | ConstRule] | None = None,
     fanout: Iterable[str] = (),
+    equivalences: Equivalences = False,
 ) -> CompiledPattern:
     """Reads a pattern program into a :class:`CompiledPattern`, enforcing the pattern rules.
 
@@ -290,6 +297,9 @@ def compile_pattern(
         fanout: Pattern ops that stand for every consumer of their input (one or more ops of the same
             kind, captured as a list). Such an op must be a last op of the pattern, with exactly one
             input coming from a pattern input or another pattern op.
+        equivalences: Identities the matcher also matches (``pow(x, 2)`` = ``mul(x, x)``, ...): False,
+            True, a list of identity names or ``{"<op>": [names]}``; see
+            :mod:`pattern_infra.equivalences`.
 
     Returns:
         The compiled pattern.
@@ -299,6 +309,41 @@ def compile_pattern(
     """
     pattern_name = name or pattern_name_of(ops_arrangement)
     func = _function_of(ops_arrangement, pattern_name)
+    if equivalences:
+        ops_arrangement = with_equivalences(ops_arrangement, pattern_name, equivalences)
+        func = ops_arrangement.functions["main"]
+    return _compile_graph(
+        func,
+        ops_arrangement,
+        pattern_name,
+        records_of(func),
+        commutative=commutative,
+        alternatives=alternatives,
+        constants=constants,
+        const_rules=const_rules,
+        fanout=fanout,
+        rule_keys=None,
+    )
+
+
+def _compile_graph(
+    func: Any,
+    ops_arrangement: Program,
+    pattern_name: str,
+    choice_records: list[Any],
+    *,
+    commutative: bool | Iterable[str],
+    alternatives: Mapping[str, Sequence[str]] | None,
+    constants: ConstMode | ConstRule,
+    const_rules: Mapping[str, ConstMode | ConstRule] | None,
+    fanout: Iterable[str],
+    rule_keys: set[str] | None,
+) -> CompiledPattern:
+    """:func:`compile_pattern` of a pattern function, or of one alternative of a choice (a region of it).
+
+    ``rule_keys`` is None for the whole pattern; for an alternative, the set collecting the const rule keys
+    used (checked once, for the whole pattern, by the top-level call).
+    """
     all_ops: list[Operation] = list(func.operations)
     for op in all_ops:
         if op.blocks:
@@ -315,6 +360,14 @@ def compile_pattern(
     default_rule = constants if isinstance(constants, ConstRule) else ConstRule(constants)
     rules = {k: (v if isinstance(v, ConstRule) else ConstRule(v)) for k, v in (const_rules or {}).items()}
     alternatives = dict(alternatives or {})
+    everywhere = {op.name for op in real_ops}  # alternatives' ops included
+    used_rule_keys: set[str] = set() if rule_keys is None else rule_keys
+    if choice_records:
+        real_ops = _collapse_choices(
+            real_ops, choice_records, pattern_name, ops_arrangement, used_rule_keys,
+            commutative=commutative, alternatives=alternatives, constants=constants,
+            const_rules=const_rules, fanout=fanout,
+        )
 
     by_name: dict[str, int] = {}
     for i, op in enumerate(real_ops):
@@ -335,7 +388,7 @@ def compile_pattern(
             )
         by_name[op.name] = i
     for key in alternatives:
-        if key not in by_name:
+        if key not in everywhere:
             raise PatternDefinitionError(
                 f"Pattern {pattern_name!r}: alternatives name op {key!r}, which the pattern does not "
                 f"have. Pattern ops: {sorted(by_name)}."
@@ -350,7 +403,7 @@ def compile_pattern(
         )
     else:
         swappable = set(commutative)
-        unknown = swappable - set(by_name)
+        unknown = swappable - everywhere
         if unknown:
             raise PatternDefinitionError(
                 f"Pattern {pattern_name!r}: commutative names unknown ops {sorted(unknown)}."
@@ -363,7 +416,6 @@ def compile_pattern(
 
     consts: list[tuple[str, np.ndarray | None, ConstRule]] = []
     const_names: list[str] = []
-    used_rule_keys: set[str] = set()
 
     def edge_for(var: Var, op: Operation, slot: str) -> Edge:
         if id(var) in root_index:
@@ -404,21 +456,23 @@ def compile_pattern(
             )
         can_swap = op.name in swappable and "x" in inputs and "y" in inputs
         explicit = can_swap and not isinstance(commutative, bool)
+        choice = getattr(op, "choice", None)
         nodes.append(
             PatternNode(
                 index=i,
                 name=op.name,
                 op_type=op.op_type,
-                op_types=op_types,
+                op_types=choice.output_types if choice is not None else op_types,
                 num_outputs=len(op.outputs),
                 inputs=inputs,
-                commutative=can_swap,
-                swap_any_type=explicit,
+                commutative=can_swap and choice is None,
+                swap_any_type=explicit and choice is None,
                 output_uses=[0] * len(op.outputs),
+                choice=choice,
             )
         )
     unused_rules = set(rules) - used_rule_keys
-    if unused_rules:
+    if unused_rules and rule_keys is None:
         raise PatternDefinitionError(
             f"Pattern {pattern_name!r}: const_rules name {sorted(unused_rules)}, which are not "
             f"constants of the pattern. Keys are '<op name>.<slot>' or a const op's name; constants: "
@@ -432,7 +486,9 @@ def compile_pattern(
                 if e.kind == "root":
                     root_consumers[e.index].append((node.index, slot, pos))
                 elif e.kind == "op":
-                    nodes[e.index].output_uses[e.output] += 1
+                    # a choice node stands for as many reads as each of its alternatives makes
+                    reads = node.choice.reads.get(slot, 1) if node.choice is not None else 1
+                    nodes[e.index].output_uses[e.output] += reads
                     nodes[e.index].consumers.append((node.index, slot, pos, e.output))
 
     for r, users in enumerate(root_consumers):
@@ -460,6 +516,46 @@ def compile_pattern(
     )
     logger.debug("compiled %s", compiled.describe())
     return compiled
+
+
+def _collapse_choices(
+    real_ops: list[Any],
+    records: list[Any],
+    pattern_name: str,
+    program: Program,
+    used_rule_keys: set[str],
+    *,
+    commutative: bool | Iterable[str],
+    alternatives: Mapping[str, Sequence[str]],
+    constants: ConstMode | ConstRule,
+    const_rules: Mapping[str, ConstMode | ConstRule] | None,
+    fanout: Iterable[str],
+) -> list[Any]:
+    """The ops of one level with each choice replaced by its choice node; alternatives compiled with the
+    options that name their ops."""
+    fan = set(fanout)
+
+    def compile_region(region: _Region, name: str, inner: list[Any]) -> CompiledPattern:
+        names = {op.name for op in region.operations if op.op_type != "const"}
+        if names & fan:
+            raise PatternDefinitionError(
+                f"Pattern {pattern_name!r}: fan-out op(s) {sorted(names & fan)} lie inside an alternative "
+                f"of a one_of choice; a fan-out op must be a last op outside every choice."
+            )
+        return _compile_graph(
+            region,
+            program,
+            name,
+            inner,
+            commutative=commutative if isinstance(commutative, bool) else [c for c in commutative if c in names],
+            alternatives={k: v for k, v in alternatives.items() if k in names},
+            constants=constants,
+            const_rules=const_rules,
+            fanout=(),
+            rule_keys=used_rule_keys,
+        )
+
+    return collapse(real_ops, records, pattern_name, compile_region)
 
 
 def _final_nodes(

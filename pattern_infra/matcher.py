@@ -40,7 +40,7 @@ from typing import Any
 from coremltools.converters.mil.mil import Block, Operation, Var
 from coremltools.converters.mil.mil.var import InternalVar
 
-from . import codegen
+from . import choices, codegen
 from .compiler import COMMUTATIVE_OPS, CompiledPattern, Edge, PatternNode, compile_pattern, edge_positions
 from .pattern import Pattern
 
@@ -108,12 +108,15 @@ class Matcher:
         self.radius: list[int] = self._radii()
         """Per anchor: producer/consumer hops from the anchor op within which any op of a match lies,
         plus one (an op just outside the match, such as a root's producer, can unblock it)."""
-        self.op_types: frozenset[str] = frozenset(t for n in compiled.nodes for t in n.op_types)
+        self.op_types: frozenset[str] = choices.all_op_types(compiled)
+        """Every op type a match may contain (the alternatives' ops included)."""
         self.type_groups: tuple[tuple[str, ...], ...] = tuple(
             dict.fromkeys(tuple(sorted(n.op_types)) for n in compiled.nodes)
         )
         """The pattern ops' type sets, each once: a block can hold a match only if it has an op of
         every group."""
+        self.has_choices: bool = any(n.choice is not None for n in compiled.nodes)
+        """Whether the pattern has a choice node (``one_of``, ``equivalences=``)."""
         self.anchors_by_type: dict[str, tuple[int, ...]] = {}
         """Program op type to the pattern ops (anchors) that accept it; fan-out ops excluded."""
         for node in compiled.nodes:
@@ -135,6 +138,7 @@ class Matcher:
         """Per anchor: the compiled search (:mod:`~pattern_infra.codegen`), None when the interpreter
         must do it, ``_NOT_BUILT`` until first used."""
         self._generated: dict[int, codegen.GeneratedSearch] = {}
+        self._collect_fns: dict[int, Any] = {}
 
     # -- planning -----------------------------------------------------------------------------------
 
@@ -145,7 +149,10 @@ class Matcher:
         roots_bound: set[int] = set()
 
         def note_roots(n: int) -> None:
-            for _, edge in nodes[n].inputs.items():
+            choice = nodes[n].choice
+            for slot, edge in nodes[n].inputs.items():
+                if choice is not None and slot not in choice.full_slots:
+                    continue  # bound only when the alternative that matched reads it
                 for _, e in edge_positions(edge):
                     if e.kind == "root":
                         roots_bound.add(e.index)
@@ -162,20 +169,21 @@ class Matcher:
 
     def _radii(self) -> list[int]:
         nodes = self.nodes
+        span = [node.choice.depth if node.choice is not None else 1 for node in nodes]
         hops: list[dict[int, int]] = [{} for _ in nodes]
         for node in nodes:
             for _, edge in node.inputs.items():
                 for _, e in edge_positions(edge):
                     if e.kind == "op":
-                        hops[node.index][e.index] = 1
-                        hops[e.index][node.index] = 1
+                        hops[node.index][e.index] = span[node.index]
+                        hops[e.index][node.index] = span[node.index]
         if not self.joins_through_roots:
             return [self._eccentricity(hops, anchor) + 1 for anchor in range(len(nodes))]
         for users in self.compiled.root_consumers:  # two consumers of one variable: 2 hops apart
             for a, _, _ in users:
                 for b, _, _ in users:
                     if a != b:
-                        hops[a].setdefault(b, 2)
+                        hops[a].setdefault(b, span[a] + span[b])
         return [self._eccentricity(hops, anchor) + 1 for anchor in range(len(nodes))]
 
     @staticmethod
@@ -290,6 +298,17 @@ class Matcher:
         """
         return self._build(anchor).source
 
+    def collector(self, anchor: int) -> Any:
+        """The generated search collecting every structural match at ``anchor`` (for an alternative of a
+        choice), or None when the interpreter must do it (``PATTERN_INFRA_INTERPRET=1`` included)."""
+        if codegen.interpret_forced():
+            return None
+        fn = self._collect_fns.get(anchor, _NOT_BUILT)
+        if fn is _NOT_BUILT:
+            fn = codegen.build(self, anchor, collect=True).function
+            self._collect_fns[anchor] = fn
+        return fn
+
     def _build(self, anchor: int) -> codegen.GeneratedSearch:
         generated = self._generated.get(anchor)
         if generated is None:
@@ -336,6 +355,7 @@ def _build_pattern(
     assign: list[dict[str, Any] | None],
     roots: list[Var | None],
     order: Callable[[list[Operation]], list[Operation]] | None,
+    subs: list[choices.SubMatch | None] | None = None,
 ) -> Pattern:
     """The :class:`Pattern` of a complete binding (interpreter and compiled searches alike).
 
@@ -346,6 +366,7 @@ def _build_pattern(
         assign: Per pattern op, its operands as assigned (after any x/y swap).
         roots: Per root, the bound program variable.
         order: Sorts ops into program order, for ``Pattern.op_list``.
+        subs: Per pattern op, the sub-match of a choice node (None elsewhere).
     """
     compiled = matcher.compiled
     by_name = {node.name: ops[node.index] for node in compiled.nodes}
@@ -359,7 +380,12 @@ def _build_pattern(
             continue  # a wildcard slot the matched alternative op does not have
         consts[key] = var
         consts.setdefault(cname, var)
-    return _new_pattern(compiled, block, by_name, roots, operands, consts, order)
+    if subs is None or not matcher.has_choices:
+        return _new_pattern(compiled, block, by_name, roots, operands, consts, order)
+    chosen = choices.merged(by_name, operands, consts, subs)
+    pattern = _new_pattern(compiled, block, by_name, roots, operands, consts, order)
+    pattern.choices = chosen
+    return pattern
 
 
 def _new_pattern(
@@ -393,7 +419,7 @@ class _Search:
     """State of one anchored search; undone on backtracking."""
 
     __slots__ = ("m", "block", "plan", "trace", "ops", "assign", "roots", "used", "failure", "depth",
-                 "order", "accept", "result")
+                 "order", "accept", "result", "subs")
 
     def __init__(
         self,
@@ -419,6 +445,8 @@ class _Search:
         self.accept = accept
         self.result: Pattern | None = None
         """The match taken, once the search succeeded."""
+        self.subs: list[choices.SubMatch | None] = [None] * n
+        """Per pattern op, the sub-match of a choice node (None elsewhere)."""
 
     def fail(self, node: int, reason: str | Callable[[], str]) -> bool:
         if self.trace and (self.failure is None or self.depth > self.failure.bound):
@@ -458,8 +486,11 @@ class _Search:
         if self.m.nodes[st.node].fanout:
             return self.bind_fanout(st.node, var, i)
         tried = False
-        for consumer in dict.fromkeys(var.child_ops):
-            if consumer.op_type in self.m.nodes[st.node].op_types and id(consumer) not in self.used:
+        target = self.m.nodes[st.node]
+        candidates = (choices.candidates_below(var, target.choice) if target.choice is not None
+                      else dict.fromkeys(var.child_ops))
+        for consumer in candidates:
+            if consumer.op_type in target.op_types and id(consumer) not in self.used:
                 tried = True
                 if self.bind(st.node, consumer, i):
                     return True
@@ -484,6 +515,8 @@ class _Search:
             return self.fail(n, lambda: f"{op.name} lies in another block")
         if id(op) in self.used:
             return self.fail(n, lambda: f"{op.name} is already matched by another pattern op")
+        if node.choice is not None:
+            return self.bind_choice(n, op, i)
         for assignment in self.assignments(node, op):
             saved_roots = list(self.roots)
             if self.check_edges(node, op, assignment):
@@ -497,6 +530,39 @@ class _Search:
                 del self.used[id(op)]
                 self.ops[n] = None
                 self.assign[n] = None
+            self.roots = saved_roots
+        return False
+
+    def bind_choice(self, n: int, op: Operation, i: int) -> bool:
+        """Binds choice node ``n`` to ``op``: each complete match of each alternative ending at ``op``
+        gives the node's slots; the search goes on with them (:mod:`pattern_infra.choices`)."""
+        node = self.m.nodes[n]
+        failures: list[str] | None = [] if self.trace else None
+        subs = choices.choice_matches(self.m, node.choice, op, self.block, failures, maximal=node.is_final)
+        if not subs:
+            return self.fail(n, lambda: f"tried {len(node.choice.alternatives)} alternatives for "
+                             f"{node.name!r}: " + "; ".join(failures or []))
+        for sub in subs:
+            if any(id(o) in self.used for o in sub.ops):
+                self.fail(n, lambda: f"an op of alternative {sub.alternative} of {node.name!r} is already "
+                          f"matched by another pattern op")
+                continue
+            saved_roots = list(self.roots)
+            if self.check_edges(node, op, sub.slots):
+                self.ops[n] = op
+                self.assign[n] = sub.slots
+                self.subs[n] = sub
+                for o in sub.ops:
+                    self.used[id(o)] = n
+                self.depth += 1
+                if self.step(i + 1):
+                    return True
+                self.depth -= 1
+                for o in sub.ops:
+                    del self.used[id(o)]
+                self.ops[n] = None
+                self.assign[n] = None
+                self.subs[n] = None
             self.roots = saved_roots
         return False
 
@@ -622,7 +688,9 @@ class _Search:
                              f"{var.name} is not the output of {producer.name}")
         return True
 
-    def final_checks(self) -> bool:
+    def structure_ok(self) -> bool:
+        """The checks of a complete binding (uses of intermediates, roots and constants not computed
+        inside the match), before the match is built and offered to ``accept``."""
         for node in self.m.nodes:
             if node.is_final or node.fanout:
                 continue
@@ -649,7 +717,14 @@ class _Search:
             if var is not None and var.op is not None and id(var.op) in self.used:
                 return self.fail(n, lambda: f"constant slot {self.m.nodes[n].name}.{slot} is wired "
                                  f"from inside the match ({var.name})")
-        pattern = _build_pattern(self.m, self.block, self.ops, self.assign, self.roots, self.order)
+        if self.m.has_choices and not choices.subs_final_ok(self.ops, self.subs):
+            return self.fail(0, "a constant slot of an alternative is wired from inside the match")
+        return True
+
+    def final_checks(self) -> bool:
+        if not self.structure_ok():
+            return False
+        pattern = _build_pattern(self.m, self.block, self.ops, self.assign, self.roots, self.order, self.subs)
         if self.accept is not None:
             verdict = self.accept(pattern)
             if verdict is not True:

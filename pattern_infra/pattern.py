@@ -34,6 +34,7 @@ class Pattern:
         op_set: The captured program ops (a set, as in the design document; see ``op_list()``).
         consts: Pattern constant key (``"<op>.<slot>"`` and the pattern's const op name) to the program
             variable bound there.
+        choices: Choice name to the index of the alternative that matched (see ``one_of``).
         pattern_name: Name of the pattern that matched.
     """
 
@@ -56,6 +57,9 @@ class Pattern:
         self.root_var: Var | None = self.root_vars[0] if self.root_vars else None
         self.block: Block | None = block
         self.consts: dict[str, Var] = dict(consts or {})
+        self.choices: dict[str, int] = {}
+        """Choice name (``one_of``, or an op with ``equivalences=``) to the index of the alternative
+        that matched (0: the first written; for an equivalence, the op as written)."""
         self.pattern_name: str = compiled.name if compiled is not None else ""
         finals: list[Operation] = []
         if compiled is not None:
@@ -99,6 +103,7 @@ class Pattern:
             root_var=roots[0] if roots else None,
             block=block,
             consts=consts,
+            choices={},
             pattern_name=compiled.name,
             final_ops=finals,
             final_op=finals[0] if finals else None,
@@ -245,7 +250,8 @@ class Pattern:
                 ops.extend(op)
             else:
                 ops.append(op)
-        return ops
+        # a choice and its alternative's last op are one op under two names
+        return list(dict.fromkeys(ops)) if self.choices else ops
 
     def _flat_ops(self) -> Iterator[Operation]:
         for op in self._ops.values():

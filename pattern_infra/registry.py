@@ -27,6 +27,7 @@ from coremltools.converters.mil.mil.passes.pass_registry import PASS_REGISTRY
 from coremltools.converters.mil.mil.scope import ScopeInfo, ScopeSource
 
 from .compiler import CompiledPattern, ConstMode, ConstRule, compile_pattern
+from .equivalences import Equivalences
 from .driver import (
     DEFAULT_MAX_ITERATIONS,
     PassStats,
@@ -339,6 +340,7 @@ def register_generic_pass(
     constants: ConstMode | ConstRule = "any",
     const_rules: Mapping[str, ConstMode | ConstRule] | None = None,
     fanout: Sequence[str] = (),
+    equivalences: Equivalences = False,
     priority: int = 0,
     max_iterations: int = DEFAULT_MAX_ITERATIONS,
     options: Mapping[str, Any] | None = None,
@@ -362,6 +364,8 @@ def register_generic_pass(
         constants: Default rule for pattern constants (``"any"``, ``"const"``, ``"value"``).
         const_rules: Rules per constant, keyed ``"<op>.<slot>"`` or by const op name.
         fanout: Pattern ops standing for every consumer of their input, captured as a list.
+        equivalences: Identities the matcher also matches (``pow(x, 2)`` = ``mul(x, x)``, ...), per pass:
+            see :mod:`pattern_infra.equivalences` (default off).
         priority: Sub-passes with higher priority run first within the pass.
         max_iterations: Re-visit rounds before :class:`~pattern_infra.errors.FixpointError`.
         options: Pipeline options the pass accepts, with defaults (read as ``container.options``).
@@ -399,6 +403,7 @@ def register_generic_pass(
             constants=constants,
             const_rules=const_rules,
             fanout=fanout,
+            equivalences=equivalences,
         )
         subs.append(SubPass(compiled, var_constraints, transform_pattern, priority, max_iterations))
     for sub in subs:
@@ -556,7 +561,7 @@ def find_matches(
         prog: The program to search.
         var_constraints: Only matches it accepts are yielded (for a registered pass: instead of its own).
         **pattern_options: As for :func:`register_generic_pass` (``commutative``, ``alternatives``,
-            ``constants``, ``const_rules``, ``fanout``); not with a registered pass.
+            ``constants``, ``const_rules``, ``fanout``, ``equivalences``); not with a registered pass.
 
     Yields:
         One :class:`Pattern` per distinct set of matched ops, outer blocks first, in program order; with

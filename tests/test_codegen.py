@@ -739,3 +739,92 @@ def test_commutative_op_with_an_optional_constant_keeps_the_interpreter():
         return mb.exp(x=mb.relu(x=x, name="r"), name="e1"), mb.exp(x=mb.add(x=2.0, y=x), name="e2")
 
     assert len(same_everywhere(matcher, prog)) == 2
+
+
+# -- choices (one_of, equivalences=) -----------------------------------------------------------------------
+
+
+def test_choice_patterns_compiled_and_interpreted_agree():
+    """Every anchor of the 12-spelling RMSNorm pattern (and of a pattern with equivalences) on every
+    candidate op of programs holding every spelling, decoys included: same Pattern, same bind attempts."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).parent))
+    from test_choices import SPELLINGS, rms_norm, rms_program
+
+    from pattern_infra import compile_pattern
+
+    @mb.program(input_specs=[mb.TensorSpec(shape=(get_new_symbol(), get_new_symbol()))])
+    def shifted_square(x):
+        sq = mb.pow(x=x, y=2.0, name="sq")
+        return mb.sub(x=mb.reduce_mean(x=sq, axes=[-1], keep_dims=True, name="mean"), y=0.5, name="shift")
+
+    matchers = [Matcher(compile_pattern(rms_norm, constants="const")),
+                Matcher(compile_pattern(shifted_square, equivalences=True, constants="value"))]
+    programs = [rms_program(*s) for s in SPELLINGS] + [rms_program("mul", "div_sqrt", True, extra_consumer=True)]
+
+    @mb.program(input_specs=[mb.TensorSpec(shape=(2, 4))])
+    def squares(x):
+        a = mb.add(x=mb.reduce_mean(x=mb.mul(x=x, y=x), axes=[-1], keep_dims=True), y=-0.5)
+        b = mb.sub(x=mb.reduce_mean(x=mb.pow(x=x, y=2.0), axes=[-1], keep_dims=True), y=0.25)
+        return a, b
+
+    compared = matched = 0
+    for prog in programs + [squares]:
+        block = prog.functions["main"]
+        for matcher in matchers:
+            assert all(matcher._build(a).function is not None for a in range(len(matcher.nodes)))
+            for anchor, node in enumerate(matcher.nodes):
+                for op in block.operations:
+                    if op.op_type in node.op_types:
+                        compared += 1
+                        found = assert_same(matcher, op, block, anchor)
+                        matched += found is not None
+                        if found is not None:
+                            assert found.choices == interpreted(matcher, op, block, anchor)[0].choices
+    assert compared > 100 and matched >= 12 * 4 + 1
+
+
+def test_collecting_searches_of_alternatives_agree():
+    """The generated collecting search of every alternative (``collect=True``) and the interpreter's
+    (``choices._Collecting``) find the same sub-matches, in the same order, with the same bind attempts."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).parent))
+    from test_choices import SPELLINGS, rms_norm, rms_program
+
+    from pattern_infra import compile_pattern
+    from pattern_infra.choices import _Collecting, _matcher_of
+
+    def alternatives(compiled):
+        for node in compiled.nodes:
+            if node.choice is not None:
+                for alternative in node.choice.alternatives:
+                    yield alternative
+                    yield from alternatives(alternative.compiled)
+
+    def ids(state):
+        ops, assign, roots, subs = state
+        return ([id(o) for o in ops], [sorted((k, id(v)) for k, v in a.items()) for a in assign],
+                [id(r) for r in roots], [None if s is None else id(s.ops[-1]) for s in subs])
+
+    compared = found = 0
+    for prog in [rms_program(*s) for s in SPELLINGS]:
+        block = prog.functions["main"]
+        for alternative in alternatives(compile_pattern(rms_norm)):
+            matcher = _matcher_of(alternative)
+            anchor = alternative.compiled.final_nodes[0]
+            for op in block.operations:
+                before = matcher.bind_attempts
+                generated = matcher.collector(anchor)(matcher, op, block)
+                middle = matcher.bind_attempts
+                search = _Collecting(matcher, block, matcher.plans[anchor], False)
+                search.found = []
+                search.run(op)
+                assert [ids(s) for s in generated] == [ids(s) for s in search.found]
+                assert middle - before == matcher.bind_attempts - middle
+                compared += 1
+                found += len(generated)
+    assert compared > 500 and found >= 36

@@ -1,0 +1,684 @@
+"""Alternatives at any point of a pattern: ``one_of`` and ``optional``.
+
+A real model writes one computation several ways (``x * x`` or ``pow(x, 2)``; ``x * rsqrt(v)``,
+``x / sqrt(v)`` or ``x * (1 / sqrt(v))``; a weight that may be absent). Instead of one pattern per
+combination (the product of the spellings), a pattern declares, at the point where spellings differ, a
+*choice* of small programs, in the ``mb.program`` style::
+
+    def normed(x, v):
+        return one_of("normed",
+                      lambda: mb.mul(x=x, y=mb.rsqrt(x=v, name="inv"), name="scale"),
+                      lambda: mb.real_div(x=x, y=mb.sqrt(x=v, name="root"), name="scale"),
+                      lambda: mb.mul(x=x, y=mb.real_div(x=1.0, y=mb.sqrt(x=v, name="root"), name="inv"),
+                                     name="scale"))
+
+    @mb.program(input_specs=[mb.TensorSpec(shape=(get_new_symbol(), 8)), mb.TensorSpec(shape=(8,))])
+    def rms_norm(x, w):
+        sq = one_of("square", lambda: mb.mul(x=x, y=x, name="sq"),
+                              lambda: mb.pow(x=x, y=2.0, name="sq"))
+        v = mb.add(x=mb.reduce_mean(x=sq, axes=[-1], keep_dims=True, name="mean"), y=1e-6, name="var")
+        return optional("weighted", lambda: normed(x, v), lambda n: mb.mul(x=n, y=w, name="weight"))
+
+One pattern, 2 x 3 x 2 = 12 spellings.
+
+Rules (checked when the pattern is built or compiled, with the rule and the fix in the message):
+
+* An alternative is a function of no arguments that builds ops and returns the variable the choice
+  stands for, computed by one of *its own* ops (not an input, not a constant, not a variable built
+  elsewhere).
+* Alternatives read variables from outside (pattern inputs, earlier pattern ops, constants); an earlier
+  pattern *op* read by one alternative must be read by every alternative (otherwise nothing would bind
+  it when another alternative matched: move it into the alternatives that read it). A pattern input may
+  be read by only some alternatives (``w`` above); when another matched, ``pattern.root_vars`` holds
+  None for it.
+* Names: unique within each alternative and distinct from the ops outside the choice; alternatives of one
+  choice may reuse a name (only one of them is ever bound): ``pattern.scale`` is whichever matched.
+  ``pattern.<choice name>`` is the op producing the choice's variable; ``pattern.choices`` maps each
+  choice to the index of the alternative that matched; ops of the other alternatives are not attributes.
+* Choices nest (a ``one_of`` inside an alternative). ``optional(name, base, extra)`` is
+  ``one_of(name, lambda: extra(base()), base)``: ``base`` builds the ops the optional op applies to.
+
+How it is compiled (no product of sub-passes): the ops of the choice become one pattern node, a *choice
+node*, whose input slots are the variables its alternatives read from outside; each alternative is
+compiled on its own into a small :class:`~pattern_infra.compiler.CompiledPattern` (its inputs are those
+variables). The outer search binds a choice node like an op: the program op producing the variable is
+offered to each alternative's own search in turn (anchored at the alternative's last op), every complete
+sub-match gives values for the slots, and the outer search goes on with them; backtracking tries the next
+sub-match, then the next alternative. Cost per choice node: the sum of the alternatives' sizes, never the
+product of the choices. ``explain`` reports "tried 3 alternatives for 'normed': ..." with each one's first
+failure.
+"""
+
+from __future__ import annotations
+
+import weakref
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from coremltools.converters.mil.mil import Operation, Var
+from coremltools.converters.mil.mil import block as _block
+
+from .errors import PatternDefinitionError
+
+if TYPE_CHECKING:
+    from .compiler import CompiledPattern
+
+__all__ = ["Alternative", "Choice", "one_of", "optional"]
+
+
+@dataclass
+class _Record:
+    """What :func:`one_of` saw while the pattern program was built."""
+
+    name: str
+    alternatives: list[tuple[list[Operation], Var]]
+    """Per alternative: the ops it created (consts included, nested choices' ops included) and its output."""
+    children: dict[int, list[_Record]] = field(default_factory=dict)
+    """Per alternative, the choices declared inside it (nested choices)."""
+
+
+_RECORDS: weakref.WeakKeyDictionary[Any, list[_Record]] = weakref.WeakKeyDictionary()
+"""Pattern function (coremltools ``Function``) to the choices declared at its top level while it was
+built (a pattern function is never changed once built, so the record stays true)."""
+
+_ACTIVE: list[tuple[_Record, int]] = []
+"""The alternatives being built right now (innermost last)."""
+
+
+@dataclass
+class Alternative:
+    """One alternative of a choice, compiled on its own."""
+
+    index: int
+    """Position among the choice's alternatives."""
+    compiled: CompiledPattern
+    """The alternative as a pattern: its inputs are the outside variables it reads."""
+    slots: list[str]
+    """For each input of ``compiled``, the choice node's slot it stands for."""
+    label: str
+    """The alternative in words, e.g. ``real_div(x, sqrt(var))``, for ``explain``."""
+
+
+@dataclass
+class Choice:
+    """The alternatives of one choice node."""
+
+    name: str
+    """The choice's name (``pattern.<name>`` is the op producing its variable)."""
+    alternatives: list[Alternative]
+    """In the order they are tried."""
+    depth: int
+    """Most ops on a path through one alternative: how far below an input its output op may lie."""
+    output_types: frozenset[str] = field(default_factory=frozenset)
+    """Op types the choice's variable may be produced by."""
+    full_slots: frozenset[str] = field(default_factory=frozenset)
+    """Slots every alternative reads."""
+    reads: dict[str, int] = field(default_factory=dict)
+    """For a slot holding a pattern op's output: how many times each alternative reads it (the same in
+    every alternative), for the outer check that the op's output has no consumer outside the match."""
+    uses: dict[str, int] = field(default_factory=dict)
+    """For every slot, how many times the first alternative reading it reads it."""
+
+    def reads_of(self, slot: str) -> int:
+        """How many times an alternative reads ``slot`` (for a nested choice's input)."""
+        return self.reads.get(slot, self.uses.get(slot, 1))
+
+
+def one_of(name: str, *alternatives: Callable[[], Var]) -> Var:
+    """Declares, inside an ``@mb.program`` pattern, a variable computed by one of several small programs.
+
+    Args:
+        name: The choice's name: ``pattern.<name>`` is the op computing the variable in a match.
+        *alternatives: Functions of no argument building ops with ``mb`` and returning the variable.
+
+    Returns:
+        The first alternative's variable, for the rest of the pattern to use.
+
+    Raises:
+        PatternDefinitionError: Called outside a pattern program, fewer than two alternatives, or an
+            alternative that does not return a variable computed by one of its own ops.
+    """
+    func = _block.curr_block() if _block.BLOCK_STACK else None
+    if func is None:
+        raise PatternDefinitionError(
+            f"one_of({name!r}) must be called while an @mb.program pattern is built, inside the "
+            f"decorated function."
+        )
+    if not isinstance(name, str) or not name.isidentifier() or name.startswith("_"):
+        raise PatternDefinitionError(
+            f"one_of: the choice name {name!r} must be a Python identifier not starting with '_' (it "
+            f"is read as pattern.<name>)."
+        )
+    if len(alternatives) < 2 or not all(callable(a) for a in alternatives):
+        raise PatternDefinitionError(
+            f"one_of({name!r}) needs at least two alternatives, each a function of no argument building "
+            f"ops (e.g. lambda: mb.mul(x=x, y=x, name='sq')); got {len(alternatives)}."
+        )
+    record = _Record(name, [])
+    if _ACTIVE:
+        parent, k = _ACTIVE[-1]
+        parent.children.setdefault(k, []).append(record)
+    else:
+        _RECORDS.setdefault(func, []).append(record)
+    for k, build in enumerate(alternatives):
+        start = len(func.operations)
+        _ACTIVE.append((record, k))
+        try:
+            out = build()
+        finally:
+            _ACTIVE.pop()
+        ops = list(func.operations)[start:]
+        if not isinstance(out, Var) or out.op is None or all(out.op is not op for op in ops) or (
+            out.op.op_type == "const"
+        ):
+            what = out.name if isinstance(out, Var) else type(out).__name__
+            raise PatternDefinitionError(
+                f"one_of({name!r}): alternative {k} returns {what}, which none of its own ops computes. "
+                f"Rule: every alternative produces the choice's variable with one of the ops it builds. "
+                f"Fix: return the output of the alternative's last op (e.g. lambda: mb.mul(x=x, y=x, "
+                f"name='sq')), not a pattern input, a constant or a variable built outside it."
+            )
+        record.alternatives.append((ops, out))
+    return record.alternatives[0][1]
+
+
+def optional(name: str, base: Callable[[], Var], extra: Callable[[Var], Var]) -> Var:
+    """Declares an op that may be absent: ``one_of(name, lambda: extra(base()), base)``.
+
+    ``base`` builds the part of the pattern the optional op applies to (it is built once per
+    alternative, so its ops may carry the same names in both; a ``one_of`` inside it becomes a nested
+    choice). What is not supported: an alternative made of no op at all (an optional op whose input is a
+    pattern input): a choice stands for the op computing its variable.
+
+    Args:
+        name: The choice's name.
+        base: Builds the ops the optional op reads from, returning their variable.
+        extra: Builds the optional op(s) on that variable.
+
+    Returns:
+        The variable with ``extra`` applied (the first alternative).
+    """
+    return one_of(name, lambda: extra(base()), base)
+
+
+# -- compiling: a choice becomes one node, each alternative a small pattern ---------------------------------
+
+
+def records_of(func: Any) -> list[_Record]:
+    """The choices declared at the top level of a pattern function, in the order they were declared."""
+    return list(_RECORDS.get(func, []))
+
+
+class _Region:
+    """The ops of one alternative, read by the compiler as if they were a function."""
+
+    def __init__(self, operations: list[Any], inputs: dict[str, Var], outputs: list[Var]) -> None:
+        self.operations = operations
+        self.inputs = inputs
+        self.outputs = outputs
+
+
+class _ChoiceOp:
+    """Stands for a choice among the ops of its level while the compiler reads them (an op-like object)."""
+
+    op_type = "one_of"
+    blocks: tuple[()] = ()
+
+    def __init__(self, name: str, inputs: dict[str, Var], output: Var, choice: Choice) -> None:
+        self.name = name
+        self.inputs = inputs
+        self.outputs = [output]
+        self.choice = choice
+
+
+CompileRegion = Callable[[_Region, str, list[_Record]], "CompiledPattern"]
+"""``compile(region, name, choices inside it)``: the compiler, for one alternative."""
+
+
+def collapse(
+    ops: list[Any], records: list[_Record], pattern_name: str, compile_region: CompileRegion
+) -> list[Any]:
+    """Replaces the ops of each choice of ``records`` in ``ops`` by one :class:`_ChoiceOp`, compiling
+    each alternative with ``compile_region``.
+
+    Raises:
+        PatternDefinitionError: A rule of the module docstring is broken.
+    """
+    result = list(ops)
+    for record in records:
+        region = {id(op) for alt_ops, _ in record.alternatives for op in alt_ops}
+        first = next((i for i, op in enumerate(result) if id(op) in region), None)
+        if first is None:
+            continue
+        outside = [op for op in result if id(op) not in region]
+        _check_outside_reads(record, outside, region, pattern_name)
+        choice, inputs = _choice_of(record, outside, pattern_name, compile_region)
+        stand_in = _ChoiceOp(record.name, inputs, record.alternatives[0][1], choice)
+        result = result[:first] + [stand_in] + [op for op in result[first:] if id(op) not in region]
+    return result
+
+
+def _vars_read(op: Any) -> list[Var]:
+    out: list[Var] = []
+    for value in op.inputs.values():
+        out.extend(value if isinstance(value, (list, tuple)) else [value])
+    return out
+
+
+def _check_outside_reads(record: _Record, outside: list[Any], region: set[int], pattern_name: str) -> None:
+    kept = record.alternatives[0][1]
+    for op in outside:
+        for var in _vars_read(op):
+            if var is not kept and var.op is not None and id(var.op) in region:
+                raise PatternDefinitionError(
+                    f"Pattern {pattern_name!r}: op {op.name!r} reads {var.name!r}, built inside choice "
+                    f"{record.name!r}. Only the choice's own variable (what one_of returns) may be used "
+                    f"outside it; build the rest inside every alternative."
+                )
+
+
+def _choice_of(
+    record: _Record, outside: list[Any], pattern_name: str, compile_region: CompileRegion
+) -> tuple[Choice, dict[str, Var]]:
+    outside_names = {op.name for op in outside if op.op_type != "const"}
+    alt_region = [{id(op) for op in alt_ops} for alt_ops, _ in record.alternatives]
+    external: list[list[Var]] = []
+    for k, (alt_ops, out) in enumerate(record.alternatives):
+        reads: dict[int, Var] = {}
+        for op in alt_ops:
+            if op.op_type != "const" and op.name in outside_names:
+                raise PatternDefinitionError(
+                    f"Pattern {pattern_name!r}: op name {op.name!r} in alternative {k} of choice "
+                    f"{record.name!r} is also used outside the choice. Alternatives of one choice may "
+                    f"share names; rename it so it differs from the ops outside."
+                )
+            for var in _vars_read(op):
+                if var.op is not None and id(var.op) in alt_region[k]:
+                    continue
+                other = next((j for j, ids in enumerate(alt_region) if var.op is not None and id(var.op) in ids), None)
+                if other is not None:
+                    raise PatternDefinitionError(
+                        f"Pattern {pattern_name!r}: alternative {k} of choice {record.name!r} reads "
+                        f"{var.name!r}, built by alternative {other}. Alternatives are independent: "
+                        f"build it again inside alternative {k}."
+                    )
+                reads.setdefault(id(var), var)
+        external.append(list(reads.values()))
+    slots: dict[int, str] = {}
+    inputs: dict[str, Var] = {}
+    for reads in external:
+        for var in reads:
+            if id(var) not in slots:
+                slot = var.name if var.name.isidentifier() and var.name not in inputs else f"in{len(inputs)}"
+                slots[id(var)] = slot
+                inputs[slot] = var
+    for var in inputs.values():
+        is_op = var.op is not None and var.op.op_type != "const"
+        missing = [k for k, reads in enumerate(external) if all(v is not var for v in reads)]
+        if is_op and missing:
+            raise PatternDefinitionError(
+                f"Pattern {pattern_name!r}: op {var.op.name!r} is read by some alternatives of choice "
+                f"{record.name!r} but not by alternative(s) {missing}, so nothing would match it when "
+                f"those do. Build it inside the alternatives that read it."
+            )
+
+    alternatives = []
+    for k, (alt_ops, out) in enumerate(record.alternatives):
+        region_inputs = {slots[id(v)]: v for v in external[k]}
+        compiled = compile_region(
+            _Region(list(alt_ops), region_inputs, [out]), f"{pattern_name}.{record.name}[{k}]",
+            record.children.get(k, []),
+        )
+        alternatives.append(Alternative(k, compiled, list(region_inputs), _label(compiled)))
+    reads: dict[str, int] = {}
+    for slot, var in inputs.items():
+        if var.op is None or var.op.op_type == "const":
+            continue
+        per_alt = [_uses(a.compiled, a.slots.index(slot)) for a in alternatives]
+        if len(set(per_alt)) > 1:
+            raise PatternDefinitionError(
+                f"Pattern {pattern_name!r}: the alternatives of choice {record.name!r} read {var.name!r} a "
+                f"different number of times ({per_alt}), so whether it has a consumer outside the match "
+                f"would depend on the alternative. Read it the same number of times in each (e.g. through "
+                f"one op)."
+            )
+        reads[slot] = per_alt[0]
+    full = frozenset(s for s in inputs if all(any(slots[id(v)] == s for v in reads) for reads in external))
+    choice = Choice(
+        name=record.name,
+        alternatives=alternatives,
+        depth=max(_depth(a.compiled) for a in alternatives),
+        output_types=frozenset(t for a in alternatives for n in a.compiled.final_nodes
+                               for t in a.compiled.nodes[n].op_types),
+        full_slots=full,
+        reads=reads,
+        uses={slot: next(_uses(a.compiled, a.slots.index(slot)) for a in alternatives if slot in a.slots)
+              for slot in inputs},
+    )
+    return choice, inputs
+
+
+def _uses(compiled: CompiledPattern, root: int) -> int:
+    """How many times a match of ``compiled`` reads its input ``root`` (nested choices counted as their
+    alternatives read)."""
+    total = 0
+    for n, slot, _ in compiled.root_consumers[root]:
+        choice = compiled.nodes[n].choice
+        total += choice.reads_of(slot) if choice is not None else 1
+    return total
+
+
+def _depth(compiled: CompiledPattern) -> int:
+    depth: list[int] = []
+    for node in compiled.nodes:
+        own = node.choice.depth if node.choice is not None else 1
+        preds = [depth[e.index] for _, edge in node.inputs.items()
+                 for e in (edge if isinstance(edge, tuple) else (edge,)) if e.kind == "op"]
+        depth.append(own + max(preds, default=0))
+    return max(depth)
+
+
+def _label(compiled: CompiledPattern) -> str:
+    """The alternative as an expression of its output, e.g. ``mul(x, rsqrt(var))``."""
+
+    def text(index: int, budget: list[int]) -> str:
+        node = compiled.nodes[index]
+        budget[0] -= 1
+        if budget[0] < 0:
+            return "..."
+        args = []
+        for slot, edge in node.inputs.items():
+            for e in edge if isinstance(edge, tuple) else (edge,):
+                if e.kind == "root":
+                    args.append(compiled.root_names[e.index])
+                elif e.kind == "op":
+                    args.append(text(e.index, budget))
+                elif slot in ("x", "y"):  # an operand; other constants are attributes (axes, epsilon)
+                    value = compiled.consts[e.index][1]
+                    if value is not None and value.size == 1 and value.dtype.kind in "biuf":
+                        args.append(f"{value.reshape(()).item():g}")
+        kind = node.choice.name if node.choice is not None else node.op_type
+        return f"{kind}({', '.join(args)})"
+
+    return text(compiled.final_nodes[0], [12])
+
+
+# -- matching: the helper both searches (interpreter and compiled) call for a choice node -------------------
+
+
+class SubMatch:
+    """One complete match of one alternative, anchored at the op computing the choice's variable.
+
+    Kept as the search's state (a few list copies); the alternative's
+    :class:`~pattern_infra.pattern.Pattern` is built only when a whole match is (``pattern``).
+    """
+
+    __slots__ = ("alternative", "slots", "ops", "choice", "_matcher", "_block", "_state", "_pattern")
+
+    def __init__(self, alternative: Alternative, matcher: Any, block: Any, state: tuple[list, list, list, list],
+                 choice: str) -> None:
+        ops, assign, roots, subs = state
+        self.alternative: int = alternative.index
+        """Index of the alternative that matched."""
+        self.slots: dict[str, Var] = {slot: var for slot, var in zip(alternative.slots, roots) if var is not None}
+        """Choice-node slot to the program variable the alternative read there (slots it does not read
+        are absent)."""
+        flat = [op for op in ops if op is not None]
+        for sub in subs:
+            if sub is not None:
+                flat.extend(o for o in sub.ops if all(o is not f for f in flat))
+        self.ops: list[Operation] = flat
+        """Every program op of the sub-match (nested choices' included), each once."""
+        self.choice: str = choice
+        """The choice's name."""
+        self._matcher = matcher
+        self._block = block
+        self._state = state
+        self._pattern: Any = None
+
+    @property
+    def pattern(self) -> Any:
+        """The alternative's Pattern (its ops, operands, constants, nested choices), built on first use."""
+        if self._pattern is None:
+            from .matcher import _build_pattern
+
+            ops, assign, roots, subs = self._state
+            self._pattern = _build_pattern(self._matcher, self._block, ops, assign, roots, None, subs)
+        return self._pattern
+
+    def const_vars(self) -> list[Var]:
+        """The program variables in the alternative's constant slots (nested choices' included)."""
+        from .matcher import _slot_value
+
+        ops, assign, roots, subs = self._state
+        out = [v for n, slot, pos in self._matcher._const_slots
+               if (v := _slot_value(assign, n, slot, pos)) is not None]
+        for sub in subs:
+            if sub is not None:
+                out.extend(sub.const_vars())
+        return out
+
+
+def _matcher_of(alternative: Alternative) -> Any:
+    matcher = getattr(alternative, "_matcher", None)
+    if matcher is None:
+        from .matcher import Matcher
+
+        matcher = Matcher(alternative.compiled)
+        alternative._matcher = matcher  # type: ignore[attr-defined]
+    return matcher
+
+
+def choice_matches(
+    outer: Any, choice: Choice, op: Operation, block: Any, failures: list[str] | None = None,
+    maximal: bool = False,
+) -> list[SubMatch]:
+    """Every complete match of every alternative of ``choice`` whose last op is ``op``, in order.
+
+    Each alternative is searched by the interpreter of :mod:`pattern_infra.matcher` anchored at its last
+    op, collecting all its complete matches (a commutative op may give two); the bind attempts it makes
+    are added to ``outer.bind_attempts``, so the interpreter and the compiled search count the same.
+
+    Args:
+        outer: The matcher of the pattern holding the choice node.
+        choice: The choice.
+        op: The program op offered as the alternatives' last op.
+        block: The block searched.
+        failures: If given, receives for each alternative without a match ``"<label>: <reason>"`` (the
+            alternatives are then searched with tracing, as ``explain`` does).
+        maximal: The choice ends the pattern (its variable may be used anywhere): a later alternative is
+            left out at ``op`` when an earlier one matches further down with ``op`` inside (the longest
+            spelling wins, as with ``optional``: ``norm * w`` is not matched as ``norm`` followed by an
+            unrelated ``mul``).
+
+    Returns:
+        The sub-matches, alternative by alternative.
+    """
+    from .matcher import Failure
+
+    found: list[SubMatch] = []
+    for alternative in choice.alternatives:
+        search = _search_alternative(outer, alternative, op, block, failures is not None)
+        if search.found and maximal and alternative.index > 0 and _taken_further(outer, choice, alternative,
+                                                                                  op, block):
+            if failures is not None:
+                failures.append(f"{alternative.label}: an earlier alternative matches further down")
+            continue
+        matcher = _matcher_of(alternative)
+        for state in search.found:
+            found.append(SubMatch(alternative, matcher, block, state, choice.name))
+        if not search.found and failures is not None:
+            failure = search.failure
+            reason = failure.reason if isinstance(failure, Failure) else "no match"
+            failures.append(f"{alternative.label}: {reason}")
+    return found
+
+
+class _Collected:
+    """What the generated collecting search found (no failure: it never traces)."""
+
+    __slots__ = ("found", "failure")
+
+    def __init__(self, found: list[Any]) -> None:
+        self.found = found
+        self.failure = None
+
+
+def _search_alternative(outer: Any, alternative: Alternative, op: Operation, block: Any, trace: bool) -> Any:
+    """The alternative's search anchored at its last op, run to the end (``.found``: every match, as
+    search state): the generated collecting search, or the interpreter when tracing (or forced)."""
+    matcher = _matcher_of(alternative)
+    anchor = alternative.compiled.final_nodes[0]
+    before = matcher.bind_attempts
+    fn = None if trace else matcher.collector(anchor)
+    if fn is not None:
+        found = fn(matcher, op, block)
+        outer.bind_attempts += matcher.bind_attempts - before
+        return _Collected(found)
+    search = _Collecting(matcher, block, matcher.plans[anchor], trace)
+    search.found = []
+    search.run(op)
+    outer.bind_attempts += matcher.bind_attempts - before
+    return search
+
+
+def _taken_further(outer: Any, choice: Choice, alternative: Alternative, op: Operation, block: Any) -> bool:
+    """Whether an alternative before ``alternative`` matches at an op below ``op`` with ``op`` inside."""
+    for below in candidates_below(op.outputs[0], choice):
+        for earlier in choice.alternatives[: alternative.index]:
+            for state in _search_alternative(outer, earlier, below, block, False).found:
+                if any(o is op for o in state[0]) or any(
+                        sub is not None and any(o is op for o in sub.ops) for sub in state[3]):
+                    return True
+    return False
+
+
+def _collecting_class() -> type:
+    from .matcher import _Search
+
+    class Collecting(_Search):
+        """The interpreter's search, collecting every complete match instead of stopping at the first."""
+
+        __slots__ = ("found",)
+
+        def final_checks(self) -> bool:
+            if self.structure_ok():
+                self.found.append((list(self.ops), list(self.assign), list(self.roots), list(self.subs)))
+            return False
+
+    return Collecting
+
+
+class _LazyCollecting:
+    cls: type | None = None
+
+    def __call__(self, *args: Any) -> Any:
+        if self.cls is None:
+            self.cls = _collecting_class()
+        return self.cls(*args)
+
+
+_Collecting = _LazyCollecting()
+"""``_Collecting(matcher, block, plan, trace)``: built on first use (the matcher imports this module)."""
+
+
+def candidates_below(var: Var, choice: Choice) -> list[Operation]:
+    """Ops that may compute a choice's variable from ``var`` (a down-step into a choice node): every op
+    at most ``choice.depth`` consumer steps below ``var`` whose type an alternative ends with, breadth
+    first, each once. The alternatives' own searches check the rest (that the choice really reads
+    ``var`` is checked by the outer search, as for any slot)."""
+    seen: dict[int, Operation] = {}
+    frontier = [var]
+    out: list[Operation] = []
+    for _ in range(choice.depth):
+        next_vars: list[Var] = []
+        for v in frontier:
+            for op in v.child_ops:
+                if id(op) in seen:
+                    continue
+                seen[id(op)] = op
+                if op.op_type in choice.output_types:
+                    out.append(op)
+                next_vars.extend(op.outputs)
+        frontier = next_vars
+    return out
+
+
+def clashes(sub: SubMatch, bound: Sequence[Any], bound_subs: Sequence[SubMatch] = ()) -> bool:
+    """Whether an op of ``sub`` is already bound by the outer search (a match is injective): one of the
+    ``bound`` program ops or of the sub-matches of choices bound before (the generated search's check;
+    the interpreter reads its ``used`` map, which holds the same ops)."""
+    ids = {id(op) for op in bound if op is not None}
+    for other in bound_subs:
+        ids.update(id(op) for op in other.ops)
+    return any(id(op) in ids for op in sub.ops)
+
+
+def op_in_subs(op: Operation, subs: Sequence[SubMatch | None]) -> bool:
+    """Whether ``op`` is an op of one of the sub-matches."""
+    return any(sub is not None and any(op is o for o in sub.ops) for sub in subs)
+
+
+def computed_inside(var: Var | None, ops: Sequence[Any], subs: Sequence[SubMatch | None]) -> bool:
+    """Whether ``var`` is computed by an op of the match: ``ops`` (the outer ops) or a sub-match."""
+    producer = var.op if var is not None else None
+    if producer is None:
+        return False
+    if any(producer is op for op in ops):
+        return True
+    return any(sub is not None and any(producer is op for op in sub.ops) for sub in subs)
+
+
+def subs_final_ok(ops: Sequence[Any], subs: Sequence[SubMatch | None]) -> bool:
+    """The outer final check the alternatives cannot make themselves: no constant slot of a sub-match is
+    computed by an op of the outer match or of another sub-match."""
+    for sub in subs:
+        if sub is None:
+            continue
+        for var in sub.const_vars():
+            if computed_inside(var, ops, [s for s in subs if s is not sub]):
+                return False
+    return True
+
+
+def merged(
+    ops: dict[str, Any], operands: dict[str, dict[str, Any]], consts: dict[str, Var], subs: Sequence[SubMatch | None]
+) -> dict[str, int]:
+    """Adds the sub-matches' ops, operands and constants to a match's dicts; returns ``pattern.choices``
+    (choice name to the index of the alternative that matched, nested choices included). The ops of an
+    alternative go right before its choice's entry, so the dict stays in a topological order (the
+    driver removes dead ops in its reverse)."""
+    chosen: dict[str, int] = {}
+    by_choice = {sub.choice: sub for sub in subs if sub is not None}
+    outer = list(ops.items())
+    ops.clear()
+    for name, op in outer:  # each alternative's ops right before its choice: a topological order still
+        sub = by_choice.get(name)
+        if sub is not None:
+            for inner_name, inner_op in sub.pattern.ops.items():
+                ops.setdefault(inner_name, inner_op)
+        ops.setdefault(name, op)
+    for sub in subs:
+        if sub is None:
+            continue
+        inner = sub.pattern
+        for name, slots in inner._operands.items():
+            operands.setdefault(name, slots)
+        for key, var in inner.consts.items():
+            consts.setdefault(key, var)
+        chosen[sub.choice] = sub.alternative
+        chosen.update(inner.choices)
+    return chosen
+
+
+def all_op_types(compiled: CompiledPattern) -> frozenset[str]:
+    """Every op type a match of ``compiled`` may contain, the alternatives' (nested) included."""
+    types: set[str] = set()
+    for node in compiled.nodes:
+        if node.choice is None:
+            types |= node.op_types
+        else:
+            for alternative in node.choice.alternatives:
+                types |= all_op_types(alternative.compiled)
+    return frozenset(types)

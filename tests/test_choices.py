@@ -1,0 +1,241 @@
+"""Alternatives at any point of a pattern (``one_of``, ``optional``): compiling and matching."""
+
+from __future__ import annotations
+
+import pytest
+from coremltools.converters.mil import Builder as mb
+from coremltools.converters.mil.mil import get_new_symbol
+
+from pattern_infra import PatternDefinitionError, compile_pattern, find_matches
+from pattern_infra.choices import one_of, optional
+
+ROW = [mb.TensorSpec(shape=(get_new_symbol(), 8))]
+ROW_AND_WEIGHT = ROW + [mb.TensorSpec(shape=(8,))]
+
+
+def normed(x, v):
+    return one_of(
+        "normed",
+        lambda: mb.mul(x=x, y=mb.rsqrt(x=v, name="inv"), name="scale"),
+        lambda: mb.real_div(x=x, y=mb.sqrt(x=v, name="root"), name="scale"),
+        lambda: mb.mul(x=x, y=mb.real_div(x=1.0, y=mb.sqrt(x=v, name="root"), name="inv"), name="scale"),
+    )
+
+
+@mb.program(input_specs=ROW_AND_WEIGHT)
+def rms_norm(x, w):
+    sq = one_of("square", lambda: mb.mul(x=x, y=x, name="sq"), lambda: mb.pow(x=x, y=2.0, name="sq"))
+    v = mb.add(x=mb.reduce_mean(x=sq, axes=[-1], keep_dims=True, name="mean"), y=1e-6, name="var")
+    return optional("weighted", lambda: normed(x, v), lambda n: mb.mul(x=n, y=w, name="weight"))
+
+
+# -- compiling --------------------------------------------------------------------------------------------
+
+
+def test_a_choice_is_one_node_and_each_alternative_a_small_pattern():
+    compiled = compile_pattern(rms_norm, name="rms_norm")
+    assert [n.name for n in compiled.nodes] == ["square", "mean", "var", "weighted"]
+    square, weighted = compiled.node("square"), compiled.node("weighted")
+    assert square.op_types == {"mul", "pow"} and weighted.op_types == {"mul", "real_div"}
+    assert [a.label for a in square.choice.alternatives] == ["mul(x, x)", "pow(x, 2)"]
+    assert [a.slots for a in weighted.choice.alternatives] == [["var", "x", "w"], ["var", "x"]]
+    assert weighted.choice.full_slots == {"var", "x"}
+    nested = weighted.choice.alternatives[1].compiled.node("normed").choice
+    assert [a.label for a in nested.alternatives] == ["mul(x, rsqrt(var))", "real_div(x, sqrt(var))",
+                                                      "mul(x, real_div(1, sqrt(var)))"]
+    assert weighted.choice.depth == 4  # weight <- scale <- real_div <- sqrt
+    # compiled size: the sum of the alternatives, not their product (2 x 3 x 2 = 12 spellings)
+    sizes = [len(a.compiled.nodes) for a in weighted.choice.alternatives]
+    assert sizes == [2, 1]
+
+
+def _build(body):
+    return mb.program(input_specs=ROW)(body)
+
+
+@pytest.mark.parametrize(
+    "body, message",
+    [
+        (lambda x: one_of("c", lambda: mb.relu(x=x, name="r"), lambda: x), "alternative 1 returns x"),
+        (lambda x: one_of("c", lambda: mb.relu(x=x, name="r"), lambda: mb.const(val=1.0, name="k")),
+         "none of its own ops computes"),
+        (lambda x: one_of("c", lambda: mb.relu(x=x, name="r")), "at least two alternatives"),
+        (lambda x: one_of("not ok", lambda: mb.relu(x=x), lambda: mb.exp(x=x)), "Python identifier"),
+    ],
+    ids=["returns-an-input", "returns-a-constant", "one-alternative", "bad-name"],
+)
+def test_bad_alternatives_are_refused_with_the_rule_and_the_fix(body, message):
+    with pytest.raises(PatternDefinitionError, match=message) as info:
+        _build(body)
+    assert "Fix" in str(info.value) or "must" in str(info.value) or "needs" in str(info.value)
+
+
+def test_an_alternative_returning_a_variable_built_elsewhere_is_refused():
+    def body(x):
+        r = mb.relu(x=x, name="r")
+        return one_of("c", lambda: mb.exp(x=r, name="e"), lambda: r)
+
+    with pytest.raises(PatternDefinitionError, match="Rule: every alternative produces"):
+        _build(body)
+
+
+def test_one_of_outside_a_pattern_program_is_refused():
+    with pytest.raises(PatternDefinitionError, match="while an @mb.program pattern is built"):
+        one_of("c", lambda: None, lambda: None)
+
+
+@pytest.mark.parametrize(
+    "body, message",
+    [
+        (lambda x: _reads_other_alternative(x), "built by alternative 0"),
+        (lambda x: _outer_op_read_by_one_alternative(x), "not by alternative"),
+        (lambda x: _name_clash(x), "also used outside the choice"),
+        (lambda x: _inner_var_used_outside(x), "Only the choice's own variable"),
+    ],
+    ids=["reads-another-alternative", "outer-op-in-one-alternative", "name-clash", "inner-var-outside"],
+)
+def test_choice_rules_at_compile_time(body, message):
+    with pytest.raises(PatternDefinitionError, match=message):
+        compile_pattern(_build(body))
+
+
+def _reads_other_alternative(x):
+    shared = []
+
+    def first():
+        shared.append(mb.relu(x=x, name="r"))
+        return mb.exp(x=shared[0], name="e")
+
+    return one_of("c", first, lambda: mb.sigmoid(x=shared[0], name="s"))
+
+
+def _outer_op_read_by_one_alternative(x):
+    r = mb.relu(x=x, name="r")
+    return one_of("c", lambda: mb.exp(x=r, name="e"), lambda: mb.exp(x=x, name="e"))
+
+
+def _name_clash(x):
+    r = mb.relu(x=x, name="r")
+    return one_of("c", lambda: mb.exp(x=r, name="r2"), lambda: mb.sigmoid(x=mb.tanh(x=r, name="r"), name="s"))
+
+
+def _inner_var_used_outside(x):
+    inner = []
+
+    def first():
+        inner.append(mb.relu(x=x, name="r"))
+        return mb.exp(x=inner[0], name="e")
+
+    c = one_of("c", first, lambda: mb.sigmoid(x=x, name="s"))
+    return mb.add(x=c, y=inner[0], name="a")
+
+
+# -- matching ---------------------------------------------------------------------------------------------
+
+SQUARES = {"mul": lambda x: mb.mul(x=x, y=x), "pow": lambda x: mb.pow(x=x, y=2.0)}
+NORMALIZERS = {
+    "rsqrt": lambda x, v: mb.mul(x=mb.rsqrt(x=v), y=x),  # operands in the other order than the pattern
+    "div_sqrt": lambda x, v: mb.real_div(x=x, y=mb.sqrt(x=v)),
+    "inv_sqrt": lambda x, v: mb.mul(x=x, y=mb.real_div(x=1.0, y=mb.sqrt(x=v))),
+}
+SPELLINGS = [(s, n, w) for s in SQUARES for n in NORMALIZERS for w in (True, False)]
+
+
+def rms_program(square, normalizer, weighted, extra_consumer=False):
+    specs = [mb.TensorSpec(shape=(3, 8)), mb.TensorSpec(shape=(8,))] if weighted else [mb.TensorSpec(shape=(3, 8))]
+
+    def body(x, w=None):
+        v = mb.add(x=mb.reduce_mean(x=SQUARES[square](x), axes=[-1], keep_dims=True), y=1e-6)
+        out = NORMALIZERS[normalizer](x, v)
+        if weighted:
+            out = mb.mul(x=w, y=out)
+        if extra_consumer:
+            return out, mb.relu(x=v)
+        return out
+
+    if weighted:
+        return mb.program(input_specs=specs)(lambda x, w: body(x, w))
+    return mb.program(input_specs=specs)(lambda x: body(x))
+
+
+def test_twelve_spellings_of_rms_norm_are_twelve_programs():
+    assert len(SPELLINGS) == 12
+    def structure(prog):  # each op with the types of what it reads
+        ops = [op for op in prog.functions["main"].operations if op.op_type != "const"]
+        return tuple((op.op_type, tuple(v.op.op_type if v.op is not None else "input"
+                                        for v in op.inputs.values() if not isinstance(v, (list, tuple))))
+                     for op in ops)
+
+    assert len({structure(rms_program(*s)) for s in SPELLINGS}) == 12
+
+
+@pytest.mark.parametrize("spelling", SPELLINGS, ids=["-".join(map(str, s)) for s in SPELLINGS])
+def test_one_pattern_matches_every_spelling_of_rms_norm(spelling):
+    square, normalizer, weighted = spelling
+    prog = rms_program(*spelling)
+    (match,) = find_matches(rms_norm, prog, constants="const")
+    main = prog.functions["main"]
+    ops = [op for op in main.operations if op.op_type != "const"]
+    assert match.final_op is ops[-1] and set(match.op_set) == set(ops)
+    assert match.root_vars[0] is main.inputs["x"]
+    assert match.root_vars[1] is (main.inputs["w"] if weighted else None)
+    expected_normed = list(NORMALIZERS).index(normalizer)
+    assert match.choices == {"square": list(SQUARES).index(square), "weighted": 0 if weighted else 1,
+                             "normed": expected_normed}
+    assert match.sq.op_type == square and match.square is match.sq
+    assert match.weighted is ops[-1]
+
+
+def test_every_spelling_matches_in_the_compiled_search_and_the_interpreter_alike(monkeypatch):
+    from pattern_infra.codegen import INTERPRET_ENV_VAR
+
+    programs = [rms_program(*spelling) for spelling in SPELLINGS]
+
+    def outcome(prog):
+        return [(sorted(op.name for op in m.op_set), m.choices) for m in find_matches(rms_norm, prog)]
+
+    compiled = [outcome(prog) for prog in programs]
+    monkeypatch.setenv(INTERPRET_ENV_VAR, "1")
+    assert [outcome(prog) for prog in programs] == compiled
+    assert all(len(found) == 1 for found in compiled)
+
+
+def test_an_intermediate_inside_an_alternative_used_elsewhere_blocks_the_match():
+    prog = rms_program("mul", "div_sqrt", True, extra_consumer=True)
+    assert list(find_matches(rms_norm, prog)) == []
+
+
+def test_explain_lists_the_alternatives_tried():
+    from pattern_infra import explain
+
+    @mb.program(input_specs=[mb.TensorSpec(shape=(3, 8))])
+    def prog(x):
+        v = mb.add(x=mb.reduce_mean(x=mb.mul(x=x, y=x), axes=[-1], keep_dims=True), y=1e-6)
+        return mb.mul(x=x, y=mb.exp(x=v))  # exp: no alternative of "normed" has it
+
+    text = str(explain(rms_norm, prog))
+    assert "tried 2 alternatives for 'weighted'" in text or "tried 3 alternatives for 'normed'" in text
+
+
+def test_an_outer_op_read_twice_by_an_alternative_is_counted_so():
+    @mb.program(input_specs=ROW)
+    def twice(x):
+        r = mb.relu(x=x, name="r")
+        return one_of("c", lambda: mb.mul(x=r, y=r, name="m"), lambda: mb.pow(x=mb.abs(x=r, name="a"), y=2.0,
+                                                                                  name="m"))
+
+    with pytest.raises(PatternDefinitionError, match="different number of times"):
+        compile_pattern(twice)
+
+    @mb.program(input_specs=ROW)
+    def both_twice(x):
+        r = mb.relu(x=x, name="r")
+        return one_of("c", lambda: mb.mul(x=r, y=r, name="m"), lambda: mb.add(x=r, y=r, name="m"))
+
+    @mb.program(input_specs=[mb.TensorSpec(shape=(2, 3))])
+    def prog(x):
+        r = mb.relu(x=x)
+        return mb.add(x=r, y=r)
+
+    (match,) = find_matches(both_twice, prog)
+    assert match.choices == {"c": 1} and match.r.op_type == "relu"
