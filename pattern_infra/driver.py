@@ -106,7 +106,11 @@ class PassStats:
     def add(self, other: PassStats) -> None:
         """Adds ``other``'s counters to these."""
         for name in self.__dataclass_fields__:
-            setattr(self, name, getattr(self, name) + getattr(other, name))
+            if name == "rejections":
+                if other.rejections:
+                    self.rejections.update(other.rejections)
+            else:
+                setattr(self, name, getattr(self, name) + getattr(other, name))
 
 
 @dataclass
@@ -302,10 +306,11 @@ class _Run:
         self.ops_at_start: dict[int, list[Operation]] = {id(block): ops for block, ops in walked}
         """Each block's ops as listed at the start, for its index while nothing has been rewritten."""
         self.states: dict[int, _BlockState] = {}
-        self.log: dict[str, list[Operation]] = {}
+        self.log: dict[str, list[Operation]] | None = None
         """Every op a rewrite of any sub-pass created, rewired or left with fewer users, by type: what
-        the other sub-passes revisit (:func:`_revisit_earlier`)."""
-        self.changes = _Changes(log=self.log)
+        the other sub-passes of its pass revisit (:func:`_revisit_earlier`). None while the sub-passes
+        running have no other to revisit their changes."""
+        self.changes = _Changes()
         """What the current sub-pass's rewrites did, for the revisits and the validation."""
         self.rounds: dict[int, int] = {}
         """Per block (by id), the rounds the current sub-pass has swept it: the fixpoint cap."""
@@ -320,7 +325,7 @@ class _Run:
 
     def log_position(self) -> dict[str, int]:
         """How much of :attr:`log` there is now, per type."""
-        return {op_type: len(ops) for op_type, ops in self.log.items()}
+        return {op_type: len(ops) for op_type, ops in self.log.items()} if self.log else {}
 
     def keep_block(self, block: Block) -> None:
         """Saves the variables ``Block.__exit__`` is about to rewrite, while the journal is open."""
@@ -415,14 +420,17 @@ def run_subpasses(
         blocks = run.blocks
         for group in _groups(subpasses, passes):
             seen: list[dict[str, int]] = []
+            run.log = {} if len(group) > 1 else None
+            run.changes.log = run.log
             for sub in group:
                 if any(run.state(block).possible(sub.matcher) for block in blocks):
                     total.add(_apply(run, sub, first=True))
                 else:
                     sub.stats.runs += 1  # no block holds every op type of the pattern: nothing to do
                     total.runs += 1
-                seen.append(run.log_position())
-            if len(group) > 1:
+                if run.log is not None:
+                    seen.append(run.log_position())
+            if run.log is not None:
                 _revisit_earlier(run, group, seen, total)
     except PatternInfraError:
         raise
@@ -501,15 +509,14 @@ def _revisit_earlier(run: _Run, subpasses: list[SubPass], seen: list[dict[str, i
         rewrites = total.rewrites
         for k, sub in enumerate(subpasses):
             if not any(run.state(block).possible(sub.matcher) for block in run.blocks if _live(block)):
-                seen[k] = run.log_position()  # no block holds every op type of its pattern any more
-                continue
+                continue  # no block holds every op type of its pattern (its position stays: still correct)
             position = seen[k]
             types = sorted(sub.seed_types) if sub.seed_types is not None else list(run.log)
             for op_type in types:
                 logged = run.log.get(op_type)
                 if logged is not None and len(logged) > position.get(op_type, 0):
                     for op in logged[position.get(op_type, 0):]:
-                        run.changes._seed(op)
+                        run.changes.seed(op)
             seen[k] = run.log_position()
             if run.changes.seeds:
                 total.add(_apply(run, sub, first=False))
@@ -598,8 +605,9 @@ class _Changes:
     which unlists them from their inputs' users (``Var.remove_child_op``) or raises."""
     checked: tuple[int, int, int] = (0, 0, 0)
     """How many of ``removed_by_transforms``, ``created`` and ``rewired`` :meth:`validate` has checked."""
-    log: dict[str, list[Operation]] = field(default_factory=dict)
-    """The run's log of changed ops by type, shared by the sub-passes (see :attr:`_Run.log`)."""
+    log: dict[str, list[Operation]] | None = None
+    """The run's log of changed ops by type, shared by the sub-passes (see :attr:`_Run.log`); None when
+    the run has no other sub-pass to revisit them."""
     seeds: dict[int, list[Operation]] = field(default_factory=dict)
     """Per block (by id), ops whose surroundings changed and whose type the pattern has: created and
     rewired ops, and the producers of the inputs of removed ops (they lost a consumer), whatever block
@@ -621,7 +629,8 @@ class _Changes:
             self.seeds = {k: v for k, v in seeds.items() if k in keep}
         return found
 
-    def _seed(self, op: Operation) -> None:
+    def seed(self, op: Operation) -> None:
+        """Adds ``op`` to the seeds of its block (none if it is no longer in one)."""
         block = op.enclosing_block
         if block is not None:
             same = self.seeds.get(id(block))
@@ -647,22 +656,38 @@ class _Changes:
         if removed_by_transform:
             self.removed_by_transforms += removed_by_transform
             removed_inputs += [flat_inputs(op) for op in removed_by_transform]
-        seed = self._seed
-        log = self.log
-        for changed in (created, rewired):
-            for op in changed:
-                op_type = type(op).__name__
-                log.setdefault(op_type, []).append(op)
-                if types is None or op_type in types:
-                    seed(op)
+        # A constant joins no match (no pattern op is a const): not a seed, unless every type is one (a
+        # fan-out pattern depends on the users of what it reads); nor logged for the other sub-passes.
+        consts = types is not None
+        changed = [*created, *rewired]
         for inputs in removed_inputs:
             for var in inputs:
-                producer = var._op
-                if producer is not None:
-                    op_type = type(producer).__name__
-                    log.setdefault(op_type, []).append(producer)
-                    if types is None or op_type in types:
-                        seed(producer)  # of any block; a removed producer has none and is left out
+                producer = var._op  # of any block; a removed producer has none and is left out
+                if (
+                    producer is not None
+                    and producer.enclosing_block is not None
+                    and not (consts and type(producer).__name__ == "const")
+                ):
+                    changed.append(producer)
+        seeds, log = self.seeds, self.log
+        for op in changed:
+            op_type = type(op).__name__
+            if op_type == "const" and consts:
+                continue
+            if log is not None:
+                same_type = log.get(op_type)
+                if same_type is None:
+                    log[op_type] = [op]
+                else:
+                    same_type.append(op)
+            if types is None or op_type in types:
+                block = op.enclosing_block
+                if block is not None:
+                    same_block = seeds.get(id(block))
+                    if same_block is None:
+                        seeds[id(block)] = [op]
+                    else:
+                        same_block.append(op)
 
     def validate(self) -> None:
         """Block.validate's invariants, where the rewrites could have broken them.
