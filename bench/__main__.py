@@ -187,12 +187,9 @@ def main(argv: list[str] | None = None) -> int:
         The process exit code (0 unless the benchmark itself crashed; missed targets do not abort).
     """
     args = _parse(argv)
-    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
-    logging.getLogger("coremltools").setLevel(logging.ERROR)
-    from .workloads import run_with_deep_stack
+    from .workloads import bench_main
 
-    code = run_with_deep_stack(lambda: _run(args))
-    return 1 if code is None else code
+    return bench_main(lambda: _run(args))
 
 
 if __name__ == "__main__":

@@ -383,12 +383,9 @@ def main(argv: list[str] | None = None) -> int:
         0, or 1 when the pipeline gave a different program from the pass-by-pass one somewhere.
     """
     args = _parse(argv)
-    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
-    logging.getLogger("coremltools").setLevel(logging.ERROR)
-    from .workloads import run_with_deep_stack
+    from .workloads import bench_main
 
-    code = run_with_deep_stack(lambda: _run(args))
-    return 1 if code is None else code
+    return bench_main(lambda: _run(args))
 
 
 if __name__ == "__main__":

@@ -26,6 +26,7 @@ pattern has (coremltools' generic matcher insists on that count).
 
 from __future__ import annotations
 
+import logging
 import math
 import sys
 import threading
@@ -63,6 +64,19 @@ def run_with_deep_stack(target: Callable[[], _T]) -> _T | None:
     thread.start()
     thread.join()
     return result[0] if result else None
+
+
+def bench_main(run: Callable[[], int | None]) -> int:
+    """The entry point of a benchmark command: quiet coremltools, ``run`` in a deep-stack thread.
+
+    Returns:
+        ``run``'s exit code, or 1 when it raised (the thread reports the error).
+    """
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    logging.getLogger("coremltools").setLevel(logging.ERROR)
+    code = run_with_deep_stack(run)
+    return 1 if code is None else code
+
 
 GELU_PATTERN_OPS = ("pow", "mul", "add", "mul", "tanh", "add", "mul", "mul")
 """Non-const ops of one tanh GELU, in program order."""
