@@ -279,7 +279,7 @@ def accepted(compiled_name: str, options: dict[str, Any], prog: Program, constra
 def _replace_with_identity(pattern: Any) -> None:
     """Each output becomes ``identity(first input)``: the inputs keep a user."""
     root = pattern.root_vars[0]
-    anchor = pattern.final_ops[0]
+    anchor = pattern.op_list()[0]  # the first matched op: it reads the first input, precedes every user
     news = [mb.identity(x=root, name=f"{var.name}_id", before_op=anchor) for var in pattern.output_vars()]
     pattern.replace_outputs(news)
 
@@ -287,7 +287,7 @@ def _replace_with_identity(pattern: Any) -> None:
 def _replace_with_constant(pattern: Any) -> None:
     """Each output becomes a constant: the match's inputs lose their users there, which may free a match
     elsewhere (in another block, or through a shared constant)."""
-    anchor = pattern.final_ops[0]
+    anchor = pattern.op_list()[0]  # before every user of the outputs
     news = [mb.const(val=np.zeros(S, dtype=np.float32), name=f"{var.name}_zero", before_op=anchor)
             for var in pattern.output_vars()]
     pattern.replace_outputs(news)
