@@ -513,14 +513,11 @@ def _revisit_earlier(run: _Run, subpasses: list[SubPass], seen: list[dict[str, i
             position = seen[k]
             types = sorted(sub.seed_types) if sub.seed_types is not None else list(run.log)
             for op_type in types:
-                logged = run.log.get(op_type)
-                if logged is not None and len(logged) > position.get(op_type, 0):
-                    for op in logged[position.get(op_type, 0):]:
-                        run.changes.seed(op)
-            seen[k] = run.log_position()
+                for op in run.log.get(op_type, ())[position.get(op_type, 0):]:
+                    run.changes.seed(op)
             if run.changes.seeds:
                 total.add(_apply(run, sub, first=False))
-                seen[k] = run.log_position()
+            seen[k] = run.log_position()
         if total.rewrites == rewrites:
             return
     run.restore()
@@ -669,7 +666,7 @@ class _Changes:
                     and not (consts and type(producer).__name__ == "const")
                 ):
                     changed.append(producer)
-        seeds, log = self.seeds, self.log
+        log = self.log
         for op in changed:
             op_type = type(op).__name__
             if op_type == "const" and consts:
@@ -681,13 +678,7 @@ class _Changes:
                 else:
                     same_type.append(op)
             if types is None or op_type in types:
-                block = op.enclosing_block
-                if block is not None:
-                    same_block = seeds.get(id(block))
-                    if same_block is None:
-                        seeds[id(block)] = [op]
-                    else:
-                        same_block.append(op)
+                self.seed(op)
 
     def validate(self) -> None:
         """Block.validate's invariants, where the rewrites could have broken them.
@@ -875,11 +866,12 @@ def constraint_verdict(result: Any) -> str | None:
     A constraint accepts with any true value; it refuses with a false value (``False``, ``None``), with a
     ``(False, "reason")`` pair, or with a string, which is the reason itself (``"rank 3, not 2"``).
     """
+    if isinstance(result, tuple) and len(result) == 2 and isinstance(result[1], str):
+        if result[0]:
+            return None
+        result = result[1]  # the reason
     if isinstance(result, str):
         return f"constraint returned False: {result}" if result else "constraint returned False"
-    if isinstance(result, tuple) and len(result) == 2 and isinstance(result[1], str):
-        ok, reason = result
-        return None if ok else f"constraint returned False: {reason}" if reason else "constraint returned False"
     return None if result else "constraint returned False"
 
 
