@@ -1051,6 +1051,36 @@ def _near(seeds: list[Operation], block: Block, anchor_types: frozenset[str], ra
     return [op for op in seen.values() if op.op_type in anchor_types and op.enclosing_block is block]
 
 
+def distinct_matches(
+    var_constraints: Constraints | None,
+    on_match: Callable[[Pattern], Any],
+    on_refusal: Callable[[Pattern, str], Any] | None = None,
+) -> Callable[[Pattern], str]:
+    """An ``accept`` that takes no match, so a search enumerates every one, and hands each distinct set
+    of program ops the constraints accept to ``on_match`` once (with its first accepted assignment).
+
+    A set refused under one assignment (operand order) is offered again under the next; each refusal goes
+    to ``on_refusal`` with its reason. Shared by :func:`find_in_program` and ``explain``.
+    """
+    seen: set[frozenset[int]] = set()
+
+    def collect(match: Pattern) -> str:
+        key = frozenset(id(o) for o in match.op_set)
+        if key in seen:
+            return "already found"
+        if var_constraints is not None:
+            reason = constraint_verdict(var_constraints(match))
+            if reason is not None:
+                if on_refusal is not None:
+                    on_refusal(match, reason)
+                return reason
+        seen.add(key)
+        on_match(match)
+        return "collected"  # not taken: the search goes on to the next match
+
+    return collect
+
+
 def find_in_program(
     prog: Program,
     matcher: Matcher,
@@ -1068,20 +1098,8 @@ def find_in_program(
         if found is None:
             continue
         anchor, candidates = found
-        seen: set[frozenset[int]] = set()
         here: list[Pattern] = []
-
-        def collect(match: Pattern) -> str:
-            key = frozenset(id(o) for o in match.op_set)
-            if key in seen:
-                return "already found"
-            if var_constraints is not None:
-                reason = constraint_verdict(var_constraints(match))
-                if reason is not None:
-                    return reason
-            seen.add(key)
-            here.append(match)
-            return "collected"  # not taken: the search goes on to the next match
+        collect = distinct_matches(var_constraints, here.append)
 
         for op in candidates:
             if op.enclosing_block is block:

@@ -16,7 +16,7 @@ from typing import Any
 
 from coremltools.converters.mil.mil import Program
 
-from .driver import _BlockState, constraint_verdict, iter_blocks
+from .driver import _BlockState, distinct_matches, iter_blocks
 from .matcher import Failure, Matcher
 from .pattern import Pattern
 from .registry import PassContainer, PatternSource, resolve_patterns
@@ -108,32 +108,23 @@ def explain(
     matcher = Matcher(compiled)
     result = Explanation(compiled.name, len(compiled.nodes))
     misses: dict[tuple[int, str, str], Failure] = {}
-    accepted: list[tuple[int, int]] = []
-    for b, block in enumerate(iter_blocks(prog)):
+    refused: set[str] = set()
+
+    def refusal(found: Pattern, reason: str) -> None:
+        refused.add(reason)
+        failure = Failure(len(compiled.nodes), compiled.nodes[-1].name, reason, _names(found))
+        misses.setdefault((failure.bound, failure.reason, str(sorted(failure.ops.items()))), failure)
+
+    for block in iter_blocks(prog):
         st = _BlockState(block)
-        seen: set[frozenset[int]] = set()
+        offered = distinct_matches(var_constraints, result.matches.append, refusal)
         for node in compiled.nodes:
             if node.fanout:
                 continue
             for t in sorted(node.op_types):
                 for op in st.by_type.get(t, ()):
-
-                    def offered(found: Pattern) -> str:
-                        ids = frozenset(id(o) for o in found.op_set)
-                        if ids in seen:
-                            return _SEEN
-                        seen.add(ids)
-                        reason = None if var_constraints is None else constraint_verdict(var_constraints(found))
-                        if reason is not None:
-                            failure = Failure(len(compiled.nodes), compiled.nodes[-1].name, reason, _names(found))
-                            misses.setdefault((failure.bound, failure.reason, str(sorted(ids))), failure)
-                            return _SEEN
-                        accepted.append((b, len(result.matches)))
-                        result.matches.append(found)
-                        return _SEEN
-
                     found = matcher.match_at(op, block, node.index, order=st.order, trace=True, accept=offered)
-                    if isinstance(found, Failure) and found.reason != _SEEN:
+                    if isinstance(found, Failure) and found.reason not in _ANSWERS and found.reason not in refused:
                         key = (0, found.node, found.reason)
                         if key not in misses or misses[key].bound < found.bound:
                             misses[key] = found
@@ -144,8 +135,9 @@ def explain(
     return result
 
 
-_SEEN = "offered to the constraints"
-"""What the explaining search's ``accept`` answers: never taken, so every match is enumerated."""
+_ANSWERS = ("already found", "collected")
+"""What :func:`~pattern_infra.driver.distinct_matches` answers for a match it does not refuse: not
+search failures to report."""
 
 
 def _names(match: Pattern) -> dict[str, str]:

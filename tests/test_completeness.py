@@ -163,6 +163,13 @@ def test_find_matches_offers_the_other_operand_order_when_the_constraint_refuses
     assert found[0].root_var.name == "a1"
 
 
+def test_explain_reports_the_match_the_other_operand_order_gives():
+    from pattern_infra import explain
+
+    report = explain(mul_by_constant, _mul_relu_program(), _roots_are_inputs, constants="any")
+    assert [m.root_var.name for m in report.matches] == ["a1"]
+
+
 def test_the_pass_offers_the_other_operand_order_when_the_constraint_refuses_the_first(namespace):
     def to_scale(pattern):
         new = mb.add(x=pattern.root_var, y=pattern.root_var, name=pattern.m.name + "_s", before_op=pattern.m)
