@@ -18,7 +18,7 @@ from typing import Any
 from coremltools.converters.mil.mil import Block
 
 from pattern_infra import ConstRule, SubPass
-from pattern_infra import driver
+from pattern_infra import blocks, changes, removal
 from pattern_infra.journal import Journal
 from pattern_infra.matcher import Matcher
 
@@ -40,13 +40,13 @@ def _phases(subs: list[SubPass]) -> list[tuple[str, list[tuple[str, int, str]]]]
         ("  of which constant checks: ConstRule.accepts (np.allclose)", [_key(ConstRule.accepts)]),
         ("var_constraints callbacks", constraints),
         ("transform callbacks (build replacement, redirect uses)", transforms),
-        ("dead matched ops unlinked, per match: _remove_dead", [_key(driver._remove_dead)]),
+        ("dead matched ops unlinked, per match: remove_dead", [_key(removal.remove_dead)]),
         ("undo journal: opening, names of each match, unlinked ops (hooks not counted)",
          [_key(Journal.__init__), _key(Journal.keep_match), _key(Journal.unlinked)]),
-        ("validation of each rewrite's changes: _Changes.validate", [_key(driver._Changes.validate)]),
+        ("validation of each rewrite's changes: Changes.validate", [_key(changes.Changes.validate)]),
         ("Block.__exit__ (propagate_nonreplaceable_vars over the whole block)", [_key(Block.__exit__)]),
-        ("revisit: _revisit (changed ops of the pattern's types, and their neighbourhood)", [_key(driver._revisit)]),
-        ("indexing: _BlockState.__init__", [_key(driver._BlockState.__init__)]),
+        ("revisit: revisit_candidates (changed ops of the pattern's types, and their neighbourhood)", [_key(changes.revisit_candidates)]),
+        ("indexing: BlockIndex.__init__", [_key(blocks.BlockIndex.__init__)]),
     ]
 
 

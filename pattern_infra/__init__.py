@@ -6,7 +6,8 @@ package registers nothing; ``import generic_passes`` registers the project's pas
 """
 
 from .compiler import COMMUTATIVE_OPS, CompiledPattern, ConstRule, compile_pattern
-from .driver import DEFAULT_MAX_ITERATIONS, PassStats, SubPass, remove_dead_ops
+from .driver import DEFAULT_MAX_ITERATIONS, PassStats, SubPass
+from .removal import remove_dead_ops
 from .errors import (
     EvaluationError,
     FixpointError,

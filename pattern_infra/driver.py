@@ -1,5 +1,11 @@
 """Apply compiled patterns to a program in time linear in its size, and lose nothing on failure.
 
+Owns the run of a pass: the worklist of blocks and sub-passes, the sweep and its revisits, offering each
+match to the constraints and the transform, the undo journal's opening and the errors. What it uses:
+:mod:`~pattern_infra.blocks` (the block index and the anchor loop), :mod:`~pattern_infra.changes` (what
+rewrites changed: seeds and validation), :mod:`~pattern_infra.removal` (dead matched ops),
+:mod:`~pattern_infra.journal` (undo).
+
 How a group of sub-passes runs on a program (``run_subpasses``):
 
 1. Every block, nested ones included, is listed once, and its ops are indexed by type once. The block's
@@ -12,7 +18,7 @@ How a group of sub-passes runs on a program (``run_subpasses``):
    go on to the next structural match at the same anchor op. The matched ops left without users are
    removed together (consumers first, in the pattern's order reversed), unlinked directly rather than
    through ``Block.remove_ops``, whose checks the dead-op test has already made (see
-   :func:`remove_dead_ops`). What the rewrite did is recorded as :class:`_Changes`: the ops created, the
+   :func:`remove_dead_ops`). What the rewrite did is recorded as :class:`Changes`: the ops created, the
    ops removed, and the ops outside the match whose inputs were redirected.
 3. Nothing is rescanned from the start. A match that did not exist before a round of rewrites contains
    an op whose inputs or whose outputs' users changed: a created op, a redirected op, or the producer of
@@ -32,7 +38,7 @@ How a group of sub-passes runs on a program (``run_subpasses``):
    program inconsistent, the program is restored from it, identical to what it was before the pass,
    and :class:`PassExecutionError` names the pass, the pattern and (for a callback) the matched ops.
    The validation checks coremltools' ``Block.validate`` invariants on the recorded changes only
-   (see :meth:`_Changes.validate`).
+   (see :meth:`Changes.validate`).
 5. A block's builder context (``with block:``) is entered only when a rewrite needs it, and a
    function's block stays entered for the rest of the run; cyclic GC is paused during the run. A
    sub-pass whose op types are not all present in some block costs one check per block.
@@ -48,25 +54,26 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from coremltools.converters.mil.mil import Block, Operation, Program, Var
-from coremltools.converters.mil.mil.utils import CacheDoublyLinkedList
-from coremltools.converters.mil.mil.var import InternalVar
+from coremltools.converters.mil.mil import Block, Operation, Program
 
+from .blocks import BlockIndex, is_live, iter_blocks, walk_blocks
+from .changes import Changes, revisit_candidates
 from .compiler import CompiledPattern
 from .errors import FixpointError, PassExecutionError, PatternInfraError
-from .journal import Journal, flat_inputs, journals_on_this_thread
+from .journal import Journal
 from .matcher import Matcher
 from .pattern import Pattern
+from .removal import remove_dead
 from . import tracing
 
 __all__ = [
     "DEFAULT_MAX_ITERATIONS",
     "PassStats",
     "SubPass",
-    "iter_blocks",
+    "constraint_verdict",
+    "distinct_matches",
     "run_subpasses",
     "find_in_program",
-    "remove_dead_ops",
 ]
 
 logger = logging.getLogger(__name__)
@@ -146,150 +153,6 @@ class SubPass:
         return self.compiled.name
 
 
-def iter_blocks(prog: Program) -> Iterator[Block]:
-    """Every block of every function, outer blocks before the blocks nested in their ops."""
-    for block, _ in _walk(prog):
-        yield block
-
-
-def _walk(prog: Program) -> Iterator[tuple[Block, list[Operation]]]:
-    """Every block, outer blocks first, with its ops in program order (one walk over each op list)."""
-    for func in prog.functions.values():
-        yield from _walk_block(func)
-
-
-def _walk_block(block: Block) -> Iterator[tuple[Block, list[Operation]]]:
-    ops = list(block.operations)
-    yield block, ops
-    for op in ops:
-        for inner in op.blocks:
-            yield from _walk_block(inner)
-
-
-class _BlockState:
-    """Index of one block's ops by type, kept current while the pass runs."""
-
-    def __init__(self, block: Block, ops: list[Operation] | None = None) -> None:
-        """``ops``: the block's ops in program order, if the caller has just listed them."""
-        self.block = block
-        self.by_type: dict[str, list[Operation]] = {}
-        by_type = self.by_type
-        for op in block.operations if ops is None else ops:
-            op_type = type(op).__name__  # Operation.op_type, without the property call
-            same = by_type.get(op_type)
-            if same is None:
-                by_type[op_type] = [op]
-            else:
-                same.append(op)
-        self.counts = Counter({t: len(v) for t, v in by_type.items()})
-        self.inserted: list[Operation] = []
-        """Ops inserted into the block while observed, in insertion order."""
-        self.removed: list[Operation] = []
-        """Ops removed from the block while observed, in removal order."""
-        self._position: dict[int, float] | None = None
-        self.observed = False
-        """Whether insertions and removals are being recorded (the op list could be observed)."""
-
-    def observe(self) -> None:
-        """Records ops inserted into and removed from the block, until ``release``."""
-        if self.observed:
-            return
-        ops_list = self.block.operations
-        if not isinstance(ops_list, CacheDoublyLinkedList):
-            return
-        original_insert = ops_list.insert_op_before
-        original_remove = ops_list.remove
-        inserted, removed, by_type, counts = self.inserted, self.removed, self.by_type, self.counts
-        state = self
-
-        def insert_op_before(new_op: Operation, before_op: Operation | None = None) -> None:
-            original_insert(new_op, before_op)
-            inserted.append(new_op)
-            op_type = type(new_op).__name__
-            by_type.setdefault(op_type, []).append(new_op)
-            counts[op_type] += 1
-            if state._position is not None:
-                state._place(ops_list.op_to_node[new_op])
-
-        def remove(op: Operation) -> None:
-            original_remove(op)
-            removed.append(op)
-            counts[type(op).__name__] -= 1
-
-        ops_list.insert_op_before = insert_op_before
-        ops_list.remove = remove
-        self.observed = True
-
-    def release(self) -> None:
-        """Stops observing the block."""
-        if self.observed:
-            ops_list = self.block.operations
-            for attr in ("insert_op_before", "remove"):
-                ops_list.__dict__.pop(attr, None)
-            self.observed = False
-
-    def anchor_candidates(self, matcher: Matcher) -> tuple[int, list[Operation]] | None:
-        """The anchor for ``matcher`` in this block and the ops of its type(s), in program order.
-
-        None when some pattern op has no op of its type(s) in the block: nothing can match (the cheap
-        rejection, before any search).
-        """
-        if not self.possible(matcher):
-            return None
-        anchor = matcher.choose_anchor(self.counts)
-        types = matcher.nodes[anchor].op_types
-        candidates = [op for t in sorted(types) for op in self.by_type.get(t, ())]
-        return anchor, (self.order(candidates) if len(types) > 1 else candidates)
-
-    def possible(self, matcher: Matcher) -> bool:
-        """Whether the block has an op of every pattern op's type(s) (else nothing can match)."""
-        counts = self.counts
-        for types in matcher.type_groups:
-            for op_type in types:
-                if counts.get(op_type, 0) > 0:
-                    break
-            else:
-                return False
-        return True
-
-    def order(self, ops: list[Operation]) -> list[Operation]:
-        """Sorts ``ops`` of this block into program order; ops no longer in the block go last.
-
-        The block is indexed on the first call; ops inserted later get a position between their
-        neighbours' (see ``_place``), so the index is rebuilt only when an op was inserted while the
-        block was not observed.
-        """
-        position = self._position
-        block = self.block
-        if position is None or any(id(op) not in position and op.enclosing_block is block for op in ops):
-            position = self._position = {id(op): float(i) for i, op in enumerate(block.operations)}
-        return sorted(ops, key=lambda op: position.get(id(op), _LAST))
-
-    def _place(self, node: Any) -> None:
-        """Gives the op of a just-inserted list node a position between its neighbours'."""
-        position = self._position
-        if position is None:
-            return
-        before = position.get(id(node.prev.op)) if node.prev is not None else None
-        after = position.get(id(node.next.op)) if node.next is not None else None
-        if before is None and after is None:
-            place = 0.0 if node.prev is None and node.next is None else None
-        elif after is None:
-            place = before + 1.0 if node.next is None else None
-        elif before is None:
-            place = after - 1.0 if node.prev is None else None
-        else:
-            place = (before + after) / 2
-            if not before < place < after:  # out of float precision: index again when next needed
-                place = None
-        if place is None:
-            self._position = None
-        else:
-            position[id(node.op)] = place
-
-
-_LAST = float("inf")
-
 
 class _Run:
     """One application of a group of sub-passes to a program."""
@@ -300,17 +163,17 @@ class _Run:
         self.validate = validate
         self.journal: Journal | None = None
         """Opened before the first transform runs (see :mod:`pattern_infra.journal`)."""
-        walked = list(_walk(prog))
+        walked = list(walk_blocks(prog))
         self.blocks: list[Block] = [block for block, _ in walked]
         """Every block, listed once at the start (nothing changes before the journal opens)."""
         self.ops_at_start: dict[int, list[Operation]] = {id(block): ops for block, ops in walked}
         """Each block's ops as listed at the start, for its index while nothing has been rewritten."""
-        self.states: dict[int, _BlockState] = {}
+        self.states: dict[int, BlockIndex] = {}
         self.log: dict[str, list[Operation]] | None = None
         """Every op a rewrite of any sub-pass created, rewired or left with fewer users, by type: what
         the other sub-passes of its pass revisit (:func:`_revisit_earlier`). None while the sub-passes
         running have no other to revisit their changes."""
-        self.changes = _Changes()
+        self.changes = Changes()
         """What the current sub-pass's rewrites did, for the revisits and the validation."""
         self.rounds: dict[int, int] = {}
         """Per block (by id), the rounds the current sub-pass has swept it: the fixpoint cap."""
@@ -332,11 +195,11 @@ class _Run:
         if self.journal is not None and not self.journal.closed:
             self.journal.keep_block(block)
 
-    def state(self, block: Block) -> _BlockState:
+    def state(self, block: Block) -> BlockIndex:
         st = self.states.get(id(block))
         if st is None:
             ops = self.ops_at_start.get(id(block)) if self.journal is None else None
-            st = _BlockState(block, ops)
+            st = BlockIndex(block, ops)
             self.states[id(block)] = st
         return st
 
@@ -480,7 +343,7 @@ def _apply(run: _Run, sub: SubPass, *, first: bool) -> PassStats:
     pending = blocks if first else run.changes.pending(blocks)
     while pending:
         for block in pending:
-            if _live(block):
+            if is_live(block):
                 with _LazyBlockContext(run, block) as context:
                     _sweep(run, sub, run.state(block), stats, context, first=first)
         first = False
@@ -493,7 +356,7 @@ def _apply(run: _Run, sub: SubPass, *, first: bool) -> PassStats:
             run.prog.validate()
         except Exception as exc:
             raise _inconsistent(run, sub, exc) from exc
-    run.changes = _Changes(log=run.log)
+    run.changes = Changes(log=run.log)
     return stats
 
 
@@ -508,7 +371,7 @@ def _revisit_earlier(run: _Run, subpasses: list[SubPass], seen: list[dict[str, i
     for _ in range(limit):
         rewrites = total.rewrites
         for k, sub in enumerate(subpasses):
-            if not any(run.state(block).possible(sub.matcher) for block in run.blocks if _live(block)):
+            if not any(run.state(block).possible(sub.matcher) for block in run.blocks if is_live(block)):
                 continue  # no block holds every op type of its pattern (its position stays: still correct)
             position = seen[k]
             types = sorted(sub.seed_types) if sub.seed_types is not None else list(run.log)
@@ -585,137 +448,8 @@ class _LazyBlockContext:
             self.block.__exit__(*exc)
 
 
-@dataclass
-class _Changes:
-    """The ops a sub-pass's rewrites created, removed and rewired, in the order they happened.
-
-    Only these can take part in a match that did not exist before (see :func:`_revisit`), and only
-    these can break the block's invariants (see :meth:`validate`).
-    """
-
-    created: list[Operation] = field(default_factory=list)
-    """Ops inserted into the block by the transforms."""
-    rewired: list[Operation] = field(default_factory=list)
-    """Ops outside the matches that read a match output before the transform (their inputs moved)."""
-    removed_by_transforms: list[Operation] = field(default_factory=list)
-    """Ops a transform took out of the block itself; the others went through :func:`remove_dead_ops`,
-    which unlists them from their inputs' users (``Var.remove_child_op``) or raises."""
-    checked: tuple[int, int, int] = (0, 0, 0)
-    """How many of ``removed_by_transforms``, ``created`` and ``rewired`` :meth:`validate` has checked."""
-    log: dict[str, list[Operation]] | None = None
-    """The run's log of changed ops by type, shared by the sub-passes (see :attr:`_Run.log`); None when
-    the run has no other sub-pass to revisit them."""
-    seeds: dict[int, list[Operation]] = field(default_factory=dict)
-    """Per block (by id), ops whose surroundings changed and whose type the pattern has: created and
-    rewired ops, and the producers of the inputs of removed ops (they lost a consumer), whatever block
-    they lie in. Collected right after each rewrite, while its ops are in the cache."""
-
-    def take(self, block: Block) -> list[Operation]:
-        """The seeds of ``block`` recorded so far, which are then forgotten."""
-        return self.seeds.pop(id(block), [])
-
-    def pending(self, blocks: list[Block]) -> list[Block]:
-        """The blocks among ``blocks`` (in that order) with seeds to revisit. Seeds in blocks that are not
-        among them (created by a transform) are dropped: the next run of the pass searches those."""
-        seeds = self.seeds
-        if not seeds:
-            return []
-        found = [block for block in blocks if id(block) in seeds]
-        if len(found) != len(seeds):
-            keep = {id(block) for block in found}
-            self.seeds = {k: v for k, v in seeds.items() if k in keep}
-        return found
-
-    def seed(self, op: Operation) -> None:
-        """Adds ``op`` to the seeds of its block (none if it is no longer in one)."""
-        block = op.enclosing_block
-        if block is not None:
-            same = self.seeds.get(id(block))
-            if same is None:
-                self.seeds[id(block)] = [op]
-            else:
-                same.append(op)
-
-    def record(
-        self,
-        types: frozenset[str] | None,
-        created: list[Operation],
-        dead: list[tuple[Operation, list[Var]]],
-        removed_by_transform: list[Operation],
-        rewired: list[Operation],
-    ) -> None:
-        """Adds one rewrite's changes to the lists, and their seeds (of every type when ``types`` is
-        None). ``dead``: the matched ops the framework removed, each with the variables it read (as
-        :func:`_remove_dead` listed them); ``removed_by_transform``: the ops the transform removed."""
-        self.created += created
-        self.rewired += rewired
-        removed_inputs = [inputs for _, inputs in dead]
-        if removed_by_transform:
-            self.removed_by_transforms += removed_by_transform
-            removed_inputs += [flat_inputs(op) for op in removed_by_transform]
-        # A constant joins no match (no pattern op is a const): not a seed, unless every type is one (a
-        # fan-out pattern depends on the users of what it reads); nor logged for the other sub-passes.
-        consts = types is not None
-        changed = [*created, *rewired]
-        for inputs in removed_inputs:
-            for var in inputs:
-                producer = var._op  # of any block; a removed producer has none and is left out
-                if (
-                    producer is not None
-                    and producer.enclosing_block is not None
-                    and not (consts and type(producer).__name__ == "const")
-                ):
-                    changed.append(producer)
-        log = self.log
-        for op in changed:
-            op_type = type(op).__name__
-            if op_type == "const" and consts:
-                continue
-            if log is not None:
-                same_type = log.get(op_type)
-                if same_type is None:
-                    log[op_type] = [op]
-                else:
-                    same_type.append(op)
-            if types is None or op_type in types:
-                self.seed(op)
-
-    def validate(self) -> None:
-        """Block.validate's invariants, where the rewrites could have broken them.
-
-        A removed op is no longer listed as a user of its inputs; every created or rewired op still in
-        its block is listed by each variable it reads as often as it reads it, its outputs' users are
-        all in a block, and the blocks its outputs claim to be returned by do return them. Linear in
-        the size of the changes.
-
-        Only the changes recorded since the last call are checked: the driver calls this right after
-        each rewrite, while its ops are still in the cache.
-
-        Raises:
-            ValueError: An invariant does not hold (the caller restores the program).
-        """
-        removed, created, rewired = self.removed_by_transforms, self.created, self.rewired
-        start_removed, start_created, start_rewired = self.checked
-        self.checked = (len(removed), len(created), len(rewired))
-        for i in range(start_removed, len(removed)):
-            op = removed[i]
-            for var in flat_inputs(op):
-                if op in var._child_ops:
-                    raise ValueError(f"removed op {op.name} is still listed as a user of {var.name}")
-        for ops, start in ((created, start_created), (rewired, start_rewired)):
-            for i in range(start, len(ops)):
-                op = ops[i]
-                if op.enclosing_block is not None:  # else removed since
-                    _check_op(op)
-
-
-def _live(block: Block) -> bool:
-    """Whether ``block`` is still part of the program (not removed with its op by a rewrite)."""
-    return block.outer_op is None or block.outer_op.enclosing_block is not None
-
-
 def _sweep(
-    run: _Run, sub: SubPass, st: _BlockState, stats: PassStats, context: _LazyBlockContext, *, first: bool
+    run: _Run, sub: SubPass, st: BlockIndex, stats: PassStats, context: _LazyBlockContext, *, first: bool
 ) -> None:
     """One sub-pass over one block, then over what its rewrites touched, until nothing changes there.
 
@@ -739,10 +473,9 @@ def _sweep(
             run.changes.take(block)
             return
         anchor = matcher.choose_anchor(st.counts)
-        candidates, extra = _revisit(run.changes.take(block), block, matcher, anchor)
+        candidates, extra = revisit_candidates(run.changes.take(block), block, matcher, anchor)
     accept, last = _offer(run, sub, st, stats, context)
-    match_at = matcher.match_at
-    order = st.order
+    tries = st.tries
     rounds = run.rounds
     attempts = 0
     try:
@@ -758,21 +491,18 @@ def _sweep(
                     f"pattern it replaces; make the replacement differ from the pattern, or raise "
                     f"max_iterations. The program was restored to its state before the pass."
                 )
-            for op in candidates:
-                if op.enclosing_block is block:
+            for _ in tries(matcher, anchor, candidates, accept):
+                attempts += 1
+            for op, at in extra:  # a seed tried as another pattern op of its type
+                for _ in tries(matcher, at, (op,), accept):
                     attempts += 1
-                    match_at(op, block, anchor, order=order, accept=accept)
-            for op, at in extra:
-                if op.enclosing_block is block:
-                    attempts += 1
-                    match_at(op, block, at, order=order, accept=accept)
-            candidates, extra = _revisit(run.changes.take(block), block, matcher, anchor)
+            candidates, extra = revisit_candidates(run.changes.take(block), block, matcher, anchor)
     finally:
         stats.attempts += attempts
 
 
 def _offer(
-    run: _Run, sub: SubPass, st: _BlockState, stats: PassStats, context: _LazyBlockContext
+    run: _Run, sub: SubPass, st: BlockIndex, stats: PassStats, context: _LazyBlockContext
 ) -> tuple[Callable[[Pattern], Any], list[Pattern]]:
     """The ``accept`` of the driver's searches in one block: constraints, then the transform.
 
@@ -799,56 +529,6 @@ def _offer(
         return True
 
     return accept, last
-
-
-def _revisit(
-    seeds: list[Operation], block: Block, matcher: Matcher, anchor: int
-) -> tuple[list[Operation], list[tuple[Operation, int]]]:
-    """The anchor candidates a round of rewrites may have made matchable.
-
-    A match that did not exist before the round contains an op whose inputs or whose outputs' users
-    changed: a created op, a rewired op, or the producer of a removed op's input. Only those of the
-    pattern's op types can be in a match (:attr:`_Changes.seeds`), so when there is none (a GELU fusion
-    creates a ``gelu`` and rewires a ``relu``), nothing is revisited. A pattern with a fan-out node also
-    depends on the users of a variable it does not capture, so for it every changed op is a seed,
-    whatever its type.
-
-    Returns:
-        The anchor-type ops within the anchor's radius of a seed (the walk does not go through
-        constants, which may feed thousands of ops); and, for a pattern whose parts may meet only at a
-        pattern input (:attr:`Matcher.joins_through_roots`), each seed paired with every other pattern
-        op of its type, to be tried as that op's anchor: a match through a shared constant contains a
-        seed, and the search from it reaches the other parts.
-    """
-    seeds = [op for op in dict.fromkeys(seeds) if op.enclosing_block is block]
-    if not seeds:
-        return [], []
-    candidates = _near(seeds, block, matcher.nodes[anchor].op_types, matcher.radius[anchor])
-    extra: list[tuple[Operation, int]] = []
-    if matcher.joins_through_roots:
-        by_type = matcher.anchors_by_type
-        extra = [(op, at) for op in seeds for at in by_type.get(op.op_type, ()) if at != anchor]
-    return candidates, extra
-
-
-def _check_op(op: Operation) -> None:
-    """The invariants of :meth:`_Changes.validate` for one op still in a block."""
-    inputs = flat_inputs(op)
-    for var in inputs:
-        listed = var._child_ops.count(op)
-        uses = inputs.count(var) if len(inputs) > 1 else 1
-        if listed != uses:
-            raise ValueError(
-                f"after the rewrite, {var.name} lists op {op.name} {listed} times among its "
-                f"users, but the op reads it {uses} times"
-            )
-    for var in op._output_vars:
-        for user in var._child_ops:
-            if user.enclosing_block is None:
-                raise ValueError(f"op {user.name} reads {var.name} but is no longer in a block")
-        for consumer_block in var.consuming_blocks:
-            if var not in consumer_block.outputs:
-                raise ValueError(f"{var.name} claims to be an output of {consumer_block.name}")
 
 
 def _inconsistent(run: _Run, sub: SubPass, exc: Exception) -> PassExecutionError:
@@ -882,7 +562,7 @@ def _rejection(run: _Run, sub: SubPass, match: Pattern) -> str | None:
         raise run.fail(sub, "var_constraints", match, exc) from exc
 
 
-def _rewrite(run: _Run, sub: SubPass, st: _BlockState, match: Pattern) -> bool:
+def _rewrite(run: _Run, sub: SubPass, st: BlockIndex, match: Pattern) -> bool:
     """Runs the transform and removes the matched ops it left dead; False if it declined.
 
     A transform declines by returning False before changing anything. One that returns anything else
@@ -913,7 +593,7 @@ def _rewrite(run: _Run, sub: SubPass, st: _BlockState, match: Pattern) -> bool:
             )
         return False
     n_removed_by_transform = len(st.removed)
-    dead = _remove_dead(match)
+    dead = remove_dead(match)
     if not _changed_structure(st, n_inserted, n_removed, before):
         raise run.refuse(sub, match, f"returned {result!r} without changing the program (no op inserted "
                          f"or removed)", _REPLACE_OUTPUT + " To leave a match as it is, return False.")
@@ -950,105 +630,12 @@ def _used(ops: list[Operation]) -> bool:
     return any(var._child_ops or var.consuming_blocks for op in ops for var in op._output_vars)
 
 
-def _changed_structure(st: _BlockState, n_inserted: int, n_removed: int, before: int) -> bool:
+def _changed_structure(st: BlockIndex, n_inserted: int, n_removed: int, before: int) -> bool:
     """Whether ops were inserted into or removed from ``st``'s block since the counts were taken
     (``before``: the op count, for a block whose op list cannot be observed; else -1)."""
     if len(st.inserted) != n_inserted or len(st.removed) != n_removed:
         return True
     return before >= 0 and len(st.block.operations) != before
-
-
-def remove_dead_ops(match: Pattern) -> list[Operation]:
-    """Removes the matched ops still in the block whose outputs nothing uses.
-
-    This is what lets a transform only build the replacement and redirect the outputs: the framework
-    deletes what the replacement made dead. The ops are visited consumers first (the pattern's own
-    order, reversed), so a chain of matched ops dies in one visit. An op is dead when no output is a
-    block output (``consuming_blocks``) or read by an op outside the dead ones: what
-    ``Block.remove_ops`` checks, so the ops are then unlinked directly (:func:`_unlink`), the same end
-    state as ``Block.remove_ops`` at about two thirds of its cost.
-
-    Returns:
-        The removed ops.
-    """
-    return [op for op, _ in _remove_dead(match)]
-
-
-def _remove_dead(match: Pattern) -> list[tuple[Operation, list[Var]]]:
-    """:func:`remove_dead_ops`, returning each removed op with the variables it read."""
-    block = match.block
-    dead: set[Operation] = set()
-    order: list[Operation] = []
-    for op in match._reverse_topological():
-        if op.enclosing_block is not block:
-            continue
-        for var in op._output_vars:
-            if var.consuming_blocks or not dead.issuperset(var._child_ops):
-                break
-        else:
-            dead.add(op)
-            order.append(op)
-    return _unlink(block, order) if order else []
-
-
-def _unlink(block: Block, ops: list[Operation]) -> list[tuple[Operation, list[Var]]]:
-    """Takes ``ops``, dead ops of ``block`` (no output used outside ``ops``, none a block output), out of
-    the block: what ``Block.remove_ops`` does to them, without its checks, which ``remove_dead_ops`` made
-    already, and without its copies (``get_flattened_inputs``, ``set(ops)``): about a third of its cost.
-    Ops with nested blocks or internal inputs, and a block whose op list is not coremltools' linked list,
-    go through ``Block.remove_ops``. Each open journal records the removal (:meth:`Journal.unlinked`:
-    the op's block and its inputs' user lists), since the hooked ``Var.remove_child_op`` is bypassed."""
-    removal = [(op, flat_inputs(op)) for op in ops]
-    ops_list = block.operations
-    if type(ops_list) is not CacheDoublyLinkedList and not isinstance(ops_list, CacheDoublyLinkedList):
-        block.remove_ops(ops)
-        return removal
-    for op in ops:
-        if op.blocks:
-            block.remove_ops(ops)
-            return removal
-        for value in op._input_vars.values():
-            if isinstance(value, InternalVar):
-                block.remove_ops(ops)
-                return removal
-    for journal in journals_on_this_thread():
-        journal.unlinked(block, removal)
-    for op, inputs in removal:
-        ops_list.remove(op)
-        op.enclosing_block = None
-        for var in inputs:
-            var._child_ops.remove(op)
-    return removal
-
-
-def _near(seeds: list[Operation], block: Block, anchor_types: frozenset[str], radius: int) -> list[Operation]:
-    """Anchor candidates within ``radius`` producer/consumer steps of a seed op, in no set order
-    but deterministic (discovery order)."""
-    seen: dict[int, Operation] = {}
-    frontier = list(dict.fromkeys(seeds))
-    for op in frontier:
-        seen[id(op)] = op
-    for _ in range(radius):
-        nxt: list[Operation] = []
-        for op in frontier:
-            neighbours: list[Operation] = []
-            for var in flat_inputs(op):
-                producer = var.op
-                if producer is not None:
-                    if producer.op_type == "const":
-                        continue  # constants may feed thousands of ops and join no match
-                    neighbours.append(producer)
-                neighbours.extend(var._child_ops)  # siblings: ops joined through a shared input
-            for var in op._output_vars:
-                neighbours.extend(var._child_ops)
-            for other in neighbours:
-                if id(other) not in seen and other.enclosing_block is block:
-                    seen[id(other)] = other
-                    nxt.append(other)
-        frontier = nxt
-        if not frontier:
-            break
-    return [op for op in seen.values() if op.op_type in anchor_types and op.enclosing_block is block]
 
 
 def distinct_matches(
@@ -1093,16 +680,12 @@ def find_in_program(
     yielded is skipped. Blocks are visited outer first, anchor ops in program order; matches may overlap.
     """
     for block in iter_blocks(prog):
-        st = _BlockState(block)
+        st = BlockIndex(block)
         found = st.anchor_candidates(matcher)
         if found is None:
             continue
         anchor, candidates = found
         here: list[Pattern] = []
-        collect = distinct_matches(var_constraints, here.append)
-
-        for op in candidates:
-            if op.enclosing_block is block:
-                matcher.match_at(op, block, anchor, order=st.order, accept=collect)
-                yield from here
-                here.clear()
+        for _ in st.tries(matcher, anchor, candidates, distinct_matches(var_constraints, here.append)):
+            yield from here
+            here.clear()

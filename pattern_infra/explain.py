@@ -16,7 +16,8 @@ from typing import Any
 
 from coremltools.converters.mil.mil import Program
 
-from .driver import _BlockState, distinct_matches, iter_blocks
+from .blocks import BlockIndex, iter_blocks
+from .driver import distinct_matches
 from .matcher import Failure, Matcher
 from .pattern import Pattern
 from .registry import PassContainer, PatternSource, resolve_patterns
@@ -116,14 +117,13 @@ def explain(
         misses.setdefault((failure.bound, failure.reason, str(sorted(failure.ops.items()))), failure)
 
     for block in iter_blocks(prog):
-        st = _BlockState(block)
+        st = BlockIndex(block)
         offered = distinct_matches(var_constraints, result.matches.append, refusal)
         for node in compiled.nodes:
             if node.fanout:
                 continue
             for t in sorted(node.op_types):
-                for op in st.by_type.get(t, ()):
-                    found = matcher.match_at(op, block, node.index, order=st.order, trace=True, accept=offered)
+                for found in st.tries(matcher, node.index, st.by_type.get(t, ()), offered, trace=True):
                     if isinstance(found, Failure) and found.reason not in _ANSWERS and found.reason not in refused:
                         key = (0, found.node, found.reason)
                         if key not in misses or misses[key].bound < found.bound:
@@ -159,7 +159,7 @@ def _try_transforms(
     clone = clone_program(prog)
     kept: list[Pattern] = []
     for block in iter_blocks(clone):
-        st = _BlockState(block)
+        st = BlockIndex(block)
         found = st.anchor_candidates(matcher)
         if found is None:
             continue
@@ -178,7 +178,6 @@ def _try_transforms(
             kept.append(result.matches[wanted.index(names)])
             return True
 
-        for op in candidates:
-            if op.enclosing_block is block:
-                matcher.match_at(op, block, anchor, order=st.order, accept=rewrite)
+        for _ in st.tries(matcher, anchor, candidates, rewrite):
+            pass
     return kept

@@ -41,7 +41,7 @@ it: a rename, ``op.name = ...`` or ``var.name = ...``. The driver saves the name
 and of their outputs before the transform runs (:meth:`Journal.keep_match`, one attribute read each),
 so those renames are undone (elsewhere, rename variables with ``Var.set_name``).
 
-The driver's own removal of dead matched ops (``driver._unlink``) bypasses the hooked methods for speed
+The driver's own removal of dead matched ops (``removal.unlink``) bypasses the hooked methods for speed
 and records what it does with :meth:`Journal.unlinked`: the op's block, and the user lists of its inputs.
 Neither it nor the hooks copy an op's fields unless a hooked method changes the op.
 

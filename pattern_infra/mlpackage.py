@@ -265,7 +265,7 @@ def run_passes(
 
 def op_histogram(prog: Program) -> Counter[str]:
     """Op types and their counts over every block of ``prog`` (const ops included)."""
-    from .driver import iter_blocks
+    from .blocks import iter_blocks
 
     return Counter(op.op_type for block in iter_blocks(prog) for op in block.operations)
 

@@ -33,9 +33,9 @@ from .driver import (
     PassStats,
     SubPass,
     find_in_program,
-    remove_dead_ops,
     run_subpasses,
 )
+from .removal import remove_dead_ops
 from .errors import PassRegistrationError
 from .matcher import Matcher
 from .pattern import Pattern

@@ -39,7 +39,7 @@ from hypothesis import strategies as st
 
 from pattern_infra import compile_pattern, find_matches, register_generic_pass
 from pattern_infra.compiler import COMMUTATIVE_OPS, CompiledPattern, Edge, edge_positions
-from pattern_infra.driver import iter_blocks
+from pattern_infra.blocks import iter_blocks
 
 EXAMPLES = int(os.environ.get("FUZZ_EXAMPLES", "200"))
 S = (2,)

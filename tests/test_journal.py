@@ -17,7 +17,7 @@ from coremltools.converters.mil.mil import Block, Operation, Program, Var
 from coremltools.converters.mil.mil.scope import ScopeSource
 
 from pattern_infra import PassExecutionError, register_generic_pass
-from pattern_infra.driver import iter_blocks
+from pattern_infra.blocks import iter_blocks
 from pattern_infra.journal import Journal
 from pattern_infra.testing.passes import relu_exp, to_softplus
 
@@ -301,7 +301,7 @@ def _structure(prog: Program) -> list[Any]:
 
 @pytest.mark.parametrize("names", [["dead_cos", "dead_sin"], ["dead_cond"]], ids=["plain ops", "nested blocks"])
 def test_dead_ops_are_unlinked_as_block_remove_ops_would(names):
-    from pattern_infra.driver import _unlink
+    from pattern_infra.removal import unlink
 
     names_before = dict(mb.name_count)
     by_coremltools = _with_dead_ops()
@@ -314,7 +314,7 @@ def test_dead_ops_are_unlinked_as_block_remove_ops_would(names):
     before = fingerprint(ours)
     journal = Journal(list(iter_blocks(ours)))
     try:
-        _unlink(block, removed)
+        unlink(block, removed)
         assert _structure(ours) == _structure(by_coremltools)
         assert all(op.enclosing_block is None for op in removed)
         ours.validate()

@@ -12,7 +12,7 @@ from coremltools.converters.mil.mil.scope import ScopeSource
 import generic_passes  # noqa: F401  registers the project's passes
 from bench.llm_workloads import llama_decoder, synthetic_mix
 from pattern_infra import GenericSweep, PassContainer, PassRegistrationError, evaluate, pipeline, run_log
-from pattern_infra.driver import iter_blocks
+from pattern_infra.blocks import iter_blocks
 from pattern_infra.testing.models import ZOO
 from pattern_infra.testing.pipelines import converted, program_signature
 

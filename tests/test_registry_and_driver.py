@@ -396,7 +396,7 @@ def test_validation_after_a_sub_pass_catches_a_corrupt_rewrite(namespace, valida
 def test_revisit_walk_reaches_siblings_through_a_function_input():
     # Two consumers of a function input are joined by no op; the walk after a rewrite must still
     # reach one from the other (a match can be joined only through such an input).
-    from pattern_infra.driver import _near
+    from pattern_infra.changes import near
 
     @mb.program(input_specs=[mb.TensorSpec(shape=S)])
     def prog(x):
@@ -404,9 +404,9 @@ def test_revisit_walk_reaches_siblings_through_a_function_input():
 
     block = prog.functions["main"]
     a = next(op for op in block.operations if op.op_type == "relu")
-    found = _near([a], block, frozenset({"sigmoid"}), radius=1)
+    found = near([a], block, frozenset({"sigmoid"}), radius=1)
     assert [op.op_type for op in found] == ["sigmoid"]
-    assert _near([a], block, frozenset({"sigmoid"}), radius=0) == []
+    assert near([a], block, frozenset({"sigmoid"}), radius=0) == []
 
 
 def test_a_removed_consumer_unblocks_a_match_in_the_same_sweep(namespace):
@@ -438,11 +438,11 @@ def test_a_removed_consumer_unblocks_a_match_in_the_same_sweep(namespace):
 def test_program_order_of_ops_inserted_during_the_pass():
     # Pattern.op_list() sorts with the block's position index; ops inserted after it was built get a
     # position between their neighbours', and the index is rebuilt once positions run out.
-    from pattern_infra.driver import _BlockState
+    from pattern_infra.blocks import BlockIndex
 
     prog = chain(3)
     block = prog.functions["main"]
-    st = _BlockState(block)
+    st = BlockIndex(block)
     st.observe()
     try:
         ops = list(block.operations)

@@ -1,0 +1,187 @@
+"""The blocks of a program, and an index of each block's ops by type kept current while a pass runs.
+
+Owns: listing blocks (outer first), :class:`BlockIndex` (ops by type and their counts, the op list
+observed so that inserted and removed ops are recorded, program order of a set of ops), and
+:meth:`BlockIndex.tries`, the one loop that runs a search at anchor candidates: the driver's sweeps,
+``find_matches``, ``explain`` and ``fuse_one_block`` all go through it.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any
+
+from coremltools.converters.mil.mil import Block, Operation, Program
+from coremltools.converters.mil.mil.utils import CacheDoublyLinkedList
+
+from .matcher import Matcher
+
+__all__ = ["BlockIndex", "is_live", "iter_blocks", "walk_blocks"]
+
+
+def iter_blocks(prog: Program) -> Iterator[Block]:
+    """Every block of every function, outer blocks before the blocks nested in their ops."""
+    for block, _ in walk_blocks(prog):
+        yield block
+
+
+def walk_blocks(prog: Program) -> Iterator[tuple[Block, list[Operation]]]:
+    """Every block, outer blocks first, with its ops in program order (one walk over each op list)."""
+    for func in prog.functions.values():
+        yield from _walk_block(func)
+
+
+def _walk_block(block: Block) -> Iterator[tuple[Block, list[Operation]]]:
+    ops = list(block.operations)
+    yield block, ops
+    for op in ops:
+        for inner in op.blocks:
+            yield from _walk_block(inner)
+
+
+class BlockIndex:
+    """Index of one block's ops by type, kept current while the pass runs."""
+
+    def __init__(self, block: Block, ops: list[Operation] | None = None) -> None:
+        """``ops``: the block's ops in program order, if the caller has just listed them."""
+        self.block = block
+        self.by_type: dict[str, list[Operation]] = {}
+        by_type = self.by_type
+        for op in block.operations if ops is None else ops:
+            op_type = type(op).__name__  # Operation.op_type, without the property call
+            same = by_type.get(op_type)
+            if same is None:
+                by_type[op_type] = [op]
+            else:
+                same.append(op)
+        self.counts = Counter({t: len(v) for t, v in by_type.items()})
+        self.inserted: list[Operation] = []
+        """Ops inserted into the block while observed, in insertion order."""
+        self.removed: list[Operation] = []
+        """Ops removed from the block while observed, in removal order."""
+        self._position: dict[int, float] | None = None
+        self.observed = False
+        """Whether insertions and removals are being recorded (the op list could be observed)."""
+
+    def observe(self) -> None:
+        """Records ops inserted into and removed from the block, until ``release``."""
+        if self.observed:
+            return
+        ops_list = self.block.operations
+        if not isinstance(ops_list, CacheDoublyLinkedList):
+            return
+        original_insert = ops_list.insert_op_before
+        original_remove = ops_list.remove
+        inserted, removed, by_type, counts = self.inserted, self.removed, self.by_type, self.counts
+        state = self
+
+        def insert_op_before(new_op: Operation, before_op: Operation | None = None) -> None:
+            original_insert(new_op, before_op)
+            inserted.append(new_op)
+            op_type = type(new_op).__name__
+            by_type.setdefault(op_type, []).append(new_op)
+            counts[op_type] += 1
+            if state._position is not None:
+                state._place(ops_list.op_to_node[new_op])
+
+        def remove(op: Operation) -> None:
+            original_remove(op)
+            removed.append(op)
+            counts[type(op).__name__] -= 1
+
+        ops_list.insert_op_before = insert_op_before
+        ops_list.remove = remove
+        self.observed = True
+
+    def release(self) -> None:
+        """Stops observing the block."""
+        if self.observed:
+            ops_list = self.block.operations
+            for attr in ("insert_op_before", "remove"):
+                ops_list.__dict__.pop(attr, None)
+            self.observed = False
+
+    def tries(
+        self, matcher: Matcher, anchor: int, ops: Iterable[Operation], accept: Callable[[Any], Any], **options: Any
+    ) -> Iterator[Any]:
+        """The anchor loop: runs ``matcher.match_at`` at each of ``ops`` still in the block, as pattern op
+        ``anchor``, offering each structural match to ``accept``; yields what each search returned.
+
+        ``options`` go to ``match_at`` (``trace``). Ops a rewrite removed while the loop ran are skipped.
+        """
+        block = self.block
+        match_at = matcher.match_at
+        order = self.order
+        for op in ops:
+            if op.enclosing_block is block:
+                yield match_at(op, block, anchor, order=order, accept=accept, **options)
+
+    def anchor_candidates(self, matcher: Matcher) -> tuple[int, list[Operation]] | None:
+        """The anchor for ``matcher`` in this block and the ops of its type(s), in program order.
+
+        None when some pattern op has no op of its type(s) in the block: nothing can match (the cheap
+        rejection, before any search).
+        """
+        if not self.possible(matcher):
+            return None
+        anchor = matcher.choose_anchor(self.counts)
+        types = matcher.nodes[anchor].op_types
+        candidates = [op for t in sorted(types) for op in self.by_type.get(t, ())]
+        return anchor, (self.order(candidates) if len(types) > 1 else candidates)
+
+    def possible(self, matcher: Matcher) -> bool:
+        """Whether the block has an op of every pattern op's type(s) (else nothing can match)."""
+        counts = self.counts
+        for types in matcher.type_groups:
+            for op_type in types:
+                if counts.get(op_type, 0) > 0:
+                    break
+            else:
+                return False
+        return True
+
+    def order(self, ops: list[Operation]) -> list[Operation]:
+        """Sorts ``ops`` of this block into program order; ops no longer in the block go last.
+
+        The block is indexed on the first call; ops inserted later get a position between their
+        neighbours' (see ``_place``), so the index is rebuilt only when an op was inserted while the
+        block was not observed.
+        """
+        position = self._position
+        block = self.block
+        if position is None or any(id(op) not in position and op.enclosing_block is block for op in ops):
+            position = self._position = {id(op): float(i) for i, op in enumerate(block.operations)}
+        return sorted(ops, key=lambda op: position.get(id(op), _LAST))
+
+    def _place(self, node: Any) -> None:
+        """Gives the op of a just-inserted list node a position between its neighbours'."""
+        position = self._position
+        if position is None:
+            return
+        before = position.get(id(node.prev.op)) if node.prev is not None else None
+        after = position.get(id(node.next.op)) if node.next is not None else None
+        if before is None and after is None:
+            place = 0.0 if node.prev is None and node.next is None else None
+        elif after is None:
+            place = before + 1.0 if node.next is None else None
+        elif before is None:
+            place = after - 1.0 if node.prev is None else None
+        else:
+            place = (before + after) / 2
+            if not before < place < after:  # out of float precision: index again when next needed
+                place = None
+        if place is None:
+            self._position = None
+        else:
+            position[id(node.op)] = place
+
+
+_LAST = float("inf")
+
+
+def is_live(block: Block) -> bool:
+    """Whether ``block`` is still part of the program (not removed with its op by a rewrite)."""
+    return block.outer_op is None or block.outer_op.enclosing_block is not None
+
+

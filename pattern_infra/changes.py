@@ -1,0 +1,226 @@
+"""What a pass's rewrites changed: where to look again, and what to validate.
+
+Owns: :class:`Changes` (the ops created, removed and rewired, in order; their seeds per block; the
+log by type the other sub-passes revisit), :meth:`Changes.validate` with :func:`check_op` (coremltools'
+``Block.validate`` invariants on the changed ops only), and :func:`revisit_candidates` with :func:`near`
+(the anchor candidates a round of rewrites may have made matchable).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from coremltools.converters.mil.mil import Block, Operation, Var
+
+from .journal import flat_inputs
+from .matcher import Matcher
+
+__all__ = ["Changes", "check_op", "near", "revisit_candidates"]
+
+
+@dataclass
+class Changes:
+    """The ops a sub-pass's rewrites created, removed and rewired, in the order they happened.
+
+    Only these can take part in a match that did not exist before (see :func:`revisit_candidates`), and only
+    these can break the block's invariants (see :meth:`validate`).
+    """
+
+    created: list[Operation] = field(default_factory=list)
+    """Ops inserted into the block by the transforms."""
+    rewired: list[Operation] = field(default_factory=list)
+    """Ops outside the matches that read a match output before the transform (their inputs moved)."""
+    removed_by_transforms: list[Operation] = field(default_factory=list)
+    """Ops a transform took out of the block itself; the others went through :func:`remove_dead_ops`,
+    which unlists them from their inputs' users (``Var.remove_child_op``) or raises."""
+    checked: tuple[int, int, int] = (0, 0, 0)
+    """How many of ``removed_by_transforms``, ``created`` and ``rewired`` :meth:`validate` has checked."""
+    log: dict[str, list[Operation]] | None = None
+    """The run's log of changed ops by type, shared by the sub-passes (see :attr:`_Run.log`); None when
+    the run has no other sub-pass to revisit them."""
+    seeds: dict[int, list[Operation]] = field(default_factory=dict)
+    """Per block (by id), ops whose surroundings changed and whose type the pattern has: created and
+    rewired ops, and the producers of the inputs of removed ops (they lost a consumer), whatever block
+    they lie in. Collected right after each rewrite, while its ops are in the cache."""
+
+    def take(self, block: Block) -> list[Operation]:
+        """The seeds of ``block`` recorded so far, which are then forgotten."""
+        return self.seeds.pop(id(block), [])
+
+    def pending(self, blocks: list[Block]) -> list[Block]:
+        """The blocks among ``blocks`` (in that order) with seeds to revisit. Seeds in blocks that are not
+        among them (created by a transform) are dropped: the next run of the pass searches those."""
+        seeds = self.seeds
+        if not seeds:
+            return []
+        found = [block for block in blocks if id(block) in seeds]
+        if len(found) != len(seeds):
+            keep = {id(block) for block in found}
+            self.seeds = {k: v for k, v in seeds.items() if k in keep}
+        return found
+
+    def seed(self, op: Operation) -> None:
+        """Adds ``op`` to the seeds of its block (none if it is no longer in one)."""
+        block = op.enclosing_block
+        if block is not None:
+            same = self.seeds.get(id(block))
+            if same is None:
+                self.seeds[id(block)] = [op]
+            else:
+                same.append(op)
+
+    def record(
+        self,
+        types: frozenset[str] | None,
+        created: list[Operation],
+        dead: list[tuple[Operation, list[Var]]],
+        removed_by_transform: list[Operation],
+        rewired: list[Operation],
+    ) -> None:
+        """Adds one rewrite's changes to the lists, and their seeds (of every type when ``types`` is
+        None). ``dead``: the matched ops the framework removed, each with the variables it read (as
+        :func:`remove_dead` listed them); ``removed_by_transform``: the ops the transform removed."""
+        self.created += created
+        self.rewired += rewired
+        removed_inputs = [inputs for _, inputs in dead]
+        if removed_by_transform:
+            self.removed_by_transforms += removed_by_transform
+            removed_inputs += [flat_inputs(op) for op in removed_by_transform]
+        # A constant joins no match (no pattern op is a const): not a seed, unless every type is one (a
+        # fan-out pattern depends on the users of what it reads); nor logged for the other sub-passes.
+        consts = types is not None
+        changed = [*created, *rewired]
+        for inputs in removed_inputs:
+            for var in inputs:
+                producer = var._op  # of any block; a removed producer has none and is left out
+                if (
+                    producer is not None
+                    and producer.enclosing_block is not None
+                    and not (consts and type(producer).__name__ == "const")
+                ):
+                    changed.append(producer)
+        log = self.log
+        for op in changed:
+            op_type = type(op).__name__
+            if op_type == "const" and consts:
+                continue
+            if log is not None:
+                same_type = log.get(op_type)
+                if same_type is None:
+                    log[op_type] = [op]
+                else:
+                    same_type.append(op)
+            if types is None or op_type in types:
+                self.seed(op)
+
+    def validate(self) -> None:
+        """Block.validate's invariants, where the rewrites could have broken them.
+
+        A removed op is no longer listed as a user of its inputs; every created or rewired op still in
+        its block is listed by each variable it reads as often as it reads it, its outputs' users are
+        all in a block, and the blocks its outputs claim to be returned by do return them. Linear in
+        the size of the changes.
+
+        Only the changes recorded since the last call are checked: the driver calls this right after
+        each rewrite, while its ops are still in the cache.
+
+        Raises:
+            ValueError: An invariant does not hold (the caller restores the program).
+        """
+        removed, created, rewired = self.removed_by_transforms, self.created, self.rewired
+        start_removed, start_created, start_rewired = self.checked
+        self.checked = (len(removed), len(created), len(rewired))
+        for i in range(start_removed, len(removed)):
+            op = removed[i]
+            for var in flat_inputs(op):
+                if op in var._child_ops:
+                    raise ValueError(f"removed op {op.name} is still listed as a user of {var.name}")
+        for ops, start in ((created, start_created), (rewired, start_rewired)):
+            for i in range(start, len(ops)):
+                op = ops[i]
+                if op.enclosing_block is not None:  # else removed since
+                    check_op(op)
+
+
+
+def revisit_candidates(
+    seeds: list[Operation], block: Block, matcher: Matcher, anchor: int
+) -> tuple[list[Operation], list[tuple[Operation, int]]]:
+    """The anchor candidates a round of rewrites may have made matchable.
+
+    A match that did not exist before the round contains an op whose inputs or whose outputs' users
+    changed: a created op, a rewired op, or the producer of a removed op's input. Only those of the
+    pattern's op types can be in a match (:attr:`Changes.seeds`), so when there is none (a GELU fusion
+    creates a ``gelu`` and rewires a ``relu``), nothing is revisited. A pattern with a fan-out node also
+    depends on the users of a variable it does not capture, so for it every changed op is a seed,
+    whatever its type.
+
+    Returns:
+        The anchor-type ops within the anchor's radius of a seed (the walk does not go through
+        constants, which may feed thousands of ops); and, for a pattern whose parts may meet only at a
+        pattern input (:attr:`Matcher.joins_through_roots`), each seed paired with every other pattern
+        op of its type, to be tried as that op's anchor: a match through a shared constant contains a
+        seed, and the search from it reaches the other parts.
+    """
+    seeds = [op for op in dict.fromkeys(seeds) if op.enclosing_block is block]
+    if not seeds:
+        return [], []
+    candidates = near(seeds, block, matcher.nodes[anchor].op_types, matcher.radius[anchor])
+    extra: list[tuple[Operation, int]] = []
+    if matcher.joins_through_roots:
+        by_type = matcher.anchors_by_type
+        extra = [(op, at) for op in seeds for at in by_type.get(op.op_type, ()) if at != anchor]
+    return candidates, extra
+
+
+def check_op(op: Operation) -> None:
+    """The invariants of :meth:`Changes.validate` for one op still in a block."""
+    inputs = flat_inputs(op)
+    for var in inputs:
+        listed = var._child_ops.count(op)
+        uses = inputs.count(var) if len(inputs) > 1 else 1
+        if listed != uses:
+            raise ValueError(
+                f"after the rewrite, {var.name} lists op {op.name} {listed} times among its "
+                f"users, but the op reads it {uses} times"
+            )
+    for var in op._output_vars:
+        for user in var._child_ops:
+            if user.enclosing_block is None:
+                raise ValueError(f"op {user.name} reads {var.name} but is no longer in a block")
+        for consumer_block in var.consuming_blocks:
+            if var not in consumer_block.outputs:
+                raise ValueError(f"{var.name} claims to be an output of {consumer_block.name}")
+
+
+
+def near(seeds: list[Operation], block: Block, anchor_types: frozenset[str], radius: int) -> list[Operation]:
+    """Anchor candidates within ``radius`` producer/consumer steps of a seed op, in no set order
+    but deterministic (discovery order)."""
+    seen: dict[int, Operation] = {}
+    frontier = list(dict.fromkeys(seeds))
+    for op in frontier:
+        seen[id(op)] = op
+    for _ in range(radius):
+        nxt: list[Operation] = []
+        for op in frontier:
+            neighbours: list[Operation] = []
+            for var in flat_inputs(op):
+                producer = var.op
+                if producer is not None:
+                    if producer.op_type == "const":
+                        continue  # constants may feed thousands of ops and join no match
+                    neighbours.append(producer)
+                neighbours.extend(var._child_ops)  # siblings: ops joined through a shared input
+            for var in op._output_vars:
+                neighbours.extend(var._child_ops)
+            for other in neighbours:
+                if id(other) not in seen and other.enclosing_block is block:
+                    seen[id(other)] = other
+                    nxt.append(other)
+        frontier = nxt
+        if not frontier:
+            break
+    return [op for op in seen.values() if op.op_type in anchor_types and op.enclosing_block is block]
+
+

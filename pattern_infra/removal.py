@@ -1,0 +1,81 @@
+"""Dead-op removal: the matched ops a transform left without users go, without ``Block.remove_ops``' copies.
+
+Owns: :func:`remove_dead_ops` (public: transforms and ``fuse_one_block`` use it), :func:`remove_dead` (the
+same, with each op's inputs, for the driver's change record) and :func:`unlink`.
+"""
+
+from __future__ import annotations
+
+from coremltools.converters.mil.mil import Block, Operation, Var
+from coremltools.converters.mil.mil.utils import CacheDoublyLinkedList
+from coremltools.converters.mil.mil.var import InternalVar
+
+from .journal import flat_inputs, journals_on_this_thread
+from .pattern import Pattern
+
+__all__ = ["remove_dead", "remove_dead_ops", "unlink"]
+
+
+def remove_dead_ops(match: Pattern) -> list[Operation]:
+    """Removes the matched ops still in the block whose outputs nothing uses.
+
+    This is what lets a transform only build the replacement and redirect the outputs: the framework
+    deletes what the replacement made dead. The ops are visited consumers first (the pattern's own
+    order, reversed), so a chain of matched ops dies in one visit. An op is dead when no output is a
+    block output (``consuming_blocks``) or read by an op outside the dead ones: what
+    ``Block.remove_ops`` checks, so the ops are then unlinked directly (:func:`unlink`), the same end
+    state as ``Block.remove_ops`` at about two thirds of its cost.
+
+    Returns:
+        The removed ops.
+    """
+    return [op for op, _ in remove_dead(match)]
+
+
+def remove_dead(match: Pattern) -> list[tuple[Operation, list[Var]]]:
+    """:func:`remove_dead_ops`, returning each removed op with the variables it read."""
+    block = match.block
+    dead: set[Operation] = set()
+    order: list[Operation] = []
+    for op in match._reverse_topological():
+        if op.enclosing_block is not block:
+            continue
+        for var in op._output_vars:
+            if var.consuming_blocks or not dead.issuperset(var._child_ops):
+                break
+        else:
+            dead.add(op)
+            order.append(op)
+    return unlink(block, order) if order else []
+
+
+def unlink(block: Block, ops: list[Operation]) -> list[tuple[Operation, list[Var]]]:
+    """Takes ``ops``, dead ops of ``block`` (no output used outside ``ops``, none a block output), out of
+    the block: what ``Block.remove_ops`` does to them, without its checks, which ``remove_dead_ops`` made
+    already, and without its copies (``get_flattened_inputs``, ``set(ops)``): about a third of its cost.
+    Ops with nested blocks or internal inputs, and a block whose op list is not coremltools' linked list,
+    go through ``Block.remove_ops``. Each open journal records the removal (:meth:`Journal.unlinked`:
+    the op's block and its inputs' user lists), since the hooked ``Var.remove_child_op`` is bypassed."""
+    removal = [(op, flat_inputs(op)) for op in ops]
+    ops_list = block.operations
+    if type(ops_list) is not CacheDoublyLinkedList and not isinstance(ops_list, CacheDoublyLinkedList):
+        block.remove_ops(ops)
+        return removal
+    for op in ops:
+        if op.blocks:
+            block.remove_ops(ops)
+            return removal
+        for value in op._input_vars.values():
+            if isinstance(value, InternalVar):
+                block.remove_ops(ops)
+                return removal
+    for journal in journals_on_this_thread():
+        journal.unlinked(block, removal)
+    for op, inputs in removal:
+        ops_list.remove(op)
+        op.enclosing_block = None
+        for var in inputs:
+            var._child_ops.remove(op)
+    return removal
+
+
