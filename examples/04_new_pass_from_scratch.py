@@ -29,7 +29,7 @@ from coremltools.converters.mil.mil import get_new_symbol
 
 from pattern_infra import predicates as P
 from pattern_infra import register_generic_pass
-from pattern_infra.evaluator import evaluate
+from pattern_infra.verification.evaluator import evaluate
 
 SPEC = [mb.TensorSpec(shape=(get_new_symbol(),))]
 

@@ -18,7 +18,7 @@ import numpy as np  # noqa: E402
 from coremltools.converters.mil.mil import Block, Program, Var  # noqa: E402
 from coremltools.converters.mil.mil.passes.pass_registry import PASS_REGISTRY  # noqa: E402
 
-from pattern_infra.evaluator import evaluate  # noqa: E402
+from pattern_infra.verification.evaluator import evaluate  # noqa: E402
 
 __all__ = [
     "banner", "value_text", "listing", "show", "op_types",

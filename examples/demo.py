@@ -32,7 +32,7 @@ N_LAYERS = 2
 
 def _evaluate(prog, inputs):
     """Runs a program with the project's reference evaluator, if it is installed with the project."""
-    from pattern_infra.evaluator import evaluate
+    from pattern_infra.verification.evaluator import evaluate
 
     return evaluate(prog, inputs)
 

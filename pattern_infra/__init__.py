@@ -101,11 +101,11 @@ __all__ = [
 ]
 
 _ON_USE = {
-    "evaluate": "evaluator",
-    "register_op_semantics": "evaluator",
-    "assert_programs_equivalent": "verify",
-    "prove_equivalent": "verify",
-    "verify_pass": "verify",
+    "evaluate": "verification.evaluator",
+    "register_op_semantics": "verification.evaluator",
+    "assert_programs_equivalent": "verification.verify",
+    "prove_equivalent": "verification.verify",
+    "verify_pass": "verification.verify",
     "explain_in_conversion": "in_conversion",
     "program_before": "in_conversion",
     "pattern_program": "program",

@@ -23,7 +23,7 @@ from click.testing import CliRunner
 from pattern_infra import evaluate
 from pattern_infra.cli import main
 from pattern_infra.mlpackage import load_mlpackage, op_histogram, pass_plan
-from pattern_infra.verify import assert_programs_equivalent
+from pattern_infra.verification.verify import assert_programs_equivalent
 
 pytest.importorskip("torch")
 

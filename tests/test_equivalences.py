@@ -9,7 +9,7 @@ from coremltools.converters.mil.mil import get_new_symbol
 
 from pattern_infra import PatternDefinitionError, compile_pattern, find_matches
 from pattern_infra.equivalences import DIV_RTOL, IDENTITIES, RSQRT_RTOL
-from pattern_infra.evaluator import evaluate
+from pattern_infra.verification.evaluator import evaluate
 
 SHAPE = (4, 64)
 ANY = [mb.TensorSpec(shape=(get_new_symbol(), get_new_symbol()))]

@@ -1,4 +1,4 @@
-"""Tests of the numpy reference evaluator (``pattern_infra.evaluator``).
+"""Tests of the numpy reference evaluator (``pattern_infra.verification.evaluator``).
 
 Every op family is checked against an independent computation: numpy in float64 for elementwise,
 shape and indexing ops, torch (CPU, float64) for convolutions, pooling, normalizations, gelu modes,
@@ -24,7 +24,7 @@ from coremltools.converters.mil import Builder as mb
 from coremltools.converters.mil.mil import get_new_symbol, types
 
 from pattern_infra.errors import UnsupportedOpError
-from pattern_infra.evaluator import (
+from pattern_infra.verification.evaluator import (
     EvaluationError,
     OpContext,
     evaluate,

@@ -16,7 +16,7 @@ from pattern_infra import PatternDefinitionError, compile_pattern, find_matches,
 from pattern_infra.from_torch import DEFAULT_BEFORE, _as_pattern, capture_passes, capture_torch, pattern_from_torch
 from pattern_infra.testing.convert import convert_torch
 from pattern_infra.testing.passes import op_types
-from pattern_infra.verify import assert_programs_equivalent
+from pattern_infra.verification.verify import assert_programs_equivalent
 
 
 def quick_gelu(x):

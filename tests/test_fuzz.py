@@ -29,7 +29,7 @@ from hypothesis import strategies as st
 from pattern_infra import generic_passes
 from pattern_infra.testing.convert import iter_ops
 from pattern_infra.testing.passes import override
-from pattern_infra.verify import assert_programs_equivalent
+from pattern_infra.verification.verify import assert_programs_equivalent
 
 D = 6
 EXAMPLES = int(os.environ.get("FUZZ_EXAMPLES", "25"))

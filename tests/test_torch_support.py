@@ -8,7 +8,7 @@ import torch
 from coremltools.converters.mil.frontend.torch.torch_op_registry import _TORCH_OPS_REGISTRY
 
 from pattern_infra import torch_support
-from pattern_infra.evaluator import evaluate
+from pattern_infra.verification.evaluator import evaluate
 from pattern_infra.testing.convert import convert_torch, op_counts
 
 

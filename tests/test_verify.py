@@ -1,4 +1,4 @@
-"""Tests of the verification helpers (``pattern_infra.verify``).
+"""Tests of the verification helpers (``pattern_infra.verification.verify``).
 
 ``verify_pass`` must pass a correct coremltools fusion, catch a hand-written wrong one, and leave the
 original program untouched; ``prove_equivalent`` must prove the gelu decompositions coremltools
@@ -20,8 +20,8 @@ from coremltools.converters.mil.mil import get_new_symbol, types
 from coremltools.converters.mil.mil.passes.pass_registry import PASS_REGISTRY
 
 from pattern_infra.errors import PassRegistrationError, VerificationError
-from pattern_infra.evaluator import evaluate
-from pattern_infra.verify import (
+from pattern_infra.verification.evaluator import evaluate
+from pattern_infra.verification.verify import (
     NotElementwiseError,
     ProofStatus,
     VerificationReport,

@@ -20,7 +20,7 @@ from coremltools.converters.mil.mil import Program, Var
 from coremltools.converters.mil.mil.passes.pass_registry import PASS_REGISTRY
 
 from ..registry import PassContainer
-from ..verify import ProofStatus, assert_programs_equivalent, clone_program, prove_equivalent, to_sympy
+from ..verification.verify import ProofStatus, assert_programs_equivalent, clone_program, prove_equivalent, to_sympy
 from .convert import experimental_passes, iter_ops
 
 __all__ = [
@@ -208,9 +208,9 @@ def check_fused(
         expected: Op types of the result, ``const`` left out (``op_types(prog)`` for a refusal).
         same_as_coremltools: Also run coremltools' pass (:func:`run_both`) and demand the very same
             program (:func:`assert_same_program`); when False coremltools' pass is not run at all.
-        prove: Also demand a symbolic proof (:func:`~pattern_infra.verify.prove_equivalent`).
+        prove: Also demand a symbolic proof (:func:`~pattern_infra.verification.verify.prove_equivalent`).
         reference_cleanup: See :func:`run_both`.
-        **equivalence: Passed to :func:`~pattern_infra.verify.assert_programs_equivalent` (default
+        **equivalence: Passed to :func:`~pattern_infra.verification.verify.assert_programs_equivalent` (default
             tolerances rtol 1e-5, atol 1e-6).
 
     Returns:

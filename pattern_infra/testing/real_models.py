@@ -112,7 +112,7 @@ def compare_targets(name: str, targets: Sequence[Any], *, numerics: bool = True)
     import torch
 
     from .. import torch_support
-    from ..evaluator import evaluate
+    from ..verification.evaluator import evaluate
 
     torch_support.install()
     model, args = builder(name)()

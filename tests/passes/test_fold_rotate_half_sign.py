@@ -9,7 +9,7 @@ from coremltools.converters.mil.mil import Program
 
 import generic_passes  # noqa: F401  (registers the passes)
 from pattern_infra.testing.passes import op_types, run_pass
-from pattern_infra.verify import assert_programs_equivalent
+from pattern_infra.verification.verify import assert_programs_equivalent
 
 PASS = "generic::fold_rotate_half_sign"
 B, H, L, D = 1, 3, 5, 8

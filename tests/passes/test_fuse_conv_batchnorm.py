@@ -28,7 +28,7 @@ from pattern_infra.testing.passes import (
     run_both,
     run_pass,
 )
-from pattern_infra.verify import assert_programs_equivalent
+from pattern_infra.verification.verify import assert_programs_equivalent
 
 PASS = "common::fuse_conv_batchnorm"
 RNG = np.random.default_rng(9)

@@ -19,7 +19,7 @@ from pattern_infra.testing.passes import (
     run_pass,
     sampled_conv,
 )
-from pattern_infra.verify import assert_programs_equivalent
+from pattern_infra.verification.verify import assert_programs_equivalent
 
 PASS = "common::fuse_conv_bias"
 f32 = normal_f32(np.random.default_rng(3))

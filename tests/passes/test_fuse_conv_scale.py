@@ -25,7 +25,7 @@ from pattern_infra.testing.passes import (
     run_pass,
     sampled_conv,
 )
-from pattern_infra.verify import assert_programs_equivalent
+from pattern_infra.verification.verify import assert_programs_equivalent
 
 PASS = "common::fuse_conv_scale"
 RNG = np.random.default_rng(5)

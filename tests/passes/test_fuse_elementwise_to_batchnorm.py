@@ -15,7 +15,7 @@ from coremltools.converters.mil.mil import Program
 
 import generic_passes  # noqa: F401  (registers the passes)
 from pattern_infra.testing.passes import assert_same_program, near_one_f32, op_types, run_both, run_pass
-from pattern_infra.verify import assert_programs_equivalent
+from pattern_infra.verification.verify import assert_programs_equivalent
 
 PASS = "common::fuse_elementwise_to_batchnorm"
 rand = near_one_f32(np.random.default_rng(1))

@@ -10,7 +10,7 @@ from coremltools.converters.mil.mil import Program, types
 
 import generic_passes  # noqa: F401  (registers the passes)
 from pattern_infra.testing.passes import op_types, run_pass
-from pattern_infra.verify import assert_programs_equivalent
+from pattern_infra.verification.verify import assert_programs_equivalent
 
 PASS = "generic::fuse_grouped_kv_attention"
 SDPA = "scaled_dot_product_attention"

@@ -24,7 +24,7 @@ from pattern_infra.testing.passes import (
     run_pass,
     same_name_counters,
 )
-from pattern_infra.verify import assert_programs_equivalent
+from pattern_infra.verification.verify import assert_programs_equivalent
 
 PASS = "common::fuse_layernorm_or_instancenorm"
 rand = near_one_f32(np.random.default_rng(0))

@@ -10,7 +10,7 @@ from coremltools.converters.mil.mil import Program
 import generic_passes  # noqa: F401  (registers the passes)
 from pattern_infra.errors import VerificationError
 from pattern_infra.testing.passes import check_fused, check_not_fused, normal_f32, op_types, run_both, run_pass
-from pattern_infra.verify import assert_programs_equivalent
+from pattern_infra.verification.verify import assert_programs_equivalent
 
 PASS = "common::fuse_matmul_weight_bias"
 f32 = normal_f32(np.random.default_rng(11))

@@ -9,7 +9,7 @@ from coremltools.converters.mil.mil import Program, types
 
 import generic_passes  # noqa: F401  (registers the passes)
 from pattern_infra.testing.passes import check_fused, check_not_fused, normal_f32, op_types, run_both, run_pass
-from pattern_infra.verify import assert_programs_equivalent
+from pattern_infra.verification.verify import assert_programs_equivalent
 
 PASS = "common::fuse_pad_conv"
 f32 = normal_f32(np.random.default_rng(13))

@@ -13,7 +13,7 @@ import generic_passes  # noqa: F401  (registers the passes)
 from pattern_infra.testing.convert import convert_mil, op_counts
 from pattern_infra.testing.passes import assert_same_program, op_types, run_pass
 from pattern_infra.testing.real_models import compare_model
-from pattern_infra.verify import assert_programs_equivalent
+from pattern_infra.verification.verify import assert_programs_equivalent
 
 PASS = "generic::fuse_reshape_linear_reshape"
 RNG = np.random.default_rng(11)

@@ -8,7 +8,7 @@ from coremltools.converters.mil.mil import Program, get_new_symbol
 
 import generic_passes  # noqa: F401  (registers the passes)
 from pattern_infra.testing.passes import assert_same_program, op_types, run_both, run_pass
-from pattern_infra.verify import assert_programs_equivalent
+from pattern_infra.verification.verify import assert_programs_equivalent
 
 PASS = "common::fuse_squeeze_expand_dims"
 

@@ -13,7 +13,7 @@ from coremltools.converters.mil.mil import Program
 
 import generic_passes  # noqa: F401  (registers the passes)
 from pattern_infra.testing.passes import assert_same_program, check_fused, check_not_fused, op_types, run_both
-from pattern_infra.verify import assert_programs_equivalent
+from pattern_infra.verification.verify import assert_programs_equivalent
 
 PASS = "common::fuse_transpose_matmul"
 DCE = ["common::dead_code_elimination"]

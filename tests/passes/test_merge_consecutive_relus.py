@@ -8,7 +8,7 @@ from coremltools.converters.mil.mil import Program
 
 import generic_passes  # noqa: F401  (registers the passes)
 from pattern_infra.testing.passes import check_fused, op_types, run_both
-from pattern_infra.verify import assert_programs_equivalent
+from pattern_infra.verification.verify import assert_programs_equivalent
 
 PASS = "common::merge_consecutive_relus"
 SHAPE = (2, 3, 4)

@@ -7,7 +7,7 @@ from coremltools.converters.mil import Builder as mb
 
 import generic_passes  # noqa: F401  (registers the passes)
 from pattern_infra.testing.passes import op_types, run_pass
-from pattern_infra.verify import assert_programs_equivalent
+from pattern_infra.verification.verify import assert_programs_equivalent
 
 PASS = "generic::remove_single_input_concat"
 

@@ -43,7 +43,7 @@ from pattern_infra.errors import (
     PatternInfraError,
     VerificationError,
 )
-from pattern_infra.evaluator import evaluate
+from pattern_infra.verification.evaluator import evaluate
 
 __all__ = [
     "EquivalenceReport",

@@ -370,7 +370,7 @@ class _Runner:
                 raise UnsupportedOpError(
                     f"Op '{op.name}' of type '{op.op_type}' has no reference semantics and no "
                     "compile-time value. The reference evaluator never guesses: register them with "
-                    f"@register_op_semantics('{op.op_type}') from pattern_infra.evaluator."
+                    f"@register_op_semantics('{op.op_type}') from pattern_infra.verification.evaluator."
                 )
         else:
             try:

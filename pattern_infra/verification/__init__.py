@@ -1,0 +1,11 @@
+"""Verification tooling, outside the runtime import path: ``import pattern_infra`` never loads it.
+
+* :mod:`.evaluator`: a numpy reference evaluator of MIL programs (the numerics Core ML's runtime would
+  give, where the runtime exists only on macOS), with the op table of what it evaluates;
+* :mod:`.verify`: equivalence of two programs (numeric on random inputs, symbolic with sympy), pass
+  checks (``verify_pass``) and ``clone_program``.
+
+The names are reached as ``pattern_infra.evaluate``, ``pattern_infra.verify_pass`` and so on, which
+import this subpackage on first use (``pattern_infra.__getattr__``), or as
+``pattern_infra.verification.verify`` directly.
+"""
