@@ -29,7 +29,7 @@ from coremltools.converters.mil import Builder as mb  # noqa: E402
 from coremltools.converters.mil.mil import Program  # noqa: E402
 
 from pattern_infra import Matcher, compile_pattern  # noqa: E402
-from pattern_infra.driver import find_in_program  # noqa: E402
+from pattern_infra.find import find_in_program  # noqa: E402
 
 __all__ = ["main"]
 

@@ -44,7 +44,7 @@ from coremltools.converters.mil.mil.scope import ScopeInfo, ScopeSource
 
 from pattern_infra import ConstRule, PassContainer, SubPass, find_matches, override, remove_dead_ops
 from pattern_infra.blocks import iter_blocks
-from pattern_infra.driver import find_in_program
+from pattern_infra.find import find_in_program
 
 __all__ = [
     "RUNNER_KEYS",

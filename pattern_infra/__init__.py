@@ -6,7 +6,7 @@ package registers nothing; ``import generic_passes`` registers the project's pas
 """
 
 from .compiler import COMMUTATIVE_OPS, CompiledPattern, ConstRule, compile_pattern
-from .driver import DEFAULT_MAX_ITERATIONS, PassStats, SubPass
+from .subpass import DEFAULT_MAX_ITERATIONS, PassStats, SubPass
 from .removal import remove_dead_ops
 from .errors import (
     EvaluationError,
@@ -27,18 +27,9 @@ from .pattern import Pattern
 from .rewrite import replace_with
 from .tracing import Rewrite, Trace, trace
 from . import predicates
-from .registry import (
-    ENV_VAR,
-    PassContainer,
-    find_matches,
-    fuse_all_blocks,
-    fuse_one_block,
-    generic_passes,
-    override,
-    override_enabled,
-    register_generic_pass,
-    run_log,
-)
+from .container import ENV_VAR, PassContainer, override, override_enabled, run_log
+from .find import find_matches, fuse_all_blocks, fuse_one_block
+from .registry import generic_passes, register_generic_pass
 from .sweep import GenericSweep, pipeline
 
 __all__ = [

@@ -170,7 +170,8 @@ def explain(source: Path, pattern: str, top: int) -> None:
 def _resolve_pattern(spec: str) -> Any:
     from coremltools.converters.mil.mil.passes.pass_registry import PASS_REGISTRY
 
-    from .registry import PassContainer, generic_passes
+    from .container import PassContainer
+    from .registry import generic_passes
 
     if "::" in spec:
         found = PASS_REGISTRY.passes.get(spec)

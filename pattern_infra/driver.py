@@ -46,111 +46,23 @@ How a group of sub-passes runs on a program (``run_subpasses``):
 
 from __future__ import annotations
 
-import gc
-import logging
 import time
-from collections import Counter
-from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from coremltools.converters.mil.mil import Block, Operation, Program
 
-from .blocks import BlockIndex, is_live, iter_blocks, walk_blocks
+from .blocks import BlockIndex, is_live, walk_blocks
 from .changes import Changes, revisit_candidates
-from .compiler import CompiledPattern
 from .errors import FixpointError, PassExecutionError, PatternInfraError
+from .gc_pause import paused_gc
 from .journal import Journal
-from .matcher import Matcher
 from .pattern import Pattern
 from .removal import remove_dead
+from .subpass import PassStats, SubPass, constraint_verdict
 from . import tracing
 
-__all__ = [
-    "DEFAULT_MAX_ITERATIONS",
-    "PassStats",
-    "SubPass",
-    "constraint_verdict",
-    "distinct_matches",
-    "run_subpasses",
-    "find_in_program",
-]
-
-logger = logging.getLogger(__name__)
-
-DEFAULT_MAX_ITERATIONS = 32
-"""Rounds of re-visiting touched ops before a pass is declared to re-create its own pattern."""
-
-Constraints = Callable[[Pattern], Any]
-Transform = Callable[[Pattern], Any]
-
-
-@dataclass
-class PassStats:
-    """Counters of one sub-pass (or a whole pass), cumulative over runs."""
-
-    runs: int = 0
-    """How many times the sub-pass was applied to a program."""
-    attempts: int = 0
-    """Anchor ops tried."""
-    bind_attempts: int = 0
-    """Ops the matcher tried to bind (anchors included): its unit of work."""
-    matches: int = 0
-    """Complete structural matches."""
-    rejected: int = 0
-    """Matches that ``var_constraints`` turned down."""
-    rejections: Counter[str] = field(default_factory=Counter)
-    """How often each reason was given for turning a match down (see :func:`constraint_verdict`)."""
-    declined: int = 0
-    """Matches whose transform returned False."""
-    rewrites: int = 0
-    """Matches rewritten."""
-    iterations: int = 0
-    """Sweeps done (the first one included)."""
-    seconds: float = 0.0
-    """Wall time spent."""
-
-    def add(self, other: PassStats) -> None:
-        """Adds ``other``'s counters to these."""
-        for name in self.__dataclass_fields__:
-            if name == "rejections":
-                if other.rejections:
-                    self.rejections.update(other.rejections)
-            else:
-                setattr(self, name, getattr(self, name) + getattr(other, name))
-
-
-@dataclass
-class SubPass:
-    """One pattern with its callbacks, as registered."""
-
-    compiled: CompiledPattern
-    """The pattern."""
-    var_constraints: Constraints | None
-    """Returns truthy to accept a match (None accepts all)."""
-    transform_pattern: Transform
-    """Rewrites a match; returning False declines (and must change nothing)."""
-    priority: int = 0
-    """Higher runs earlier in its group; equal priorities keep registration order."""
-    max_iterations: int = DEFAULT_MAX_ITERATIONS
-    """Cap on re-visit rounds, see :class:`FixpointError`."""
-    stats: PassStats = field(default_factory=PassStats)
-    """Cumulative counters."""
-    matcher: Matcher = field(init=False)
-    """The search for :attr:`compiled`."""
-
-    seed_types: frozenset[str] | None = field(init=False)
-    """The op types a revisit starts from (the pattern's), or None for every type (fan-out patterns)."""
-
-    def __post_init__(self) -> None:
-        self.matcher = Matcher(self.compiled)
-        fanout = any(node.fanout for node in self.compiled.nodes)
-        self.seed_types = None if fanout else self.matcher.op_types
-
-    @property
-    def name(self) -> str:
-        """The pattern's name."""
-        return self.compiled.name
+__all__ = ["run_subpasses"]
 
 
 
@@ -248,22 +160,22 @@ def run_subpasses(
     pass_name: str,
     *,
     validate: bool | str = True,
-    passes: Sequence[int] | None = None,
+    passes: Sequence[str] | None = None,
 ) -> PassStats:
     """Applies each sub-pass, in order, to every block of ``prog``.
 
     Args:
         prog: The program, changed in place.
         subpasses: The sub-passes, already in run order.
-        pass_name: Pass id, for messages.
+        pass_name: Pass id, for messages and traces.
         validate: ``True`` checks the invariants of coremltools' ``Block.validate`` on the ops each
             rewrite created or rewired, right after it (linear in what changed); ``"full"`` validates
             the whole program after each sub-pass that rewrote; ``False`` skips it. coremltools'
             pipeline validates the whole program after every pass anyway.
-        passes: For several passes applied in one call, the pass each sub-pass belongs to (consecutive
-            sub-passes of one pass share a number). Each pass reaches its own fixpoint (its sub-passes
-            revisit each other's changes) before the next one starts, as when they run one by one.
-            None: all sub-passes form one pass.
+        passes: For several passes applied in one call, the id of the pass each sub-pass belongs to
+            (consecutive sub-passes of one pass share it; messages and traces name it). Each pass
+            reaches its own fixpoint (its sub-passes revisit each other's changes) before the next one
+            starts, as when they run one by one. None: all sub-passes form the pass ``pass_name``.
 
     Returns:
         The counters of this run, summed over the sub-passes.
@@ -274,14 +186,17 @@ def run_subpasses(
     """
     run = _Run(prog, pass_name, validate)
     total = PassStats()
-    # A rewrite allocates many small objects; with a large graph alive, each generational collection
-    # walks all of it. Cyclic GC is paused for the pass (reference counting still frees memory) and
-    # restored as it was; what the pass allocated and kept is then promoted (_promote_survivors).
-    gc_was_enabled = gc.isenabled()
-    gc.disable()
+    with paused_gc():
+        _run_groups(run, _groups(subpasses, pass_name, passes), total)
+    return total
+
+
+def _run_groups(run: _Run, groups: list[tuple[str, list[SubPass]]], total: PassStats) -> None:
+    """The body of :func:`run_subpasses`: each pass's sub-passes, then their revisits of each other."""
     try:
         blocks = run.blocks
-        for group in _groups(subpasses, passes):
+        for name, group in groups:
+            run.pass_name = name
             seen: list[dict[str, int]] = []
             run.log = {} if len(group) > 1 else None
             run.changes.log = run.log
@@ -300,7 +215,7 @@ def run_subpasses(
     except Exception as exc:  # an error of coremltools' own while applying the rewrite
         run.restore()
         raise PassExecutionError(
-            f"Pass {pass_name!r} failed while rewriting: {type(exc).__name__}: {exc}. The program "
+            f"Pass {run.pass_name!r} failed while rewriting: {type(exc).__name__}: {exc}. The program "
             f"was restored to its state before the pass."
         ) from exc
     finally:
@@ -308,23 +223,21 @@ def run_subpasses(
         run.close()
         run.release()
         run.journal = None  # its saved states are freed here, by reference counting
-        _promote_survivors()
-        if gc_was_enabled:
-            gc.enable()
-    return total
 
 
-def _groups(subpasses: list[SubPass], passes: Sequence[int] | None) -> list[list[SubPass]]:
-    """The sub-passes cut into runs of one pass each (see ``run_subpasses``' ``passes``)."""
+def _groups(
+    subpasses: list[SubPass], pass_name: str, passes: Sequence[str] | None
+) -> list[tuple[str, list[SubPass]]]:
+    """The sub-passes cut into runs of one pass each, with its id (see ``run_subpasses``' ``passes``)."""
     if passes is None:
-        return [subpasses] if subpasses else []
+        return [(pass_name, subpasses)] if subpasses else []
     if len(passes) != len(subpasses):
         raise ValueError(f"passes names {len(passes)} sub-passes, but {len(subpasses)} were given")
-    groups: list[list[SubPass]] = []
+    groups: list[tuple[str, list[SubPass]]] = []
     for i, sub in enumerate(subpasses):
         if i == 0 or passes[i] != passes[i - 1]:
-            groups.append([])
-        groups[-1].append(sub)
+            groups.append((passes[i], []))
+        groups[-1][1].append(sub)
     return groups
 
 
@@ -389,30 +302,6 @@ def _revisit_earlier(run: _Run, subpasses: list[SubPass], seen: list[dict[str, i
         f"({', '.join(sub.name for sub in subpasses)}); make each replacement differ from the other patterns. "
         f"The program was restored to its state before the pass."
     )
-
-
-_PROMOTE_ABOVE = 20_000
-"""Young objects above which the pass's survivors are promoted rather than collected."""
-
-
-def _promote_survivors() -> None:
-    """Moves the objects allocated since the last collection to the oldest generation, unexamined,
-    when there are many of them.
-
-    With collection paused, everything the pass allocated and still holds (new ops, variables, their
-    dicts: the rewritten program) is young, and the first allocation after the pass would trigger a
-    collection of all of it: at N = 1000 GELU fusions, 16 us per fusion, most of it cache misses on
-    objects that are alive anyway (3.7 us at N = 200, where they still fit in the cache).
-    ``gc.freeze()`` then ``gc.unfreeze()`` moves every tracked object to the oldest generation in
-    constant time (each generation list is spliced, nothing traversed); the next full collection
-    examines them like the rest of the program. Objects the process froze itself (e.g. before a fork,
-    or this project's test suite) would be unfrozen too: then nothing is moved. Asking for that
-    (``gc.get_freeze_count()``) walks every frozen object, so it is asked only for a large pass
-    (more than :data:`_PROMOTE_ABOVE` young objects), where the collection saved costs more.
-    """
-    if gc.get_count()[0] > _PROMOTE_ABOVE and gc.get_freeze_count() == 0:
-        gc.freeze()
-        gc.unfreeze()
 
 
 class _LazyBlockContext:
@@ -540,21 +429,6 @@ def _inconsistent(run: _Run, sub: SubPass, exc: Exception) -> PassExecutionError
     )
 
 
-def constraint_verdict(result: Any) -> str | None:
-    """What a ``var_constraints`` result says: None to accept, else the reason for turning the match down.
-
-    A constraint accepts with any true value; it refuses with a false value (``False``, ``None``), with a
-    ``(False, "reason")`` pair, or with a string, which is the reason itself (``"rank 3, not 2"``).
-    """
-    if isinstance(result, tuple) and len(result) == 2 and isinstance(result[1], str):
-        if result[0]:
-            return None
-        result = result[1]  # the reason
-    if isinstance(result, str):
-        return f"constraint returned False: {result}" if result else "constraint returned False"
-    return None if result else "constraint returned False"
-
-
 def _rejection(run: _Run, sub: SubPass, match: Pattern) -> str | None:
     try:
         return constraint_verdict(sub.var_constraints(match))  # type: ignore[misc]
@@ -638,54 +512,3 @@ def _changed_structure(st: BlockIndex, n_inserted: int, n_removed: int, before: 
     return before >= 0 and len(st.block.operations) != before
 
 
-def distinct_matches(
-    var_constraints: Constraints | None,
-    on_match: Callable[[Pattern], Any],
-    on_refusal: Callable[[Pattern, str], Any] | None = None,
-) -> Callable[[Pattern], str]:
-    """An ``accept`` that takes no match, so a search enumerates every one, and hands each distinct set
-    of program ops the constraints accept to ``on_match`` once (with its first accepted assignment).
-
-    A set refused under one assignment (operand order) is offered again under the next; each refusal goes
-    to ``on_refusal`` with its reason. Shared by :func:`find_in_program` and ``explain``.
-    """
-    seen: set[frozenset[int]] = set()
-
-    def collect(match: Pattern) -> str:
-        key = frozenset(id(o) for o in match.op_set)
-        if key in seen:
-            return "already found"
-        if var_constraints is not None:
-            reason = constraint_verdict(var_constraints(match))
-            if reason is not None:
-                if on_refusal is not None:
-                    on_refusal(match, reason)
-                return reason
-        seen.add(key)
-        on_match(match)
-        return "collected"  # not taken: the search goes on to the next match
-
-    return collect
-
-
-def find_in_program(
-    prog: Program,
-    matcher: Matcher,
-    var_constraints: Constraints | None = None,
-) -> Iterator[Pattern]:
-    """Yields every match of ``matcher``'s pattern in ``prog``, lazily, without changing it.
-
-    One match per distinct set of program ops: every structural match at each anchor candidate is
-    offered to ``var_constraints`` (a refused one lets the search go on), and a set of ops already
-    yielded is skipped. Blocks are visited outer first, anchor ops in program order; matches may overlap.
-    """
-    for block in iter_blocks(prog):
-        st = BlockIndex(block)
-        found = st.anchor_candidates(matcher)
-        if found is None:
-            continue
-        anchor, candidates = found
-        here: list[Pattern] = []
-        for _ in st.tries(matcher, anchor, candidates, distinct_matches(var_constraints, here.append)):
-            yield from here
-            here.clear()

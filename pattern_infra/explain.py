@@ -17,10 +17,10 @@ from typing import Any
 from coremltools.converters.mil.mil import Program
 
 from .blocks import BlockIndex, iter_blocks
-from .driver import distinct_matches
 from .matcher import Failure, Matcher
 from .pattern import Pattern
-from .registry import PassContainer, PatternSource, resolve_patterns
+from .container import PassContainer
+from .find import PatternSource, distinct_matches, resolve_patterns
 
 __all__ = ["Explanation", "Explanations", "explain"]
 
@@ -136,7 +136,7 @@ def explain(
 
 
 _ANSWERS = ("already found", "collected")
-"""What :func:`~pattern_infra.driver.distinct_matches` answers for a match it does not refuse: not
+"""What :func:`~pattern_infra.find.distinct_matches` answers for a match it does not refuse: not
 search failures to report."""
 
 

@@ -33,7 +33,8 @@ from coremltools.converters.mil.mil.passes.pass_pipeline import PassPipeline
 from coremltools.converters.mil.mil.passes.pass_registry import PASS_REGISTRY
 
 from .errors import PassRegistrationError, PatternInfraError
-from .registry import PassContainer, generic_passes, override
+from .container import PassContainer, override
+from .registry import generic_passes
 from .tracing import Trace, trace
 
 __all__ = [

@@ -20,20 +20,17 @@ from __future__ import annotations
 
 import hashlib
 import logging
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
-from typing import Any, Literal
+from collections.abc import Mapping, Sequence
+from typing import Literal
 
-from coremltools.converters.mil import Builder as mb
 from coremltools.converters.mil.mil import Program
 from coremltools.converters.mil.mil.passes.graph_pass import AbstractGraphPass, PassOption
 from coremltools.converters.mil.mil.passes.pass_pipeline import PassPipeline
 from coremltools.converters.mil.mil.passes.pass_registry import PASS_REGISTRY
-from coremltools.converters.mil.mil.scope import ScopeInfo, ScopeSource
 
-from .driver import PassStats, SubPass, run_subpasses
+from .container import PassContainer, run_together, with_followers
 from .errors import PassRegistrationError
-from .registry import PassContainer
+from .subpass import PassStats
 
 __all__ = ["SWEEP_NAMESPACE", "GenericSweep", "pipeline"]
 
@@ -99,7 +96,7 @@ class GenericSweep(AbstractGraphPass):
 
     def containers(self) -> list[PassContainer]:
         """The generic passes in run order, each followed by its ``run_after`` followers."""
-        return [container for step in self.steps if isinstance(step, PassContainer) for container in _with_followers(step)]
+        return [container for step in self.steps if isinstance(step, PassContainer) for container in with_followers(step)]
 
     def set_options(self, pass_options: list[PassOption] | None = None) -> None:
         """A sweep takes no options (coremltools passes None when the pipeline sets none)."""
@@ -116,16 +113,18 @@ class GenericSweep(AbstractGraphPass):
             self.apply(prog)
 
     def apply(self, prog: Program) -> None:
-        """Applies every pass of the sweep to ``prog``, in order; consecutive generic sub-passes in as
-        few runs as possible (a seed-style callable sub-pass, or a change of ``validate`` setting,
-        splits a run)."""
-        plan: list[tuple[PassContainer, Any]] = []
+        """Applies every pass of the sweep to ``prog``, in order; each run of consecutive generic passes
+        (with their followers) through :func:`~pattern_infra.container.run_together`."""
+        run: list[PassContainer] = []
         for step in [*self.steps, None]:
             if isinstance(step, PassContainer):
-                plan += [(container, sub) for container in _with_followers(step) for sub in _fresh(container)]
+                run += with_followers(step)
                 continue
-            self._run_generic(prog, plan)
-            plan = []
+            if run:
+                for container in run:
+                    container.set_options(None)  # as coremltools' pipeline resets a pass's options
+                self.stats.add(run_together(prog, run, self.pass_id))
+                run = []
             if step is not None:
                 graph_pass = PASS_REGISTRY[step]
                 graph_pass.set_options(self.options.get(step))
@@ -133,21 +132,6 @@ class GenericSweep(AbstractGraphPass):
                 if step == _DEAD_CODE_ELIMINATION:
                     for function in prog.functions.values():
                         function._check_has_scope_info()  # what apply_pipeline checks after this pass
-
-    def _run_generic(self, prog: Program, plan: list[tuple[PassContainer, Any]]) -> None:
-        for segment in _segments(plan):
-            container, first = segment[0]
-            if not isinstance(first, SubPass):
-                container.apply_callable(prog, first)
-                continue
-            before = {id(sub): _snapshot(sub.stats) for _, sub in segment}
-            with _scoped_transforms(segment):
-                # each pass reaches its own fixpoint before the next starts, as when they run one by one
-                owners = {id(owner): k for k, (owner, _) in enumerate(segment)}
-                stats = run_subpasses(prog, [sub for _, sub in segment], self.pass_id, validate=container.validate,
-                                      passes=[owners[id(owner)] for owner, _ in segment])
-            self.stats.add(stats)
-            _record_per_pass(segment, before)
 
     def __str__(self) -> str:
         return self.pass_id
@@ -157,92 +141,6 @@ class GenericSweep(AbstractGraphPass):
 
 
 _DEAD_CODE_ELIMINATION = "common::dead_code_elimination"
-
-
-def _with_followers(container: PassContainer) -> list[PassContainer]:
-    """``container`` then its ``run_after`` followers (and theirs), in registration order."""
-    order = [container]
-    for follower in container.followers:
-        order += _with_followers(follower)
-    return order
-
-
-def _fresh(container: PassContainer) -> list[SubPass | Callable[[Program], Any]]:
-    """The container's sub-passes, its options reset as coremltools' pipeline resets them."""
-    container.set_options(None)
-    return list(container.passes)
-
-
-def _segments(
-    plan: list[tuple[PassContainer, SubPass | Callable[[Program], Any]]],
-) -> Iterator[list[tuple[PassContainer, Any]]]:
-    """Runs of consecutive structured sub-passes sharing a ``validate`` setting; a callable alone."""
-    segment: list[tuple[PassContainer, Any]] = []
-    for container, sub in plan:
-        joins = (
-            isinstance(sub, SubPass)
-            and segment
-            and isinstance(segment[0][1], SubPass)
-            and segment[0][0].validate == container.validate
-        )
-        if segment and not joins:
-            yield segment
-            segment = []
-        segment.append((container, sub))
-    if segment:
-        yield segment
-
-
-@contextmanager
-def _scoped_transforms(segment: list[tuple[PassContainer, SubPass]]) -> Iterator[None]:
-    """Runs each sub-pass's transform inside its pass's graph-pass scope, as ``PassContainer.__call__``
-    does for the whole pass: the ops a rewrite creates carry the same scope as pass by pass."""
-    saved: dict[int, tuple[SubPass, Any]] = {}
-    for container, sub in segment:
-        if id(sub) in saved:
-            continue
-        saved[id(sub)] = (sub, sub.transform_pattern)
-        sub.transform_pattern = _in_scope(sub.transform_pattern, str(container))
-    try:
-        yield
-    finally:
-        for sub, transform in saved.values():
-            sub.transform_pattern = transform
-
-
-def _in_scope(transform: Callable[[Any], Any], pass_name: str) -> Callable[[Any], Any]:
-    scope = ScopeInfo(source=ScopeSource.COREMLTOOLS_GRAPH_PASS, data=[pass_name])
-
-    def scoped(match: Any) -> Any:
-        with mb.scope(scope):
-            return transform(match)
-
-    return scoped
-
-
-def _record_per_pass(segment: list[tuple[PassContainer, SubPass]], before: dict[int, PassStats]) -> None:
-    """Each pass's share of a run, into its counters and ``run_log()``: one entry per pass, even when
-    the sweep runs it twice (``fuse_conv_scale`` and two others appear twice in a row of the default
-    pipeline)."""
-    subs_of: dict[int, tuple[PassContainer, dict[int, SubPass]]] = {}
-    for container, sub in segment:
-        subs_of.setdefault(id(container), (container, {}))[1][id(sub)] = sub
-    for container, subs in subs_of.values():
-        stats = PassStats()
-        for sub in subs.values():
-            stats.add(_difference(sub.stats, before[id(sub)]))
-        container.record(stats)
-
-
-def _snapshot(stats: PassStats) -> PassStats:
-    """A copy of ``stats`` sharing no mutable counter with it."""
-    copy = PassStats()
-    copy.add(stats)
-    return copy
-
-
-def _difference(after: PassStats, before: PassStats) -> PassStats:
-    return PassStats(**{name: getattr(after, name) - getattr(before, name) for name in PassStats.__dataclass_fields__})
 
 
 Grouping = Literal["all", "generic"]

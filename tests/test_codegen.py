@@ -32,7 +32,7 @@ from pattern_infra import ConstRule, Matcher, Pattern, compile_pattern
 from pattern_infra import generic_passes as registered_passes
 from pattern_infra.codegen import INTERPRET_ENV_VAR
 from pattern_infra.blocks import iter_blocks
-from pattern_infra.driver import SubPass
+from pattern_infra.subpass import SubPass
 from pattern_infra.matcher import _Search
 from pattern_infra.testing.passes import relu_exp
 

@@ -375,6 +375,50 @@ def test_followers_leave_the_whole_program_validation_to_the_pipeline(namespace,
     assert calls == []
 
 
+def test_a_pass_and_its_followers_walk_the_program_once(namespace, monkeypatch):
+    """The leader and its followers share one driver run: one walk and index of the program (each
+    follower used to walk and index it again, even with none of its op types present), each pass's
+    counters and run-log entry kept apart, and a follower's error naming the follower."""
+    from pattern_infra import driver
+
+    leader = "common::fuse_gelu_tanh_approximation"
+    walks = []
+    original_walk = driver.walk_blocks
+    monkeypatch.setattr(driver, "walk_blocks", lambda prog: walks.append(1) or original_walk(prog))
+    follower = register_generic_pass(relu_exp, None, to_softplus, "p", namespace, run_after=leader)
+    idle = register_generic_pass(two_sins(), None, to_softplus, "q", namespace, run_after=leader)
+    prog = chain(3)
+    run_log(clear=True)
+    with override(True):
+        PASS_REGISTRY[leader](prog)
+    assert walks == [1]
+    assert op_types(prog) == ["softplus", "sin"] * 3
+    logged = {pass_id: stats.rewrites for pass_id, _, stats in run_log(clear=True)}
+    assert logged == {leader: 0, follower.pass_id: 3, idle.pass_id: 0}
+
+    def broken(pattern):
+        raise RuntimeError("boom")
+
+    @mb.program(input_specs=[mb.TensorSpec(shape=S)])
+    def one_sin(x):
+        return mb.sin(x=x, name="s")
+
+    register_generic_pass(one_sin, None, broken, "r", namespace, run_after=leader)
+    prog = chain(2)
+    before = str(prog)
+    with override(True), pytest.raises(PassExecutionError, match=rf"Pass '{namespace}::r', pattern"):
+        PASS_REGISTRY[leader](prog)
+    assert str(prog) == before
+
+
+def two_sins():
+    @mb.program(input_specs=[mb.TensorSpec(shape=S)])
+    def pattern(x):
+        return mb.sin(x=mb.sin(x=x, name="s1"), name="s2")
+
+    return pattern
+
+
 @pytest.mark.parametrize("validate", [True, "full"])
 def test_validation_after_a_sub_pass_catches_a_corrupt_rewrite(namespace, validate):
     def corrupt(pattern):
@@ -461,7 +505,7 @@ def test_program_order_of_ops_inserted_during_the_pass():
 _GC_SCRIPT = """
 import gc, sys
 from coremltools.converters.mil import Builder as mb
-from pattern_infra import driver, register_generic_pass
+from pattern_infra import gc_pause, register_generic_pass
 from pattern_infra.testing.passes import relu_exp, to_softplus
 
 def chain(n):
@@ -472,7 +516,7 @@ def chain(n):
         return x
     return prog
 
-driver._PROMOTE_ABOVE = int(sys.argv[1])
+gc_pause._PROMOTE_ABOVE = int(sys.argv[1])
 c = register_generic_pass(relu_exp, None, to_softplus, "p", "gc_test")
 collections = []
 gc.callbacks.append(lambda phase, info: collections.append(info["generation"]) if phase == "start" else None)

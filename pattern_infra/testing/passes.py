@@ -19,7 +19,7 @@ from coremltools.converters.mil import Builder as mb
 from coremltools.converters.mil.mil import Program, Var
 from coremltools.converters.mil.mil.passes.pass_registry import PASS_REGISTRY
 
-from ..registry import PassContainer
+from ..container import PassContainer
 from ..verification.verify import ProofStatus, assert_programs_equivalent, clone_program, prove_equivalent, to_sympy
 from .convert import experimental_passes, iter_ops
 

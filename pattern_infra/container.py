@@ -1,0 +1,372 @@
+"""A generic pass as coremltools sees it: :class:`PassContainer`, the override that decides whether it
+runs, and the log of its runs.
+
+A :class:`PassContainer` is a real coremltools graph pass (an ``AbstractGraphPass``) holding one or more
+sub-passes, stored in coremltools' ``PASS_REGISTRY`` under ``namespace::pass_name`` (see
+:mod:`pattern_infra.registry`). When the id names one of coremltools' own passes, the container decides
+*each time it runs*: with ``ENABLE_EXPERIMENTAL_PASSES=1`` in the environment at that moment, the generic
+sub-passes run; otherwise coremltools' own pass runs, with the same options. A generic pass under a new id
+always runs when a pipeline names it.
+
+Owns also :func:`run_together`: several passes' sub-passes in one driver run (one walk and index of the
+program, one journal), each pass reaching its fixpoint before the next, each rewrite in its own pass's
+scope, each pass's counters kept apart. A pass with ``run_after`` followers runs with them that way, and
+``pipeline()``'s sweeps use it for runs of generic passes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import warnings
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any
+
+from coremltools.converters.mil import Builder as mb
+from coremltools.converters.mil.mil import Program
+from coremltools.converters.mil.mil.passes.graph_pass import AbstractGraphPass, PassOption
+from coremltools.converters.mil.mil.scope import ScopeInfo, ScopeSource
+
+from .driver import run_subpasses
+from .errors import PassRegistrationError
+from .subpass import PassStats, SubPass
+
+__all__ = ["ENV_VAR", "PassContainer", "override", "override_enabled", "run_log", "run_together", "with_followers"]
+
+logger = logging.getLogger(__name__)
+
+ENV_VAR = "ENABLE_EXPERIMENTAL_PASSES"
+"""Environment variable that lets generic passes replace coremltools' passes of the same id."""
+
+_RUN_LOG: list[tuple[str, bool, PassStats]] = []
+_RUN_LOG_LIMIT = 10_000
+
+
+_ON = ("1", "true", "yes", "on")
+_OFF = ("", "0", "false", "no", "off")
+_warned_values: set[str] = set()
+
+
+def override_enabled() -> bool:
+    """Whether generic passes replace coremltools' passes right now (``ENABLE_EXPERIMENTAL_PASSES=1``).
+
+    ``1`` (also ``true``, ``yes``, ``on``, any case) turns the override on; unset, empty, ``0`` (also
+    ``false``, ``no``, ``off``) leaves it off. Any other value leaves it off with a ``RuntimeWarning``
+    naming the accepted values (once per value), so a typo is never silently "off".
+    """
+    value = os.environ.get(ENV_VAR)
+    if value is None:
+        return False
+    if value == "1":
+        return True
+    folded = value.strip().lower()
+    if folded in _ON:
+        return True
+    if folded not in _OFF and value not in _warned_values:
+        _warned_values.add(value)
+        warnings.warn(
+            f"{ENV_VAR}={value!r} is not understood, so the generic passes do NOT replace coremltools' "
+            f"passes. Set {ENV_VAR}=1 to turn the override on (also accepted: true, yes, on), or 0 / "
+            f"unset it to leave it off (also: false, no, off).",
+            RuntimeWarning,
+            stacklevel=2,
+        )
+    return False
+
+
+@contextlib.contextmanager
+def override(enabled: bool = True) -> Iterator[None]:
+    """Sets ``ENABLE_EXPERIMENTAL_PASSES`` for the duration of the ``with`` block.
+
+    The variable is ``"1"`` when ``enabled`` and absent otherwise; its previous value (or absence) is
+    restored on exit, also when the block raises.
+    """
+    previous = os.environ.get(ENV_VAR)
+    if enabled:
+        os.environ[ENV_VAR] = "1"
+    else:
+        os.environ.pop(ENV_VAR, None)
+    try:
+        yield
+    finally:
+        if previous is None:
+            os.environ.pop(ENV_VAR, None)
+        else:
+            os.environ[ENV_VAR] = previous
+
+
+def run_log(clear: bool = False) -> list[tuple[str, bool, PassStats]]:
+    """Runs of generic passes since the log was last cleared: (pass id, generic?, stats of the run).
+
+    After a ``coremltools.convert`` this tells which passes changed the program: those with
+    ``stats.rewrites > 0``.
+
+    Args:
+        clear: Empty the log after reading it.
+    """
+    entries = list(_RUN_LOG)
+    if clear:
+        _RUN_LOG.clear()
+    return entries
+
+
+class PassContainer(AbstractGraphPass):
+    """A coremltools graph pass made of generic sub-passes (the design document's ``PassContainer``).
+
+    Sub-passes run in order of priority (higher first), then registration order; ``order`` shows it.
+    Each sub-pass is applied to every block, nested blocks included. After each rewrite, the ops it
+    created or rewired are validated (coremltools' ``Block.validate`` invariants, linear in what
+    changed; ``container.validate = "full"`` validates the whole program after each sub-pass that
+    rewrote); an inconsistency restores the program and raises ``PassExecutionError``.
+    """
+
+    def __init__(self, pass_name: str, namespace: str = "", replaces: type | None = None) -> None:
+        """Creates an empty pass.
+
+        Args:
+            pass_name: The pass's name (the part after ``::``).
+            namespace: Its namespace, e.g. ``"common"``.
+            replaces: The coremltools pass class this one stands in for under the override.
+        """
+        if not isinstance(pass_name, str) or not pass_name:
+            raise PassRegistrationError(f"A pass needs a non-empty name, got {pass_name!r}.")
+        self.pass_name = pass_name
+        self.namespace = namespace
+        self.replaces = replaces
+        self.passes: list[SubPass | Callable[[Program], Any]] = []
+        self.stats = PassStats()
+        self.validate: bool | str = True
+        """``True`` validates what each rewrite changed, right after it; ``"full"`` the whole program
+        after each sub-pass that rewrote; ``False`` neither."""
+        self.followers: list[PassContainer] = []
+        """Generic passes registered with ``run_after`` this pass id: run right after it, override on."""
+        self._options: list[PassOption] | None = None
+        self._declared_options: dict[str, Any] = {}
+        self.options: dict[str, Any] = {}
+        """Option values in effect: the declared defaults, overridden by the pipeline's options."""
+
+    # -- design-document API ------------------------------------------------------------------------
+
+    def add(self, pass_function: SubPass | Callable[[Program], Any]) -> None:
+        """Adds a sub-pass: a :class:`SubPass`, or any callable taking a program (seed style)."""
+        if not isinstance(pass_function, SubPass) and not callable(pass_function):
+            raise PassRegistrationError(
+                f"Pass {self.pass_id!r}: add() takes a SubPass or a callable taking a Program, got "
+                f"{type(pass_function).__name__}."
+            )
+        self.passes.append(pass_function)
+        self._sort()
+
+    def __call__(self, prog: Program) -> None:
+        """Runs the pass on ``prog``: the generic sub-passes, or coremltools' pass it replaces."""
+        if getattr(prog, "skip_all_passes", False):
+            return
+        if self.replaces is not None and not override_enabled():
+            original = self.replaces()
+            original.set_options(self._options)
+            original(prog)
+            return
+        followers = with_followers(self)[1:] if self.followers and override_enabled() else []
+        if not followers:
+            self.run_alone(prog)
+            return
+        # With its followers: one driver run (one walk and index of the program instead of one per
+        # follower); each follower's options reset as the pipeline resets a pass's. Their rewrites are
+        # validated as they happen; the pipeline validates the whole program once this pass returns.
+        for follower in followers:
+            follower.set_options(None)
+        run_together(prog, [self, *followers], self.pass_id)
+
+    def run_alone(self, prog: Program) -> None:
+        """Runs the generic sub-passes under coremltools' graph-pass scope (as the pipeline runs a pass),
+        whatever the override says, and without the passes that follow this one (``run_after``)."""
+        with mb.scope(_scope_of(self)):
+            self.apply(prog)
+
+    def apply(self, prog: Program) -> None:
+        """Runs every sub-pass, in order, on ``prog``."""
+        stats = PassStats()
+        structured = [p for p in self.passes if isinstance(p, SubPass)]
+        if len(structured) == len(self.passes):
+            stats = run_subpasses(prog, structured, self.pass_id, validate=self.validate)
+        else:
+            for sub in self.passes:
+                if isinstance(sub, SubPass):
+                    stats.add(run_subpasses(prog, [sub], self.pass_id, validate=self.validate))
+                else:
+                    self.apply_callable(prog, sub)
+        self.record(stats)
+
+    def apply_callable(self, prog: Program, sub: Callable[[Program], Any]) -> None:
+        """Runs a seed-style sub-pass (a callable taking the program), then validates the program:
+        the driver's per-rewrite checks do not see what such a callable changes."""
+        sub(prog)
+        prog.validate()
+
+    def record(self, stats: PassStats) -> None:
+        """Adds one run's counters to :attr:`stats` and to :func:`run_log`."""
+        self.stats.add(stats)
+        _RUN_LOG.append((self.pass_id, True, stats))
+        del _RUN_LOG[:-_RUN_LOG_LIMIT]
+        logger.debug("%s: %s", self.pass_id, stats)
+
+    def set_options(self, pass_options: list[PassOption] | None = None) -> None:
+        """Receives a pipeline's options for this pass (``None`` clears them).
+
+        Options go to coremltools' pass when it runs instead; for the generic pass, an option must be
+        declared at registration (``options=``), otherwise ``NotImplementedError`` as in coremltools.
+        """
+        self._options = list(pass_options) if pass_options else None
+        self.options = dict(self._declared_options)
+        for option in self._options or []:
+            known = option.option_name in self._declared_options
+            if not known and (self.replaces is None or override_enabled()):
+                raise NotImplementedError(
+                    f"The graph pass `{self.pass_id}` doesn't support option "
+                    f"`{option.option_name}`; declare it with register_generic_pass(..., "
+                    f"options={{'{option.option_name}': default}})."
+                )
+            if known:
+                self.options[option.option_name] = option.option_val
+
+    def declare_options(self, options: Mapping[str, Any]) -> None:
+        """Declares options the generic pass accepts, with their defaults."""
+        self._declared_options.update(options)
+        self.options = dict(self._declared_options)
+
+    def __str__(self) -> str:
+        return self.pass_name
+
+    def __repr__(self) -> str:
+        return f"PassContainer({self.pass_id!r}, {len(self.passes)} sub-passes)"
+
+    # -- extensions ---------------------------------------------------------------------------------
+
+    @property
+    def pass_id(self) -> str:
+        """``namespace::pass_name``."""
+        return f"{self.namespace}::{self.pass_name}" if self.namespace else self.pass_name
+
+    @property
+    def order(self) -> list[str]:
+        """Names of the sub-passes in the order they run."""
+        return [p.name if isinstance(p, SubPass) else getattr(p, "__name__", repr(p)) for p in self.passes]
+
+    def _sort(self) -> None:
+        keyed = list(enumerate(self.passes))
+        keyed.sort(key=lambda item: (-(item[1].priority if isinstance(item[1], SubPass) else 0), item[0]))
+        self.passes = [p for _, p in keyed]
+
+
+
+def with_followers(container: PassContainer) -> list[PassContainer]:
+    """``container`` then its ``run_after`` followers (and theirs), in registration order."""
+    order = [container]
+    for follower in container.followers:
+        order += with_followers(follower)
+    return order
+
+
+def run_together(prog: Program, containers: list[PassContainer], pass_name: str) -> PassStats:
+    """Applies the generic passes ``containers`` to ``prog``, in order, as if one by one, in as few driver
+    runs as possible: consecutive sub-passes share one (a seed-style callable sub-pass, or a change of
+    ``validate`` setting, splits a run). Each pass's options stay as they are set; each rewrite runs in
+    its own pass's scope; each pass's counters go to it and to :func:`run_log`.
+
+    Args:
+        pass_name: For messages about the run as a whole (a sweep's id).
+
+    Returns:
+        The counters of the whole run.
+    """
+    total = PassStats()
+    plan = [(container, sub) for container in containers for sub in container.passes]
+    for segment in _segments(plan):
+        container, first = segment[0]
+        if not isinstance(first, SubPass):
+            with mb.scope(_scope_of(container)):
+                container.apply_callable(prog, first)
+            continue
+        before = {id(sub): _snapshot(sub.stats) for _, sub in segment}
+        with _scoped_transforms(segment):
+            stats = run_subpasses(prog, [sub for _, sub in segment], pass_name, validate=container.validate,
+                                  passes=[owner.pass_id for owner, _ in segment])
+        total.add(stats)
+        _record_per_pass(segment, before)
+    return total
+
+
+def _segments(
+    plan: list[tuple[PassContainer, SubPass | Callable[[Program], Any]]],
+) -> Iterator[list[tuple[PassContainer, Any]]]:
+    """Runs of consecutive structured sub-passes sharing a ``validate`` setting; a callable alone."""
+    segment: list[tuple[PassContainer, Any]] = []
+    for container, sub in plan:
+        joins = (
+            isinstance(sub, SubPass)
+            and segment
+            and isinstance(segment[0][1], SubPass)
+            and segment[0][0].validate == container.validate
+        )
+        if segment and not joins:
+            yield segment
+            segment = []
+        segment.append((container, sub))
+    if segment:
+        yield segment
+
+
+@contextlib.contextmanager
+def _scoped_transforms(segment: list[tuple[PassContainer, SubPass]]) -> Iterator[None]:
+    """Runs each sub-pass's transform inside its pass's graph-pass scope, as ``PassContainer.__call__``
+    does for the whole pass: the ops a rewrite creates carry the same scope as pass by pass."""
+    saved: dict[int, tuple[SubPass, Any]] = {}
+    for container, sub in segment:
+        if id(sub) in saved:
+            continue
+        saved[id(sub)] = (sub, sub.transform_pattern)
+        sub.transform_pattern = _in_scope(sub.transform_pattern, _scope_of(container))
+    try:
+        yield
+    finally:
+        for sub, transform in saved.values():
+            sub.transform_pattern = transform
+
+
+def _scope_of(container: PassContainer) -> ScopeInfo:
+    """The scope coremltools' pipeline gives what a graph pass creates (``AbstractGraphPass.__call__``)."""
+    return ScopeInfo(source=ScopeSource.COREMLTOOLS_GRAPH_PASS, data=[str(container)])
+
+
+def _in_scope(transform: Callable[[Any], Any], scope: ScopeInfo) -> Callable[[Any], Any]:
+    def scoped(match: Any) -> Any:
+        with mb.scope(scope):
+            return transform(match)
+
+    return scoped
+
+
+def _record_per_pass(segment: list[tuple[PassContainer, SubPass]], before: dict[int, PassStats]) -> None:
+    """Each pass's share of a run, into its counters and ``run_log()``: one entry per pass, even when
+    the sweep runs it twice (``fuse_conv_scale`` and two others appear twice in a row of the default
+    pipeline)."""
+    subs_of: dict[int, tuple[PassContainer, dict[int, SubPass]]] = {}
+    for container, sub in segment:
+        subs_of.setdefault(id(container), (container, {}))[1][id(sub)] = sub
+    for container, subs in subs_of.values():
+        stats = PassStats()
+        for sub in subs.values():
+            stats.add(_difference(sub.stats, before[id(sub)]))
+        container.record(stats)
+
+
+def _snapshot(stats: PassStats) -> PassStats:
+    """A copy of ``stats`` sharing no mutable counter with it."""
+    copy = PassStats()
+    copy.add(stats)
+    return copy
+
+
+def _difference(after: PassStats, before: PassStats) -> PassStats:
+    return PassStats(**{name: getattr(after, name) - getattr(before, name) for name in PassStats.__dataclass_fields__})

@@ -1,0 +1,108 @@
+"""What a generic pass is made of: :class:`SubPass` (a compiled pattern with its callbacks), its counters
+(:class:`PassStats`) and what a constraint's answer means (:func:`constraint_verdict`)."""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from .compiler import CompiledPattern
+from .matcher import Matcher
+from .pattern import Pattern
+
+__all__ = ["DEFAULT_MAX_ITERATIONS", "PassStats", "SubPass", "constraint_verdict"]
+
+DEFAULT_MAX_ITERATIONS = 32
+"""Rounds of re-visiting touched ops before a pass is declared to re-create its own pattern."""
+
+Constraints = Callable[[Pattern], Any]
+Transform = Callable[[Pattern], Any]
+
+
+@dataclass
+class PassStats:
+    """Counters of one sub-pass (or a whole pass), cumulative over runs."""
+
+    runs: int = 0
+    """How many times the sub-pass was applied to a program."""
+    attempts: int = 0
+    """Anchor ops tried."""
+    bind_attempts: int = 0
+    """Ops the matcher tried to bind (anchors included): its unit of work."""
+    matches: int = 0
+    """Complete structural matches."""
+    rejected: int = 0
+    """Matches that ``var_constraints`` turned down."""
+    rejections: Counter[str] = field(default_factory=Counter)
+    """How often each reason was given for turning a match down (see :func:`constraint_verdict`)."""
+    declined: int = 0
+    """Matches whose transform returned False."""
+    rewrites: int = 0
+    """Matches rewritten."""
+    iterations: int = 0
+    """Sweeps done (the first one included)."""
+    seconds: float = 0.0
+    """Wall time spent."""
+
+    def add(self, other: PassStats) -> None:
+        """Adds ``other``'s counters to these."""
+        for name in self.__dataclass_fields__:
+            if name == "rejections":
+                if other.rejections:
+                    self.rejections.update(other.rejections)
+            else:
+                setattr(self, name, getattr(self, name) + getattr(other, name))
+
+
+@dataclass
+class SubPass:
+    """One pattern with its callbacks, as registered."""
+
+    compiled: CompiledPattern
+    """The pattern."""
+    var_constraints: Constraints | None
+    """Returns truthy to accept a match (None accepts all)."""
+    transform_pattern: Transform
+    """Rewrites a match; returning False declines (and must change nothing)."""
+    priority: int = 0
+    """Higher runs earlier in its group; equal priorities keep registration order."""
+    max_iterations: int = DEFAULT_MAX_ITERATIONS
+    """Cap on re-visit rounds, see :class:`FixpointError`."""
+    stats: PassStats = field(default_factory=PassStats)
+    """Cumulative counters."""
+    matcher: Matcher = field(init=False)
+    """The search for :attr:`compiled`."""
+
+    seed_types: frozenset[str] | None = field(init=False)
+    """The op types a revisit starts from (the pattern's), or None for every type (fan-out patterns)."""
+
+    def __post_init__(self) -> None:
+        self.matcher = Matcher(self.compiled)
+        fanout = any(node.fanout for node in self.compiled.nodes)
+        self.seed_types = None if fanout else self.matcher.op_types
+
+    @property
+    def name(self) -> str:
+        """The pattern's name."""
+        return self.compiled.name
+
+
+
+
+def constraint_verdict(result: Any) -> str | None:
+    """What a ``var_constraints`` result says: None to accept, else the reason for turning the match down.
+
+    A constraint accepts with any true value; it refuses with a false value (``False``, ``None``), with a
+    ``(False, "reason")`` pair, or with a string, which is the reason itself (``"rank 3, not 2"``).
+    """
+    if isinstance(result, tuple) and len(result) == 2 and isinstance(result[1], str):
+        if result[0]:
+            return None
+        result = result[1]  # the reason
+    if isinstance(result, str):
+        return f"constraint returned False: {result}" if result else "constraint returned False"
+    return None if result else "constraint returned False"
+
+
