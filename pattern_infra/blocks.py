@@ -17,13 +17,23 @@ from coremltools.converters.mil.mil.utils import CacheDoublyLinkedList
 
 from .matcher import Matcher
 
-__all__ = ["BlockIndex", "is_live", "iter_blocks", "walk_blocks"]
+__all__ = ["BlockIndex", "anchored_blocks", "is_live", "iter_blocks", "walk_blocks"]
 
 
 def iter_blocks(prog: Program) -> Iterator[Block]:
     """Every block of every function, outer blocks before the blocks nested in their ops."""
     for block, _ in walk_blocks(prog):
         yield block
+
+
+def anchored_blocks(prog: Program, matcher: Matcher) -> Iterator[tuple[BlockIndex, int, list[Operation]]]:
+    """Each block of ``prog`` that may hold a match, freshly indexed, with its anchor and candidates
+    (:meth:`BlockIndex.anchor_candidates`), outer blocks first: for searches outside a pass's run."""
+    for block in iter_blocks(prog):
+        index = BlockIndex(block)
+        found = index.anchor_candidates(matcher)
+        if found is not None:
+            yield index, *found
 
 
 def walk_blocks(prog: Program) -> Iterator[tuple[Block, list[Operation]]]:

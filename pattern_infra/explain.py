@@ -16,7 +16,7 @@ from typing import Any
 
 from coremltools.converters.mil.mil import Program
 
-from .blocks import BlockIndex, iter_blocks
+from .blocks import BlockIndex, anchored_blocks, iter_blocks
 from .matcher import Failure, Matcher
 from .pattern import Pattern
 from .container import PassContainer
@@ -158,12 +158,8 @@ def _try_transforms(
     wanted = [_names(m) for m in result.matches]
     clone = clone_program(prog)
     kept: list[Pattern] = []
-    for block in iter_blocks(clone):
-        st = BlockIndex(block)
-        found = st.anchor_candidates(matcher)
-        if found is None:
-            continue
-        anchor, candidates = found
+    for st, anchor, candidates in anchored_blocks(clone, matcher):
+        block = st.block
 
         def rewrite(match: Pattern) -> Any:
             names = _names(match)

@@ -15,7 +15,7 @@ from typing import Any
 from coremltools.converters.mil.mil import Block, Program
 from coremltools.converters.mil.mil.passes.pass_registry import PASS_REGISTRY
 
-from .blocks import BlockIndex, iter_blocks
+from .blocks import anchored_blocks
 from .compiler import CompiledPattern, compile_pattern
 from .driver import run_subpasses
 from .errors import PassRegistrationError
@@ -80,12 +80,7 @@ def find_in_program(
     offered to ``var_constraints`` (a refused one lets the search go on), and a set of ops already
     yielded is skipped. Blocks are visited outer first, anchor ops in program order; matches may overlap.
     """
-    for block in iter_blocks(prog):
-        st = BlockIndex(block)
-        found = st.anchor_candidates(matcher)
-        if found is None:
-            continue
-        anchor, candidates = found
+    for st, anchor, candidates in anchored_blocks(prog, matcher):
         here: list[Pattern] = []
         for _ in st.tries(matcher, anchor, candidates, distinct_matches(var_constraints, here.append)):
             yield from here
