@@ -3,21 +3,38 @@
 Owns: listing blocks (outer first), :class:`BlockIndex` (ops by type and their counts, the op list
 observed so that inserted and removed ops are recorded, program order of a set of ops), and
 :meth:`BlockIndex.tries`, the one loop that runs a search at anchor candidates: the driver's sweeps,
-``find_matches``, ``explain`` and ``fuse_one_block`` all go through it.
+``find_matches``, ``explain`` and ``fuse_one_block`` all go through it; and :func:`flat_inputs`, the
+variables an op reads.
 """
 
 from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from coremltools.converters.mil.mil import Block, Operation, Program
+from coremltools.converters.mil.mil import Block, Operation, Program, Var
 from coremltools.converters.mil.mil.utils import CacheDoublyLinkedList
+from coremltools.converters.mil.mil.var import InternalVar
 
-from .matcher import Matcher
+if TYPE_CHECKING:  # annotations only: the journal imports this module, and needs no matcher
+    from .matcher import Matcher
 
-__all__ = ["BlockIndex", "anchored_blocks", "is_live", "iter_blocks", "walk_blocks"]
+__all__ = ["BlockIndex", "LazyBlockContext", "anchored_blocks", "flat_inputs", "is_live", "iter_blocks", "walk_blocks"]
+
+
+def flat_inputs(op: Operation) -> list[Var]:
+    """The variables ``op`` reads, one entry per use, tuple and list operands flattened, internal
+    variables left out (``Operation.get_flattened_inputs`` without its dictionary copy)."""
+    flat: list[Var] = []
+    for value in op._input_vars.values():
+        if type(value) is Var:
+            flat.append(value)
+        elif isinstance(value, (list, tuple)):
+            flat.extend(value)
+        elif value is not None and not isinstance(value, InternalVar):
+            flat.append(value)
+    return flat
 
 
 def iter_blocks(prog: Program) -> Iterator[Block]:
@@ -195,3 +212,37 @@ def is_live(block: Block) -> bool:
     return block.outer_op is None or block.outer_op.enclosing_block is not None
 
 
+class LazyBlockContext:
+    """``with block:`` entered on demand, for one sweep.
+
+    A function's own block, once entered, stays entered until the run ends (``run.close()``): every
+    exit walks the whole block (coremltools propagates non-replaceable variables), so a pass whose
+    sub-passes all rewrite pays for it once. A nested block is entered for one sweep at a time, above it.
+    ``run`` (the driver's run of a pass) holds ``open_block``, the function block kept open, and has
+    ``close()`` (leaves it) and ``keep_block(block)`` (called before a block is left: the journal saves
+    what ``Block.__exit__`` rewrites).
+    """
+
+    def __init__(self, run: Any, block: Block) -> None:
+        self.run = run
+        self.block = block
+        self.entered = False
+
+    def enter(self) -> None:
+        if self.entered or self.run.open_block is self.block:
+            return
+        if self.block.outer_op is None:  # a function: keep it open for the rest of the run
+            self.run.close()
+            self.block.__enter__()
+            self.run.open_block = self.block
+            return
+        self.block.__enter__()
+        self.entered = True
+
+    def __enter__(self) -> LazyBlockContext:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.entered:
+            self.run.keep_block(self.block)
+            self.block.__exit__(*exc)

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 
 from coremltools.converters.mil.mil import Block, Operation, Var
 
-from .journal import flat_inputs
+from .blocks import flat_inputs
 from .matcher import Matcher
 
 __all__ = ["Changes", "check_op", "near", "revisit_candidates"]

@@ -52,7 +52,7 @@ from typing import Any
 
 from coremltools.converters.mil.mil import Block, Operation, Program
 
-from .blocks import BlockIndex, is_live, walk_blocks
+from .blocks import BlockIndex, LazyBlockContext, is_live, walk_blocks
 from .changes import Changes, revisit_candidates
 from .errors import FixpointError, PassExecutionError, PatternInfraError
 from .gc_pause import paused_gc
@@ -92,7 +92,7 @@ class _Run:
         self.open_block: Block | None = None
 
     def close(self) -> None:
-        """Leaves the function block kept open by :class:`_LazyBlockContext`, if any."""
+        """Leaves the function block kept open by :class:`~pattern_infra.blocks.LazyBlockContext`, if any."""
         if self.open_block is not None:
             block, self.open_block = self.open_block, None
             self.keep_block(block)
@@ -257,7 +257,7 @@ def _apply(run: _Run, sub: SubPass, *, first: bool) -> PassStats:
     while pending:
         for block in pending:
             if is_live(block):
-                with _LazyBlockContext(run, block) as context:
+                with LazyBlockContext(run, block) as context:
                     _sweep(run, sub, run.state(block), stats, context, first=first)
         first = False
         pending = run.changes.pending(blocks)
@@ -304,41 +304,8 @@ def _revisit_earlier(run: _Run, subpasses: list[SubPass], seen: list[dict[str, i
     )
 
 
-class _LazyBlockContext:
-    """``with block:`` entered on demand, for one sweep.
-
-    A function's own block, once entered, stays entered until the run ends (``_Run.close``): every
-    exit walks the whole block (coremltools propagates non-replaceable variables), so a pass whose
-    sub-passes all rewrite pays for it once. A nested block is entered for one sweep at a time, above it.
-    """
-
-    def __init__(self, run: _Run, block: Block) -> None:
-        self.run = run
-        self.block = block
-        self.entered = False
-
-    def enter(self) -> None:
-        if self.entered or self.run.open_block is self.block:
-            return
-        if self.block.outer_op is None:  # a function: keep it open for the rest of the run
-            self.run.close()
-            self.block.__enter__()
-            self.run.open_block = self.block
-            return
-        self.block.__enter__()
-        self.entered = True
-
-    def __enter__(self) -> _LazyBlockContext:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        if self.entered:
-            self.run.keep_block(self.block)
-            self.block.__exit__(*exc)
-
-
 def _sweep(
-    run: _Run, sub: SubPass, st: BlockIndex, stats: PassStats, context: _LazyBlockContext, *, first: bool
+    run: _Run, sub: SubPass, st: BlockIndex, stats: PassStats, context: LazyBlockContext, *, first: bool
 ) -> None:
     """One sub-pass over one block, then over what its rewrites touched, until nothing changes there.
 
@@ -347,7 +314,7 @@ def _sweep(
     constraints and the transform *inside* the search (:func:`_offer`): one they turn down lets the search
     go on to the next structural match at the same anchor op. ``context`` enters the block's builder
     context before the first transform only, so sub-passes that rewrite nothing never pay for it (see
-    :class:`_LazyBlockContext`).
+    :class:`LazyBlockContext`).
     """
     matcher = sub.matcher
     block = st.block
@@ -391,7 +358,7 @@ def _sweep(
 
 
 def _offer(
-    run: _Run, sub: SubPass, st: BlockIndex, stats: PassStats, context: _LazyBlockContext
+    run: _Run, sub: SubPass, st: BlockIndex, stats: PassStats, context: LazyBlockContext
 ) -> tuple[Callable[[Pattern], Any], list[Pattern]]:
     """The ``accept`` of the driver's searches in one block: constraints, then the transform.
 

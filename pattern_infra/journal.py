@@ -66,7 +66,9 @@ from coremltools.converters.mil.mil import Block, Operation, Var
 from coremltools.converters.mil.mil.utils import CacheDoublyLinkedList
 from coremltools.converters.mil.mil.var import InternalVar
 
-__all__ = ["Journal", "flat_inputs", "journals_on_this_thread"]
+from .blocks import flat_inputs
+
+__all__ = ["Journal", "journals_on_this_thread"]
 
 _get_ident = threading.get_ident
 _object_setattr = object.__setattr__
@@ -84,20 +86,6 @@ _VAR_SLOTS: tuple[str, ...] = tuple(
 )
 _var_slots = operator.attrgetter(*_VAR_SLOTS)
 _CONTAINERS = (list, dict, set)
-
-
-def flat_inputs(op: Operation) -> list[Var]:
-    """The variables ``op`` reads, one entry per use, tuple and list operands flattened, internal
-    variables left out (``Operation.get_flattened_inputs`` without its dictionary copy)."""
-    flat: list[Var] = []
-    for value in op._input_vars.values():
-        if type(value) is Var:
-            flat.append(value)
-        elif isinstance(value, (list, tuple)):
-            flat.extend(value)
-        elif value is not None and not isinstance(value, InternalVar):
-            flat.append(value)
-    return flat
 
 
 def journals_on_this_thread() -> list[Journal]:

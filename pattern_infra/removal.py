@@ -10,7 +10,8 @@ from coremltools.converters.mil.mil import Block, Operation, Var
 from coremltools.converters.mil.mil.utils import CacheDoublyLinkedList
 from coremltools.converters.mil.mil.var import InternalVar
 
-from .journal import flat_inputs, journals_on_this_thread
+from .blocks import flat_inputs
+from .journal import journals_on_this_thread
 from .pattern import Pattern
 
 __all__ = ["remove_dead", "remove_dead_ops", "unlink"]
