@@ -95,7 +95,7 @@ _ON_USE = {
     "evaluate": "verification.evaluator",
     "register_op_semantics": "verification.evaluator",
     "assert_programs_equivalent": "verification.verify",
-    "prove_equivalent": "verification.verify",
+    "prove_equivalent": "verification.symbolic",
     "verify_pass": "verification.verify",
     "explain_in_conversion": "in_conversion",
     "program_before": "in_conversion",

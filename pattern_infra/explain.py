@@ -153,7 +153,7 @@ def _try_transforms(
     misses: dict[tuple[int, str, str], Failure],
 ) -> list[Pattern]:
     """Runs the transform on a copy; keeps the matches it did not decline."""
-    from .verification.verify import clone_program  # verification tooling, imported on use
+    from .clone import clone_program
 
     wanted = [_names(m) for m in result.matches]
     clone = clone_program(prog)

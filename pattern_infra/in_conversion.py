@@ -39,7 +39,7 @@ class _Capture(AbstractGraphPass):
         self._real_options = pass_options
 
     def __call__(self, prog: Program) -> None:
-        from .verification.verify import clone_program
+        from .clone import clone_program
 
         if self.program is None:
             self.program = clone_program(prog)

@@ -21,18 +21,9 @@ from coremltools.converters.mil.mil.passes.pass_registry import PASS_REGISTRY
 
 from pattern_infra.errors import PassRegistrationError, VerificationError
 from pattern_infra.verification.evaluator import evaluate
-from pattern_infra.verification.verify import (
-    NotElementwiseError,
-    ProofStatus,
-    VerificationReport,
-    assert_programs_equivalent,
-    clone_program,
-    count_ops,
-    prove_equivalent,
-    random_inputs,
-    to_sympy,
-    verify_pass,
-)
+from pattern_infra.verification.verify import NotElementwiseError, VerificationReport, assert_programs_equivalent, count_ops, random_inputs, verify_pass
+from pattern_infra.verification.symbolic import ProofStatus, prove_equivalent, to_sympy
+from pattern_infra.clone import clone_program
 
 SHAPE = (4, 16)
 

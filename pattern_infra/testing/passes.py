@@ -20,7 +20,9 @@ from coremltools.converters.mil.mil import Program, Var
 from coremltools.converters.mil.mil.passes.pass_registry import PASS_REGISTRY
 
 from ..container import PassContainer
-from ..verification.verify import ProofStatus, assert_programs_equivalent, clone_program, prove_equivalent, to_sympy
+from ..verification.symbolic import ProofStatus, prove_equivalent, to_sympy
+from ..verification.verify import assert_programs_equivalent
+from ..clone import clone_program
 from .convert import experimental_passes, iter_ops
 
 __all__ = [
@@ -208,7 +210,7 @@ def check_fused(
         expected: Op types of the result, ``const`` left out (``op_types(prog)`` for a refusal).
         same_as_coremltools: Also run coremltools' pass (:func:`run_both`) and demand the very same
             program (:func:`assert_same_program`); when False coremltools' pass is not run at all.
-        prove: Also demand a symbolic proof (:func:`~pattern_infra.verification.verify.prove_equivalent`).
+        prove: Also demand a symbolic proof (:func:`~pattern_infra.verification.symbolic.prove_equivalent`).
         reference_cleanup: See :func:`run_both`.
         **equivalence: Passed to :func:`~pattern_infra.verification.verify.assert_programs_equivalent` (default
             tolerances rtol 1e-5, atol 1e-6).

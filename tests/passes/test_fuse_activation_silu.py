@@ -9,7 +9,7 @@ from coremltools.converters.mil.mil import Program
 import generic_passes  # noqa: F401  (registers the passes)
 from generic_passes.fuse_activation_silu import silu_pattern
 from pattern_infra.testing.passes import check_fused, op_types, run_pass
-from pattern_infra.verification.verify import ProofStatus, prove_equivalent
+from pattern_infra.verification.symbolic import ProofStatus, prove_equivalent
 
 PASS = "mil_backend::fuse_activation_silu"
 SHAPE = (2, 3, 4)

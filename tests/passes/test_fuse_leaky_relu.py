@@ -10,7 +10,7 @@ from coremltools.converters.mil.mil import Program
 import generic_passes  # noqa: F401  (registers the passes)
 from generic_passes.fuse_leaky_relu import leaky_relu_pattern
 from pattern_infra.testing.passes import check_fused, op_types, run_pass
-from pattern_infra.verification.verify import prove_equivalent
+from pattern_infra.verification.symbolic import prove_equivalent
 
 PASS = "common::fuse_leaky_relu"
 SHAPE = (2, 3, 4)
