@@ -66,7 +66,6 @@ from coremltools.converters.mil.mil import Block, Operation, Var
 from coremltools.converters.mil.mil.utils import CacheDoublyLinkedList
 from coremltools.converters.mil.mil.var import InternalVar
 
-from .blocks import flat_inputs
 
 __all__ = ["Journal", "journals_on_this_thread"]
 
