@@ -52,7 +52,7 @@ failure.
 from __future__ import annotations
 
 import weakref
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -119,6 +119,9 @@ class Choice:
     every alternative), for the outer check that the op's output has no consumer outside the match."""
     uses: dict[str, int] = field(default_factory=dict)
     """For every slot, how many times the first alternative reading it reads it."""
+
+    entries: dict[str, bool] = field(default_factory=dict)
+    """Per slot, whether a down-step through it can enter every alternative (:func:`enterable`)."""
 
     def reads_of(self, slot: str) -> int:
         """How many times an alternative reads ``slot`` (for a nested choice's input)."""
@@ -414,7 +417,7 @@ class SubMatch:
     :class:`~pattern_infra.pattern.Pattern` is built only when a whole match is (``pattern``).
     """
 
-    __slots__ = ("alternative", "slots", "ops", "choice", "_matcher", "_block", "_state", "_pattern")
+    __slots__ = ("alternative", "slots", "ops", "end", "choice", "_matcher", "_block", "_state", "_pattern")
 
     def __init__(self, alternative: Alternative, matcher: Any, block: Any, state: tuple[list, list, list, list],
                  choice: str) -> None:
@@ -430,6 +433,8 @@ class SubMatch:
                 flat.extend(o for o in sub.ops if all(o is not f for f in flat))
         self.ops: list[Operation] = flat
         """Every program op of the sub-match (nested choices' included), each once."""
+        self.end: Operation = ops[alternative.compiled.final_nodes[0]]
+        """The op computing the choice's variable (the alternative's last op)."""
         self.choice: str = choice
         """The choice's name."""
         self._matcher = matcher
@@ -473,12 +478,15 @@ def _matcher_of(alternative: Alternative) -> Any:
 def choice_matches(
     outer: Any, choice: Choice, op: Operation, block: Any, failures: list[str] | None = None,
     maximal: bool = False,
-) -> list[SubMatch]:
-    """Every complete match of every alternative of ``choice`` whose last op is ``op``, in order.
+) -> Iterator[SubMatch]:
+    """Every complete match of every alternative of ``choice`` whose last op is ``op``, in order, found
+    lazily (a search that takes the first one never searches the later alternatives).
 
-    Each alternative is searched by the interpreter of :mod:`pattern_infra.matcher` anchored at its last
-    op, collecting all its complete matches (a commutative op may give two); the bind attempts it makes
-    are added to ``outer.bind_attempts``, so the interpreter and the compiled search count the same.
+    Only the alternatives whose last op accepts ``op``'s type are searched (a dispatch on the op type:
+    the others could not bind it). Each is searched anchored at its last op, collecting all its complete
+    matches (a commutative op may give two); the bind attempts it makes are added to
+    ``outer.bind_attempts``, less the anchor, which the outer search bound and counted already, so the
+    interpreter and the compiled search count the same.
 
     Args:
         outer: The matcher of the pattern holding the choice node.
@@ -492,27 +500,104 @@ def choice_matches(
             spelling wins, as with ``optional``: ``norm * w`` is not matched as ``norm`` followed by an
             unrelated ``mul``).
 
-    Returns:
+    Yields:
         The sub-matches, alternative by alternative.
     """
     from .matcher import Failure
 
-    found: list[SubMatch] = []
+    op_type = op.op_type
     for alternative in choice.alternatives:
+        end = alternative.compiled.nodes[alternative.compiled.final_nodes[0]]
+        if op_type not in end.op_types:
+            if failures is not None:
+                failures.append(f"{alternative.label}: ends with {end.op_type_label}, not {op_type}")
+            continue
         search = _search_alternative(outer, alternative, op, block, failures is not None)
+        outer.bind_attempts -= 1  # the anchor: bound (and counted) by the outer search
         if search.found and maximal and alternative.index > 0 and _taken_further(outer, choice, alternative,
                                                                                   op, block):
             if failures is not None:
                 failures.append(f"{alternative.label}: an earlier alternative matches further down")
             continue
-        matcher = _matcher_of(alternative)
-        for state in search.found:
-            found.append(SubMatch(alternative, matcher, block, state, choice.name))
         if not search.found and failures is not None:
             failure = search.failure
             reason = failure.reason if isinstance(failure, Failure) else "no match"
             failures.append(f"{alternative.label}: {reason}")
-    return found
+        matcher = _matcher_of(alternative)
+        for state in search.found:
+            yield SubMatch(alternative, matcher, block, state, choice.name)
+
+
+def enterable(choice: Choice, slot: str) -> bool:
+    """Whether a down-step into ``choice`` through ``slot`` can enter every alternative from the slot's
+    variable: every alternative reads the slot, by an op that can start a search (:func:`entry_edge`)."""
+    known = choice.entries.get(slot)
+    if known is None:
+        known = slot in choice.full_slots and all(
+            entry_edge(a.compiled, a.slots.index(slot)) is not None for a in choice.alternatives
+        )
+        choice.entries[slot] = known
+    return known
+
+
+def entry_edge(compiled: CompiledPattern, root: int) -> tuple[int, str, int, int] | None:
+    """The first consumer of pattern input ``root`` a search may be entered by, as (node, slot, position,
+    root): not a fan-out op, not a tuple slot, and for a choice node a slot it can be entered through
+    (:func:`enterable`). None when there is none."""
+    for n, slot, pos in compiled.root_consumers[root]:
+        node = compiled.nodes[n]
+        if node.fanout or pos >= 0:
+            continue
+        if node.choice is not None and not enterable(node.choice, slot):
+            continue
+        return (n, slot, pos, root)
+    return None
+
+
+def entered_matches(
+    outer: Any, choice: Choice, slot: str, var: Var, block: Any, failures: list[str] | None = None,
+    maximal: bool = False,
+) -> Iterator[SubMatch]:
+    """Every complete match of every alternative of ``choice`` reading ``var`` in ``slot``, found lazily
+    by a search of each alternative *entered* from ``var`` (``Matcher.root_plans``): a down-step into a
+    choice binds only the ops below ``var`` that an alternative reaches, each once per alternative, where
+    offering every op within the choice's depth to every alternative (:func:`candidates_below`) searched
+    again what the alternatives share. :func:`enterable` says when this applies.
+
+    Args:
+        outer: The matcher of the pattern holding the choice node (its ``bind_attempts`` receive the
+            alternatives' binds).
+        choice: The choice.
+        slot: The choice node's slot the down-step goes through (every alternative reads it).
+        var: The program variable bound to ``slot``.
+        block: The block searched.
+        failures: As for :func:`choice_matches`.
+        maximal: The choice ends the pattern: a match of a later alternative is left out when its last
+            op lies inside a match of an earlier alternative found here, ending further down (the longest
+            spelling wins, as in :func:`choice_matches`).
+
+    Yields:
+        The sub-matches, alternative by alternative; ``sub.end`` is the op the choice node binds.
+    """
+    from .matcher import Failure
+
+    inside_earlier: set[int] = set()
+    for alternative in choice.alternatives:
+        search = _search_alternative(outer, alternative, None, block, failures is not None,
+                                     entry=(alternative.slots.index(slot), var))
+        matcher = _matcher_of(alternative)
+        subs = [SubMatch(alternative, matcher, block, state, choice.name) for state in search.found]
+        kept = [sub for sub in subs if id(sub.end) not in inside_earlier] if inside_earlier else subs
+        if maximal:
+            inside_earlier.update(id(o) for sub in subs for o in sub.ops if o is not sub.end)
+        if failures is not None:
+            if subs and not kept:
+                failures.append(f"{alternative.label}: an earlier alternative matches further down")
+            elif not subs:
+                failure = search.failure
+                reason = failure.reason if isinstance(failure, Failure) else "no match"
+                failures.append(f"{alternative.label}: {reason}")
+        yield from kept
 
 
 class _Collected:
@@ -525,20 +610,30 @@ class _Collected:
         self.failure = None
 
 
-def _search_alternative(outer: Any, alternative: Alternative, op: Operation, block: Any, trace: bool) -> Any:
-    """The alternative's search anchored at its last op, run to the end (``.found``: every match, as
-    search state): the generated collecting search, or the interpreter when tracing (or forced)."""
+def _search_alternative(
+    outer: Any, alternative: Alternative, op: Operation | None, block: Any, trace: bool,
+    entry: tuple[int, Var] | None = None,
+) -> Any:
+    """The alternative's search run to the end (``.found``: every match, as search state), anchored at
+    its last op bound to ``op``, or entered from ``entry`` (root index, variable): the generated
+    collecting search, or the interpreter when tracing (or forced)."""
     matcher = _matcher_of(alternative)
     anchor = alternative.compiled.final_nodes[0]
+    root = None if entry is None else entry[0]
     before = matcher.bind_attempts
-    fn = None if trace else matcher.collector(anchor)
+    fn = None if trace else matcher.collector(anchor, root)
     if fn is not None:
-        found = fn(matcher, op, block)
+        found = fn(matcher, op if entry is None else entry[1], block)
         outer.bind_attempts += matcher.bind_attempts - before
         return _Collected(found)
-    search = _Collecting(matcher, block, matcher.plans[anchor], trace)
-    search.found = []
-    search.run(op)
+    if entry is None:
+        search = _Collecting(matcher, block, matcher.plans[anchor], trace)
+        search.found = []
+        search.run(op)
+    else:
+        search = _Collecting(matcher, block, matcher.root_plans[entry[0]], trace)
+        search.found = []
+        search.run_entered(*entry)
     outer.bind_attempts += matcher.bind_attempts - before
     return search
 
@@ -547,6 +642,8 @@ def _taken_further(outer: Any, choice: Choice, alternative: Alternative, op: Ope
     """Whether an alternative before ``alternative`` matches at an op below ``op`` with ``op`` inside."""
     for below in candidates_below(op.outputs[0], choice):
         for earlier in choice.alternatives[: alternative.index]:
+            if below.op_type not in earlier.compiled.nodes[earlier.compiled.final_nodes[0]].op_types:
+                continue
             for state in _search_alternative(outer, earlier, below, block, False).found:
                 if any(o is op for o in state[0]) or any(
                         sub is not None and any(o is op for o in sub.ops) for sub in state[3]):
