@@ -120,8 +120,9 @@ class Choice:
     uses: dict[str, int] = field(default_factory=dict)
     """For every slot, how many times the first alternative reading it reads it."""
 
-    entries: dict[str, bool] = field(default_factory=dict)
-    """Per slot, whether a down-step through it can enter every alternative (:func:`enterable`)."""
+    entries: dict[str, list[frozenset[str]] | None] = field(default_factory=dict)
+    """Per slot, the op types each alternative may be entered by from it, or None when a down-step
+    through it cannot enter every alternative (:func:`enterable`)."""
 
     def reads_of(self, slot: str) -> int:
         """How many times an alternative reads ``slot`` (for a nested choice's input)."""
@@ -411,15 +412,15 @@ def _label(compiled: CompiledPattern) -> str:
 
 
 class SubMatch:
-    """One complete match of one alternative, anchored at the op computing the choice's variable.
+    """One complete match of one alternative, ending at the op computing the choice's variable.
 
-    Kept as the search's state (a few list copies); the alternative's
-    :class:`~pattern_infra.pattern.Pattern` is built only when a whole match is (``pattern``).
+    Kept as the search's state (a few list copies); the alternative's ops, operands and constants are
+    written into dicts only when a whole match is built (:meth:`parts`).
     """
 
-    __slots__ = ("alternative", "slots", "ops", "end", "choice", "_matcher", "_block", "_state", "_pattern")
+    __slots__ = ("alternative", "slots", "ops", "end", "choice", "_matcher", "_state", "_parts")
 
-    def __init__(self, alternative: Alternative, matcher: Any, block: Any, state: tuple[list, list, list, list],
+    def __init__(self, alternative: Alternative, matcher: Any, state: tuple[list, list, list, list],
                  choice: str) -> None:
         ops, assign, roots, subs = state
         self.alternative: int = alternative.index
@@ -427,10 +428,10 @@ class SubMatch:
         self.slots: dict[str, Var] = {slot: var for slot, var in zip(alternative.slots, roots) if var is not None}
         """Choice-node slot to the program variable the alternative read there (slots it does not read
         are absent)."""
-        flat = [op for op in ops if op is not None]
+        flat = [op for op, sub in zip(ops, subs) if sub is None]
         for sub in subs:
             if sub is not None:
-                flat.extend(o for o in sub.ops if all(o is not f for f in flat))
+                flat.extend(sub.ops)  # includes the op of its choice node (its end)
         self.ops: list[Operation] = flat
         """Every program op of the sub-match (nested choices' included), each once."""
         self.end: Operation = ops[alternative.compiled.final_nodes[0]]
@@ -438,31 +439,39 @@ class SubMatch:
         self.choice: str = choice
         """The choice's name."""
         self._matcher = matcher
-        self._block = block
         self._state = state
-        self._pattern: Any = None
+        self._parts: Any = None
 
-    @property
-    def pattern(self) -> Any:
-        """The alternative's Pattern (its ops, operands, constants, nested choices), built on first use."""
-        if self._pattern is None:
-            from .matcher import _build_pattern
-
-            ops, assign, roots, subs = self._state
-            self._pattern = _build_pattern(self._matcher, self._block, ops, assign, roots, None, subs)
-        return self._pattern
+    def parts(self) -> tuple[dict[str, Operation], dict[str, dict[str, Any]], dict[str, Var], dict[str, int]]:
+        """The alternative's ops, operands and constants by name, and its nested choices, as a Pattern
+        of it would hold them (``matcher.match_dicts``), built on first use."""
+        if self._parts is None:
+            ops, assign, _, subs = self._state
+            self._parts = _matcher_module().match_dicts(self._matcher, ops, assign, subs)
+        return self._parts
 
     def const_vars(self) -> list[Var]:
         """The program variables in the alternative's constant slots (nested choices' included)."""
-        from .matcher import _slot_value
-
+        slot_value = _matcher_module()._slot_value
         ops, assign, roots, subs = self._state
         out = [v for n, slot, pos in self._matcher._const_slots
-               if (v := _slot_value(assign, n, slot, pos)) is not None]
+               if (v := slot_value(assign, n, slot, pos)) is not None]
         for sub in subs:
             if sub is not None:
                 out.extend(sub.const_vars())
         return out
+
+
+_MATCHER_MODULE: list[Any] = []
+
+
+def _matcher_module() -> Any:
+    """:mod:`pattern_infra.matcher`, imported on first use (it imports this module)."""
+    if not _MATCHER_MODULE:
+        from . import matcher
+
+        _MATCHER_MODULE.append(matcher)
+    return _MATCHER_MODULE[0]
 
 
 def _matcher_of(alternative: Alternative) -> Any:
@@ -503,8 +512,7 @@ def choice_matches(
     Yields:
         The sub-matches, alternative by alternative.
     """
-    from .matcher import Failure
-
+    failure_type = _matcher_module().Failure
     op_type = op.op_type
     for alternative in choice.alternatives:
         end = alternative.compiled.nodes[alternative.compiled.final_nodes[0]]
@@ -521,23 +529,35 @@ def choice_matches(
             continue
         if not search.found and failures is not None:
             failure = search.failure
-            reason = failure.reason if isinstance(failure, Failure) else "no match"
+            reason = failure.reason if isinstance(failure, failure_type) else "no match"
             failures.append(f"{alternative.label}: {reason}")
         matcher = _matcher_of(alternative)
         for state in search.found:
-            yield SubMatch(alternative, matcher, block, state, choice.name)
+            yield SubMatch(alternative, matcher, state, choice.name)
 
 
 def enterable(choice: Choice, slot: str) -> bool:
     """Whether a down-step into ``choice`` through ``slot`` can enter every alternative from the slot's
     variable: every alternative reads the slot, by an op that can start a search (:func:`entry_edge`)."""
-    known = choice.entries.get(slot)
-    if known is None:
-        known = slot in choice.full_slots and all(
-            entry_edge(a.compiled, a.slots.index(slot)) is not None for a in choice.alternatives
-        )
-        choice.entries[slot] = known
-    return known
+    return _entry_types(choice, slot) is not None
+
+
+def _entry_types(choice: Choice, slot: str) -> list[frozenset[str]] | None:
+    """Per alternative, the op types of the op reading ``slot`` that a search entered from it binds
+    first (a nested choice: its alternatives' such types); None when not :func:`enterable`."""
+    if slot in choice.entries:
+        return choice.entries[slot]
+    types: list[frozenset[str]] | None = [] if slot in choice.full_slots else None
+    for alternative in choice.alternatives if types is not None else ():
+        entry = entry_edge(alternative.compiled, alternative.slots.index(slot))
+        if entry is None:
+            types = None
+            break
+        node = alternative.compiled.nodes[entry[0]]
+        inner = _entry_types(node.choice, entry[1]) if node.choice is not None else [node.op_types]
+        types.append(frozenset().union(*inner))  # type: ignore[arg-type]
+    choice.entries[slot] = types
+    return types
 
 
 def entry_edge(compiled: CompiledPattern, root: int) -> tuple[int, str, int, int] | None:
@@ -579,14 +599,19 @@ def entered_matches(
     Yields:
         The sub-matches, alternative by alternative; ``sub.end`` is the op the choice node binds.
     """
-    from .matcher import Failure
-
+    failure_type = _matcher_module().Failure
     inside_earlier: set[int] = set()
-    for alternative in choice.alternatives:
+    entry_types = _entry_types(choice, slot)
+    below = {op.op_type for op in var.child_ops}
+    for alternative, types in zip(choice.alternatives, entry_types):  # type: ignore[arg-type]
+        if below.isdisjoint(types):  # a dispatch on the consumers' types: nothing to enter by
+            if failures is not None:
+                failures.append(f"{alternative.label}: no consumer of {var.name} is {' or '.join(sorted(types))}")
+            continue
         search = _search_alternative(outer, alternative, None, block, failures is not None,
                                      entry=(alternative.slots.index(slot), var))
         matcher = _matcher_of(alternative)
-        subs = [SubMatch(alternative, matcher, block, state, choice.name) for state in search.found]
+        subs = [SubMatch(alternative, matcher, state, choice.name) for state in search.found]
         kept = [sub for sub in subs if id(sub.end) not in inside_earlier] if inside_earlier else subs
         if maximal:
             inside_earlier.update(id(o) for sub in subs for o in sub.ops if o is not sub.end)
@@ -595,7 +620,7 @@ def entered_matches(
                 failures.append(f"{alternative.label}: an earlier alternative matches further down")
             elif not subs:
                 failure = search.failure
-                reason = failure.reason if isinstance(failure, Failure) else "no match"
+                reason = failure.reason if isinstance(failure, failure_type) else "no match"
                 failures.append(f"{alternative.label}: {reason}")
         yield from kept
 
@@ -729,14 +754,16 @@ def computed_inside(var: Var | None, ops: Sequence[Any], subs: Sequence[SubMatch
 
 def subs_final_ok(ops: Sequence[Any], subs: Sequence[SubMatch | None]) -> bool:
     """The outer final check the alternatives cannot make themselves: no constant slot of a sub-match is
-    computed by an op of the outer match or of another sub-match."""
+    computed by an op of the match (the outer ops or another sub-match; one computed by an op of its own
+    sub-match was refused by that sub-match's search already)."""
+    producers = [p for sub in subs if sub is not None for var in sub.const_vars() if (p := var.op) is not None]
+    if not producers:
+        return True
+    inside = {id(op) for op in ops if op is not None}
     for sub in subs:
-        if sub is None:
-            continue
-        for var in sub.const_vars():
-            if computed_inside(var, ops, [s for s in subs if s is not sub]):
-                return False
-    return True
+        if sub is not None:
+            inside.update(id(op) for op in sub.ops)
+    return not any(id(p) in inside for p in producers)
 
 
 def merged(
@@ -753,19 +780,20 @@ def merged(
     for name, op in outer:  # each alternative's ops right before its choice: a topological order still
         sub = by_choice.get(name)
         if sub is not None:
-            for inner_name, inner_op in sub.pattern.ops.items():
+            for inner_name, inner_op in sub.parts()[0].items():
                 ops.setdefault(inner_name, inner_op)
         ops.setdefault(name, op)
     for sub in subs:
         if sub is None:
             continue
-        inner = sub.pattern
-        for name, slots in inner._operands.items():
+        _, inner_operands, inner_consts, inner_chosen = sub.parts()
+        for name, slots in inner_operands.items():
             operands.setdefault(name, slots)
-        for key, var in inner.consts.items():
+        for key, var in inner_consts.items():
             consts.setdefault(key, var)
         chosen[sub.choice] = sub.alternative
-        chosen.update(inner.choices)
+        if inner_chosen:
+            chosen.update(inner_chosen)
     return chosen
 
 

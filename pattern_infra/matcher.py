@@ -384,6 +384,22 @@ def _build_pattern(
         order: Sorts ops into program order, for ``Pattern.op_list``.
         subs: Per pattern op, the sub-match of a choice node (None elsewhere).
     """
+    by_name, operands, consts, chosen = match_dicts(matcher, ops, assign, subs)
+    pattern = _new_pattern(matcher.compiled, block, by_name, roots, operands, consts, order)
+    if chosen is not None:
+        pattern.choices = chosen
+    return pattern
+
+
+def match_dicts(
+    matcher: Matcher,
+    ops: list[Any],
+    assign: list[dict[str, Any] | None],
+    subs: list[choices.SubMatch | None] | None = None,
+) -> tuple[dict[str, Any], dict[str, dict[str, Any]], dict[str, Var], dict[str, int] | None]:
+    """The dicts a :class:`Pattern` of a complete binding holds: ops and operands by pattern op name,
+    constants by key, and ``pattern.choices`` (None for a pattern without choices); the sub-matches'
+    are merged in (:func:`~pattern_infra.choices.merged`)."""
     compiled = matcher.compiled
     by_name = {node.name: ops[node.index] for node in compiled.nodes}
     operands = {node.name: dict(assign[node.index]) for node in compiled.nodes}
@@ -397,11 +413,8 @@ def _build_pattern(
         consts[key] = var
         consts.setdefault(cname, var)
     if subs is None or not matcher.has_choices:
-        return _new_pattern(compiled, block, by_name, roots, operands, consts, order)
-    chosen = choices.merged(by_name, operands, consts, subs)
-    pattern = _new_pattern(compiled, block, by_name, roots, operands, consts, order)
-    pattern.choices = chosen
-    return pattern
+        return by_name, operands, consts, None
+    return by_name, operands, consts, choices.merged(by_name, operands, consts, subs)
 
 
 def _new_pattern(
