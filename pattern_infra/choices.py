@@ -76,6 +76,8 @@ class _Record:
     """Per alternative: the ops it created (consts included, nested choices' ops included) and its output."""
     children: dict[int, list[_Record]] = field(default_factory=dict)
     """Per alternative, the choices declared inside it (nested choices)."""
+    fallback: bool = False
+    """See :func:`one_of`."""
 
 
 _RECORDS: weakref.WeakKeyDictionary[Any, list[_Record]] = weakref.WeakKeyDictionary()
@@ -120,6 +122,8 @@ class Choice:
     uses: dict[str, int] = field(default_factory=dict)
     """For every slot, how many times the first alternative reading it reads it."""
 
+    fallback: bool = False
+    """A later alternative is also offered inside an earlier one's match (see :func:`one_of`)."""
     entries: dict[str, list[frozenset[str]] | None] = field(default_factory=dict)
     """Per slot, the op types each alternative may be entered by from it, or None when a down-step
     through it cannot enter every alternative (:func:`enterable`)."""
@@ -129,12 +133,21 @@ class Choice:
         return self.reads.get(slot, self.uses.get(slot, 1))
 
 
-def one_of(name: str, *alternatives: Callable[[], Var]) -> Var:
+def one_of(name: str, *alternatives: Callable[[], Var], fallback: bool = False) -> Var:
     """Declares, inside an ``@mb.program`` pattern, a variable computed by one of several small programs.
+
+    Alternatives are tried in the order written; write the longest first. When the choice ends the
+    pattern (its variable may be used anywhere), a later alternative is by default never matched at an op
+    inside a match of an earlier one (``norm * w`` is the weighted spelling, not the unweighted one
+    followed by an unrelated ``mul``), whatever the constraints say of that match.
 
     Args:
         name: The choice's name: ``pattern.<name>`` is the op computing the variable in a match.
         *alternatives: Functions of no argument building ops with ``mb`` and returning the variable.
+        fallback: Offer a later alternative inside an earlier one's match too, after it (when the choice
+            is reached from one of its inputs, not as the anchor): what a pass written as one pattern
+            per spelling, longest first, does when its constraints refuse the longer match (a weight the
+            fusion cannot absorb stays an op after the fused one). ``find_matches`` then reports both.
 
     Returns:
         The first alternative's variable, for the rest of the pattern to use.
@@ -159,7 +172,7 @@ def one_of(name: str, *alternatives: Callable[[], Var]) -> Var:
             f"one_of({name!r}) needs at least two alternatives, each a function of no argument building "
             f"ops (e.g. lambda: mb.mul(x=x, y=x, name='sq')); got {len(alternatives)}."
         )
-    record = _Record(name, [])
+    record = _Record(name, [], fallback=fallback)
     if _ACTIVE:
         parent, k = _ACTIVE[-1]
         parent.children.setdefault(k, []).append(record)
@@ -187,8 +200,8 @@ def one_of(name: str, *alternatives: Callable[[], Var]) -> Var:
     return record.alternatives[0][1]
 
 
-def optional(name: str, base: Callable[[], Var], extra: Callable[[Var], Var]) -> Var:
-    """Declares an op that may be absent: ``one_of(name, lambda: extra(base()), base)``.
+def optional(name: str, base: Callable[[], Var], extra: Callable[[Var], Var], fallback: bool = False) -> Var:
+    """Declares an op that may be absent: ``one_of(name, lambda: extra(base()), base, fallback=fallback)``.
 
     ``base`` builds the part of the pattern the optional op applies to (it is built once per
     alternative, so its ops may carry the same names in both; a ``one_of`` inside it becomes a nested
@@ -199,11 +212,12 @@ def optional(name: str, base: Callable[[], Var], extra: Callable[[Var], Var]) ->
         name: The choice's name.
         base: Builds the ops the optional op reads from, returning their variable.
         extra: Builds the optional op(s) on that variable.
+        fallback: As for :func:`one_of`: without the optional op when the match with it is refused.
 
     Returns:
         The variable with ``extra`` applied (the first alternative).
     """
-    return one_of(name, lambda: extra(base()), base)
+    return one_of(name, lambda: extra(base()), base, fallback=fallback)
 
 
 # -- compiling: a choice becomes one node, each alternative a small pattern ---------------------------------
@@ -352,6 +366,7 @@ def _choice_of(
     choice = Choice(
         name=record.name,
         alternatives=alternatives,
+        fallback=record.fallback,
         depth=max(_depth(a.compiled) for a in alternatives),
         output_types=frozenset(t for a in alternatives for n in a.compiled.final_nodes
                                for t in a.compiled.nodes[n].op_types),
@@ -600,6 +615,7 @@ def entered_matches(
         The sub-matches, alternative by alternative; ``sub.end`` is the op the choice node binds.
     """
     failure_type = _matcher_module().Failure
+    maximal = maximal and not choice.fallback
     inside_earlier: set[int] = set()
     entry_types = _entry_types(choice, slot)
     below = {op.op_type for op in var.child_ops}
