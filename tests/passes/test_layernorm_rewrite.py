@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from coremltools.converters.mil.mil import Program
 from coremltools.converters.mil.mil.passes.pass_registry import PASS_REGISTRY
 
 import layernorm_reference
@@ -32,7 +33,14 @@ def reference():
     del PASS_REGISTRY.passes[pass_id]
 
 
-def programs():
+def one_program() -> Program:
+    """A written-out layer norm with gamma and beta (for ``test_codegen``, which harvests every pass-test
+    module's builders)."""
+    return ln_tests.written("sub2_pow_sqrt_after_beta")
+
+
+def _programs() -> list[Program]:
+    """Every program the layer-norm tests build (``harvest``), and the 108 spellings four ways each."""
     built = harvest(ln_tests, limit=400)
     for key in ln_tests.KEYS:
         for residual in (False, True):
@@ -50,7 +58,7 @@ def test_the_pass_is_eight_patterns_in_under_200_lines():
 
 def test_same_programs_as_before_on_every_layer_norm_test_program(reference):
     compared = changed = 0
-    for prog in programs():
+    for prog in _programs():
         ours, theirs = same_name_counters(lambda: run_pass(PASS, prog), lambda: run_pass(reference, prog))
         assert str(ours) == str(theirs), str(prog)
         compared += 1
