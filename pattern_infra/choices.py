@@ -41,12 +41,17 @@ Rules (checked when the pattern is built or compiled, with the rule and the fix 
 How it is compiled (no product of sub-passes): the ops of the choice become one pattern node, a *choice
 node*, whose input slots are the variables its alternatives read from outside; each alternative is
 compiled on its own into a small :class:`~pattern_infra.compiler.CompiledPattern` (its inputs are those
-variables). The outer search binds a choice node like an op: the program op producing the variable is
-offered to each alternative's own search in turn (anchored at the alternative's last op), every complete
-sub-match gives values for the slots, and the outer search goes on with them; backtracking tries the next
-sub-match, then the next alternative. Cost per choice node: the sum of the alternatives' sizes, never the
-product of the choices. ``explain`` reports "tried 3 alternatives for 'normed': ..." with each one's first
-failure.
+variables). The outer search binds a choice node like an op. Reached by an up-step (or as the anchor),
+the program op producing the variable is offered to the alternatives whose last op has its type, each
+searched anchored there (:func:`choice_matches`). Reached by a down-step from a variable bound in one of
+its slots, each alternative is searched *entered from that variable* (:func:`entered_matches`): a
+down-step to the op reading it, then the alternative's own plan, so only the ops below the variable an
+alternative reaches are bound. Every complete sub-match gives values for the slots and the outer search
+goes on with them; backtracking tries the next sub-match, then the next alternative (sub-matches are
+found lazily). Cost per choice node: the sum of the alternatives' sizes, never the product of the
+choices; a pattern with 12 spellings makes 1.33x the bind attempts of one spelling written out
+(``python -m bench.choices``). ``explain`` reports "tried 3 alternatives for 'normed': ..." with each
+one's first failure.
 """
 
 from __future__ import annotations
