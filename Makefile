@@ -5,7 +5,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
 .DEFAULT_GOAL := help
-.PHONY: help venv demo test bench bench-llm fuzz models coremltools-suite examples clean
+.PHONY: help venv demo test bench bench-llm fuzz models coremltools-suite layernorm-shadow examples clean
 
 help: ## List the targets
 	@grep -E '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-18s %s\n", $$1, $$2}'
@@ -39,6 +39,11 @@ models: $(STAMP) ## Real-model tables (hand-written and transformers zoos), then
 
 coremltools-suite: $(STAMP) ## Run coremltools' own tests of the replaced passes against our passes
 	$(PY) -m pytest -q tests/coremltools_suite
+
+layernorm-shadow: $(STAMP) ## Layer-norm tests, coremltools' suite and model tables, each layer-norm run compared with the 112-sub-pass reference
+	rm -f layernorm-shadow.log
+	PATTERN_INFRA_SHADOW_LAYERNORM=$(CURDIR)/layernorm-shadow.log $(PY) -m pytest -q tests/passes/test_fuse_layernorm_or_instancenorm.py tests/coremltools_suite tests/test_real_models.py tests/test_hf_models.py
+	sort layernorm-shadow.log | uniq -c
 
 examples: $(STAMP) ## Run every example script
 	@set -e; for f in examples/[0-9]*.py; do echo "== $$f"; $(PY) $$f; done

@@ -1,142 +1,65 @@
 """``common::fuse_layernorm_or_instancenorm``: normalisations written out op by op into one op.
 
-Math: over the reduced axes ``A`` of ``x``, with ``mean = E_A[x]`` and ``var = E_A[(x - mean)^2]``,
+Math: over the reduced axes ``A`` of ``x``, with ``mean = E_A[x]``, ``d = x - mean``, ``var = E_A[d^2]``,
 
-    layer_norm(x, axes=A, gamma, beta, eps) = gamma * (x - mean) / sqrt(var + eps) + beta
+    layer_norm(x, axes=A, gamma, beta, eps) = gamma * d / sqrt(var + eps) + beta
 
-The same value is reached by many association orders, all of them used by converted models:
+reached by many association orders, all used by converted models. Six patterns (``v = var + eps``;
+operand order of commutative ops never matters, the matcher tries both)::
 
-* ``(x - mean) * rsqrt(var + eps)`` = ``(x - mean) / sqrt(var + eps)`` = ``(x - mean) / pow(var + eps, 0.5)``;
-* ``gamma * ((x - mean) / s)`` = ``(gamma * (x - mean)) / s``  (gamma scales before or after the division);
-* ``x * k + (beta - mean * k)`` with ``k = gamma * rsqrt(var + eps)``  (the "folded" TF form);
-* ``var = E[x^2] - E[x]^2``, with ``E[.]`` written as ``reduce_sum * (1 / N)``;
-* ``(x - mean)^2`` as ``square(d)``, ``mul(d, d)`` or ``pow(d, 2)``.
+    1 (TF BERT, folded)   y = x * k + (beta - mean * k),       k = rsqrt(v) * gamma
+    3 (TF-Addons)         y = x * r + (mean * r) * -1,         r = rsqrt(v)
+    4 (E[x^2] - E[x]^2)   as 1, with mean = reduce_sum(x) * (1/N) and var = E[x^2] - mean^2
+    5 (ml-ane BC1S)       y = (d * rsqrt(v) + beta) * gamma,   axes exactly [1]
+    written out, sub1     y = [gamma *] NORM(d [* gamma]) [+ beta]     (one op computes d)
+    written out, sub2     the same, the numerator a second sub(x, mean) (what torch.export gives)
 
-Patterns 1-5 are coremltools' own (same numbering); the written-out family is what coremltools misses.
-``d = x - mean``, ``v = reduce_mean(...) + eps``; operand order of commutative ops is never drawn::
+        x --> reduce_mean = mean --> sub(x, mean) = d --> SQUARE(d) --> reduce_mean --> add(eps) = v
+        NORM(n) = real_div(n, sqrt(v)) | real_div(n, pow(v, 0.5)) | mul(n, rsqrt(v))
+        SQUARE(d) = pow(d, 2) | mul(d, d) | square(d)
 
-    Pattern 1 (TF BERT, folded):  y = x * k + (beta - mean * k),  k = gamma * rsqrt(v)
+The written-out patterns are 2 x 3 x 3 x 3 x 2 = 108 spellings (coremltools' pattern 2 and pattern 5
+without affine among them) declared with ``one_of``/``optional`` (:mod:`pattern_infra.choices`): the
+square, the normaliser, gamma after / before / absent, beta present or not. Gamma and beta are
+``fallback`` choices: the spelling with them is offered first, and when the constraints refuse it (a
+gamma acting along another axis, ...) the one without, so that gamma or beta stays an op after the fused
+norm instead of blocking the fusion. Patterns 1, 3, 4, 5 run first (longest first), then the written-out
+ones (a pattern-5 program's ``d * rsqrt(v) + beta`` is a written-out spelling).
 
-        x --> reduce_mean --> mean -----------------------------------------+
-        |                      |                                            v
-        +-----------------> sub(x, mean) --> square --> reduce_mean --> add(eps) --> rsqrt --> mul(gamma) = k
-        |                                                                                          |
-        |                      mean -------------------------> mul(mean, k) <---------------------+
-        |                                                            |                             |
-        |                                                            v                             |
-        |                                                  sub(beta, mean * k) --+                 |
-        |                                                                        v                 |
-        +---------------------------------------------------> mul(x, k) ------> add --> y  <------+
-
-    Pattern 3 (TensorFlow-Addons instance norm, no gamma/beta):  y = x * r + (mean * r) * -1
-
-        x --> reduce_mean = mean --> sub(x, mean) --> square --> reduce_mean --> add(eps) --> rsqrt = r
-        |                    |                                                                   |
-        |                    +--> mul(mean, r) <-------------------------------------------------+
-        |                              |                                                         |
-        |                              v                                                         |
-        |                          mul(., -1) ----------------+                                  |
-        |                                                     v                                  |
-        +---------------------------------> mul(x, r) ------> add --> y  <-----------------------+
-
-    Pattern 4 (E[x^2] - E[x]^2 with reduce_sum):  m = reduce_sum(x) * (1/N),  same tail as pattern 1
-
-        x --> mul(x, x) --> reduce_sum --> mul(1/N) = E[x^2] --+
-        |                                                      v
-        x --> reduce_sum --> mul(1/N) = m --> mul(m, m) --> sub(E[x^2], m^2) --> add(eps) --> rsqrt --> mul(gamma) = k
-        |                             |
-        |                             +--> mul(m, k) --> sub(beta, m * k) --+
-        +--------------------------------> mul(x, k) ---------------------> add --> y
-
-    Pattern 5 (ml-ane-transformers BC1S, axes exactly [1]; beta applied *before* gamma):
-    y = [d * rsqrt(v) (+ beta)] (* gamma)
-
-        x --> reduce_mean --> sub(x, mean) = d --> mul(d, d) --> reduce_mean --> add(eps) --> rsqrt
-                                             |                                                  |
-                                             +--------------> mul(d, rsqrt) <-------------------+
-                                                                   |
-                                                                   +--> [add(beta) --> mul(gamma)] --> y
-
-    Written-out family, ``written_out_pattern(subs, square, normalizer, gamma, beta)``: the PyTorch
-    ``w * (x - u) / torch.sqrt(var + eps) + b`` in every form coremltools 9.0 hands this pass
-    (coremltools' pattern 2 is the member ("sub2", "square", "pow", "after", "beta"), and pattern 5
-    without affine the member ("sub1", "mul", "rsqrt", "none", "nobeta")):
-
-        x --> reduce_mean = u --> sub(x, u) = d --> SQUARE(d) --> reduce_mean --> add(eps) --> ROOT
-        |                    |                |                                                  |
-        |                    +-> [sub(x, u) = d'] (subs "sub2"; else d' = d)                     |
-        |                                |                                                       |
-        |                                v                                                       v
-        +---------------------> [mul(w, d') (gamma "before")] --------------------------------> APPLY
-                                                                                                 |
-                                      y <-- [add(b) (beta "beta")] <-- [mul(w) (gamma "after")] <--+
-
-        subs:              "sub1" one ``x - u``; "sub2" a second one for the numerator (what reaches
-                           this pass from ``torch.export``: ``remove_redundant_ops`` merges them later)
-        square:            "pow" pow(d, 2) | "mul" mul(d, d) | "square" square(d)
-        normalizer:        "sqrt"  ROOT = sqrt,          APPLY = real_div(numerator, ROOT)
-                           "pow"   ROOT = pow(., 0.5),   APPLY = real_div(numerator, ROOT)
-                           "rsqrt" ROOT = rsqrt,         APPLY = mul(numerator, ROOT)
-        gamma, beta:       optional, as drawn
-
-Every pattern becomes one op (or, for an NHWC instance norm, a transpose sandwich)::
+Every pattern becomes one op (or, for an NHWC instance norm, a transpose sandwich); which op, and the
+checks coremltools lacks, are in :mod:`generic_passes._norm_plan`::
 
         x --> layer_norm(axes, gamma, beta, eps) --> y
         x --> instance_norm(gamma, beta, eps) --> y                                   (rank 4, axes [-2, -1])
         x --> transpose(0,3,1,2) --> instance_norm --> transpose(0,2,3,1) --> y       (rank 4, axes [-3, -2])
 
-Which op, decided as coremltools decides (so the program is the one coremltools produces wherever it
-fuses): ``layer_norm`` when the axes are the trailing ones and gamma/beta have one dimension per axis, or
-for rank 4 and axes [-3] (channels-first, gamma/beta of shape [C]); ``instance_norm`` for rank 4, axes
-[-2, -1] or [-3, -2], and gamma/beta that squeeze to [C]. The inserted ops sit before the last matched op;
-the norm takes the name of the output it replaces (``<name>_layernorm`` / ``<name>_instancenorm``
-between ``<name>_transpose_nhwc_nchw`` and ``<name>_transpose_nchw_nhwc`` for NHWC).
-
-Beyond coremltools, and correct by the math above:
-
-* the input ``x`` may have any other consumers (pre-norm residual stream); coremltools counts them;
-* child order, operand order and the ``mul(-1)`` operand position never matter;
-* the written-out family; gamma/beta of any shape that acts along the normalised axes only (``[C,1,1]``
-  for ConvNeXt channels-first, ``[1,1,D]``, a scalar), reshaped or broadcast to the normalised shape;
-* a gamma or beta that cannot be absorbed (not a constant, a ``constexpr``, acting along another axis,
-  or its intermediate used elsewhere) stays an op after the fused norm instead of blocking the fusion;
-  patterns run longest first, so the shorter ones only take what a longer one left.
-
-Refusals coremltools lacks, because its fusion would be wrong or would crash: the two reductions differ in
-axes; gamma/beta act along an axis that is not normalised (e.g. a ``[C]`` gamma on an NCHW axes-[1] norm,
-a ``[1,1,1,W]`` gamma on an instance norm); the ``1/N`` of pattern 4 is not ``1/N``; broadcasting makes the
-output shape differ from ``x``'s. Like coremltools, ``rsqrt``'s own ``epsilon`` (``1e-12`` by default) is
-not added to ``eps``.
+Beyond coremltools: ``x`` may have other consumers (pre-norm residual stream); child order, operand order
+and the ``mul(-1)`` operand position never matter; the written-out spellings; gamma/beta of any shape
+acting along the normalised axes.
 """
 
 from __future__ import annotations
 
-import itertools
-import logging
 from collections.abc import Callable
-from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Literal
 
 import numpy as np
 from coremltools.converters.mil import Builder as mb
-from coremltools.converters.mil.mil import Operation, Program, Var, get_new_symbol, types
-from coremltools.converters.mil.mil.types.symbolic import is_symbolic
+from coremltools.converters.mil.mil import Program, Var, get_new_symbol
 
 from pattern_infra import ConstRule, Pattern, register_generic_pass
+from pattern_infra.choices import one_of, optional
 
-__all__ = [
-    "PASS_NAME",
-    "layernorm_pattern_1",
-    "instancenorm_pattern_3",
-    "instancenorm_pattern_4",
-    "layernorm_pattern_5",
-    "layernorm_pattern_5_affine",
-    "instancenorm_pattern_2",
-    "WRITTEN_OUT_PATTERNS",
-    "written_out_pattern",
-]
+from ._norm_plan import (
+    constraints_1,
+    constraints_3,
+    constraints_4,
+    constraints_5_affine,
+    constraints_written_out,
+    transform_norm,
+)
 
-logger = logging.getLogger(__name__)
+__all__ = ["PASS_NAME", "PATTERNS", "written_out_pattern"]
 
 PASS_NAME = "fuse_layernorm_or_instancenorm"
 
@@ -150,559 +73,112 @@ _EXACT = ConstRule("value", rtol=0.0, atol=0.0)
 _ISCLOSE = ConstRule("value", rtol=1e-5, atol=1e-8)  # np.isclose's defaults, as coremltools checks pow(0.5)
 
 
-# -- coremltools' patterns ---------------------------------------------------------------------------------
+def _variance(x: Var, axes: list[int], square: Callable[[Var], Var]) -> tuple[Var, Var, Var]:
+    """``mean``, ``d = x - mean`` and ``v = reduce_mean(square(d)) + eps`` (ops ``mean``, ``sub``,
+    ``mean_sq``, ``add_eps``; ``square`` names its own)."""
+    mean = mb.reduce_mean(x=x, axes=axes, keep_dims=True, name="mean")
+    d = mb.sub(x=x, y=mean, name="sub")
+    mean_sq = mb.reduce_mean(x=square(d), axes=axes, keep_dims=True, name="mean_sq")
+    return mean, d, mb.add(x=mean_sq, y=_EPS, name="add_eps")
+
+
+def _folded_tail(x: Var, mean: Var, k: Var, shift: Callable[[Var], Var]) -> Var:
+    """``x * k + shift(mean * k)`` (ops ``mul_x``, ``mul_mean``, ``add_out``)."""
+    mul_x = mb.mul(x=x, y=k, name="mul_x")
+    return mb.add(x=mul_x, y=shift(mb.mul(x=mean, y=k, name="mul_mean")), name="add_out")
 
 
 @mb.program(input_specs=[mb.TensorSpec(shape=_RANK4)])
 def layernorm_pattern_1(x):
-    mean = mb.reduce_mean(x=x, axes=[2, 3], keep_dims=True, name="mean")
-    sub = mb.sub(x=x, y=mean, name="sub")
-    square = mb.square(x=sub, name="square")
-    mean_sq = mb.reduce_mean(x=square, axes=[2, 3], keep_dims=True, name="mean_sq")
-    add_eps = mb.add(x=mean_sq, y=_EPS, name="add_eps")
-    rsqrt = mb.rsqrt(x=add_eps, name="rsqrt")
-    mul_gamma = mb.mul(x=rsqrt, y=_GAMMA, name="mul_gamma")
-    mul_x = mb.mul(x=x, y=mul_gamma, name="mul_x")
-    mul_mean = mb.mul(x=mean, y=mul_gamma, name="mul_mean")
-    sub_beta = mb.sub(x=_BETA, y=mul_mean, name="sub_beta")
-    return mb.add(x=mul_x, y=sub_beta, name="add_out")
+    mean, _, v = _variance(x, [2, 3], lambda d: mb.square(x=d, name="square"))
+    k = mb.mul(x=mb.rsqrt(x=v, name="rsqrt"), y=_GAMMA, name="mul_gamma")
+    return _folded_tail(x, mean, k, lambda m: mb.sub(x=_BETA, y=m, name="sub_beta"))
 
 
 @mb.program(input_specs=[mb.TensorSpec(shape=_RANK4)])
 def instancenorm_pattern_3(x):
-    mean = mb.reduce_mean(x=x, axes=[2, 3], keep_dims=True, name="mean")
-    sub = mb.sub(x=x, y=mean, name="sub")
-    square = mb.square(x=sub, name="square")
-    mean_sq = mb.reduce_mean(x=square, axes=[2, 3], keep_dims=True, name="mean_sq")
-    add_eps = mb.add(x=mean_sq, y=_EPS, name="add_eps")
-    rsqrt = mb.rsqrt(x=add_eps, name="rsqrt")
-    mul_x = mb.mul(x=x, y=rsqrt, name="mul_x")
-    mul_mean = mb.mul(x=mean, y=rsqrt, name="mul_mean")
-    mul_neg = mb.mul(x=mul_mean, y=np.float32(-1.0), name="mul_neg")
-    return mb.add(x=mul_x, y=mul_neg, name="add_out")
+    mean, _, v = _variance(x, [2, 3], lambda d: mb.square(x=d, name="square"))
+    r = mb.rsqrt(x=v, name="rsqrt")
+    return _folded_tail(x, mean, r, lambda m: mb.mul(x=m, y=np.float32(-1.0), name="mul_neg"))
 
 
 @mb.program(input_specs=[mb.TensorSpec(shape=_RANK4)])
 def instancenorm_pattern_4(x):
-    mul_sq_x = mb.mul(x=x, y=x, name="mul_sq_x")
-    sum_sq = mb.reduce_sum(x=mul_sq_x, axes=[2, 3], keep_dims=True, name="sum_sq")
+    sum_sq = mb.reduce_sum(x=mb.mul(x=x, y=x, name="mul_sq_x"), axes=[2, 3], keep_dims=True, name="sum_sq")
     mean_sq = mb.mul(x=sum_sq, y=np.float32(0.25), name="mean_sq")
     sum_x = mb.reduce_sum(x=x, axes=[2, 3], keep_dims=True, name="sum_x")
     mean = mb.mul(x=sum_x, y=np.float32(0.25), name="mean")
-    mul_sq_mean = mb.mul(x=mean, y=mean, name="mul_sq_mean")
-    sub_var = mb.sub(x=mean_sq, y=mul_sq_mean, name="sub_var")
-    add_eps = mb.add(x=sub_var, y=_EPS, name="add_eps")
-    rsqrt = mb.rsqrt(x=add_eps, name="rsqrt")
-    mul_gamma = mb.mul(x=rsqrt, y=_GAMMA, name="mul_gamma")
-    mul_x = mb.mul(x=x, y=mul_gamma, name="mul_x")
-    mul_mean = mb.mul(x=mean, y=mul_gamma, name="mul_mean")
-    sub_beta = mb.sub(x=_BETA, y=mul_mean, name="sub_beta")
-    return mb.add(x=mul_x, y=sub_beta, name="add_out")
+    var = mb.sub(x=mean_sq, y=mb.mul(x=mean, y=mean, name="mul_sq_mean"), name="sub_var")
+    k = mb.mul(x=mb.rsqrt(x=mb.add(x=var, y=_EPS, name="add_eps"), name="rsqrt"), y=_GAMMA, name="mul_gamma")
+    return _folded_tail(x, mean, k, lambda m: mb.sub(x=_BETA, y=m, name="sub_beta"))
 
 
-def _pattern_5(affine: bool) -> Program:
-    @mb.program(input_specs=[mb.TensorSpec(shape=_RANK4)])
-    def pattern(x):
-        mean = mb.reduce_mean(x=x, axes=[1], keep_dims=True, name="mean")
-        sub = mb.sub(x=x, y=mean, name="sub")
-        square = mb.mul(x=sub, y=sub, name="square")
-        mean_sq = mb.reduce_mean(x=square, axes=[1], keep_dims=True, name="mean_sq")
-        add_eps = mb.add(x=mean_sq, y=_EPS, name="add_eps")
-        rsqrt = mb.rsqrt(x=add_eps, name="std")
-        out = mb.mul(x=sub, y=rsqrt, name="normalize")
-        if affine:
-            out = mb.add(x=out, y=_BETA, name="add_beta")
-            out = mb.mul(x=out, y=_GAMMA, name="mul_gamma")
-        return out
-
-    return pattern
+@mb.program(input_specs=[mb.TensorSpec(shape=_RANK4)])
+def layernorm_pattern_5_affine(x):
+    _, d, v = _variance(x, [1], lambda d: mb.mul(x=d, y=d, name="square"))
+    out = mb.add(x=mb.mul(x=d, y=mb.rsqrt(x=v, name="std"), name="normalize"), y=_BETA, name="add_beta")
+    return mb.mul(x=out, y=_GAMMA, name="mul_gamma")
 
 
-layernorm_pattern_5_affine = _pattern_5(affine=True)
-"""Pattern 5 with ml-ane-transformers' ``(norm + beta) * gamma``."""
+def written_out_pattern(subs: Literal["sub1", "sub2"], square: Literal["mul", "pow_or_square"]) -> Program:
+    """The written-out spellings with one ``x - mean`` (``"sub1"``) or a second one for the numerator
+    (``"sub2"``, op ``sub_num``); ``d^2`` as ``mul(d, d)`` or as ``pow(d, 2)`` | ``square(d)`` (a choice
+    reads ``d`` equally often in each alternative). Other ops: ``mean``, ``sub``, ``square``,
+    ``mean_sq``, ``add_eps``, ``std``, ``normalize``, ``mul_gamma`` and ``add_beta`` when present;
+    ``pattern.choices`` says which spelling matched (``squared``, ``normalized``, ``gamma``: 0 after, 1
+    before, 2 none; ``beta``: 0 with, 1 without)."""
 
-
-# -- the written-out family --------------------------------------------------------------------------------
-
-Subs = Literal["sub1", "sub2"]
-Square = Literal["pow", "mul", "square"]
-Normalizer = Literal["sqrt", "pow", "rsqrt"]
-GammaAt = Literal["none", "before", "after"]
-BetaAt = Literal["nobeta", "beta"]
-
-
-def written_out_pattern(
-    subs: Subs, square: Square, normalizer: Normalizer, gamma: GammaAt, beta: BetaAt
-) -> Program:
-    """Builds one member of the written-out family (see the module docstring for the diagram).
-
-    Op names: ``mean``, ``sub``, ``square``, ``mean_sq``, ``add_eps``, ``std``, ``sub_num`` (sub2 only),
-    ``mul_gamma`` (unless gamma is "none"), ``normalize``, ``add_beta`` (with beta).
-
-    Args:
-        subs: One ``x - mean`` for both branches, or a second one for the numerator.
-        square: How ``d^2`` is written.
-        normalizer: ``real_div`` by ``sqrt`` or ``pow(., 0.5)``, or ``mul`` by ``rsqrt``.
-        gamma: No weight, weight applied to the numerator, or to the normalised value.
-        beta: Whether a bias is added last.
-
-    Returns:
-        The pattern program.
-    """
+    def squared(d: Var) -> Var:
+        if square == "mul":
+            return mb.mul(x=d, y=d, name="square")
+        return one_of("squared", lambda: mb.pow(x=d, y=np.float32(2.0), name="square"),
+                      lambda: mb.square(x=d, name="square"))
 
     @mb.program(input_specs=[mb.TensorSpec(shape=_RANK3)])
     def pattern(x):
-        mean = mb.reduce_mean(x=x, axes=[-1], keep_dims=True, name="mean")
-        sub = mb.sub(x=x, y=mean, name="sub")
-        if square == "pow":
-            sq = mb.pow(x=sub, y=np.float32(2.0), name="square")
-        elif square == "mul":
-            sq = mb.mul(x=sub, y=sub, name="square")
-        else:
-            sq = mb.square(x=sub, name="square")
-        mean_sq = mb.reduce_mean(x=sq, axes=[-1], keep_dims=True, name="mean_sq")
-        add_eps = mb.add(x=mean_sq, y=_EPS, name="add_eps")
-        if normalizer == "sqrt":
-            std = mb.sqrt(x=add_eps, name="std")
-        elif normalizer == "pow":
-            std = mb.pow(x=add_eps, y=np.float32(0.5), name="std")
-        else:
-            std = mb.rsqrt(x=add_eps, name="std")
-        num = sub if subs == "sub1" else mb.sub(x=x, y=mean, name="sub_num")
-        if gamma == "before":
-            num = mb.mul(x=_GAMMA, y=num, name="mul_gamma")
-        if normalizer == "rsqrt":
-            out = mb.mul(x=num, y=std, name="normalize")
-        else:
-            out = mb.real_div(x=num, y=std, name="normalize")
-        if gamma == "after":
-            out = mb.mul(x=_GAMMA, y=out, name="mul_gamma")
-        if beta == "beta":
-            out = mb.add(x=out, y=_BETA, name="add_beta")
-        return out
+        mean, d, v = _variance(x, [-1], squared)
+        num = d if subs == "sub1" else mb.sub(x=x, y=mean, name="sub_num")
+
+        def normalized(n: Var) -> Var:
+            return one_of(
+                "normalized", lambda: mb.real_div(x=n, y=mb.sqrt(x=v, name="std"), name="normalize"),
+                lambda: mb.real_div(x=n, y=mb.pow(x=v, y=np.float32(0.5), name="std"), name="normalize"),
+                lambda: mb.mul(x=n, y=mb.rsqrt(x=v, name="std"), name="normalize"))
+
+        def scaled() -> Var:
+            return one_of(
+                "gamma", lambda: mb.mul(x=_GAMMA, y=normalized(num), name="mul_gamma"),
+                lambda: normalized(mb.mul(x=_GAMMA, y=num, name="mul_gamma")),
+                lambda: normalized(num), fallback=True)
+
+        return optional("beta", scaled, lambda n: mb.add(x=n, y=_BETA, name="add_beta"), fallback=True)
 
     return pattern
 
 
-_FAMILY_KEYS: list[tuple[Subs, Square, Normalizer, GammaAt, BetaAt]] = list(
-    itertools.product(
-        ("sub1", "sub2"), ("pow", "mul", "square"), ("sqrt", "pow", "rsqrt"), ("none", "before", "after"),
-        ("nobeta", "beta"),
-    )
-)
-
-WRITTEN_OUT_PATTERNS: dict[str, Program] = {
-    "_".join(key): written_out_pattern(*key) for key in _FAMILY_KEYS
+_WRITTEN_RULES = {"square.y": _EXACT, "std.y": _ISCLOSE}  # pow(d, 2.0000001) is NaN for d < 0; coremltools
+# checks pow(v, 0.5) with np.isclose
+PATTERNS: dict[str, tuple[Program, Callable[[Pattern], bool], dict[str, ConstRule] | None]] = {
+    "pattern_4": (instancenorm_pattern_4, constraints_4, None),
+    "pattern_1": (layernorm_pattern_1, constraints_1, None),
+    "pattern_3": (instancenorm_pattern_3, constraints_3, {"mul_neg.y": _EXACT}),
+    "pattern_5_affine": (layernorm_pattern_5_affine, constraints_5_affine, None),
+    **{f"written_out_{subs}_{square}": (written_out_pattern(subs, square), constraints_written_out,
+                                        _WRITTEN_RULES if square == "pow_or_square" else {"std.y": _ISCLOSE})
+       for subs in ("sub2", "sub1") for square in ("pow_or_square", "mul")},
 }
-"""Every member of the written-out family, by ``<subs>_<square>_<normalizer>_<gamma>_<beta>``."""
+"""The sub-passes, in the order they run (longest first: a shorter pattern only takes what a longer one
+left): pattern, constraints, constant rules."""
 
-instancenorm_pattern_2 = WRITTEN_OUT_PATTERNS["sub2_square_pow_after_beta"]
-"""coremltools' pattern 2: ``(x - mean) / pow(var + eps, 0.5) * gamma + beta``."""
-
-layernorm_pattern_5 = WRITTEN_OUT_PATTERNS["sub1_mul_rsqrt_none_nobeta"]
-"""coremltools' pattern 5 without gamma/beta: ``(x - mean) * rsqrt(var + eps)``."""
-
-
-# -- what a match says, and which op it becomes --------------------------------------------------------------
-
-
-@dataclass(slots=True)
-class _Affine:
-    """A gamma or a beta: what coremltools hands to the fused op, and what it really does to ``x``."""
-
-    array: np.ndarray
-    """The value coremltools works with (``gamma_var.val``; squeezed for pattern 5)."""
-    var: Var | None
-    """The program variable holding ``array``, when there is one (else a const is made from ``array``)."""
-    effect: np.ndarray
-    """The tensor the written-out program multiplies or adds, right-aligned against ``x``."""
-    const_name: str | None = None
-    """Name coremltools gives the const it makes for ``array`` (pattern 5)."""
-    trivial: bool = False
-    """Pattern 3's invented ones / zeros: numerically the identity."""
-
-    @staticmethod
-    def of(var: Var) -> _Affine:
-        value = np.asarray(_value(var))
-        return _Affine(array=value, var=var, effect=value)
-
-
-@dataclass(slots=True)
-class _Norm:
-    """What a match computes: a normalisation of ``x`` over ``axes``."""
-
-    x: Var
-    shape: tuple | None
-    """``x.shape``, read once (every read of ``Var.shape`` re-derives it from the type)."""
-    axes: list[int]
-    """The axes exactly as the first reduction holds them."""
-    eps: Var
-    gamma: _Affine | None
-    beta: _Affine | None
-    end_op: Operation
-    """The last matched op: the fused op goes before it and takes its output's name."""
-
-
-@dataclass(slots=True)
-class _Plan:
-    """The replacement to build."""
-
-    kind: Literal["layer_norm", "instance_norm"]
-    transpose: bool
-    gamma: Var | np.ndarray | _Affine | None
-    beta: Var | np.ndarray | _Affine | None
-
-
-def _float_dtype(var: Var) -> bool:
-    return var.dtype in (types.fp16, types.fp32)
-
-
-def _keeps_shape(out: tuple, x: tuple) -> bool:
-    """``out`` is ``x``'s shape; a static size > 1 where ``x`` has a symbol only pins the symbol."""
-    return len(out) == len(x) and all(
-        bool(o == d) or (is_symbolic(d) and not is_symbolic(o) and int(o) != 1) for o, d in zip(out, x)
-    )
-
-
-def _dims_fit(have: tuple, want: tuple) -> bool:
-    """``have`` (a constant's static shape) equals ``want`` (dims of ``x``; a symbol accepts any size)."""
-    return len(have) == len(want) and all(is_symbolic(w) or int(h) == int(w) for h, w in zip(have, want))
-
-
-def _aligned(effect_shape: tuple, x_shape: tuple, axes: set[int], *, broadcast: bool) -> tuple | None:
-    """The shape ``effect`` acts with along ``axes`` of ``x``, or None if it acts along any other axis.
-
-    With ``broadcast`` a size-1 dimension on a normalised axis of static size is accepted (the value is
-    then repeated along it); otherwise every normalised dimension must match ``x``'s.
-    """
-    rank = len(x_shape)
-    if len(effect_shape) > rank:
-        return None
-    padded = (1,) * (rank - len(effect_shape)) + tuple(int(d) for d in effect_shape)
-    out = []
-    for i, (e, d) in enumerate(zip(padded, x_shape)):
-        if i not in axes:
-            if e != 1:
-                return None
-            continue
-        if is_symbolic(d):
-            if e == 1:
-                return None  # would repeat over a size unknown at compile time
-            out.append(e)
-        elif e == int(d):
-            out.append(e)
-        elif broadcast and e == 1:
-            out.append(int(d))
-        else:
-            return None
-    return tuple(out)
-
-
-def _to_normalized(effect: np.ndarray, x_shape: tuple, axes: set[int], dtype: type) -> np.ndarray | None:
-    shape = _aligned(effect.shape, x_shape, axes, broadcast=True)
-    if shape is None:
-        return None
-    rank = len(x_shape)
-    padded = effect.reshape((1,) * (rank - effect.ndim) + effect.shape)
-    full = [shape[sorted(axes).index(i)] if i in axes else 1 for i in range(rank)]
-    return np.array(np.broadcast_to(padded, full).reshape(shape), dtype=dtype)
-
-
-def _coremltools_plan(norm: _Norm) -> _Plan | None:
-    """coremltools' decision between layer_norm and instance_norm, with its wrong fusions refused."""
-    x_shape, gamma, beta = norm.shape, norm.gamma, norm.beta
-    rank = len(x_shape)
-    neg = sorted(a - rank if a >= 0 else a for a in norm.axes)
-    g_rank = gamma.array.ndim if gamma is not None else -1
-    b_rank = beta.array.ndim if beta is not None else -1
-    pos = {a + rank for a in neg}
-    x_norm = tuple(x_shape[i] for i in sorted(pos))
-
-    def along(p: _Affine | None, axes: set[int]) -> bool:
-        return p is None or p.trivial or _aligned(p.effect.shape, x_shape, axes, broadcast=False) is not None
-
-    if rank == 4 and neg == [-3]:
-        if not ((gamma is None and beta is None) or (g_rank == 1 and b_rank == 1)):
-            return None
-        for p in (gamma, beta):
-            if p is not None and (not _dims_fit(p.array.shape, x_norm) or not along(p, pos)):
-                return None
-        return _Plan("layer_norm", False, gamma.array if gamma else None, beta.array if beta else None)
-
-    if rank == 4 and neg in ([-2, -1], [-3, -2]) and gamma is not None and beta is not None:
-        g_sq, b_sq = np.squeeze(gamma.array), np.squeeze(beta.array)
-        if g_sq.ndim == 1 and b_sq.ndim == 1:
-            transpose = neg == [-3, -2]
-            channel = 3 if transpose else 1
-            c = x_shape[channel]
-            params = []
-            for p, squeezed, fill in ((gamma, g_sq, np.ones), (beta, b_sq, np.zeros)):
-                if p.trivial and not is_symbolic(c) and squeezed.shape != (int(c),):
-                    squeezed = fill(int(c), dtype=squeezed.dtype)  # coremltools sizes them by H for NHWC
-                if not _dims_fit(squeezed.shape, (c,)) or not along(p, {channel}):
-                    return None
-                params.append(squeezed)
-            return _Plan("instance_norm", transpose, params[0], params[1])
-
-    trailing = neg == list(range(-len(neg), 0))
-    if trailing and g_rank == len(norm.axes) and b_rank == len(norm.axes):
-        for p in (gamma, beta):
-            if not _dims_fit(p.array.shape, x_norm) or not along(p, pos):
-                return None
-        return _Plan("layer_norm", False, gamma, beta)
-    return None
-
-
-def _general_plan(norm: _Norm) -> _Plan | None:
-    """Our layer_norm where coremltools' decision refuses: gamma/beta of any shape acting along the axes."""
-    x_shape = norm.shape
-    rank = len(x_shape)
-    neg = sorted(a - rank if a >= 0 else a for a in norm.axes)
-    if not (neg == list(range(-len(neg), 0)) or (rank == 4 and neg == [-3])):
-        return None
-    pos = {a + rank for a in neg}
-    dtype = types.nptype_from_builtin(norm.x.dtype)
-    out: list[Var | np.ndarray | None] = []
-    for p in (norm.gamma, norm.beta):
-        if p is None or p.trivial:
-            out.append(None)
-            continue
-        value = _to_normalized(p.effect, x_shape, pos, dtype)
-        if value is None:
-            return None
-        if p.var is not None and p.effect is p.array and p.array.shape == value.shape:
-            out.append(p.var)  # already the normalised shape: keep the program's const
-        else:
-            out.append(value)
-    gamma, beta = out
-    if gamma is None and beta is not None:
-        # layer_norm's type inference reads gamma.shape to check beta: give it the identity gamma.
-        gamma = np.ones(np.shape(beta.val if isinstance(beta, Var) else beta), dtype=dtype)
-    return _Plan("layer_norm", False, gamma, beta)
-
-
-def _check(norm: _Norm, reductions: list[Operation]) -> _Plan | None:
-    """Semantic checks shared by every pattern, then the plan (None: leave the match alone)."""
-    x_shape = norm.shape
-    if x_shape is None or len(x_shape) == 0 or not _float_dtype(norm.x):
-        return None
-    rank = len(x_shape)
-    axes_sets = []
-    for red in reductions:
-        axes_value = _value(red.axes) if red.axes is not None else None
-        if axes_value is None or red.keep_dims is None or not _value(red.keep_dims):
-            return None
-        axes = _int_axes(axes_value)
-        normalized = {a + rank if a < 0 else a for a in axes}
-        if len(normalized) != len(axes) or not all(0 <= a < rank for a in normalized):
-            return None
-        axes_sets.append(normalized)
-    if any(s != axes_sets[0] for s in axes_sets):
-        return None  # coremltools does not compare the two reductions' axes
-    eps = _value(norm.eps)
-    if eps is None or np.shape(eps) != ():
-        return None
-    out_shape = norm.end_op.outputs[0].shape
-    if out_shape is None or not _keeps_shape(tuple(out_shape), x_shape):
-        return None  # a constant broadcast x to another shape
-    return _coremltools_plan(norm) or _general_plan(norm)
-
-
-def _value(var: Var) -> Any:
-    """``var.val``, read straight from the variable when it holds a number or a numeric array:
-    ``Var.val`` searches the value for symbols on every read, and those have none (the constraints read
-    8 per match)."""
-    held = var._sym_val
-    if held is None:
-        return None
-    value = held.val
-    if type(value) in _PLAIN or (isinstance(value, (np.ndarray, np.generic)) and value.dtype.kind in "biuf"):
-        return value
-    return var.val
-
-
-_PLAIN = (bool, int, float)
-
-
-def _int_axes(value: Any) -> list[int]:
-    """A reduction's constant ``axes`` value (a scalar or an array) as a list of ints."""
-    return [int(a) for a in np.atleast_1d(value)]
-
-
-def _axes_of(op: Operation) -> list[int]:
-    return _int_axes(_value(op.axes))
-
-
-def _accept(
-    pattern: Pattern, reductions: tuple[Operation, Operation], gamma: _Affine | None, beta: _Affine | None
-) -> bool:
-    """Plans the normalisation every pattern computes and keeps the plan on ``pattern`` for
-    :func:`transform_norm`: of ``x`` over the axes of the first of its two ``reductions`` (none if they
-    are not constant), with the ``eps`` of ``add_eps``, ending at the last matched op."""
-    first_axes = _value(reductions[0].axes)
-    x = pattern.root_var
-    x_shape = x.shape
-    norm = _Norm(
-        x=x,
-        shape=tuple(x_shape) if x_shape is not None else None,
-        axes=_int_axes(first_axes) if first_axes is not None else [],
-        eps=pattern.operand("add_eps", "y"),
-        gamma=gamma,
-        beta=beta,
-        end_op=pattern.final_op,
-    )
-    plan = _check(norm, list(reductions))
-    if plan is None:
-        logger.debug("%s: %s left alone (shapes, axes or constants)", pattern.pattern_name, norm.end_op.name)
-        return False
-    pattern.add_attribute("norm", norm)
-    pattern.add_attribute("plan", plan)
-    return True
-
-
-def _const_or_value(value: Var | np.ndarray | _Affine | None, before_op: Operation) -> Var | np.ndarray | None:
-    if isinstance(value, _Affine):
-        if value.var is not None:
-            return value.var
-        return mb.const(val=value.array, name=value.const_name, before_op=before_op)
-    return value
-
-
-def transform_norm(pattern: Pattern) -> None:
-    """Builds the layer_norm / instance_norm the constraints planned and redirects the output."""
-    norm: _Norm = pattern.norm
-    plan: _Plan = pattern.plan
-    end_op = norm.end_op
-    out_name = end_op.outputs[0].name
-    x = norm.x
-    if plan.transpose:
-        x = mb.transpose(x=x, perm=[0, 3, 1, 2], name=out_name + "_transpose_nhwc_nchw", before_op=end_op)
-    gamma = _const_or_value(plan.gamma, end_op)
-    beta = _const_or_value(plan.beta, end_op)
-    if plan.kind == "instance_norm":
-        build, axes_arg, suffix = mb.instance_norm, {}, "_instancenorm"
-    else:
-        build, axes_arg, suffix = mb.layer_norm, {"axes": norm.axes}, "_layernorm"
-    y = build(
-        x=x,
-        **axes_arg,
-        gamma=gamma,
-        beta=beta,
-        epsilon=norm.eps,
-        name=out_name + suffix if plan.transpose else out_name,
-        before_op=end_op,
-    )
-    if plan.transpose:
-        y = mb.transpose(x=y, perm=[0, 2, 3, 1], name=out_name + "_transpose_nchw_nhwc", before_op=end_op)
-    pattern.replace_output(y)
-
-
-# -- reading each pattern's match ------------------------------------------------------------------------------
-
-
-def _folded_gamma_beta(pattern: Pattern) -> tuple[_Affine, _Affine]:
-    """Gamma and beta of the folded form ``x * k + (beta - mean * k)``, ``k = rsqrt(v) * gamma``
-    (patterns 1 and 4)."""
-    return _Affine.of(pattern.operand("mul_gamma", "y")), _Affine.of(pattern.operand("sub_beta", "x"))
-
-
-def _constraints_1(pattern: Pattern) -> bool:
-    return _accept(pattern, (pattern.mean, pattern.mean_sq), *_folded_gamma_beta(pattern))
-
-
-def _constraints_3(pattern: Pattern) -> bool:
-    x = pattern.root_var
-    if x.shape is None or x.rank < 2 or is_symbolic(x.shape[1]) or not _float_dtype(x):
-        return False  # coremltools sizes its ones / zeros by x.shape[1]
-    dtype = types.nptype_from_builtin(x.dtype)
-    shape = (1, int(x.shape[1]), 1, 1)
-    ones, zeros = np.ones(shape, dtype), np.zeros(shape, dtype)
-    gamma = _Affine(ones, None, ones, "_fuse_layernorm_or_instancenorm_gamma", trivial=True)
-    beta = _Affine(zeros, None, zeros, "_fuse_layernorm_or_instancenorm_beta", trivial=True)
-    return _accept(pattern, (pattern.mean, pattern.mean_sq), gamma, beta)
-
-
-def _scale_is_inverse_count(scale: Var, x: Var, reduce_op: Operation) -> bool:
-    if scale.val is None or np.size(scale.val) != 1 or x.shape is None or reduce_op.axes.val is None:
-        return False
-    count = 1
-    for a in np.atleast_1d(reduce_op.axes.val):
-        dim = x.shape[int(a)]
-        if is_symbolic(dim):
-            return False
-        count *= int(dim)
-    return bool(np.isclose(float(np.asarray(scale.val).reshape(())) * count, 1.0, rtol=0.0, atol=1e-5))
-
-
-def _constraints_4(pattern: Pattern) -> bool:
-    x = pattern.root_var
-    if x.shape is None:
-        return False
-    for scale in ("mean_sq", "mean"):  # coremltools only asks for a scalar; it must be 1/N
-        if not _scale_is_inverse_count(pattern.operand(scale, "y"), x, pattern.sum_x):
-            return False
-    return _accept(pattern, (pattern.sum_x, pattern.sum_sq), *_folded_gamma_beta(pattern))
-
-
-def _constraints_5_affine(pattern: Pattern) -> bool:
-    if pattern.mean.axes.val is None or _axes_of(pattern.mean) != [1] or _axes_of(pattern.mean_sq) != [1]:
-        return False  # as coremltools: exactly [1]; other axes are the written-out family's
-    g_var, b_var = pattern.operand("mul_gamma", "y"), pattern.operand("add_beta", "y")
-    g_val, b_val = np.asarray(g_var.val), np.asarray(b_var.val)
-    g_sq = np.squeeze(g_val)
-    b_effect = b_val * g_val  # y = (n + b) * g = n * g + b * g
-    try:
-        b_sq = np.squeeze(b_val) * g_sq  # what coremltools computes (and crashes on if it cannot)
-    except ValueError:
-        b_sq = b_effect
-    gamma = _Affine(array=g_sq, var=None, effect=g_val, const_name="_fuse_layernorm_gamma")
-    beta = _Affine(array=b_sq, var=None, effect=b_effect, const_name="_fuse_layernorm_beta")
-    return _accept(pattern, (pattern.mean, pattern.mean_sq), gamma, beta)
-
-
-def _constraints_written_out(pattern: Pattern) -> bool:
-    ops = pattern.ops
-    gamma = _Affine.of(pattern.operand("mul_gamma", "x")) if "mul_gamma" in ops else None
-    beta = _Affine.of(pattern.operand("add_beta", "y")) if "add_beta" in ops else None
-    return _accept(pattern, (pattern.mean, pattern.mean_sq), gamma, beta)
-
-
-# -- registration ------------------------------------------------------------------------------------------------
-
-
-def _size(program: Program) -> int:
-    return sum(op.op_type != "const" for op in program.functions["main"].operations)
-
-
-def _register(
-    program: Program,
-    constraints: Callable[[Pattern], bool],
-    name: str,
-    const_rules: dict[str, ConstRule] | None = None,
-) -> None:
-    # Longer patterns first: a pattern that is a prefix of another (pattern 5 without its affine tail,
-    # the family without gamma or beta) must not take the ops the longer one would fuse.
+for _priority, (_name, (_program, _constraints, _rules)) in enumerate(reversed(PATTERNS.items())):
     register_generic_pass(
-        ops_arrangement=program,
-        var_constraints=constraints,
+        ops_arrangement=_program,
+        var_constraints=_constraints,
         transform_pattern=transform_norm,
         pass_name=PASS_NAME,
         namespace="common",
         constants="const",
-        const_rules=const_rules,
-        priority=_size(program),
-        name=name,
+        const_rules=_rules,
+        priority=_priority,
+        name=_name,
     )
-
-
-_register(layernorm_pattern_1, _constraints_1, "pattern_1")
-_register(instancenorm_pattern_3, _constraints_3, "pattern_3", {"mul_neg.y": _EXACT})
-_register(instancenorm_pattern_4, _constraints_4, "pattern_4")
-_register(layernorm_pattern_5_affine, _constraints_5_affine, "pattern_5_affine")
-for _key in _FAMILY_KEYS:
-    _rules = {}
-    if _key[1] == "pow":
-        _rules["square.y"] = _EXACT  # pow(d, 2.0000001) is NaN for d < 0
-    if _key[2] == "pow":
-        _rules["std.y"] = _ISCLOSE
-    _register(WRITTEN_OUT_PATTERNS["_".join(_key)], _constraints_written_out, "written_out_" + "_".join(_key), _rules)

@@ -41,18 +41,23 @@ Rules (checked when the pattern is built or compiled, with the rule and the fix 
 How it is compiled (no product of sub-passes): the ops of the choice become one pattern node, a *choice
 node*, whose input slots are the variables its alternatives read from outside; each alternative is
 compiled on its own into a small :class:`~pattern_infra.compiler.CompiledPattern` (its inputs are those
-variables). The outer search binds a choice node like an op: the program op producing the variable is
-offered to each alternative's own search in turn (anchored at the alternative's last op), every complete
-sub-match gives values for the slots, and the outer search goes on with them; backtracking tries the next
-sub-match, then the next alternative. Cost per choice node: the sum of the alternatives' sizes, never the
-product of the choices. ``explain`` reports "tried 3 alternatives for 'normed': ..." with each one's first
-failure.
+variables). The outer search binds a choice node like an op. Reached by an up-step (or as the anchor),
+the program op producing the variable is offered to the alternatives whose last op has its type, each
+searched anchored there (:func:`choice_matches`). Reached by a down-step from a variable bound in one of
+its slots, each alternative is searched *entered from that variable* (:func:`entered_matches`): a
+down-step to the op reading it, then the alternative's own plan, so only the ops below the variable an
+alternative reaches are bound. Every complete sub-match gives values for the slots and the outer search
+goes on with them; backtracking tries the next sub-match, then the next alternative (sub-matches are
+found lazily). Cost per choice node: the sum of the alternatives' sizes, never the product of the
+choices; a pattern with 12 spellings makes 1.33x the bind attempts of one spelling written out
+(``python -m bench.choices``). ``explain`` reports "tried 3 alternatives for 'normed': ..." with each
+one's first failure.
 """
 
 from __future__ import annotations
 
 import weakref
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -76,6 +81,8 @@ class _Record:
     """Per alternative: the ops it created (consts included, nested choices' ops included) and its output."""
     children: dict[int, list[_Record]] = field(default_factory=dict)
     """Per alternative, the choices declared inside it (nested choices)."""
+    fallback: bool = False
+    """See :func:`one_of`."""
 
 
 _RECORDS: weakref.WeakKeyDictionary[Any, list[_Record]] = weakref.WeakKeyDictionary()
@@ -120,17 +127,32 @@ class Choice:
     uses: dict[str, int] = field(default_factory=dict)
     """For every slot, how many times the first alternative reading it reads it."""
 
+    fallback: bool = False
+    """A later alternative is also offered inside an earlier one's match (see :func:`one_of`)."""
+    entries: dict[str, list[frozenset[str]] | None] = field(default_factory=dict)
+    """Per slot, the op types each alternative may be entered by from it, or None when a down-step
+    through it cannot enter every alternative (:func:`enterable`)."""
+
     def reads_of(self, slot: str) -> int:
         """How many times an alternative reads ``slot`` (for a nested choice's input)."""
         return self.reads.get(slot, self.uses.get(slot, 1))
 
 
-def one_of(name: str, *alternatives: Callable[[], Var]) -> Var:
+def one_of(name: str, *alternatives: Callable[[], Var], fallback: bool = False) -> Var:
     """Declares, inside an ``@mb.program`` pattern, a variable computed by one of several small programs.
+
+    Alternatives are tried in the order written; write the longest first. When the choice ends the
+    pattern (its variable may be used anywhere), a later alternative is by default never matched at an op
+    inside a match of an earlier one (``norm * w`` is the weighted spelling, not the unweighted one
+    followed by an unrelated ``mul``), whatever the constraints say of that match.
 
     Args:
         name: The choice's name: ``pattern.<name>`` is the op computing the variable in a match.
         *alternatives: Functions of no argument building ops with ``mb`` and returning the variable.
+        fallback: Offer a later alternative inside an earlier one's match too, after it (when the choice
+            is reached from one of its inputs, not as the anchor): what a pass written as one pattern
+            per spelling, longest first, does when its constraints refuse the longer match (a weight the
+            fusion cannot absorb stays an op after the fused one). ``find_matches`` then reports both.
 
     Returns:
         The first alternative's variable, for the rest of the pattern to use.
@@ -155,7 +177,7 @@ def one_of(name: str, *alternatives: Callable[[], Var]) -> Var:
             f"one_of({name!r}) needs at least two alternatives, each a function of no argument building "
             f"ops (e.g. lambda: mb.mul(x=x, y=x, name='sq')); got {len(alternatives)}."
         )
-    record = _Record(name, [])
+    record = _Record(name, [], fallback=fallback)
     if _ACTIVE:
         parent, k = _ACTIVE[-1]
         parent.children.setdefault(k, []).append(record)
@@ -183,8 +205,8 @@ def one_of(name: str, *alternatives: Callable[[], Var]) -> Var:
     return record.alternatives[0][1]
 
 
-def optional(name: str, base: Callable[[], Var], extra: Callable[[Var], Var]) -> Var:
-    """Declares an op that may be absent: ``one_of(name, lambda: extra(base()), base)``.
+def optional(name: str, base: Callable[[], Var], extra: Callable[[Var], Var], fallback: bool = False) -> Var:
+    """Declares an op that may be absent: ``one_of(name, lambda: extra(base()), base, fallback=fallback)``.
 
     ``base`` builds the part of the pattern the optional op applies to (it is built once per
     alternative, so its ops may carry the same names in both; a ``one_of`` inside it becomes a nested
@@ -195,11 +217,12 @@ def optional(name: str, base: Callable[[], Var], extra: Callable[[Var], Var]) ->
         name: The choice's name.
         base: Builds the ops the optional op reads from, returning their variable.
         extra: Builds the optional op(s) on that variable.
+        fallback: As for :func:`one_of`: without the optional op when the match with it is refused.
 
     Returns:
         The variable with ``extra`` applied (the first alternative).
     """
-    return one_of(name, lambda: extra(base()), base)
+    return one_of(name, lambda: extra(base()), base, fallback=fallback)
 
 
 # -- compiling: a choice becomes one node, each alternative a small pattern ---------------------------------
@@ -348,6 +371,7 @@ def _choice_of(
     choice = Choice(
         name=record.name,
         alternatives=alternatives,
+        fallback=record.fallback,
         depth=max(_depth(a.compiled) for a in alternatives),
         output_types=frozenset(t for a in alternatives for n in a.compiled.final_nodes
                                for t in a.compiled.nodes[n].op_types),
@@ -408,15 +432,15 @@ def _label(compiled: CompiledPattern) -> str:
 
 
 class SubMatch:
-    """One complete match of one alternative, anchored at the op computing the choice's variable.
+    """One complete match of one alternative, ending at the op computing the choice's variable.
 
-    Kept as the search's state (a few list copies); the alternative's
-    :class:`~pattern_infra.pattern.Pattern` is built only when a whole match is (``pattern``).
+    Kept as the search's state (a few list copies); the alternative's ops, operands and constants are
+    written into dicts only when a whole match is built (:meth:`parts`).
     """
 
-    __slots__ = ("alternative", "slots", "ops", "choice", "_matcher", "_block", "_state", "_pattern")
+    __slots__ = ("alternative", "slots", "ops", "end", "choice", "_matcher", "_state", "_parts")
 
-    def __init__(self, alternative: Alternative, matcher: Any, block: Any, state: tuple[list, list, list, list],
+    def __init__(self, alternative: Alternative, matcher: Any, state: tuple[list, list, list, list],
                  choice: str) -> None:
         ops, assign, roots, subs = state
         self.alternative: int = alternative.index
@@ -424,40 +448,50 @@ class SubMatch:
         self.slots: dict[str, Var] = {slot: var for slot, var in zip(alternative.slots, roots) if var is not None}
         """Choice-node slot to the program variable the alternative read there (slots it does not read
         are absent)."""
-        flat = [op for op in ops if op is not None]
+        flat = [op for op, sub in zip(ops, subs) if sub is None]
         for sub in subs:
             if sub is not None:
-                flat.extend(o for o in sub.ops if all(o is not f for f in flat))
+                flat.extend(sub.ops)  # includes the op of its choice node (its end)
         self.ops: list[Operation] = flat
         """Every program op of the sub-match (nested choices' included), each once."""
+        self.end: Operation = ops[alternative.compiled.final_nodes[0]]
+        """The op computing the choice's variable (the alternative's last op)."""
         self.choice: str = choice
         """The choice's name."""
         self._matcher = matcher
-        self._block = block
         self._state = state
-        self._pattern: Any = None
+        self._parts: Any = None
 
-    @property
-    def pattern(self) -> Any:
-        """The alternative's Pattern (its ops, operands, constants, nested choices), built on first use."""
-        if self._pattern is None:
-            from .matcher import _build_pattern
-
-            ops, assign, roots, subs = self._state
-            self._pattern = _build_pattern(self._matcher, self._block, ops, assign, roots, None, subs)
-        return self._pattern
+    def parts(self) -> tuple[dict[str, Operation], dict[str, dict[str, Any]], dict[str, Var], dict[str, int]]:
+        """The alternative's ops, operands and constants by name, and its nested choices, as a Pattern
+        of it would hold them (``matcher.match_dicts``), built on first use."""
+        if self._parts is None:
+            ops, assign, _, subs = self._state
+            self._parts = _matcher_module().match_dicts(self._matcher, ops, assign, subs)
+        return self._parts
 
     def const_vars(self) -> list[Var]:
         """The program variables in the alternative's constant slots (nested choices' included)."""
-        from .matcher import _slot_value
-
+        slot_value = _matcher_module()._slot_value
         ops, assign, roots, subs = self._state
         out = [v for n, slot, pos in self._matcher._const_slots
-               if (v := _slot_value(assign, n, slot, pos)) is not None]
+               if (v := slot_value(assign, n, slot, pos)) is not None]
         for sub in subs:
             if sub is not None:
                 out.extend(sub.const_vars())
         return out
+
+
+_MATCHER_MODULE: list[Any] = []
+
+
+def _matcher_module() -> Any:
+    """:mod:`pattern_infra.matcher`, imported on first use (it imports this module)."""
+    if not _MATCHER_MODULE:
+        from . import matcher
+
+        _MATCHER_MODULE.append(matcher)
+    return _MATCHER_MODULE[0]
 
 
 def _matcher_of(alternative: Alternative) -> Any:
@@ -473,12 +507,15 @@ def _matcher_of(alternative: Alternative) -> Any:
 def choice_matches(
     outer: Any, choice: Choice, op: Operation, block: Any, failures: list[str] | None = None,
     maximal: bool = False,
-) -> list[SubMatch]:
-    """Every complete match of every alternative of ``choice`` whose last op is ``op``, in order.
+) -> Iterator[SubMatch]:
+    """Every complete match of every alternative of ``choice`` whose last op is ``op``, in order, found
+    lazily (a search that takes the first one never searches the later alternatives).
 
-    Each alternative is searched by the interpreter of :mod:`pattern_infra.matcher` anchored at its last
-    op, collecting all its complete matches (a commutative op may give two); the bind attempts it makes
-    are added to ``outer.bind_attempts``, so the interpreter and the compiled search count the same.
+    Only the alternatives whose last op accepts ``op``'s type are searched (a dispatch on the op type:
+    the others could not bind it). Each is searched anchored at its last op, collecting all its complete
+    matches (a commutative op may give two); the bind attempts it makes are added to
+    ``outer.bind_attempts``, less the anchor, which the outer search bound and counted already, so the
+    interpreter and the compiled search count the same.
 
     Args:
         outer: The matcher of the pattern holding the choice node.
@@ -492,27 +529,121 @@ def choice_matches(
             spelling wins, as with ``optional``: ``norm * w`` is not matched as ``norm`` followed by an
             unrelated ``mul``).
 
-    Returns:
+    Yields:
         The sub-matches, alternative by alternative.
     """
-    from .matcher import Failure
-
-    found: list[SubMatch] = []
+    failure_type = _matcher_module().Failure
+    op_type = op.op_type
     for alternative in choice.alternatives:
+        end = alternative.compiled.nodes[alternative.compiled.final_nodes[0]]
+        if op_type not in end.op_types:
+            if failures is not None:
+                failures.append(f"{alternative.label}: ends with {end.op_type_label}, not {op_type}")
+            continue
         search = _search_alternative(outer, alternative, op, block, failures is not None)
+        outer.bind_attempts -= 1  # the anchor: bound (and counted) by the outer search
         if search.found and maximal and alternative.index > 0 and _taken_further(outer, choice, alternative,
                                                                                   op, block):
             if failures is not None:
                 failures.append(f"{alternative.label}: an earlier alternative matches further down")
             continue
-        matcher = _matcher_of(alternative)
-        for state in search.found:
-            found.append(SubMatch(alternative, matcher, block, state, choice.name))
         if not search.found and failures is not None:
             failure = search.failure
-            reason = failure.reason if isinstance(failure, Failure) else "no match"
+            reason = failure.reason if isinstance(failure, failure_type) else "no match"
             failures.append(f"{alternative.label}: {reason}")
-    return found
+        matcher = _matcher_of(alternative)
+        for state in search.found:
+            yield SubMatch(alternative, matcher, state, choice.name)
+
+
+def enterable(choice: Choice, slot: str) -> bool:
+    """Whether a down-step into ``choice`` through ``slot`` can enter every alternative from the slot's
+    variable: every alternative reads the slot, by an op that can start a search (:func:`entry_edge`)."""
+    return _entry_types(choice, slot) is not None
+
+
+def _entry_types(choice: Choice, slot: str) -> list[frozenset[str]] | None:
+    """Per alternative, the op types of the op reading ``slot`` that a search entered from it binds
+    first (a nested choice: its alternatives' such types); None when not :func:`enterable`."""
+    if slot in choice.entries:
+        return choice.entries[slot]
+    types: list[frozenset[str]] | None = [] if slot in choice.full_slots else None
+    for alternative in choice.alternatives if types is not None else ():
+        entry = entry_edge(alternative.compiled, alternative.slots.index(slot))
+        if entry is None:
+            types = None
+            break
+        node = alternative.compiled.nodes[entry[0]]
+        inner = _entry_types(node.choice, entry[1]) if node.choice is not None else [node.op_types]
+        types.append(frozenset().union(*inner))  # type: ignore[arg-type]
+    choice.entries[slot] = types
+    return types
+
+
+def entry_edge(compiled: CompiledPattern, root: int) -> tuple[int, str, int, int] | None:
+    """The first consumer of pattern input ``root`` a search may be entered by, as (node, slot, position,
+    root): not a fan-out op, not a tuple slot, and for a choice node a slot it can be entered through
+    (:func:`enterable`). None when there is none."""
+    for n, slot, pos in compiled.root_consumers[root]:
+        node = compiled.nodes[n]
+        if node.fanout or pos >= 0:
+            continue
+        if node.choice is not None and not enterable(node.choice, slot):
+            continue
+        return (n, slot, pos, root)
+    return None
+
+
+def entered_matches(
+    outer: Any, choice: Choice, slot: str, var: Var, block: Any, failures: list[str] | None = None,
+    maximal: bool = False,
+) -> Iterator[SubMatch]:
+    """Every complete match of every alternative of ``choice`` reading ``var`` in ``slot``, found lazily
+    by a search of each alternative *entered* from ``var`` (``Matcher.root_plans``): a down-step into a
+    choice binds only the ops below ``var`` that an alternative reaches, each once per alternative, where
+    offering every op within the choice's depth to every alternative (:func:`candidates_below`) searched
+    again what the alternatives share. :func:`enterable` says when this applies.
+
+    Args:
+        outer: The matcher of the pattern holding the choice node (its ``bind_attempts`` receive the
+            alternatives' binds).
+        choice: The choice.
+        slot: The choice node's slot the down-step goes through (every alternative reads it).
+        var: The program variable bound to ``slot``.
+        block: The block searched.
+        failures: As for :func:`choice_matches`.
+        maximal: The choice ends the pattern: a match of a later alternative is left out when its last
+            op lies inside a match of an earlier alternative found here, ending further down (the longest
+            spelling wins, as in :func:`choice_matches`).
+
+    Yields:
+        The sub-matches, alternative by alternative; ``sub.end`` is the op the choice node binds.
+    """
+    failure_type = _matcher_module().Failure
+    maximal = maximal and not choice.fallback
+    inside_earlier: set[int] = set()
+    entry_types = _entry_types(choice, slot)
+    below = {op.op_type for op in var.child_ops}
+    for alternative, types in zip(choice.alternatives, entry_types):  # type: ignore[arg-type]
+        if below.isdisjoint(types):  # a dispatch on the consumers' types: nothing to enter by
+            if failures is not None:
+                failures.append(f"{alternative.label}: no consumer of {var.name} is {' or '.join(sorted(types))}")
+            continue
+        search = _search_alternative(outer, alternative, None, block, failures is not None,
+                                     entry=(alternative.slots.index(slot), var))
+        matcher = _matcher_of(alternative)
+        subs = [SubMatch(alternative, matcher, state, choice.name) for state in search.found]
+        kept = [sub for sub in subs if id(sub.end) not in inside_earlier] if inside_earlier else subs
+        if maximal:
+            inside_earlier.update(id(o) for sub in subs for o in sub.ops if o is not sub.end)
+        if failures is not None:
+            if subs and not kept:
+                failures.append(f"{alternative.label}: an earlier alternative matches further down")
+            elif not subs:
+                failure = search.failure
+                reason = failure.reason if isinstance(failure, failure_type) else "no match"
+                failures.append(f"{alternative.label}: {reason}")
+        yield from kept
 
 
 class _Collected:
@@ -525,20 +656,30 @@ class _Collected:
         self.failure = None
 
 
-def _search_alternative(outer: Any, alternative: Alternative, op: Operation, block: Any, trace: bool) -> Any:
-    """The alternative's search anchored at its last op, run to the end (``.found``: every match, as
-    search state): the generated collecting search, or the interpreter when tracing (or forced)."""
+def _search_alternative(
+    outer: Any, alternative: Alternative, op: Operation | None, block: Any, trace: bool,
+    entry: tuple[int, Var] | None = None,
+) -> Any:
+    """The alternative's search run to the end (``.found``: every match, as search state), anchored at
+    its last op bound to ``op``, or entered from ``entry`` (root index, variable): the generated
+    collecting search, or the interpreter when tracing (or forced)."""
     matcher = _matcher_of(alternative)
     anchor = alternative.compiled.final_nodes[0]
+    root = None if entry is None else entry[0]
     before = matcher.bind_attempts
-    fn = None if trace else matcher.collector(anchor)
+    fn = None if trace else matcher.collector(anchor, root)
     if fn is not None:
-        found = fn(matcher, op, block)
+        found = fn(matcher, op if entry is None else entry[1], block)
         outer.bind_attempts += matcher.bind_attempts - before
         return _Collected(found)
-    search = _Collecting(matcher, block, matcher.plans[anchor], trace)
-    search.found = []
-    search.run(op)
+    if entry is None:
+        search = _Collecting(matcher, block, matcher.plans[anchor], trace)
+        search.found = []
+        search.run(op)
+    else:
+        search = _Collecting(matcher, block, matcher.root_plans[entry[0]], trace)
+        search.found = []
+        search.run_entered(*entry)
     outer.bind_attempts += matcher.bind_attempts - before
     return search
 
@@ -547,6 +688,8 @@ def _taken_further(outer: Any, choice: Choice, alternative: Alternative, op: Ope
     """Whether an alternative before ``alternative`` matches at an op below ``op`` with ``op`` inside."""
     for below in candidates_below(op.outputs[0], choice):
         for earlier in choice.alternatives[: alternative.index]:
+            if below.op_type not in earlier.compiled.nodes[earlier.compiled.final_nodes[0]].op_types:
+                continue
             for state in _search_alternative(outer, earlier, below, block, False).found:
                 if any(o is op for o in state[0]) or any(
                         sub is not None and any(o is op for o in sub.ops) for sub in state[3]):
@@ -632,14 +775,16 @@ def computed_inside(var: Var | None, ops: Sequence[Any], subs: Sequence[SubMatch
 
 def subs_final_ok(ops: Sequence[Any], subs: Sequence[SubMatch | None]) -> bool:
     """The outer final check the alternatives cannot make themselves: no constant slot of a sub-match is
-    computed by an op of the outer match or of another sub-match."""
+    computed by an op of the match (the outer ops or another sub-match; one computed by an op of its own
+    sub-match was refused by that sub-match's search already)."""
+    producers = [p for sub in subs if sub is not None for var in sub.const_vars() if (p := var.op) is not None]
+    if not producers:
+        return True
+    inside = {id(op) for op in ops if op is not None}
     for sub in subs:
-        if sub is None:
-            continue
-        for var in sub.const_vars():
-            if computed_inside(var, ops, [s for s in subs if s is not sub]):
-                return False
-    return True
+        if sub is not None:
+            inside.update(id(op) for op in sub.ops)
+    return not any(id(p) in inside for p in producers)
 
 
 def merged(
@@ -656,19 +801,20 @@ def merged(
     for name, op in outer:  # each alternative's ops right before its choice: a topological order still
         sub = by_choice.get(name)
         if sub is not None:
-            for inner_name, inner_op in sub.pattern.ops.items():
+            for inner_name, inner_op in sub.parts()[0].items():
                 ops.setdefault(inner_name, inner_op)
         ops.setdefault(name, op)
     for sub in subs:
         if sub is None:
             continue
-        inner = sub.pattern
-        for name, slots in inner._operands.items():
+        _, inner_operands, inner_consts, inner_chosen = sub.parts()
+        for name, slots in inner_operands.items():
             operands.setdefault(name, slots)
-        for key, var in inner.consts.items():
+        for key, var in inner_consts.items():
             consts.setdefault(key, var)
         chosen[sub.choice] = sub.alternative
-        chosen.update(inner.choices)
+        if inner_chosen:
+            chosen.update(inner_chosen)
     return chosen
 
 

@@ -164,7 +164,7 @@ class _NotCompilable(Exception):
     """The plan has a feature the generator leaves to the interpreter."""
 
 
-def _filename(matcher: Matcher, anchor: int, source: str) -> str:
+def _filename(matcher: Matcher, anchor: int | str, source: str) -> str:
     """``<pattern_infra.codegen:{pattern}:{anchor}>``, numbered (``...:{anchor}#2>``) when another pattern
     of the same name already registered different lines under it."""
     base = f"<pattern_infra.codegen:{matcher.compiled.name}:{anchor}"
@@ -175,7 +175,7 @@ def _filename(matcher: Matcher, anchor: int, source: str) -> str:
     return filename
 
 
-def build(matcher: Matcher, anchor: int, collect: bool = False) -> GeneratedSearch:
+def build(matcher: Matcher, anchor: int, collect: bool = False, root: int | None = None) -> GeneratedSearch:
     """Generates and compiles the search of ``matcher`` anchored at pattern op ``anchor``.
 
     Args:
@@ -185,16 +185,19 @@ def build(matcher: Matcher, anchor: int, collect: bool = False) -> GeneratedSear
             search state ``(ops, assign, roots, subs)``, as the interpreter's collecting search does for
             an alternative of a choice (:mod:`pattern_infra.choices`), instead of the first accepted
             Pattern.
+        root: With ``collect``: the search entered from this root's variable (``op`` is that
+            variable; ``Matcher.root_plans``), for an alternative reached by a down-step.
 
     Returns:
         The generated search; its ``function`` is None when the pattern needs the interpreter.
     """
     try:
-        source, namespace = generate(matcher, anchor, collect)
+        source, namespace = generate(matcher, anchor, collect, root)
     except _NotCompilable as exc:
         text = _not_compiled(matcher, anchor, str(exc))
         return GeneratedSearch(text, _filename(matcher, anchor, text), None, str(exc))
-    filename = _filename(matcher, anchor, source)
+    where = anchor if root is None else f"r{root}"
+    filename = _filename(matcher, where, source)
     try:
         code = compile(source, filename, "exec")
     except SyntaxError as exc:  # too many statically nested blocks: more choice points than CPython allows
@@ -204,7 +207,7 @@ def build(matcher: Matcher, anchor: int, collect: bool = False) -> GeneratedSear
     exec(code, namespace)  # noqa: S102 - our own generated source
     function = namespace["search"]
     function.__source__ = source
-    function.__qualname__ = function.__name__ = f"search_{_identifier(matcher.compiled.name)}_{anchor}"
+    function.__qualname__ = function.__name__ = f"search_{_identifier(matcher.compiled.name)}_{where}"
     linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
     return GeneratedSearch(source, filename, function)
 
@@ -218,19 +221,22 @@ def _identifier(text: str) -> str:
     return re.sub(r"\W", "_", text)
 
 
-def generate(matcher: Matcher, anchor: int, collect: bool = False) -> tuple[str, dict[str, Any]]:
-    """The source of the search anchored at ``anchor`` and the globals it runs with.
+def generate(
+    matcher: Matcher, anchor: int, collect: bool = False, root: int | None = None
+) -> tuple[str, dict[str, Any]]:
+    """The source of the search anchored at ``anchor`` (or entered from ``root``, see :func:`build`) and
+    the globals it runs with.
 
     Raises:
         _NotCompilable: The pattern has a feature left to the interpreter (see the module docstring).
     """
-    return _Generator(matcher, anchor, collect).run()
+    return _Generator(matcher, anchor, collect, root).run()
 
 
 class _Generator:
     """Writes the search of one anchor, step by step of its plan."""
 
-    def __init__(self, matcher: Matcher, anchor: int, collect: bool = False) -> None:
+    def __init__(self, matcher: Matcher, anchor: int, collect: bool = False, root: int | None = None) -> None:
         from .matcher import _build_pattern, _optional_const
         from .pattern import Pattern
 
@@ -240,8 +246,10 @@ class _Generator:
         self.m = matcher
         self.compiled = matcher.compiled
         self.nodes: list[PatternNode] = matcher.nodes
-        self.anchor = anchor
-        self.plan = matcher.plans[anchor]
+        self.root = root
+        """The root the search is entered from (its variable is ``op``), or None: anchored at an op."""
+        self.plan = matcher.plans[anchor] if root is None else matcher.root_plans[root]
+        self.anchor = self.plan[0].node
         self.lines: list[str] = []
         self.depth = 1  # indentation, in levels of four spaces
         self.loops = 0  # enclosing for loops
@@ -259,6 +267,7 @@ class _Generator:
             "_of_search": Pattern._of_search,
             "_build_pattern": _build_pattern,
             "_choice_matches": choices.choice_matches,
+            "_entered": choices.entered_matches,
             "_below": choices.candidates_below,
             "_clashes": choices.clashes,
             "_in_subs": choices.op_in_subs,
@@ -379,16 +388,19 @@ class _Generator:
         self.depth = 0
         self.line("def search(_m, op, block):" if self.collect else "def search(_m, op, block, order, accept):")
         self.depth = 1
-        self.line("nb = 1")
+        self.line("nb = 1" if self.root is None else "nb = 0")
         if self.collect:
             self.line("_found = []")
         self.line("try:")
         self.depth = 2
         a = self.anchor
-        self.line(f"o{a} = op")
-        self.comment(f"step 0: anchor {self.label(a)}")
-        self.bind(a, via=None, filtered=False)
-        for i, st in enumerate(self.plan[1:], start=1):
+        if self.root is None:
+            self.line(f"o{a} = op")
+            self.comment(f"step 0: anchor {self.label(a)}")
+            self.bind(a, via=None, filtered=False)
+        else:
+            self.line(f"r{self.root} = op  # entered from root {compiled.root_names[self.root]!r}")
+        for i, st in enumerate(self.plan[1:] if self.root is None else self.plan, start=1 if self.root is None else 0):
             if st.kind == _DOWN:
                 self.down_step(i, st)
             else:
@@ -408,7 +420,7 @@ class _Generator:
 
     def _first_root_edges(self) -> set[tuple[int, str, int]]:
         """The (node, slot, position) of the first edge reaching each root, in plan and slot order."""
-        seen: set[int] = set()
+        seen: set[int] = set() if self.root is None else {self.root}
         first: set[tuple[int, str, int]] = set()
         for st in self.plan:
             for slot, edge in self.nodes[st.node].inputs.items():
@@ -457,6 +469,14 @@ class _Generator:
         else:
             var = f"o{st.src}._output_vars[{st.out}]"
             what = f"{self.nodes[st.src].name} (output {st.out})"
+        if node.choice is not None and st.pos < 0 and choices.enterable(node.choice, st.slot):
+            self.comment(f"step {i}: down into {self.label(m)}: each alternative entered from {what}")
+            choice = self.constant("choice", node.choice)
+            self.open_loop(f"for _s{m} in _entered(_m, {choice}, {st.slot!r}, {var}, block, None, "
+                           f"{node.is_final}):")
+            self.line(f"o{m} = _s{m}.end")
+            self.sub_match_checks(m, via=None)
+            return
         self.comment(f"step {i}: down to {self.label(m)}, each distinct consumer of {what}")
         if node.choice is not None:
             choice = self.constant("choice", node.choice)
@@ -565,6 +585,12 @@ class _Generator:
         choice = self.constant("choice", node.choice)
         self.comment(f"choice {node.name!r}: every match of each alternative ending at o{n}")
         self.open_loop(f"for _s{n} in _choice_matches(_m, {choice}, o{n}, block, None, {node.is_final}):")
+        self.sub_match_checks(n, via)
+
+    def sub_match_checks(self, n: int, via: tuple[int, str, int] | None) -> None:
+        """Choice node ``n`` bound to ``o<n>`` with the sub-match ``_s<n>``: injectivity, then its slots
+        checked like any operands (``_Search.bind_sub``)."""
+        node = self.nodes[n]
         bound = ", ".join(f"o{j}" for j in self.bound)
         subs = ", ".join(f"_s{j}" for j in self.bound if j in self.choice_nodes)
         self.guard(f"_clashes(_s{n}, ({bound}{',' if bound else ''}), ({subs}{',' if subs else ''}))",

@@ -24,8 +24,15 @@ Identities (``name``: pattern op -> also matched, exactness in float32):
   ``1 / sqrt(x + epsilon)`` (epsilon 1e-12 by default); relative difference at most
   ``2 * 2**-24 + epsilon / (2 x)`` (``RSQRT_RTOL`` = 1.2e-7 for the rounding part).
 
-Constant scalings re-associated in ``mul`` chains (``(a * c) * b`` = ``a * (b * c)``) are not an
-identity of one op but of a chain; they are not implemented (see docs/ALTERNATIVES.md).
+* ``reassoc``: ``mul(mul(a, c), b)`` with ``c`` a constant -> ``mul(a, mul(b, c))`` and ``mul(mul(a, b),
+  c)``: a constant scaling re-associated in a chain of two ``mul`` (any operand order). An identity of
+  the chain, declared on its outer ``mul``: the inner one (read only by it) becomes part of the choice,
+  under its own name in every spelling. **Approximate**: each side rounds two products, so they differ
+  by at most ``4 * 2**-24`` relative (``REASSOC_RTOL`` = 2.4e-7), unless an intermediate product
+  overflows or underflows where the other does not. Applied alone on its two ops (their other identities
+  are left out there); a constant rule given for the inner op's slot (``"<inner>.y"``) holds in the
+  spelling as written only. Longer chains (the constant at depth 3 or more) are not covered (see
+  docs/ALTERNATIVES.md).
 
 Declaring them (refused at registration with the rule and the fix when wrong):
 
@@ -49,10 +56,13 @@ from coremltools.converters.mil.mil import Function, Operation, Program, Var
 from .choices import _Record, one_of, records_of
 from .errors import PatternDefinitionError
 
-__all__ = ["DIV_RTOL", "RSQRT_RTOL", "IDENTITIES", "Identity", "Equivalences", "with_equivalences"]
+__all__ = ["DIV_RTOL", "REASSOC_RTOL", "RSQRT_RTOL", "IDENTITIES", "Identity", "Equivalences", "with_equivalences"]
 
 DIV_RTOL = 2.4e-7
 """Relative tolerance of ``x / c`` against ``x * (1/c)`` in float32 (3 units in the last place, rounded up)."""
+
+REASSOC_RTOL = 2.4e-7
+"""Relative tolerance of ``(a * c) * b`` against ``a * (b * c)`` in float32 (two roundings each side)."""
 
 RSQRT_RTOL = 1.2e-7
 """Relative tolerance of ``rsqrt(x)`` against ``1 / sqrt(x)`` in float32, beyond rsqrt's epsilon term."""
@@ -118,6 +128,8 @@ IDENTITIES: dict[str, Identity] = {
         Identity("mul_const", "mul", lambda op: _const(op, "y") is not None and bool(np.all(_const(op, "y"))),
                  lambda v, op, name: mb.real_div(x=v["x"], y=_scaled(op, "y", np.reciprocal), name=name), False,
                  "mul(x, c) = real_div(x, 1/c)"),
+        Identity("reassoc", "mul", lambda op: _chain(op) is not None, lambda v, op, name: v["x"], False,
+                 "mul(mul(a, c), b) = mul(a, mul(b, c)) = mul(mul(a, b), c) for a constant c"),
         Identity("rsqrt", "rsqrt", lambda op: True,
                  lambda v, op, name: mb.real_div(x=np.float32(1.0), y=mb.sqrt(x=v["x"], name=f"{name}_sqrt"),
                                                  name=name), False,
@@ -125,6 +137,46 @@ IDENTITIES: dict[str, Identity] = {
     ]
 }
 """Every identity the matcher knows, by name."""
+
+
+def _chain(op: Operation) -> tuple[Operation, str, Var, Var, Var] | None:
+    """For ``op = mul(P, b)`` with ``P = mul(a, c)``, ``c`` a constant, ``a`` not one, ``P`` read only by
+    ``op``: ``(P, slot of P in op, a, c, b)``; else None."""
+    if op.op_type != "mul":
+        return None
+    for slot, other in (("x", "y"), ("y", "x")):
+        var = op.inputs.get(slot)
+        inner = var.op if isinstance(var, Var) else None
+        if inner is None or inner.op_type != "mul" or len(var.child_ops) != 1 or op.inputs[other] is var:
+            continue
+        if var in inner.enclosing_block.outputs:
+            continue
+        for c_slot, a_slot in (("y", "x"), ("x", "y")):
+            if _const(inner, c_slot) is not None and _const(inner, a_slot) is None:
+                return inner, slot, inner.inputs[a_slot], inner.inputs[c_slot], op.inputs[other]
+    return None
+
+
+def _reassociated(op: Operation, scopes: list[dict[int, Var]]) -> list[Callable[[], Var]]:
+    """The three spellings of the chain ending at ``op`` (``reassoc``), as written first."""
+    inner, slot, a, c, b = _chain(op)  # type: ignore[misc]
+    other = "y" if slot == "x" else "x"
+
+    def spelling(k: int) -> Callable[[], Var]:
+        def build() -> Var:
+            where = scopes + [{}]  # constants of one alternative stay inside it
+            va, vc, vb = (_lookup(v, where) for v in (a, c, b))
+            if k == 0:  # as written, operand slots included
+                inner_in = {s: _lookup(v, where) for s, v in inner.inputs.items()}
+                p = mb.mul(**inner_in, name=inner.name)
+                return mb.mul(**{slot: p, other: vb}, name=op.name)
+            if k == 1:
+                return mb.mul(x=va, y=mb.mul(x=vb, y=vc, name=inner.name), name=op.name)
+            return mb.mul(x=mb.mul(x=va, y=vb, name=inner.name), y=vc, name=op.name)
+
+        return build
+
+    return [spelling(k) for k in range(3)]
 
 
 def _plan(func: Function, pattern_name: str, equivalences: Equivalences) -> dict[str, list[Identity]]:
@@ -218,9 +270,17 @@ def _replay(
 ) -> dict[int, Var]:
     """Builds ``ops`` again in the current function, choices as choices, planned ops as new choices."""
     regions = {id(op): r for r in records for alt_ops, _ in r.alternatives for op in alt_ops}
+    level = {id(op) for op in ops if id(op) not in regions}
+    absorbed: set[int] = set()  # inner ops of re-associated chains: built inside the outer op's choice
+    absorbers: set[int] = set()  # (an inner op that is itself the outer op of a chain stays as it is)
+    for op in ops:
+        chain = _chain(op) if id(op) in level and IDENTITIES["reassoc"] in plan.get(op.name, []) else None
+        if chain is not None and id(chain[0]) in level and not {id(chain[0])} & (absorbed | absorbers):
+            absorbed.add(id(chain[0]))
+            absorbers.add(id(op))
     done: set[int] = set()
     for op in ops:
-        if op.op_type == "const":
+        if op.op_type == "const" or id(op) in absorbed:
             continue
         record = regions.get(id(op))
         if record is not None:
@@ -258,6 +318,13 @@ def _replay_op(op: Operation, plan: dict[str, list[Identity]], scopes: list[dict
         }
 
     identities = plan.get(op.name, [])
+    if IDENTITIES["reassoc"] in identities:
+        inner = _chain(op)[0]  # type: ignore[index]
+        if any(id(inner.outputs[0]) in scope for scope in scopes):  # not absorbed (another level): as written
+            identities = [i for i in identities if i.name != "reassoc"]
+        else:
+            scopes[-1][id(op.outputs[0])] = one_of(op.name, *_reassociated(op, scopes))
+            return
     if not identities:
         made = getattr(mb, op.op_type)(**operands(scopes), name=op.name)
         for old, new in zip(op.outputs, made if isinstance(made, (list, tuple)) else [made]):

@@ -100,6 +100,13 @@ class Matcher:
         self.compiled = compiled
         self.nodes: list[PatternNode] = compiled.nodes
         self.plans: list[list[_Step]] = [self._plan(a) for a in range(len(compiled.nodes))]
+        self.root_plans: list[list[_Step] | None] = [
+            self._plan(entry[0], entry) if (entry := choices.entry_edge(compiled, r)) is not None else None
+            for r in range(len(compiled.root_names))
+        ]
+        """Per root: the search order of a search *entered* from that root's variable (for an alternative
+        of a choice reached by a down-step, :func:`~pattern_infra.choices.entered_matches`): a down-step
+        to the root's first consumer, then the plan as from that op; None when no consumer can start it."""
         self.joins_through_roots: bool = _parts_meet_only_at_inputs(compiled)
         """Whether some parts of the pattern are joined only through a pattern input they both read: in
         the program they may meet only at a variable shared widely (a deduplicated constant), which a
@@ -142,11 +149,18 @@ class Matcher:
 
     # -- planning -----------------------------------------------------------------------------------
 
-    def _plan(self, anchor: int) -> list[_Step]:
+    def _plan(self, anchor: int, entry: tuple[int, str, int, int] | None = None) -> list[_Step]:
+        """The search order anchored at pattern op ``anchor``; with ``entry`` (node, slot, position, root),
+        entered instead from the root's variable by a down-step to that node's slot."""
         nodes = self.nodes
         placed = {anchor}
-        steps = [_Step(_UP, anchor, src_kind="anchor")]
         roots_bound: set[int] = set()
+        if entry is None:
+            steps = [_Step(_UP, anchor, src_kind="anchor")]
+        else:
+            _, slot, pos, root = entry
+            steps = [_Step(_DOWN, anchor, "root", root, slot, pos)]
+            roots_bound.add(root)
 
         def note_roots(n: int) -> None:
             choice = nodes[n].choice
@@ -298,15 +312,17 @@ class Matcher:
         """
         return self._build(anchor).source
 
-    def collector(self, anchor: int) -> Any:
+    def collector(self, anchor: int, root: int | None = None) -> Any:
         """The generated search collecting every structural match at ``anchor`` (for an alternative of a
-        choice), or None when the interpreter must do it (``PATTERN_INFRA_INTERPRET=1`` included)."""
+        choice), or, with ``root``, entered from that root's variable (``root_plans``); None when the
+        interpreter must do it (``PATTERN_INFRA_INTERPRET=1`` included)."""
         if codegen.interpret_forced():
             return None
-        fn = self._collect_fns.get(anchor, _NOT_BUILT)
+        key = anchor if root is None else -1 - root
+        fn = self._collect_fns.get(key, _NOT_BUILT)
         if fn is _NOT_BUILT:
-            fn = codegen.build(self, anchor, collect=True).function
-            self._collect_fns[anchor] = fn
+            fn = codegen.build(self, anchor, collect=True, root=root).function
+            self._collect_fns[key] = fn
         return fn
 
     def _build(self, anchor: int) -> codegen.GeneratedSearch:
@@ -368,6 +384,22 @@ def _build_pattern(
         order: Sorts ops into program order, for ``Pattern.op_list``.
         subs: Per pattern op, the sub-match of a choice node (None elsewhere).
     """
+    by_name, operands, consts, chosen = match_dicts(matcher, ops, assign, subs)
+    pattern = _new_pattern(matcher.compiled, block, by_name, roots, operands, consts, order)
+    if chosen is not None:
+        pattern.choices = chosen
+    return pattern
+
+
+def match_dicts(
+    matcher: Matcher,
+    ops: list[Any],
+    assign: list[dict[str, Any] | None],
+    subs: list[choices.SubMatch | None] | None = None,
+) -> tuple[dict[str, Any], dict[str, dict[str, Any]], dict[str, Var], dict[str, int] | None]:
+    """The dicts a :class:`Pattern` of a complete binding holds: ops and operands by pattern op name,
+    constants by key, and ``pattern.choices`` (None for a pattern without choices); the sub-matches'
+    are merged in (:func:`~pattern_infra.choices.merged`)."""
     compiled = matcher.compiled
     by_name = {node.name: ops[node.index] for node in compiled.nodes}
     operands = {node.name: dict(assign[node.index]) for node in compiled.nodes}
@@ -381,11 +413,8 @@ def _build_pattern(
         consts[key] = var
         consts.setdefault(cname, var)
     if subs is None or not matcher.has_choices:
-        return _new_pattern(compiled, block, by_name, roots, operands, consts, order)
-    chosen = choices.merged(by_name, operands, consts, subs)
-    pattern = _new_pattern(compiled, block, by_name, roots, operands, consts, order)
-    pattern.choices = chosen
-    return pattern
+        return by_name, operands, consts, None
+    return by_name, operands, consts, choices.merged(by_name, operands, consts, subs)
 
 
 def _new_pattern(
@@ -461,6 +490,11 @@ class _Search:
     def run(self, anchor_op: Operation) -> bool:
         return self.bind(self.plan[0].node, anchor_op, 0)
 
+    def run_entered(self, root: int, var: Var) -> bool:
+        """Runs a plan entered from root ``root`` (``Matcher.root_plans``) bound to ``var``."""
+        self.roots[root] = var
+        return self.step(0)
+
     def step(self, i: int) -> bool:
         if i == len(self.plan):
             return self.final_checks()
@@ -487,6 +521,8 @@ class _Search:
             return self.bind_fanout(st.node, var, i)
         tried = False
         target = self.m.nodes[st.node]
+        if target.choice is not None and st.pos < 0 and choices.enterable(target.choice, st.slot):
+            return self.enter_choice(st.node, st.slot, var, i)
         candidates = (choices.candidates_below(var, target.choice) if target.choice is not None
                       else dict.fromkeys(var.child_ops))
         for consumer in candidates:
@@ -538,32 +574,56 @@ class _Search:
         gives the node's slots; the search goes on with them (:mod:`pattern_infra.choices`)."""
         node = self.m.nodes[n]
         failures: list[str] | None = [] if self.trace else None
-        subs = choices.choice_matches(self.m, node.choice, op, self.block, failures, maximal=node.is_final)
-        if not subs:
+        tried = False
+        for sub in choices.choice_matches(self.m, node.choice, op, self.block, failures, maximal=node.is_final):
+            tried = True
+            if self.bind_sub(n, op, sub, i):
+                return True
+        if not tried:
             return self.fail(n, lambda: f"tried {len(node.choice.alternatives)} alternatives for "
                              f"{node.name!r}: " + "; ".join(failures or []))
-        for sub in subs:
-            if any(id(o) in self.used for o in sub.ops):
-                self.fail(n, lambda: f"an op of alternative {sub.alternative} of {node.name!r} is already "
-                          f"matched by another pattern op")
-                continue
-            saved_roots = list(self.roots)
-            if self.check_edges(node, op, sub.slots):
-                self.ops[n] = op
-                self.assign[n] = sub.slots
-                self.subs[n] = sub
-                for o in sub.ops:
-                    self.used[id(o)] = n
-                self.depth += 1
-                if self.step(i + 1):
-                    return True
-                self.depth -= 1
-                for o in sub.ops:
-                    del self.used[id(o)]
-                self.ops[n] = None
-                self.assign[n] = None
-                self.subs[n] = None
-            self.roots = saved_roots
+        return False
+
+    def enter_choice(self, n: int, slot: str, var: Var, i: int) -> bool:
+        """A down-step into choice node ``n`` through ``slot``, bound to ``var``: each alternative is
+        searched from ``var`` (:func:`~pattern_infra.choices.entered_matches`), so only the ops below it
+        that an alternative reaches are ever bound; each complete sub-match binds the node to its end op."""
+        node = self.m.nodes[n]
+        failures: list[str] | None = [] if self.trace else None
+        tried = False
+        for sub in choices.entered_matches(self.m, node.choice, slot, var, self.block, failures,
+                                           maximal=node.is_final):
+            tried = True
+            if self.bind_sub(n, sub.end, sub, i):
+                return True
+        if not tried:
+            return self.fail(n, lambda: f"tried {len(node.choice.alternatives)} alternatives for "
+                             f"{node.name!r} from {var.name}: " + "; ".join(failures or []))
+        return False
+
+    def bind_sub(self, n: int, op: Operation, sub: choices.SubMatch, i: int) -> bool:
+        """Binds choice node ``n`` to ``op`` with the sub-match ``sub`` and goes on with step ``i + 1``."""
+        node = self.m.nodes[n]
+        if any(id(o) in self.used for o in sub.ops):
+            return self.fail(n, lambda: f"an op of alternative {sub.alternative} of {node.name!r} is already "
+                             f"matched by another pattern op")
+        saved_roots = list(self.roots)
+        if self.check_edges(node, op, sub.slots):
+            self.ops[n] = op
+            self.assign[n] = sub.slots
+            self.subs[n] = sub
+            for o in sub.ops:
+                self.used[id(o)] = n
+            self.depth += 1
+            if self.step(i + 1):
+                return True
+            self.depth -= 1
+            for o in sub.ops:
+                del self.used[id(o)]
+            self.ops[n] = None
+            self.assign[n] = None
+            self.subs[n] = None
+        self.roots = saved_roots
         return False
 
     def bind_fanout(self, n: int, var: Var, i: int) -> bool:

@@ -70,3 +70,23 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "slow" in item.keywords:
             item.add_marker(skip)
+
+
+SHADOW_ENV_VAR = "PATTERN_INFRA_SHADOW_LAYERNORM"
+"""``PATTERN_INFRA_SHADOW_LAYERNORM=<log file>``: every run of ``common::fuse_layernorm_or_instancenorm``
+in the session (pass tests, coremltools' suite, whole conversions) also runs the pass as it was before
+it was written with ``one_of`` (``tests/passes/layernorm_reference.py``) on a copy and compares the
+printed programs; a difference fails the test, every comparison is logged (see
+``tests/passes/test_layernorm_rewrite.py``)."""
+
+
+def pytest_configure(config):
+    log = os.environ.get(SHADOW_ENV_VAR)
+    if log:
+        import sys
+        from pathlib import Path
+
+        sys.path.insert(0, str(Path(__file__).parent / "passes"))
+        import layernorm_reference
+
+        layernorm_reference.shadow(PASS_REGISTRY.passes["common::fuse_layernorm_or_instancenorm"], log)

@@ -789,7 +789,8 @@ def test_choice_patterns_compiled_and_interpreted_agree():
 
 def test_collecting_searches_of_alternatives_agree():
     """The generated collecting search of every alternative (``collect=True``) and the interpreter's
-    (``choices._Collecting``) find the same sub-matches, in the same order, with the same bind attempts."""
+    (``choices._Collecting``) find the same sub-matches, in the same order, with the same bind attempts,
+    anchored at the alternative's last op and entered from each of its inputs (``root_plans``)."""
     import sys
     from pathlib import Path
 
@@ -811,7 +812,7 @@ def test_collecting_searches_of_alternatives_agree():
         return ([id(o) for o in ops], [sorted((k, id(v)) for k, v in a.items()) for a in assign],
                 [id(r) for r in roots], [None if s is None else id(s.ops[-1]) for s in subs])
 
-    compared = found = 0
+    compared = found = entered = found_entered = 0
     for prog in [rms_program(*s) for s in SPELLINGS]:
         block = prog.functions["main"]
         for alternative in alternatives(compile_pattern(rms_norm)):
@@ -828,4 +829,19 @@ def test_collecting_searches_of_alternatives_agree():
                 assert middle - before == matcher.bind_attempts - middle
                 compared += 1
                 found += len(generated)
+            for root, plan in enumerate(matcher.root_plans):  # entered from a slot's variable
+                if plan is None:
+                    continue
+                for var in [v for op in block.operations for v in op.outputs] + list(block.inputs.values()):
+                    before = matcher.bind_attempts
+                    generated = matcher.collector(anchor, root)(matcher, var, block)
+                    middle = matcher.bind_attempts
+                    search = _Collecting(matcher, block, plan, False)
+                    search.found = []
+                    search.run_entered(root, var)
+                    assert [ids(s) for s in generated] == [ids(s) for s in search.found]
+                    assert middle - before == matcher.bind_attempts - middle
+                    entered += 1
+                    found_entered += len(generated)
     assert compared > 500 and found >= 36
+    assert entered > 500 and found_entered >= 36

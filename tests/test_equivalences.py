@@ -8,7 +8,7 @@ from coremltools.converters.mil import Builder as mb
 from coremltools.converters.mil.mil import get_new_symbol
 
 from pattern_infra import PatternDefinitionError, compile_pattern, find_matches
-from pattern_infra.equivalences import DIV_RTOL, IDENTITIES, RSQRT_RTOL
+from pattern_infra.equivalences import DIV_RTOL, IDENTITIES, REASSOC_RTOL, RSQRT_RTOL
 from pattern_infra.verification.evaluator import evaluate
 
 SHAPE = (4, 64)
@@ -29,8 +29,10 @@ SPELLINGS = {
     "mul_const": (lambda x: mb.mul(x=x, y=np.float32(3.0)),
                   lambda x: mb.real_div(x=x, y=np.float32(1.0) / np.float32(3.0))),
     "rsqrt": (lambda x: mb.rsqrt(x=mb.abs(x=x)), lambda x: mb.real_div(x=np.float32(1.0), y=mb.sqrt(x=mb.abs(x=x)))),
+    "reassoc": (lambda x: mb.mul(x=mb.mul(x=x, y=np.float32(0.3)), y=mb.sin(x=x)),
+                lambda x: mb.mul(x=x, y=mb.mul(x=mb.sin(x=x), y=np.float32(0.3)))),
 }
-TOLERANCE = {"div_const": DIV_RTOL, "mul_const": DIV_RTOL, "rsqrt": 2 * RSQRT_RTOL}
+TOLERANCE = {"div_const": DIV_RTOL, "mul_const": DIV_RTOL, "rsqrt": 2 * RSQRT_RTOL, "reassoc": REASSOC_RTOL}
 
 
 def test_every_identity_has_its_spellings_tested():
@@ -131,3 +133,35 @@ def test_constants_of_the_other_spelling_follow_the_pattern_value():
     assert len(list(find_matches(scaled, quarter, constants="value", equivalences=True))) == 1
     assert list(find_matches(scaled, third, constants="value", equivalences=True)) == []
     assert list(find_matches(scaled, quarter, constants="value")) == []
+
+
+@mb.program(input_specs=ANY)
+def scaled_product(x):
+    s = mb.sin(x=x, name="s")
+    return mb.mul(x=mb.mul(x=x, y=np.float32(0.5), name="half"), y=s, name="out")
+
+
+@pytest.mark.parametrize(
+    "build, alternative",
+    [
+        (lambda x: mb.mul(x=mb.mul(x=np.float32(0.5), y=x), y=mb.sin(x=x)), 0),
+        (lambda x: mb.mul(x=x, y=mb.mul(x=mb.sin(x=x), y=np.float32(0.5))), 1),
+        (lambda x: mb.mul(x=mb.mul(x=mb.sin(x=x), y=x), y=np.float32(0.5)), 2),
+    ],
+    ids=["as-written", "a*(b*c)", "(a*b)*c"],
+)
+def test_a_constant_scaling_matches_in_every_association(build, alternative):
+    prog = mb.program(input_specs=[mb.TensorSpec(shape=(2, 3))])(build)
+    (match,) = find_matches(scaled_product, prog, equivalences=["reassoc"], constants="value")
+    assert match.choices == {"out": alternative} and match.out is prog.functions["main"].operations[-1]
+    assert match.half.op_type == "mul" and match.s.op_type == "sin"
+    assert len(list(find_matches(scaled_product, prog, constants="value"))) == (1 if alternative == 0 else 0)
+    other = mb.program(input_specs=[mb.TensorSpec(shape=(2, 3))])(
+        lambda x: mb.mul(x=x, y=mb.mul(x=mb.sin(x=x), y=np.float32(0.25))))
+    assert list(find_matches(scaled_product, other, equivalences=["reassoc"], constants="value")) == []
+
+
+@pytest.mark.parametrize("op_name", ["s", "half"])
+def test_reassociation_where_there_is_no_constant_scaling_chain_is_refused(op_name):
+    with pytest.raises(PatternDefinitionError, match="reassoc"):
+        compile_pattern(scaled_product, equivalences={op_name: ["reassoc"]})
