@@ -64,7 +64,9 @@ from typing import TYPE_CHECKING, Any
 from coremltools.converters.mil.mil import Operation, Var
 from coremltools.converters.mil.mil import block as _block
 
+from .binding import match_dicts
 from .errors import PatternDefinitionError
+from .plan import Failure, slot_value
 
 if TYPE_CHECKING:
     from .compiler import CompiledPattern
@@ -73,23 +75,23 @@ __all__ = ["Alternative", "Choice", "one_of", "optional"]
 
 
 @dataclass
-class _Record:
+class Record:
     """What :func:`one_of` saw while the pattern program was built."""
 
     name: str
     alternatives: list[tuple[list[Operation], Var]]
     """Per alternative: the ops it created (consts included, nested choices' ops included) and its output."""
-    children: dict[int, list[_Record]] = field(default_factory=dict)
+    children: dict[int, list[Record]] = field(default_factory=dict)
     """Per alternative, the choices declared inside it (nested choices)."""
     fallback: bool = False
     """See :func:`one_of`."""
 
 
-_RECORDS: weakref.WeakKeyDictionary[Any, list[_Record]] = weakref.WeakKeyDictionary()
+_RECORDS: weakref.WeakKeyDictionary[Any, list[Record]] = weakref.WeakKeyDictionary()
 """Pattern function (coremltools ``Function``) to the choices declared at its top level while it was
 built (a pattern function is never changed once built, so the record stays true)."""
 
-_ACTIVE: list[tuple[_Record, int]] = []
+_ACTIVE: list[tuple[Record, int]] = []
 """The alternatives being built right now (innermost last)."""
 
 
@@ -177,7 +179,7 @@ def one_of(name: str, *alternatives: Callable[[], Var], fallback: bool = False) 
             f"one_of({name!r}) needs at least two alternatives, each a function of no argument building "
             f"ops (e.g. lambda: mb.mul(x=x, y=x, name='sq')); got {len(alternatives)}."
         )
-    record = _Record(name, [], fallback=fallback)
+    record = Record(name, [], fallback=fallback)
     if _ACTIVE:
         parent, k = _ACTIVE[-1]
         parent.children.setdefault(k, []).append(record)
@@ -228,12 +230,12 @@ def optional(name: str, base: Callable[[], Var], extra: Callable[[Var], Var], fa
 # -- compiling: a choice becomes one node, each alternative a small pattern ---------------------------------
 
 
-def records_of(func: Any) -> list[_Record]:
+def records_of(func: Any) -> list[Record]:
     """The choices declared at the top level of a pattern function, in the order they were declared."""
     return list(_RECORDS.get(func, []))
 
 
-class _Region:
+class Region:
     """The ops of one alternative, read by the compiler as if they were a function."""
 
     def __init__(self, operations: list[Any], inputs: dict[str, Var], outputs: list[Var]) -> None:
@@ -255,12 +257,12 @@ class _ChoiceOp:
         self.choice = choice
 
 
-CompileRegion = Callable[[_Region, str, list[_Record]], "CompiledPattern"]
+CompileRegion = Callable[[Region, str, list[Record]], "CompiledPattern"]
 """``compile(region, name, choices inside it)``: the compiler, for one alternative."""
 
 
 def collapse(
-    ops: list[Any], records: list[_Record], pattern_name: str, compile_region: CompileRegion
+    ops: list[Any], records: list[Record], pattern_name: str, compile_region: CompileRegion
 ) -> list[Any]:
     """Replaces the ops of each choice of ``records`` in ``ops`` by one :class:`_ChoiceOp`, compiling
     each alternative with ``compile_region``.
@@ -289,7 +291,7 @@ def _vars_read(op: Any) -> list[Var]:
     return out
 
 
-def _check_outside_reads(record: _Record, outside: list[Any], region: set[int], pattern_name: str) -> None:
+def _check_outside_reads(record: Record, outside: list[Any], region: set[int], pattern_name: str) -> None:
     kept = record.alternatives[0][1]
     for op in outside:
         for var in _vars_read(op):
@@ -302,7 +304,7 @@ def _check_outside_reads(record: _Record, outside: list[Any], region: set[int], 
 
 
 def _choice_of(
-    record: _Record, outside: list[Any], pattern_name: str, compile_region: CompileRegion
+    record: Record, outside: list[Any], pattern_name: str, compile_region: CompileRegion
 ) -> tuple[Choice, dict[str, Var]]:
     outside_names = {op.name for op in outside if op.op_type != "const"}
     alt_region = [{id(op) for op in alt_ops} for alt_ops, _ in record.alternatives]
@@ -350,7 +352,7 @@ def _choice_of(
     for k, (alt_ops, out) in enumerate(record.alternatives):
         region_inputs = {slots[id(v)]: v for v in external[k]}
         compiled = compile_region(
-            _Region(list(alt_ops), region_inputs, [out]), f"{pattern_name}.{record.name}[{k}]",
+            Region(list(alt_ops), region_inputs, [out]), f"{pattern_name}.{record.name}[{k}]",
             record.children.get(k, []),
         )
         alternatives.append(Alternative(k, compiled, list(region_inputs), _label(compiled)))
@@ -464,17 +466,16 @@ class SubMatch:
 
     def parts(self) -> tuple[dict[str, Operation], dict[str, dict[str, Any]], dict[str, Var], dict[str, int]]:
         """The alternative's ops, operands and constants by name, and its nested choices, as a Pattern
-        of it would hold them (``matcher.match_dicts``), built on first use."""
+        of it would hold them (``binding.match_dicts``), built on first use."""
         if self._parts is None:
             ops, assign, _, subs = self._state
-            self._parts = _matcher_module().match_dicts(self._matcher, ops, assign, subs)
+            self._parts = match_dicts(self._matcher, ops, assign, subs)
         return self._parts
 
     def const_vars(self) -> list[Var]:
         """The program variables in the alternative's constant slots (nested choices' included)."""
-        slot_value = _matcher_module()._slot_value
         ops, assign, roots, subs = self._state
-        out = [v for n, slot, pos in self._matcher._const_slots
+        out = [v for n, slot, pos in self._matcher.const_slots
                if (v := slot_value(assign, n, slot, pos)) is not None]
         for sub in subs:
             if sub is not None:
@@ -482,24 +483,12 @@ class SubMatch:
         return out
 
 
-_MATCHER_MODULE: list[Any] = []
-
-
-def _matcher_module() -> Any:
-    """:mod:`pattern_infra.matcher`, imported on first use (it imports this module)."""
-    if not _MATCHER_MODULE:
-        from . import matcher
-
-        _MATCHER_MODULE.append(matcher)
-    return _MATCHER_MODULE[0]
-
-
-def _matcher_of(alternative: Alternative) -> Any:
+def alternative_matcher(outer: Any, alternative: Alternative) -> Any:
+    """The alternative's matcher, built on first use as one of the outer matcher's class (this module
+    does not import the matcher, which imports it)."""
     matcher = getattr(alternative, "_matcher", None)
     if matcher is None:
-        from .matcher import Matcher
-
-        matcher = Matcher(alternative.compiled)
+        matcher = type(outer)(alternative.compiled)
         alternative._matcher = matcher  # type: ignore[attr-defined]
     return matcher
 
@@ -532,7 +521,7 @@ def choice_matches(
     Yields:
         The sub-matches, alternative by alternative.
     """
-    failure_type = _matcher_module().Failure
+    failure_type = Failure
     op_type = op.op_type
     for alternative in choice.alternatives:
         end = alternative.compiled.nodes[alternative.compiled.final_nodes[0]]
@@ -551,7 +540,7 @@ def choice_matches(
             failure = search.failure
             reason = failure.reason if isinstance(failure, failure_type) else "no match"
             failures.append(f"{alternative.label}: {reason}")
-        matcher = _matcher_of(alternative)
+        matcher = alternative_matcher(outer, alternative)
         for state in search.found:
             yield SubMatch(alternative, matcher, state, choice.name)
 
@@ -619,7 +608,7 @@ def entered_matches(
     Yields:
         The sub-matches, alternative by alternative; ``sub.end`` is the op the choice node binds.
     """
-    failure_type = _matcher_module().Failure
+    failure_type = Failure
     maximal = maximal and not choice.fallback
     inside_earlier: set[int] = set()
     entry_types = _entry_types(choice, slot)
@@ -631,7 +620,7 @@ def entered_matches(
             continue
         search = _search_alternative(outer, alternative, None, block, failures is not None,
                                      entry=(alternative.slots.index(slot), var))
-        matcher = _matcher_of(alternative)
+        matcher = alternative_matcher(outer, alternative)
         subs = [SubMatch(alternative, matcher, state, choice.name) for state in search.found]
         kept = [sub for sub in subs if id(sub.end) not in inside_earlier] if inside_earlier else subs
         if maximal:
@@ -663,7 +652,7 @@ def _search_alternative(
     """The alternative's search run to the end (``.found``: every match, as search state), anchored at
     its last op bound to ``op``, or entered from ``entry`` (root index, variable): the generated
     collecting search, or the interpreter when tracing (or forced)."""
-    matcher = _matcher_of(alternative)
+    matcher = alternative_matcher(outer, alternative)
     anchor = alternative.compiled.final_nodes[0]
     root = None if entry is None else entry[0]
     before = matcher.bind_attempts
@@ -673,11 +662,11 @@ def _search_alternative(
         outer.bind_attempts += matcher.bind_attempts - before
         return _Collected(found)
     if entry is None:
-        search = _Collecting(matcher, block, matcher.plans[anchor], trace)
+        search = collecting_search(matcher)(matcher, block, matcher.plans[anchor], trace)
         search.found = []
         search.run(op)
     else:
-        search = _Collecting(matcher, block, matcher.root_plans[entry[0]], trace)
+        search = collecting_search(matcher)(matcher, block, matcher.root_plans[entry[0]], trace)
         search.found = []
         search.run_entered(*entry)
     outer.bind_attempts += matcher.bind_attempts - before
@@ -697,33 +686,26 @@ def _taken_further(outer: Any, choice: Choice, alternative: Alternative, op: Ope
     return False
 
 
-def _collecting_class() -> type:
-    from .matcher import _Search
-
-    class Collecting(_Search):
-        """The interpreter's search, collecting every complete match instead of stopping at the first."""
-
-        __slots__ = ("found",)
-
-        def final_checks(self) -> bool:
-            if self.structure_ok():
-                self.found.append((list(self.ops), list(self.assign), list(self.roots), list(self.subs)))
-            return False
-
-    return Collecting
+_COLLECTING: dict[type, type] = {}
 
 
-class _LazyCollecting:
-    cls: type | None = None
+def collecting_search(matcher: Any) -> type:
+    """The matcher's interpreter search (``matcher.search_class``), collecting every complete match
+    instead of stopping at the first; one subclass per search class, made on first use."""
+    base = matcher.search_class
+    cls = _COLLECTING.get(base)
+    if cls is None:
 
-    def __call__(self, *args: Any) -> Any:
-        if self.cls is None:
-            self.cls = _collecting_class()
-        return self.cls(*args)
+        class Collecting(base):  # type: ignore[valid-type, misc]
+            __slots__ = ("found",)
 
+            def final_checks(self) -> bool:
+                if self.structure_ok():
+                    self.found.append((list(self.ops), list(self.assign), list(self.roots), list(self.subs)))
+                return False
 
-_Collecting = _LazyCollecting()
-"""``_Collecting(matcher, block, plan, trace)``: built on first use (the matcher imports this module)."""
+        cls = _COLLECTING[base] = Collecting
+    return cls
 
 
 def candidates_below(var: Var, choice: Choice) -> list[Operation]:
@@ -787,35 +769,7 @@ def subs_final_ok(ops: Sequence[Any], subs: Sequence[SubMatch | None]) -> bool:
     return not any(id(p) in inside for p in producers)
 
 
-def merged(
-    ops: dict[str, Any], operands: dict[str, dict[str, Any]], consts: dict[str, Var], subs: Sequence[SubMatch | None]
-) -> dict[str, int]:
-    """Adds the sub-matches' ops, operands and constants to a match's dicts; returns ``pattern.choices``
-    (choice name to the index of the alternative that matched, nested choices included). The ops of an
-    alternative go right before its choice's entry, so the dict stays in a topological order (the
-    driver removes dead ops in its reverse)."""
-    chosen: dict[str, int] = {}
-    by_choice = {sub.choice: sub for sub in subs if sub is not None}
-    outer = list(ops.items())
-    ops.clear()
-    for name, op in outer:  # each alternative's ops right before its choice: a topological order still
-        sub = by_choice.get(name)
-        if sub is not None:
-            for inner_name, inner_op in sub.parts()[0].items():
-                ops.setdefault(inner_name, inner_op)
-        ops.setdefault(name, op)
-    for sub in subs:
-        if sub is None:
-            continue
-        _, inner_operands, inner_consts, inner_chosen = sub.parts()
-        for name, slots in inner_operands.items():
-            operands.setdefault(name, slots)
-        for key, var in inner_consts.items():
-            consts.setdefault(key, var)
-        chosen[sub.choice] = sub.alternative
-        if inner_chosen:
-            chosen.update(inner_chosen)
-    return chosen
+
 
 
 def all_op_types(compiled: CompiledPattern) -> frozenset[str]:

@@ -35,8 +35,8 @@ How the source of one search is generated (:func:`generate`):
    constant slot is computed by a matched op.
 5. **Success** builds the :class:`~pattern_infra.pattern.Pattern` with ``Pattern._of_search``, which
    takes its dicts (ops, operands, constants), written out as literals, without copying them (the
-   interpreter's ``_build_pattern`` gives equal patterns): the constants' insertion sequence of
-   ``_build_pattern`` is played at generation time. It is returned when there is no ``accept`` or
+   interpreter's ``binding.build_pattern`` gives equal patterns): the constants' insertion sequence of
+   ``binding.build_pattern`` is played at generation time. It is returned when there is no ``accept`` or
    ``accept`` returns ``True``; otherwise the innermost loop goes on to the next structural match, as
    the interpreter backtracks.
    ``Matcher.bind_attempts`` is counted in a local and added once, in a ``finally`` (so also when a
@@ -75,10 +75,13 @@ from coremltools.converters.mil.mil import Block, Operation, Var
 from coremltools.converters.mil.mil.var import InternalVar
 
 from . import choices
+from .binding import build_pattern
 from .compiler import COMMUTATIVE_OPS, Edge, PatternNode, edge_positions
+from .pattern import Pattern
+from .plan import DOWN, Step, optional_const
 
 if TYPE_CHECKING:
-    from .matcher import Matcher, _Step
+    from .matcher import Matcher
     from .pattern import Pattern
 
 __all__ = [
@@ -237,8 +240,6 @@ class _Generator:
     """Writes the search of one anchor, step by step of its plan."""
 
     def __init__(self, matcher: Matcher, anchor: int, collect: bool = False, root: int | None = None) -> None:
-        from .matcher import _build_pattern, _optional_const
-        from .pattern import Pattern
 
         self.collect = collect
         """Collect every structural match (an alternative's search) instead of returning the first."""
@@ -265,7 +266,7 @@ class _Generator:
             "_tn": _OP_TYPE_NAMES.get,
             "_learn_op_type": _learn_op_type,
             "_of_search": Pattern._of_search,
-            "_build_pattern": _build_pattern,
+            "_build_pattern": build_pattern,
             "_choice_matches": choices.choice_matches,
             "_entered": choices.entered_matches,
             "_below": choices.candidates_below,
@@ -280,7 +281,7 @@ class _Generator:
             {
                 slot
                 for slot, edge in node.inputs.items()
-                if _optional_const(self.compiled, edge) and len(node.op_types) > 1
+                if optional_const(self.compiled, edge) and len(node.op_types) > 1
             }
             for node in self.nodes
         ]
@@ -348,8 +349,6 @@ class _Generator:
     # -- the function -------------------------------------------------------------------------------
 
     def run(self) -> tuple[str, dict[str, Any]]:
-        from .matcher import _DOWN
-
         if any(node.fanout for node in self.nodes):
             raise _NotCompilable("the pattern has a fan-out op")
         self.choice_nodes = [node.index for node in self.nodes if node.choice is not None]
@@ -401,7 +400,7 @@ class _Generator:
         else:
             self.line(f"r{self.root} = op  # entered from root {compiled.root_names[self.root]!r}")
         for i, st in enumerate(self.plan[1:] if self.root is None else self.plan, start=1 if self.root is None else 0):
-            if st.kind == _DOWN:
+            if st.kind == DOWN:
                 self.down_step(i, st)
             else:
                 self.up_step(i, st)
@@ -438,7 +437,7 @@ class _Generator:
 
     # -- steps --------------------------------------------------------------------------------------
 
-    def up_step(self, i: int, st: _Step) -> None:
+    def up_step(self, i: int, st: Step) -> None:
         """Step ``i``: the producer of a bound operand, one candidate (no choice point)."""
         src = self.nodes[st.src]
         m = st.node
@@ -460,7 +459,7 @@ class _Generator:
         self.line("nb += 1")
         self.bind(m, via=(st.src, st.slot, st.pos), filtered=False, outputs="_outs")
 
-    def down_step(self, i: int, st: _Step) -> None:
+    def down_step(self, i: int, st: Step) -> None:
         """Step ``i``: a loop over the distinct consumers of a bound variable of the accepted types."""
         m = st.node
         node = self.nodes[m]
@@ -756,7 +755,7 @@ class _Generator:
                 continue
             self.line(f"_p = r{k}._op")
             self.guard(f"_p is not None and {matched}", f"root {name!r} computed inside the match")
-        for n, slot, pos in self.m._const_slots:
+        for n, slot, pos in self.m.const_slots:
             var = self.value(n, slot, pos)
             optional = slot in self.skippable[n]
             if optional:
@@ -789,13 +788,13 @@ class _Generator:
         self.line(f"_found.append(([{ops}], [{assign}], [{roots}], [{per_node}]))")
 
     def success(self) -> None:
-        """Builds the Pattern as ``matcher._build_pattern`` would, its dicts written out (for a pattern
+        """Builds the Pattern as ``binding.build_pattern`` would, its dicts written out (for a pattern
         with choices, by calling it: the alternatives' ops, operands and constants are merged in)."""
         if self.choice_nodes:
             subs = "(" + "".join(f"_s{n}, " for n in self.choice_nodes) + ")"
             self.guard(f"not _subs_final_ok(({', '.join(f'o{n}' for n in range(len(self.nodes)))},), {subs})",
                        "no constant slot of an alternative computed inside the match")
-            self.comment("a match: matcher._build_pattern, with the sub-matches of the choices")
+            self.comment("a match: binding.build_pattern, with the sub-matches of the choices")
             assign = ", ".join(
                 f"_s{node.index}.slots" if node.choice is not None
                 else "{" + ", ".join(f"{slot!r}: {self.value(node.index, slot)}" for slot in node.inputs) + "}"
@@ -811,13 +810,13 @@ class _Generator:
         self._success_plain()
 
     def _success_plain(self) -> None:
-        """Builds the Pattern as ``matcher._build_pattern`` would, its dicts written out.
+        """Builds the Pattern as ``binding.build_pattern`` would, its dicts written out.
 
         Skipped wildcard slots (None) leave their entries out; when every such slot is present, which is
         the common case, the dicts are plain literals.
         """
         compiled = self.compiled
-        self.comment("a match: the dicts of matcher._build_pattern, written out")
+        self.comment("a match: the dicts of binding.build_pattern, written out")
         optional = [self.value(n, slot) for n in range(len(self.nodes)) for slot in self.nodes[n].inputs
                     if slot in self.skippable[n]]
         ops = ", ".join(f"{node.name!r}: o{node.index}" for node in self.nodes)
@@ -850,7 +849,7 @@ class _Generator:
                 operands.append(f"{node.name!r}: _d{n}")
             else:
                 operands.append(f"{node.name!r}: {{{items}}}")
-        entries = list(zip(self.m._const_slots, self.compiled.consts, self.compiled.const_names))
+        entries = list(zip(self.m.const_slots, self.compiled.consts, self.compiled.const_names))
         if with_skips:
             self.line("_k = {}")
             for (n, slot, pos), (key, _, _), cname in entries:

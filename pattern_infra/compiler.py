@@ -29,9 +29,10 @@ from typing import Any, Literal
 import numpy as np
 from coremltools.converters.mil.mil import Operation, Program, Var
 
-from .choices import Choice, _Region, collapse, records_of
+from .choices import Choice, Region, collapse, records_of
 from .equivalences import Equivalences, with_equivalences
 from .errors import PatternDefinitionError
+from .pattern import RESERVED_NAMES
 
 __all__ = [
     "COMMUTATIVE_OPS",
@@ -60,29 +61,6 @@ COMMUTATIVE_OPS: frozenset[str] = frozenset(
     }
 )
 """MIL binary ops whose ``x`` and ``y`` may be swapped; the matcher tries both orders itself."""
-
-RESERVED_NAMES: frozenset[str] = frozenset(
-    {
-        "root_var",
-        "root_vars",
-        "final_op",
-        "final_ops",
-        "block",
-        "op_set",
-        "op_list",
-        "add_attribute",
-        "operand",
-        "consts",
-        "ops",
-        "groups",
-        "pattern_name",
-        "replace_output",
-        "replace_outputs",
-        "insert_before",
-        "choices",
-    }
-)
-"""Names a pattern op may not take, because :class:`~pattern_infra.pattern.Pattern` uses them."""
 
 ConstMode = Literal["any", "const", "value"]
 
@@ -535,7 +513,7 @@ def _collapse_choices(
     options that name their ops."""
     fan = set(fanout)
 
-    def compile_region(region: _Region, name: str, inner: list[Any]) -> CompiledPattern:
+    def compile_region(region: Region, name: str, inner: list[Any]) -> CompiledPattern:
         names = {op.name for op in region.operations if op.op_type != "const"}
         if names & fan:
             raise PatternDefinitionError(

@@ -41,6 +41,8 @@ from coremltools.converters.mil.mil import Block, Operation, Var
 from coremltools.converters.mil.mil.var import InternalVar
 
 from . import choices, codegen
+from .binding import build_pattern, match_dicts, new_pattern
+from .plan import DOWN, UP, Failure, Step, input_value, optional_const, slot_value
 from .compiler import COMMUTATIVE_OPS, CompiledPattern, Edge, PatternNode, compile_pattern, edge_positions
 from .pattern import Pattern
 
@@ -52,45 +54,9 @@ __all__ = [
     "lists_op_equality",
 ]
 
-_UP = 0
-_DOWN = 1
-
 Accept = Callable[[Pattern], Any]
 """Offered each complete structural match: ``True`` takes it; anything else continues the search (a
 ``str`` is the reason reported to a tracing search)."""
-
-
-@dataclass(frozen=True)
-class _Step:
-    kind: int
-    node: int
-    # up: (source node, slot, position, output index); down: source is a root or a node output
-    src_kind: str = ""
-    src: int = 0
-    slot: str = ""
-    pos: int = -1
-    out: int = 0
-
-
-@dataclass
-class Failure:
-    """Why the search stopped where it did: the nearest partial match of an anchor."""
-
-    bound: int
-    """How many pattern ops were bound when it failed."""
-    node: str
-    """The pattern op being bound (or checked) when it failed."""
-    reason: str
-    """What differed, in words."""
-    ops: dict[str, str] = field(default_factory=dict)
-    """Pattern op name to the program op name bound at that moment."""
-
-
-def _input(op: Operation, slot: str) -> Any:
-    value = op._input_vars.get(slot)  # read-only use of the private map: op.inputs copies it
-    if value is None or isinstance(value, InternalVar):
-        return None
-    return value
 
 
 class Matcher:
@@ -99,8 +65,8 @@ class Matcher:
     def __init__(self, compiled: CompiledPattern) -> None:
         self.compiled = compiled
         self.nodes: list[PatternNode] = compiled.nodes
-        self.plans: list[list[_Step]] = [self._plan(a) for a in range(len(compiled.nodes))]
-        self.root_plans: list[list[_Step] | None] = [
+        self.plans: list[list[Step]] = [self._plan(a) for a in range(len(compiled.nodes))]
+        self.root_plans: list[list[Step] | None] = [
             self._plan(entry[0], entry) if (entry := choices.entry_edge(compiled, r)) is not None else None
             for r in range(len(compiled.root_names))
         ]
@@ -130,7 +96,7 @@ class Matcher:
             if not node.fanout:
                 for t in sorted(node.op_types):
                     self.anchors_by_type[t] = (*self.anchors_by_type.get(t, ()), node.index)
-        self._const_slots = [
+        self.const_slots = [
             (node.index, slot, pos)
             for node in compiled.nodes
             for slot, edge in node.inputs.items()
@@ -149,17 +115,17 @@ class Matcher:
 
     # -- planning -----------------------------------------------------------------------------------
 
-    def _plan(self, anchor: int, entry: tuple[int, str, int, int] | None = None) -> list[_Step]:
+    def _plan(self, anchor: int, entry: tuple[int, str, int, int] | None = None) -> list[Step]:
         """The search order anchored at pattern op ``anchor``; with ``entry`` (node, slot, position, root),
         entered instead from the root's variable by a down-step to that node's slot."""
         nodes = self.nodes
         placed = {anchor}
         roots_bound: set[int] = set()
         if entry is None:
-            steps = [_Step(_UP, anchor, src_kind="anchor")]
+            steps = [Step(UP, anchor, src_kind="anchor")]
         else:
             _, slot, pos, root = entry
-            steps = [_Step(_DOWN, anchor, "root", root, slot, pos)]
+            steps = [Step(DOWN, anchor, "root", root, slot, pos)]
             roots_bound.add(root)
 
         def note_roots(n: int) -> None:
@@ -215,26 +181,26 @@ class Matcher:
             frontier = nxt
         return max(dist.values())
 
-    def _next_up(self, placed: set[int]) -> _Step | None:
+    def _next_up(self, placed: set[int]) -> Step | None:
         for n in sorted(placed):
             for slot, edge in self.nodes[n].inputs.items():
                 for pos, e in edge_positions(edge):
                     if e.kind == "op" and e.index not in placed:
-                        return _Step(_UP, e.index, "op", n, slot, pos, e.output)
+                        return Step(UP, e.index, "op", n, slot, pos, e.output)
         return None
 
-    def _next_down(self, placed: set[int], roots_bound: set[int]) -> _Step | None:
-        best: tuple[int, int, _Step] | None = None
+    def _next_down(self, placed: set[int], roots_bound: set[int]) -> Step | None:
+        best: tuple[int, int, Step] | None = None
         for m, node in enumerate(self.nodes):
             if m in placed:
                 continue
             for slot, edge in node.inputs.items():
                 for pos, e in edge_positions(edge):
                     if e.kind == "op" and e.index in placed:
-                        step = _Step(_DOWN, m, "op", e.index, slot, pos, e.output)
+                        step = Step(DOWN, m, "op", e.index, slot, pos, e.output)
                         rank = (0, m)
                     elif e.kind == "root" and e.index in roots_bound:
-                        step = _Step(_DOWN, m, "root", e.index, slot, pos)
+                        step = Step(DOWN, m, "root", e.index, slot, pos)
                         rank = (1, m)
                     else:
                         continue
@@ -354,96 +320,6 @@ _NOT_BUILT = object()
 """Marks an anchor whose compiled search was not generated yet."""
 
 
-def _slot_value(assign: list[dict[str, Any] | None], node: int, slot: str, pos: int) -> Any:
-    assigned = assign[node]
-    if assigned is None:
-        return None
-    value = assigned.get(slot)
-    if pos >= 0:
-        return value[pos] if isinstance(value, (list, tuple)) and pos < len(value) else None
-    return value
-
-
-def _build_pattern(
-    matcher: Matcher,
-    block: Block,
-    ops: list[Any],
-    assign: list[dict[str, Any] | None],
-    roots: list[Var | None],
-    order: Callable[[list[Operation]], list[Operation]] | None,
-    subs: list[choices.SubMatch | None] | None = None,
-) -> Pattern:
-    """The :class:`Pattern` of a complete binding (interpreter and compiled searches alike).
-
-    Args:
-        matcher: The matcher that found it.
-        block: The block searched.
-        ops: Per pattern op, the bound program op (a list for a fan-out op).
-        assign: Per pattern op, its operands as assigned (after any x/y swap).
-        roots: Per root, the bound program variable.
-        order: Sorts ops into program order, for ``Pattern.op_list``.
-        subs: Per pattern op, the sub-match of a choice node (None elsewhere).
-    """
-    by_name, operands, consts, chosen = match_dicts(matcher, ops, assign, subs)
-    pattern = _new_pattern(matcher.compiled, block, by_name, roots, operands, consts, order)
-    if chosen is not None:
-        pattern.choices = chosen
-    return pattern
-
-
-def match_dicts(
-    matcher: Matcher,
-    ops: list[Any],
-    assign: list[dict[str, Any] | None],
-    subs: list[choices.SubMatch | None] | None = None,
-) -> tuple[dict[str, Any], dict[str, dict[str, Any]], dict[str, Var], dict[str, int] | None]:
-    """The dicts a :class:`Pattern` of a complete binding holds: ops and operands by pattern op name,
-    constants by key, and ``pattern.choices`` (None for a pattern without choices); the sub-matches'
-    are merged in (:func:`~pattern_infra.choices.merged`)."""
-    compiled = matcher.compiled
-    by_name = {node.name: ops[node.index] for node in compiled.nodes}
-    operands = {node.name: dict(assign[node.index]) for node in compiled.nodes}
-    consts: dict[str, Var] = {}
-    for (n, slot, pos), (key, _, _), cname in zip(
-        matcher._const_slots, compiled.consts, compiled.const_names
-    ):
-        var = _slot_value(assign, n, slot, pos)
-        if var is None:
-            continue  # a wildcard slot the matched alternative op does not have
-        consts[key] = var
-        consts.setdefault(cname, var)
-    if subs is None or not matcher.has_choices:
-        return by_name, operands, consts, None
-    return by_name, operands, consts, choices.merged(by_name, operands, consts, subs)
-
-
-def _new_pattern(
-    compiled: CompiledPattern,
-    block: Block,
-    ops: dict[str, Any],
-    roots: list[Var | None],
-    operands: dict[str, dict[str, Any]],
-    consts: dict[str, Var],
-    order: Callable[[list[Operation]], list[Operation]] | None,
-) -> Pattern:
-    """The one ``Pattern`` constructor call of both searches (the compiled one builds the dicts inline)."""
-    return Pattern(
-        compiled=compiled,
-        ops=ops,
-        root_vars=list(roots),
-        block=block,
-        operands=operands,
-        consts=consts,
-        order=order,
-    )
-
-
-
-
-def _optional_const(compiled: CompiledPattern, edge: Edge | tuple[Edge, ...]) -> bool:
-    return isinstance(edge, Edge) and edge.kind == "const" and compiled.consts[edge.index][2].mode == "any"
-
-
 class _Search:
     """State of one anchored search; undone on backtracking."""
 
@@ -454,7 +330,7 @@ class _Search:
         self,
         matcher: Matcher,
         block: Block,
-        plan: list[_Step],
+        plan: list[Step],
         trace: bool,
         order: Callable[[list[Operation]], list[Operation]] | None = None,
         accept: Accept | None = None,
@@ -499,7 +375,7 @@ class _Search:
         if i == len(self.plan):
             return self.final_checks()
         st = self.plan[i]
-        if st.kind == _UP:
+        if st.kind == UP:
             var = self.slot_var(st.src, st.slot, st.pos)
             producer = var.op if var is not None else None
             if producer is None:
@@ -536,7 +412,7 @@ class _Search:
         return False
 
     def slot_var(self, node: int, slot: str, pos: int) -> Var | None:
-        return _slot_value(self.assign, node, slot, pos)
+        return slot_value(self.assign, node, slot, pos)
 
     def bind(self, n: int, op: Operation, i: int) -> bool:
         self.m.bind_attempts += 1
@@ -673,9 +549,9 @@ class _Search:
         """
         values: dict[str, Any] = {}
         for slot, edge in node.inputs.items():
-            value = _input(op, slot)
+            value = input_value(op, slot)
             if value is None:
-                if _optional_const(self.m.compiled, edge) and op.op_type != node.op_type:
+                if optional_const(self.m.compiled, edge) and op.op_type != node.op_type:
                     continue
                 self.fail(node.index, lambda: f"{op.name} has no operand {slot!r}")
                 return
@@ -772,7 +648,7 @@ class _Search:
             if var is not None and var.op is not None and id(var.op) in self.used:
                 return self.fail(0, lambda: f"input {self.m.compiled.root_names[r]!r} is bound to "
                                  f"{var.name}, which the match itself computes")
-        for n, slot, pos in self.m._const_slots:
+        for n, slot, pos in self.m.const_slots:
             var = self.slot_var(n, slot, pos)
             if var is not None and var.op is not None and id(var.op) in self.used:
                 return self.fail(n, lambda: f"constant slot {self.m.nodes[n].name}.{slot} is wired "
@@ -784,7 +660,7 @@ class _Search:
     def final_checks(self) -> bool:
         if not self.structure_ok():
             return False
-        pattern = _build_pattern(self.m, self.block, self.ops, self.assign, self.roots, self.order, self.subs)
+        pattern = build_pattern(self.m, self.block, self.ops, self.assign, self.roots, self.order, self.subs)
         if self.accept is not None:
             verdict = self.accept(pattern)
             if verdict is not True:
@@ -797,6 +673,10 @@ class _Search:
 # -- design-document helpers, kept importable ---------------------------------------------------------
 
 _COMPILED: dict[int, tuple[Any, CompiledPattern, Matcher]] = {}
+
+
+Matcher.search_class = _Search
+"""The interpreter's search class (the choices subclass it to collect every match)."""
 
 
 def _pattern_function(root_var: Var) -> Any:

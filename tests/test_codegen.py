@@ -788,7 +788,7 @@ def test_choice_patterns_compiled_and_interpreted_agree():
 
 def test_collecting_searches_of_alternatives_agree():
     """The generated collecting search of every alternative (``collect=True``) and the interpreter's
-    (``choices._Collecting``) find the same sub-matches, in the same order, with the same bind attempts,
+    (``choices.collecting_search``) find the same sub-matches, in the same order, with the same bind attempts,
     anchored at the alternative's last op and entered from each of its inputs (``root_plans``)."""
     import sys
     from pathlib import Path
@@ -797,7 +797,8 @@ def test_collecting_searches_of_alternatives_agree():
     from test_choices import SPELLINGS, rms_norm, rms_program
 
     from pattern_infra import compile_pattern
-    from pattern_infra.choices import _Collecting, _matcher_of
+    from pattern_infra.choices import alternative_matcher, collecting_search
+    from pattern_infra.matcher import Matcher
 
     def alternatives(compiled):
         for node in compiled.nodes:
@@ -814,14 +815,15 @@ def test_collecting_searches_of_alternatives_agree():
     compared = found = entered = found_entered = 0
     for prog in [rms_program(*s) for s in SPELLINGS]:
         block = prog.functions["main"]
-        for alternative in alternatives(compile_pattern(rms_norm)):
-            matcher = _matcher_of(alternative)
+        outer = Matcher(compile_pattern(rms_norm))
+        for alternative in alternatives(outer.compiled):
+            matcher = alternative_matcher(outer, alternative)
             anchor = alternative.compiled.final_nodes[0]
             for op in block.operations:
                 before = matcher.bind_attempts
                 generated = matcher.collector(anchor)(matcher, op, block)
                 middle = matcher.bind_attempts
-                search = _Collecting(matcher, block, matcher.plans[anchor], False)
+                search = collecting_search(matcher)(matcher, block, matcher.plans[anchor], False)
                 search.found = []
                 search.run(op)
                 assert [ids(s) for s in generated] == [ids(s) for s in search.found]
@@ -835,7 +837,7 @@ def test_collecting_searches_of_alternatives_agree():
                     before = matcher.bind_attempts
                     generated = matcher.collector(anchor, root)(matcher, var, block)
                     middle = matcher.bind_attempts
-                    search = _Collecting(matcher, block, plan, False)
+                    search = collecting_search(matcher)(matcher, block, plan, False)
                     search.found = []
                     search.run_entered(root, var)
                     assert [ids(s) for s in generated] == [ids(s) for s in search.found]
