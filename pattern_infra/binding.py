@@ -13,7 +13,7 @@ from .pattern import Pattern
 from .plan import slot_value
 
 if TYPE_CHECKING:
-    from .choices import SubMatch
+    from .choice_search import SubMatch
     from .compiler import CompiledPattern
     from .matcher import Matcher
 

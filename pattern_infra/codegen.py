@@ -1,6 +1,6 @@
 """Compile a matcher's search plan into one specialised Python function per anchor.
 
-:class:`~pattern_infra.matcher.Matcher` searches a pattern with an interpreter (``_Search``): one generic
+:class:`~pattern_infra.matcher.Matcher` searches a pattern with an interpreter (``interpreter.Search``): one generic
 ``bind`` per op, a generator of operand orders, a loop over edges, a dict per assignment. Most of its time
 goes to Python calls and allocations, not to the checks themselves. For a (matcher, anchor) pair the plan
 is fixed, so the search can be written out once as straight-line code that does exactly the same checks in
@@ -74,7 +74,7 @@ import numpy as np
 from coremltools.converters.mil.mil import Block, Operation, Var
 from coremltools.converters.mil.mil.var import InternalVar
 
-from . import choices
+from . import choice_search
 from .binding import build_pattern
 from .compiler import COMMUTATIVE_OPS, Edge, PatternNode, edge_positions
 from .pattern import Pattern
@@ -121,7 +121,7 @@ def interpret_forced() -> bool:
 CompiledSearch = Callable[
     ["Matcher", Operation, Block, "Callable[[list[Operation]], list[Operation]] | None", Any], "Pattern | None"
 ]
-"""``fn(matcher, op, block, order, accept)``: the compiled ``_Search.run`` for one anchor. The
+"""``fn(matcher, op, block, order, accept)``: the compiled ``Search.run`` for one anchor. The
 matcher is an argument (not a global of the function), so a copy of a matcher counts its own attempts."""
 
 _DIRECT_COMPARISONS = 4
@@ -267,12 +267,12 @@ class _Generator:
             "_learn_op_type": _learn_op_type,
             "_of_search": Pattern._of_search,
             "_build_pattern": build_pattern,
-            "_choice_matches": choices.choice_matches,
-            "_entered": choices.entered_matches,
-            "_below": choices.candidates_below,
-            "_clashes": choices.clashes,
-            "_in_subs": choices.op_in_subs,
-            "_subs_final_ok": choices.subs_final_ok,
+            "_choice_matches": choice_search.choice_matches,
+            "_entered": choice_search.entered_matches,
+            "_below": choice_search.candidates_below,
+            "_clashes": choice_search.clashes,
+            "_in_subs": choice_search.op_in_subs,
+            "_subs_final_ok": choice_search.subs_final_ok,
             "_FINALS": tuple(self.compiled.nodes[i].name for i in self.compiled.final_nodes),
             "__name__": __name__,
         }
@@ -468,7 +468,7 @@ class _Generator:
         else:
             var = f"o{st.src}._output_vars[{st.out}]"
             what = f"{self.nodes[st.src].name} (output {st.out})"
-        if node.choice is not None and st.pos < 0 and choices.enterable(node.choice, st.slot):
+        if node.choice is not None and st.pos < 0 and choice_search.enterable(node.choice, st.slot):
             self.comment(f"step {i}: down into {self.label(m)}: each alternative entered from {what}")
             choice = self.constant("choice", node.choice)
             self.open_loop(f"for _s{m} in _entered(_m, {choice}, {st.slot!r}, {var}, block, None, "
@@ -579,7 +579,7 @@ class _Generator:
 
     def bind_choice(self, n: int, via: tuple[int, str, int] | None) -> None:
         """A choice node: a loop over the sub-matches of its alternatives ending at ``o<n>`` (the helper
-        the interpreter calls, :func:`~pattern_infra.choices.choice_matches`), its slots read from each."""
+        the interpreter calls, :func:`~pattern_infra.choice_search.choice_matches`), its slots read from each."""
         node = self.nodes[n]
         choice = self.constant("choice", node.choice)
         self.comment(f"choice {node.name!r}: every match of each alternative ending at o{n}")
@@ -588,7 +588,7 @@ class _Generator:
 
     def sub_match_checks(self, n: int, via: tuple[int, str, int] | None) -> None:
         """Choice node ``n`` bound to ``o<n>`` with the sub-match ``_s<n>``: injectivity, then its slots
-        checked like any operands (``_Search.bind_sub``)."""
+        checked like any operands (``Search.bind_sub``)."""
         node = self.nodes[n]
         bound = ", ".join(f"o{j}" for j in self.bound)
         subs = ", ".join(f"_s{j}" for j in self.bound if j in self.choice_nodes)
@@ -622,7 +622,7 @@ class _Generator:
         return "by_type"
 
     def operand_orders(self, n: int, swap: str) -> None:
-        """``_ord<n>``: the operand orders to try, in the interpreter's order (``_Search.assignments``)."""
+        """``_ord<n>``: the operand orders to try, in the interpreter's order (``Search.assignments``)."""
         node = self.nodes[n]
         ax, ay = self.raw(n, "x"), self.raw(n, "y")
         as_written, swapped = f"(({ax}, {ay}), ({ay}, {ax}))", f"(({ay}, {ax}), ({ax}, {ay}))"
@@ -649,7 +649,7 @@ class _Generator:
         self.line(f"    _ord{n} = {as_written}")
 
     def is_const_var(self, var: str, tmp: str) -> str:
-        """Whether ``var`` is the output of a ``const`` op (``_Search._const_fit``)."""
+        """Whether ``var`` is the output of a ``const`` op (``Search._const_fit``)."""
         return f"((_{tmp} := {var}._op) is not None and {self.op_type('_' + tmp)} == 'const')"
 
     def structure_checks(self, n: int, slots: list[str]) -> None:
@@ -730,7 +730,7 @@ class _Generator:
     # -- end of the search --------------------------------------------------------------------------
 
     def final_checks(self) -> None:
-        """``_Search.final_checks``, written out for the nodes and slots of the pattern."""
+        """``Search.final_checks``, written out for the nodes and slots of the pattern."""
         self.comment("final checks: intermediates used only inside the match and not block outputs")
         for node in self.nodes:
             if node.is_final:

@@ -9,6 +9,7 @@ a variable already bound). The interpreter walks it; the generator writes it out
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -17,8 +18,13 @@ from coremltools.converters.mil.mil.var import InternalVar
 
 if TYPE_CHECKING:
     from .compiler import CompiledPattern, Edge
+    from .pattern import Pattern
 
-__all__ = ["DOWN", "UP", "Failure", "Step", "input_value", "optional_const", "slot_value"]
+__all__ = ["DOWN", "UP", "Accept", "Failure", "Step", "input_value", "optional_const", "slot_value"]
+
+Accept = Callable[["Pattern"], Any]
+"""Offered each complete structural match: ``True`` takes it; anything else continues the search (a
+``str`` is the reason reported to a tracing search)."""
 
 UP = 0
 DOWN = 1
