@@ -8,14 +8,14 @@ and ``tests/test_codegen.py`` compares the two match by match.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 from coremltools.converters.mil.mil import Block, Operation, Var
 
 from . import choice_search
 from .binding import build_pattern
-from .compiler import COMMUTATIVE_OPS, Edge
+from .compiler import COMMUTATIVE_OPS, Edge, PatternNode
 from .pattern import Pattern
 from .plan import UP, Accept, Failure, Step, input_value, optional_const, slot_value
 

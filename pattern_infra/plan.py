@@ -18,12 +18,11 @@ from coremltools.converters.mil.mil.var import InternalVar
 
 if TYPE_CHECKING:
     from .compiler import CompiledPattern, Edge
-    from .pattern import Pattern
 
 __all__ = ["DOWN", "UP", "Accept", "Failure", "Step", "input_value", "optional_const", "slot_value"]
 
-Accept = Callable[["Pattern"], Any]
-"""Offered each complete structural match: ``True`` takes it; anything else continues the search (a
+Accept = Callable[[Any], Any]
+"""Offered each complete structural match (a :class:`~pattern_infra.pattern.Pattern`): ``True`` takes it; anything else continues the search (a
 ``str`` is the reason reported to a tracing search)."""
 
 UP = 0
