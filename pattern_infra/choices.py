@@ -57,7 +57,7 @@ one's first failure.
 from __future__ import annotations
 
 import weakref
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -73,23 +73,23 @@ __all__ = ["Alternative", "Choice", "one_of", "optional"]
 
 
 @dataclass
-class _Record:
+class Record:
     """What :func:`one_of` saw while the pattern program was built."""
 
     name: str
     alternatives: list[tuple[list[Operation], Var]]
     """Per alternative: the ops it created (consts included, nested choices' ops included) and its output."""
-    children: dict[int, list[_Record]] = field(default_factory=dict)
+    children: dict[int, list[Record]] = field(default_factory=dict)
     """Per alternative, the choices declared inside it (nested choices)."""
     fallback: bool = False
     """See :func:`one_of`."""
 
 
-_RECORDS: weakref.WeakKeyDictionary[Any, list[_Record]] = weakref.WeakKeyDictionary()
+_RECORDS: weakref.WeakKeyDictionary[Any, list[Record]] = weakref.WeakKeyDictionary()
 """Pattern function (coremltools ``Function``) to the choices declared at its top level while it was
 built (a pattern function is never changed once built, so the record stays true)."""
 
-_ACTIVE: list[tuple[_Record, int]] = []
+_ACTIVE: list[tuple[Record, int]] = []
 """The alternatives being built right now (innermost last)."""
 
 
@@ -177,7 +177,7 @@ def one_of(name: str, *alternatives: Callable[[], Var], fallback: bool = False) 
             f"one_of({name!r}) needs at least two alternatives, each a function of no argument building "
             f"ops (e.g. lambda: mb.mul(x=x, y=x, name='sq')); got {len(alternatives)}."
         )
-    record = _Record(name, [], fallback=fallback)
+    record = Record(name, [], fallback=fallback)
     if _ACTIVE:
         parent, k = _ACTIVE[-1]
         parent.children.setdefault(k, []).append(record)
@@ -228,12 +228,12 @@ def optional(name: str, base: Callable[[], Var], extra: Callable[[Var], Var], fa
 # -- compiling: a choice becomes one node, each alternative a small pattern ---------------------------------
 
 
-def records_of(func: Any) -> list[_Record]:
+def records_of(func: Any) -> list[Record]:
     """The choices declared at the top level of a pattern function, in the order they were declared."""
     return list(_RECORDS.get(func, []))
 
 
-class _Region:
+class Region:
     """The ops of one alternative, read by the compiler as if they were a function."""
 
     def __init__(self, operations: list[Any], inputs: dict[str, Var], outputs: list[Var]) -> None:
@@ -255,12 +255,12 @@ class _ChoiceOp:
         self.choice = choice
 
 
-CompileRegion = Callable[[_Region, str, list[_Record]], "CompiledPattern"]
+CompileRegion = Callable[[Region, str, list[Record]], "CompiledPattern"]
 """``compile(region, name, choices inside it)``: the compiler, for one alternative."""
 
 
 def collapse(
-    ops: list[Any], records: list[_Record], pattern_name: str, compile_region: CompileRegion
+    ops: list[Any], records: list[Record], pattern_name: str, compile_region: CompileRegion
 ) -> list[Any]:
     """Replaces the ops of each choice of ``records`` in ``ops`` by one :class:`_ChoiceOp`, compiling
     each alternative with ``compile_region``.
@@ -289,7 +289,7 @@ def _vars_read(op: Any) -> list[Var]:
     return out
 
 
-def _check_outside_reads(record: _Record, outside: list[Any], region: set[int], pattern_name: str) -> None:
+def _check_outside_reads(record: Record, outside: list[Any], region: set[int], pattern_name: str) -> None:
     kept = record.alternatives[0][1]
     for op in outside:
         for var in _vars_read(op):
@@ -302,7 +302,7 @@ def _check_outside_reads(record: _Record, outside: list[Any], region: set[int], 
 
 
 def _choice_of(
-    record: _Record, outside: list[Any], pattern_name: str, compile_region: CompileRegion
+    record: Record, outside: list[Any], pattern_name: str, compile_region: CompileRegion
 ) -> tuple[Choice, dict[str, Var]]:
     outside_names = {op.name for op in outside if op.op_type != "const"}
     alt_region = [{id(op) for op in alt_ops} for alt_ops, _ in record.alternatives]
@@ -350,7 +350,7 @@ def _choice_of(
     for k, (alt_ops, out) in enumerate(record.alternatives):
         region_inputs = {slots[id(v)]: v for v in external[k]}
         compiled = compile_region(
-            _Region(list(alt_ops), region_inputs, [out]), f"{pattern_name}.{record.name}[{k}]",
+            Region(list(alt_ops), region_inputs, [out]), f"{pattern_name}.{record.name}[{k}]",
             record.children.get(k, []),
         )
         alternatives.append(Alternative(k, compiled, list(region_inputs), _label(compiled)))
@@ -426,405 +426,3 @@ def _label(compiled: CompiledPattern) -> str:
         return f"{kind}({', '.join(args)})"
 
     return text(compiled.final_nodes[0], [12])
-
-
-# -- matching: the helper both searches (interpreter and compiled) call for a choice node -------------------
-
-
-class SubMatch:
-    """One complete match of one alternative, ending at the op computing the choice's variable.
-
-    Kept as the search's state (a few list copies); the alternative's ops, operands and constants are
-    written into dicts only when a whole match is built (:meth:`parts`).
-    """
-
-    __slots__ = ("alternative", "slots", "ops", "end", "choice", "_matcher", "_state", "_parts")
-
-    def __init__(self, alternative: Alternative, matcher: Any, state: tuple[list, list, list, list],
-                 choice: str) -> None:
-        ops, assign, roots, subs = state
-        self.alternative: int = alternative.index
-        """Index of the alternative that matched."""
-        self.slots: dict[str, Var] = {slot: var for slot, var in zip(alternative.slots, roots) if var is not None}
-        """Choice-node slot to the program variable the alternative read there (slots it does not read
-        are absent)."""
-        flat = [op for op, sub in zip(ops, subs) if sub is None]
-        for sub in subs:
-            if sub is not None:
-                flat.extend(sub.ops)  # includes the op of its choice node (its end)
-        self.ops: list[Operation] = flat
-        """Every program op of the sub-match (nested choices' included), each once."""
-        self.end: Operation = ops[alternative.compiled.final_nodes[0]]
-        """The op computing the choice's variable (the alternative's last op)."""
-        self.choice: str = choice
-        """The choice's name."""
-        self._matcher = matcher
-        self._state = state
-        self._parts: Any = None
-
-    def parts(self) -> tuple[dict[str, Operation], dict[str, dict[str, Any]], dict[str, Var], dict[str, int]]:
-        """The alternative's ops, operands and constants by name, and its nested choices, as a Pattern
-        of it would hold them (``matcher.match_dicts``), built on first use."""
-        if self._parts is None:
-            ops, assign, _, subs = self._state
-            self._parts = _matcher_module().match_dicts(self._matcher, ops, assign, subs)
-        return self._parts
-
-    def const_vars(self) -> list[Var]:
-        """The program variables in the alternative's constant slots (nested choices' included)."""
-        slot_value = _matcher_module()._slot_value
-        ops, assign, roots, subs = self._state
-        out = [v for n, slot, pos in self._matcher._const_slots
-               if (v := slot_value(assign, n, slot, pos)) is not None]
-        for sub in subs:
-            if sub is not None:
-                out.extend(sub.const_vars())
-        return out
-
-
-_MATCHER_MODULE: list[Any] = []
-
-
-def _matcher_module() -> Any:
-    """:mod:`pattern_infra.matcher`, imported on first use (it imports this module)."""
-    if not _MATCHER_MODULE:
-        from . import matcher
-
-        _MATCHER_MODULE.append(matcher)
-    return _MATCHER_MODULE[0]
-
-
-def _matcher_of(alternative: Alternative) -> Any:
-    matcher = getattr(alternative, "_matcher", None)
-    if matcher is None:
-        from .matcher import Matcher
-
-        matcher = Matcher(alternative.compiled)
-        alternative._matcher = matcher  # type: ignore[attr-defined]
-    return matcher
-
-
-def choice_matches(
-    outer: Any, choice: Choice, op: Operation, block: Any, failures: list[str] | None = None,
-    maximal: bool = False,
-) -> Iterator[SubMatch]:
-    """Every complete match of every alternative of ``choice`` whose last op is ``op``, in order, found
-    lazily (a search that takes the first one never searches the later alternatives).
-
-    Only the alternatives whose last op accepts ``op``'s type are searched (a dispatch on the op type:
-    the others could not bind it). Each is searched anchored at its last op, collecting all its complete
-    matches (a commutative op may give two); the bind attempts it makes are added to
-    ``outer.bind_attempts``, less the anchor, which the outer search bound and counted already, so the
-    interpreter and the compiled search count the same.
-
-    Args:
-        outer: The matcher of the pattern holding the choice node.
-        choice: The choice.
-        op: The program op offered as the alternatives' last op.
-        block: The block searched.
-        failures: If given, receives for each alternative without a match ``"<label>: <reason>"`` (the
-            alternatives are then searched with tracing, as ``explain`` does).
-        maximal: The choice ends the pattern (its variable may be used anywhere): a later alternative is
-            left out at ``op`` when an earlier one matches further down with ``op`` inside (the longest
-            spelling wins, as with ``optional``: ``norm * w`` is not matched as ``norm`` followed by an
-            unrelated ``mul``).
-
-    Yields:
-        The sub-matches, alternative by alternative.
-    """
-    failure_type = _matcher_module().Failure
-    op_type = op.op_type
-    for alternative in choice.alternatives:
-        end = alternative.compiled.nodes[alternative.compiled.final_nodes[0]]
-        if op_type not in end.op_types:
-            if failures is not None:
-                failures.append(f"{alternative.label}: ends with {end.op_type_label}, not {op_type}")
-            continue
-        search = _search_alternative(outer, alternative, op, block, failures is not None)
-        outer.bind_attempts -= 1  # the anchor: bound (and counted) by the outer search
-        if search.found and maximal and alternative.index > 0 and _taken_further(outer, choice, alternative,
-                                                                                  op, block):
-            if failures is not None:
-                failures.append(f"{alternative.label}: an earlier alternative matches further down")
-            continue
-        if not search.found and failures is not None:
-            failure = search.failure
-            reason = failure.reason if isinstance(failure, failure_type) else "no match"
-            failures.append(f"{alternative.label}: {reason}")
-        matcher = _matcher_of(alternative)
-        for state in search.found:
-            yield SubMatch(alternative, matcher, state, choice.name)
-
-
-def enterable(choice: Choice, slot: str) -> bool:
-    """Whether a down-step into ``choice`` through ``slot`` can enter every alternative from the slot's
-    variable: every alternative reads the slot, by an op that can start a search (:func:`entry_edge`)."""
-    return _entry_types(choice, slot) is not None
-
-
-def _entry_types(choice: Choice, slot: str) -> list[frozenset[str]] | None:
-    """Per alternative, the op types of the op reading ``slot`` that a search entered from it binds
-    first (a nested choice: its alternatives' such types); None when not :func:`enterable`."""
-    if slot in choice.entries:
-        return choice.entries[slot]
-    types: list[frozenset[str]] | None = [] if slot in choice.full_slots else None
-    for alternative in choice.alternatives if types is not None else ():
-        entry = entry_edge(alternative.compiled, alternative.slots.index(slot))
-        if entry is None:
-            types = None
-            break
-        node = alternative.compiled.nodes[entry[0]]
-        inner = _entry_types(node.choice, entry[1]) if node.choice is not None else [node.op_types]
-        types.append(frozenset().union(*inner))  # type: ignore[arg-type]
-    choice.entries[slot] = types
-    return types
-
-
-def entry_edge(compiled: CompiledPattern, root: int) -> tuple[int, str, int, int] | None:
-    """The first consumer of pattern input ``root`` a search may be entered by, as (node, slot, position,
-    root): not a fan-out op, not a tuple slot, and for a choice node a slot it can be entered through
-    (:func:`enterable`). None when there is none."""
-    for n, slot, pos in compiled.root_consumers[root]:
-        node = compiled.nodes[n]
-        if node.fanout or pos >= 0:
-            continue
-        if node.choice is not None and not enterable(node.choice, slot):
-            continue
-        return (n, slot, pos, root)
-    return None
-
-
-def entered_matches(
-    outer: Any, choice: Choice, slot: str, var: Var, block: Any, failures: list[str] | None = None,
-    maximal: bool = False,
-) -> Iterator[SubMatch]:
-    """Every complete match of every alternative of ``choice`` reading ``var`` in ``slot``, found lazily
-    by a search of each alternative *entered* from ``var`` (``Matcher.root_plans``): a down-step into a
-    choice binds only the ops below ``var`` that an alternative reaches, each once per alternative, where
-    offering every op within the choice's depth to every alternative (:func:`candidates_below`) searched
-    again what the alternatives share. :func:`enterable` says when this applies.
-
-    Args:
-        outer: The matcher of the pattern holding the choice node (its ``bind_attempts`` receive the
-            alternatives' binds).
-        choice: The choice.
-        slot: The choice node's slot the down-step goes through (every alternative reads it).
-        var: The program variable bound to ``slot``.
-        block: The block searched.
-        failures: As for :func:`choice_matches`.
-        maximal: The choice ends the pattern: a match of a later alternative is left out when its last
-            op lies inside a match of an earlier alternative found here, ending further down (the longest
-            spelling wins, as in :func:`choice_matches`).
-
-    Yields:
-        The sub-matches, alternative by alternative; ``sub.end`` is the op the choice node binds.
-    """
-    failure_type = _matcher_module().Failure
-    maximal = maximal and not choice.fallback
-    inside_earlier: set[int] = set()
-    entry_types = _entry_types(choice, slot)
-    below = {op.op_type for op in var.child_ops}
-    for alternative, types in zip(choice.alternatives, entry_types):  # type: ignore[arg-type]
-        if below.isdisjoint(types):  # a dispatch on the consumers' types: nothing to enter by
-            if failures is not None:
-                failures.append(f"{alternative.label}: no consumer of {var.name} is {' or '.join(sorted(types))}")
-            continue
-        search = _search_alternative(outer, alternative, None, block, failures is not None,
-                                     entry=(alternative.slots.index(slot), var))
-        matcher = _matcher_of(alternative)
-        subs = [SubMatch(alternative, matcher, state, choice.name) for state in search.found]
-        kept = [sub for sub in subs if id(sub.end) not in inside_earlier] if inside_earlier else subs
-        if maximal:
-            inside_earlier.update(id(o) for sub in subs for o in sub.ops if o is not sub.end)
-        if failures is not None:
-            if subs and not kept:
-                failures.append(f"{alternative.label}: an earlier alternative matches further down")
-            elif not subs:
-                failure = search.failure
-                reason = failure.reason if isinstance(failure, failure_type) else "no match"
-                failures.append(f"{alternative.label}: {reason}")
-        yield from kept
-
-
-class _Collected:
-    """What the generated collecting search found (no failure: it never traces)."""
-
-    __slots__ = ("found", "failure")
-
-    def __init__(self, found: list[Any]) -> None:
-        self.found = found
-        self.failure = None
-
-
-def _search_alternative(
-    outer: Any, alternative: Alternative, op: Operation | None, block: Any, trace: bool,
-    entry: tuple[int, Var] | None = None,
-) -> Any:
-    """The alternative's search run to the end (``.found``: every match, as search state), anchored at
-    its last op bound to ``op``, or entered from ``entry`` (root index, variable): the generated
-    collecting search, or the interpreter when tracing (or forced)."""
-    matcher = _matcher_of(alternative)
-    anchor = alternative.compiled.final_nodes[0]
-    root = None if entry is None else entry[0]
-    before = matcher.bind_attempts
-    fn = None if trace else matcher.collector(anchor, root)
-    if fn is not None:
-        found = fn(matcher, op if entry is None else entry[1], block)
-        outer.bind_attempts += matcher.bind_attempts - before
-        return _Collected(found)
-    if entry is None:
-        search = _Collecting(matcher, block, matcher.plans[anchor], trace)
-        search.found = []
-        search.run(op)
-    else:
-        search = _Collecting(matcher, block, matcher.root_plans[entry[0]], trace)
-        search.found = []
-        search.run_entered(*entry)
-    outer.bind_attempts += matcher.bind_attempts - before
-    return search
-
-
-def _taken_further(outer: Any, choice: Choice, alternative: Alternative, op: Operation, block: Any) -> bool:
-    """Whether an alternative before ``alternative`` matches at an op below ``op`` with ``op`` inside."""
-    for below in candidates_below(op.outputs[0], choice):
-        for earlier in choice.alternatives[: alternative.index]:
-            if below.op_type not in earlier.compiled.nodes[earlier.compiled.final_nodes[0]].op_types:
-                continue
-            for state in _search_alternative(outer, earlier, below, block, False).found:
-                if any(o is op for o in state[0]) or any(
-                        sub is not None and any(o is op for o in sub.ops) for sub in state[3]):
-                    return True
-    return False
-
-
-def _collecting_class() -> type:
-    from .matcher import _Search
-
-    class Collecting(_Search):
-        """The interpreter's search, collecting every complete match instead of stopping at the first."""
-
-        __slots__ = ("found",)
-
-        def final_checks(self) -> bool:
-            if self.structure_ok():
-                self.found.append((list(self.ops), list(self.assign), list(self.roots), list(self.subs)))
-            return False
-
-    return Collecting
-
-
-class _LazyCollecting:
-    cls: type | None = None
-
-    def __call__(self, *args: Any) -> Any:
-        if self.cls is None:
-            self.cls = _collecting_class()
-        return self.cls(*args)
-
-
-_Collecting = _LazyCollecting()
-"""``_Collecting(matcher, block, plan, trace)``: built on first use (the matcher imports this module)."""
-
-
-def candidates_below(var: Var, choice: Choice) -> list[Operation]:
-    """Ops that may compute a choice's variable from ``var`` (a down-step into a choice node): every op
-    at most ``choice.depth`` consumer steps below ``var`` whose type an alternative ends with, breadth
-    first, each once. The alternatives' own searches check the rest (that the choice really reads
-    ``var`` is checked by the outer search, as for any slot)."""
-    seen: dict[int, Operation] = {}
-    frontier = [var]
-    out: list[Operation] = []
-    for _ in range(choice.depth):
-        next_vars: list[Var] = []
-        for v in frontier:
-            for op in v.child_ops:
-                if id(op) in seen:
-                    continue
-                seen[id(op)] = op
-                if op.op_type in choice.output_types:
-                    out.append(op)
-                next_vars.extend(op.outputs)
-        frontier = next_vars
-    return out
-
-
-def clashes(sub: SubMatch, bound: Sequence[Any], bound_subs: Sequence[SubMatch] = ()) -> bool:
-    """Whether an op of ``sub`` is already bound by the outer search (a match is injective): one of the
-    ``bound`` program ops or of the sub-matches of choices bound before (the generated search's check;
-    the interpreter reads its ``used`` map, which holds the same ops)."""
-    ids = {id(op) for op in bound if op is not None}
-    for other in bound_subs:
-        ids.update(id(op) for op in other.ops)
-    return any(id(op) in ids for op in sub.ops)
-
-
-def op_in_subs(op: Operation, subs: Sequence[SubMatch | None]) -> bool:
-    """Whether ``op`` is an op of one of the sub-matches."""
-    return any(sub is not None and any(op is o for o in sub.ops) for sub in subs)
-
-
-def computed_inside(var: Var | None, ops: Sequence[Any], subs: Sequence[SubMatch | None]) -> bool:
-    """Whether ``var`` is computed by an op of the match: ``ops`` (the outer ops) or a sub-match."""
-    producer = var.op if var is not None else None
-    if producer is None:
-        return False
-    if any(producer is op for op in ops):
-        return True
-    return any(sub is not None and any(producer is op for op in sub.ops) for sub in subs)
-
-
-def subs_final_ok(ops: Sequence[Any], subs: Sequence[SubMatch | None]) -> bool:
-    """The outer final check the alternatives cannot make themselves: no constant slot of a sub-match is
-    computed by an op of the match (the outer ops or another sub-match; one computed by an op of its own
-    sub-match was refused by that sub-match's search already)."""
-    producers = [p for sub in subs if sub is not None for var in sub.const_vars() if (p := var.op) is not None]
-    if not producers:
-        return True
-    inside = {id(op) for op in ops if op is not None}
-    for sub in subs:
-        if sub is not None:
-            inside.update(id(op) for op in sub.ops)
-    return not any(id(p) in inside for p in producers)
-
-
-def merged(
-    ops: dict[str, Any], operands: dict[str, dict[str, Any]], consts: dict[str, Var], subs: Sequence[SubMatch | None]
-) -> dict[str, int]:
-    """Adds the sub-matches' ops, operands and constants to a match's dicts; returns ``pattern.choices``
-    (choice name to the index of the alternative that matched, nested choices included). The ops of an
-    alternative go right before its choice's entry, so the dict stays in a topological order (the
-    driver removes dead ops in its reverse)."""
-    chosen: dict[str, int] = {}
-    by_choice = {sub.choice: sub for sub in subs if sub is not None}
-    outer = list(ops.items())
-    ops.clear()
-    for name, op in outer:  # each alternative's ops right before its choice: a topological order still
-        sub = by_choice.get(name)
-        if sub is not None:
-            for inner_name, inner_op in sub.parts()[0].items():
-                ops.setdefault(inner_name, inner_op)
-        ops.setdefault(name, op)
-    for sub in subs:
-        if sub is None:
-            continue
-        _, inner_operands, inner_consts, inner_chosen = sub.parts()
-        for name, slots in inner_operands.items():
-            operands.setdefault(name, slots)
-        for key, var in inner_consts.items():
-            consts.setdefault(key, var)
-        chosen[sub.choice] = sub.alternative
-        if inner_chosen:
-            chosen.update(inner_chosen)
-    return chosen
-
-
-def all_op_types(compiled: CompiledPattern) -> frozenset[str]:
-    """Every op type a match of ``compiled`` may contain, the alternatives' (nested) included."""
-    types: set[str] = set()
-    for node in compiled.nodes:
-        if node.choice is None:
-            types |= node.op_types
-        else:
-            for alternative in node.choice.alternatives:
-                types |= all_op_types(alternative.compiled)
-    return frozenset(types)

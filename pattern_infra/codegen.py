@@ -1,6 +1,6 @@
 """Compile a matcher's search plan into one specialised Python function per anchor.
 
-:class:`~pattern_infra.matcher.Matcher` searches a pattern with an interpreter (``_Search``): one generic
+:class:`~pattern_infra.matcher.Matcher` searches a pattern with an interpreter (``interpreter.Search``): one generic
 ``bind`` per op, a generator of operand orders, a loop over edges, a dict per assignment. Most of its time
 goes to Python calls and allocations, not to the checks themselves. For a (matcher, anchor) pair the plan
 is fixed, so the search can be written out once as straight-line code that does exactly the same checks in
@@ -35,8 +35,8 @@ How the source of one search is generated (:func:`generate`):
    constant slot is computed by a matched op.
 5. **Success** builds the :class:`~pattern_infra.pattern.Pattern` with ``Pattern._of_search``, which
    takes its dicts (ops, operands, constants), written out as literals, without copying them (the
-   interpreter's ``_build_pattern`` gives equal patterns): the constants' insertion sequence of
-   ``_build_pattern`` is played at generation time. It is returned when there is no ``accept`` or
+   interpreter's ``binding.build_pattern`` gives equal patterns): the constants' insertion sequence of
+   ``binding.build_pattern`` is played at generation time. It is returned when there is no ``accept`` or
    ``accept`` returns ``True``; otherwise the innermost loop goes on to the next structural match, as
    the interpreter backtracks.
    ``Matcher.bind_attempts`` is counted in a local and added once, in a ``finally`` (so also when a
@@ -63,7 +63,6 @@ from __future__ import annotations
 
 import linecache
 import logging
-import math
 import os
 import re
 from collections.abc import Callable
@@ -74,12 +73,21 @@ import numpy as np
 from coremltools.converters.mil.mil import Block, Operation, Var
 from coremltools.converters.mil.mil.var import InternalVar
 
-from . import choices
-from .compiler import COMMUTATIVE_OPS, Edge, PatternNode, edge_positions
+from . import choice_search
+from .binding import build_pattern
+from .compiler import Edge, PatternNode, edge_positions
+from .pattern import Pattern
+from .codegen_checks import (
+    FLOAT_TYPES,
+    PLAIN_VALUES,
+    CheckWriter,
+    NotCompilable,
+    set_literal,
+)
+from .plan import DOWN, Step, optional_const
 
 if TYPE_CHECKING:
-    from .matcher import Matcher, _Step
-    from .pattern import Pattern
+    from .matcher import Matcher
 
 __all__ = [
     "INTERPRET_ENV_VAR",
@@ -118,20 +126,8 @@ def interpret_forced() -> bool:
 CompiledSearch = Callable[
     ["Matcher", Operation, Block, "Callable[[list[Operation]], list[Operation]] | None", Any], "Pattern | None"
 ]
-"""``fn(matcher, op, block, order, accept)``: the compiled ``_Search.run`` for one anchor. The
+"""``fn(matcher, op, block, order, accept)``: the compiled ``Search.run`` for one anchor. The
 matcher is an argument (not a global of the function), so a copy of a matcher counts its own attempts."""
-
-_DIRECT_COMPARISONS = 4
-"""Up to this many matched ops, "is the producer one of them" compares identities without a type test."""
-
-_FLOAT_TYPES: frozenset[type] = frozenset({float, np.float16, np.float32, np.float64})
-"""Types of a constant's ``val`` for which ``float(val)`` is what ``ConstRule.accepts`` compares."""
-
-_PLAIN_VALUES: frozenset[type] = _FLOAT_TYPES | {
-    int, bool, np.bool_, np.int8, np.int16, np.int32, np.int64, np.uint8, np.uint16, np.uint32, np.uint64
-}
-"""Types of a constant's raw value that coremltools never considers symbolic: for them ``var.val`` (which
-runs ``any_symbolic``) is the raw ``var._sym_val.val``. So is a numpy array of a non-object dtype."""
 
 _OP_TYPE_NAMES: dict[type, str] = {}
 """Program op class to its ``op_type``: ``Operation.op_type`` is a property of the class
@@ -158,10 +154,6 @@ class GeneratedSearch:
     """The compiled search, or None when the interpreter must be used."""
     reason: str = ""
     """Why there is no function."""
-
-
-class _NotCompilable(Exception):
-    """The plan has a feature the generator leaves to the interpreter."""
 
 
 def _filename(matcher: Matcher, anchor: int | str, source: str) -> str:
@@ -193,7 +185,7 @@ def build(matcher: Matcher, anchor: int, collect: bool = False, root: int | None
     """
     try:
         source, namespace = generate(matcher, anchor, collect, root)
-    except _NotCompilable as exc:
+    except NotCompilable as exc:
         text = _not_compiled(matcher, anchor, str(exc))
         return GeneratedSearch(text, _filename(matcher, anchor, text), None, str(exc))
     where = anchor if root is None else f"r{root}"
@@ -228,17 +220,15 @@ def generate(
     the globals it runs with.
 
     Raises:
-        _NotCompilable: The pattern has a feature left to the interpreter (see the module docstring).
+        NotCompilable: The pattern has a feature left to the interpreter (see the module docstring).
     """
     return _Generator(matcher, anchor, collect, root).run()
 
 
-class _Generator:
+class _Generator(CheckWriter):
     """Writes the search of one anchor, step by step of its plan."""
 
     def __init__(self, matcher: Matcher, anchor: int, collect: bool = False, root: int | None = None) -> None:
-        from .matcher import _build_pattern, _optional_const
-        from .pattern import Pattern
 
         self.collect = collect
         """Collect every structural match (an alternative's search) instead of returning the first."""
@@ -260,18 +250,18 @@ class _Generator:
             "_NOT_A_VALUE": (InternalVar, list, tuple),
             "_SEQ": (list, tuple),
             "_ndarray": np.ndarray,
-            "_PLAIN_VALUES": _PLAIN_VALUES,
-            "_FLOAT_TYPES": _FLOAT_TYPES,
+            "PLAIN_VALUES": PLAIN_VALUES,
+            "FLOAT_TYPES": FLOAT_TYPES,
             "_tn": _OP_TYPE_NAMES.get,
             "_learn_op_type": _learn_op_type,
             "_of_search": Pattern._of_search,
-            "_build_pattern": _build_pattern,
-            "_choice_matches": choices.choice_matches,
-            "_entered": choices.entered_matches,
-            "_below": choices.candidates_below,
-            "_clashes": choices.clashes,
-            "_in_subs": choices.op_in_subs,
-            "_subs_final_ok": choices.subs_final_ok,
+            "_build_pattern": build_pattern,
+            "_choice_matches": choice_search.choice_matches,
+            "_entered": choice_search.entered_matches,
+            "_below": choice_search.candidates_below,
+            "_clashes": choice_search.clashes,
+            "_in_subs": choice_search.op_in_subs,
+            "_subs_final_ok": choice_search.subs_final_ok,
             "_FINALS": tuple(self.compiled.nodes[i].name for i in self.compiled.final_nodes),
             "__name__": __name__,
         }
@@ -280,7 +270,7 @@ class _Generator:
             {
                 slot
                 for slot, edge in node.inputs.items()
-                if _optional_const(self.compiled, edge) and len(node.op_types) > 1
+                if optional_const(self.compiled, edge) and len(node.op_types) > 1
             }
             for node in self.nodes
         ]
@@ -339,7 +329,7 @@ class _Generator:
     def type_mismatch(self, op: str, node: PatternNode) -> str:
         if len(node.op_types) == 1:
             return f"{self.op_type(op)} != {node.op_type!r}"
-        return f"{self.op_type(op)} not in {_set_literal(node.op_types)}"
+        return f"{self.op_type(op)} not in {set_literal(node.op_types)}"
 
     def label(self, n: int) -> str:
         node = self.nodes[n]
@@ -348,10 +338,8 @@ class _Generator:
     # -- the function -------------------------------------------------------------------------------
 
     def run(self) -> tuple[str, dict[str, Any]]:
-        from .matcher import _DOWN
-
         if any(node.fanout for node in self.nodes):
-            raise _NotCompilable("the pattern has a fan-out op")
+            raise NotCompilable("the pattern has a fan-out op")
         self.choice_nodes = [node.index for node in self.nodes if node.choice is not None]
         self.optional_roots: set[int] = set()
         for n in self.choice_nodes:
@@ -360,15 +348,15 @@ class _Generator:
                 if slot in node.choice.full_slots:
                     continue
                 if not isinstance(edge, Edge) or edge.kind != "root":
-                    raise _NotCompilable(f"choice {node.name!r} reads {slot!r} in some alternatives only, and "
+                    raise NotCompilable(f"choice {node.name!r} reads {slot!r} in some alternatives only, and "
                                          f"it is not a pattern input")
                 if len(self.compiled.root_consumers[edge.index]) > 1:
-                    raise _NotCompilable(f"input {self.compiled.root_names[edge.index]!r} is read by choice "
+                    raise NotCompilable(f"input {self.compiled.root_names[edge.index]!r} is read by choice "
                                          f"{node.name!r} in some alternatives only, and by other pattern ops")
                 self.optional_roots.add(edge.index)
         for node in self.nodes:
             if node.commutative and self.skippable[node.index] & {"x", "y"}:
-                raise _NotCompilable(f"commutative op {node.name!r} has an optional constant x or y")
+                raise NotCompilable(f"commutative op {node.name!r} has an optional constant x or y")
         root_first = self._first_root_edges()
         self.root_first = root_first
         compiled = self.compiled
@@ -401,7 +389,7 @@ class _Generator:
         else:
             self.line(f"r{self.root} = op  # entered from root {compiled.root_names[self.root]!r}")
         for i, st in enumerate(self.plan[1:] if self.root is None else self.plan, start=1 if self.root is None else 0):
-            if st.kind == _DOWN:
+            if st.kind == DOWN:
                 self.down_step(i, st)
             else:
                 self.up_step(i, st)
@@ -438,7 +426,7 @@ class _Generator:
 
     # -- steps --------------------------------------------------------------------------------------
 
-    def up_step(self, i: int, st: _Step) -> None:
+    def up_step(self, i: int, st: Step) -> None:
         """Step ``i``: the producer of a bound operand, one candidate (no choice point)."""
         src = self.nodes[st.src]
         m = st.node
@@ -460,7 +448,7 @@ class _Generator:
         self.line("nb += 1")
         self.bind(m, via=(st.src, st.slot, st.pos), filtered=False, outputs="_outs")
 
-    def down_step(self, i: int, st: _Step) -> None:
+    def down_step(self, i: int, st: Step) -> None:
         """Step ``i``: a loop over the distinct consumers of a bound variable of the accepted types."""
         m = st.node
         node = self.nodes[m]
@@ -469,7 +457,7 @@ class _Generator:
         else:
             var = f"o{st.src}._output_vars[{st.out}]"
             what = f"{self.nodes[st.src].name} (output {st.out})"
-        if node.choice is not None and st.pos < 0 and choices.enterable(node.choice, st.slot):
+        if node.choice is not None and st.pos < 0 and choice_search.enterable(node.choice, st.slot):
             self.comment(f"step {i}: down into {self.label(m)}: each alternative entered from {what}")
             choice = self.constant("choice", node.choice)
             self.open_loop(f"for _s{m} in _entered(_m, {choice}, {st.slot!r}, {var}, block, None, "
@@ -490,404 +478,3 @@ class _Generator:
             self.guard(" or ".join(f"o{m} is o{j}" for j in same), "already matched")
         self.line("nb += 1")
         self.bind(m, via=None, filtered=True)
-
-    def possibly_same(self, n: int) -> list[int]:
-        """Bound pattern ops whose program op could be the one about to bind to ``n`` (types overlap)."""
-        types = self.nodes[n].op_types
-        return [j for j in self.bound if self.nodes[j].op_types & types]
-
-    # -- binding one op -----------------------------------------------------------------------------
-
-    def bind(
-        self, n: int, via: tuple[int, str, int] | None, filtered: bool, outputs: str = ""
-    ) -> None:
-        """Checks ``o<n>`` against pattern op ``n`` and sets its operand locals (opens a loop if it may swap).
-
-        Args:
-            n: The pattern op.
-            via: For an up-step, the consumer edge it came along (already checked).
-            filtered: Type and injectivity were checked by the enclosing down-step loop.
-            outputs: A local already holding ``o<n>._output_vars``, if any.
-        """
-        node = self.nodes[n]
-        o = f"o{n}"
-        if not filtered:
-            self.guard(self.type_mismatch(o, node), "type")
-        self.guard(f"len({outputs or o + '._output_vars'}) != {node.num_outputs}", "number of outputs")
-        self.guard(f"{o}.enclosing_block is not block", "another block")
-        if not filtered:
-            same = self.possibly_same(n)
-            if same:
-                self.guard(" or ".join(f"{o} is o{j}" for j in same), "already matched")
-        if node.choice is not None:
-            self.bind_choice(n, via)
-            return
-        swap = self.swap_mode(node)
-        swapped = {"x", "y"} if swap else set()
-        # x and y checked per order when the pattern has a tuple in one of them (an order may move it)
-        xy_later = bool(swap) and any(isinstance(node.inputs[s], tuple) for s in ("x", "y"))
-        self.line(f"_iv = {o}._input_vars")
-        for slot, edge in node.inputs.items():
-            name = self.raw(n, slot) if slot in swapped else self.value(n, slot)
-            self.line(f"{name} = _iv.get({slot!r})")
-            if slot in self.skippable[n]:
-                self.line(f"if type({name}) is not _Var:")
-                self.depth += 1
-                self.line(f"if {name} is None or isinstance({name}, _InternalVar):")
-                self.depth += 1
-                self.guard(f"{self.op_type(o)} == {node.op_type!r}", f"missing operand {slot!r}")
-                self.line(f"{name} = None  # an alternative op type without this wildcard constant")
-                self.depth -= 1
-                self.line(f"elif isinstance({name}, _SEQ):  # {node.name}.{slot} is a single value")
-                self.depth += 1
-                for text in self.fail_lines():
-                    self.line(text)
-                self.depth -= 2
-            elif slot in swapped and xy_later:
-                self.guard(f"{name} is None or isinstance({name}, _InternalVar)", f"missing operand {slot!r}")
-            elif isinstance(edge, tuple):
-                self.guard(f"not isinstance({name}, _SEQ) or len({name}) != {len(edge)}",
-                           f"missing operand {slot!r}, or not {len(edge)} values")
-            else:  # a plain Var is neither missing, internal nor a tuple
-                self.guard(
-                    f"type({name}) is not _Var and ({name} is None or isinstance({name}, _NOT_A_VALUE))",
-                    f"missing operand {slot!r}, or a tuple",
-                )
-        if swap:
-            self.operand_orders(n, swap)
-        # edges to bound consumers: independent of the operand order
-        for consumer, slot, pos, out in node.consumers:
-            if consumer not in self.bound or via == (consumer, slot, pos):
-                continue
-            self.guard(
-                f"{self.value(consumer, slot, pos)} is not {o}._output_vars[{out}]",
-                f"{self.nodes[consumer].name}.{slot} reads {node.name}",
-            )
-        fixed = [slot for slot in node.inputs if slot not in swapped]
-        self.op_edge_checks(n, fixed)
-        if swap:
-            self.const_checks(n, fixed)
-            self.open_loop(f"for {self.value(n, 'x')}, {self.value(n, 'y')} in _ord{n}:")
-            if xy_later:
-                self.structure_checks(n, ["x", "y"])
-            self.op_edge_checks(n, ["x", "y"])
-            self.root_checks(n)
-            self.const_checks(n, ["x", "y"])
-        else:
-            self.root_checks(n)
-            self.const_checks(n, fixed)
-        self.bound.append(n)
-
-    def bind_choice(self, n: int, via: tuple[int, str, int] | None) -> None:
-        """A choice node: a loop over the sub-matches of its alternatives ending at ``o<n>`` (the helper
-        the interpreter calls, :func:`~pattern_infra.choices.choice_matches`), its slots read from each."""
-        node = self.nodes[n]
-        choice = self.constant("choice", node.choice)
-        self.comment(f"choice {node.name!r}: every match of each alternative ending at o{n}")
-        self.open_loop(f"for _s{n} in _choice_matches(_m, {choice}, o{n}, block, None, {node.is_final}):")
-        self.sub_match_checks(n, via)
-
-    def sub_match_checks(self, n: int, via: tuple[int, str, int] | None) -> None:
-        """Choice node ``n`` bound to ``o<n>`` with the sub-match ``_s<n>``: injectivity, then its slots
-        checked like any operands (``_Search.bind_sub``)."""
-        node = self.nodes[n]
-        bound = ", ".join(f"o{j}" for j in self.bound)
-        subs = ", ".join(f"_s{j}" for j in self.bound if j in self.choice_nodes)
-        self.guard(f"_clashes(_s{n}, ({bound}{',' if bound else ''}), ({subs}{',' if subs else ''}))",
-                   "an op of the alternative is already matched")
-        self.line(f"_sl = _s{n}.slots")
-        for slot in node.inputs:
-            get = f"_sl[{slot!r}]" if slot in node.choice.full_slots else f"_sl.get({slot!r})"
-            self.line(f"{self.value(n, slot)} = {get}")
-        for consumer, slot, pos, out in node.consumers:
-            if consumer not in self.bound or via == (consumer, slot, pos):
-                continue
-            self.guard(
-                f"{self.value(consumer, slot, pos)} is not o{n}._output_vars[{out}]",
-                f"{self.nodes[consumer].name}.{slot} reads {node.name}",
-            )
-        slots = list(node.inputs)
-        self.op_edge_checks(n, slots)
-        self.root_checks(n)
-        self.const_checks(n, slots)
-        self.bound.append(n)
-
-    def swap_mode(self, node: PatternNode) -> str:
-        """``""`` (never swapped), ``"always"`` or ``"by_type"`` (only for commutative program op types)."""
-        if not node.commutative:
-            return ""
-        if node.swap_any_type or node.op_types <= COMMUTATIVE_OPS:
-            return "always"
-        if not node.op_types & COMMUTATIVE_OPS:
-            return ""
-        return "by_type"
-
-    def operand_orders(self, n: int, swap: str) -> None:
-        """``_ord<n>``: the operand orders to try, in the interpreter's order (``_Search.assignments``)."""
-        node = self.nodes[n]
-        ax, ay = self.raw(n, "x"), self.raw(n, "y")
-        as_written, swapped = f"(({ax}, {ay}), ({ay}, {ax}))", f"(({ay}, {ax}), ({ax}, {ay}))"
-        self.comment(f"operand orders of {node.name}: as written, then swapped")
-        single = f"{ax} is {ay}"
-        if swap == "by_type":
-            commutative = _set_literal(node.op_types & COMMUTATIVE_OPS)
-            single = f"{self.op_type(f'o{n}')} not in {commutative} or {single}"
-        self.line(f"if {single}:")
-        self.line(f"    _ord{n} = (({ax}, {ay}),)")
-        cx, cy = (_is_const_edge(node.inputs[s]) for s in ("x", "y"))
-        if cx != cy:
-            # The interpreter's rule (_const_fit): swapped first when that puts more compile-time
-            # constants where the pattern has its constant. With one constant slot that is when the
-            # operand in the other slot (``wrong``) is a constant and the one in it (``right``) is not:
-            # ``wrong > right`` on bools, both evaluated as the interpreter does.
-            wrong, right = (ax, ay) if cy else (ay, ax)
-            self.line(
-                f"elif {self.is_const_var(wrong, 'kw')} > {self.is_const_var(right, 'kr')}:"
-                f"  # the constant on the wrong side: swapped first"
-            )
-            self.line(f"    _ord{n} = {swapped}")
-        self.line("else:")
-        self.line(f"    _ord{n} = {as_written}")
-
-    def is_const_var(self, var: str, tmp: str) -> str:
-        """Whether ``var`` is the output of a ``const`` op (``_Search._const_fit``)."""
-        return f"((_{tmp} := {var}._op) is not None and {self.op_type('_' + tmp)} == 'const')"
-
-    def structure_checks(self, n: int, slots: list[str]) -> None:
-        """Tuple slots hold tuples of the pattern's length; other slots hold no tuple."""
-        node = self.nodes[n]
-        for slot in slots:
-            edge = node.inputs[slot]
-            name = self.value(n, slot)
-            if isinstance(edge, tuple):
-                self.guard(f"not isinstance({name}, _SEQ) or len({name}) != {len(edge)}",
-                           f"{node.name}.{slot} has {len(edge)} values")
-            else:
-                self.guard(f"isinstance({name}, _SEQ)", f"{node.name}.{slot} is a single value")
-
-    def op_edge_checks(self, n: int, slots: list[str]) -> None:
-        """Operands wired from a bound pattern op are that op's very output."""
-        node = self.nodes[n]
-        for slot in slots:
-            for pos, e in edge_positions(node.inputs[slot]):
-                if e.kind == "op" and e.index in self.bound:
-                    self.guard(
-                        f"{self.value(n, slot, pos)} is not o{e.index}._output_vars[{e.output}]",
-                        f"{node.name}.{slot} reads {self.nodes[e.index].name}",
-                    )
-
-    def root_checks(self, n: int) -> None:
-        """The first edge reaching a root binds it; every later one compares with it."""
-        node = self.nodes[n]
-        for slot, edge in node.inputs.items():
-            for pos, e in edge_positions(edge):
-                if e.kind != "root":
-                    continue
-                var = self.value(n, slot, pos)
-                name = self.compiled.root_names[e.index]
-                if (n, slot, pos) in self.root_first:
-                    self.line(f"r{e.index} = {var}  # root {name!r}")
-                else:
-                    self.guard(f"{var} is not r{e.index}", f"root {name!r} bound consistently")
-
-    def const_checks(self, n: int, slots: list[str]) -> None:
-        """The constant rules of op ``n``'s constant slots among ``slots``."""
-        node = self.nodes[n]
-        for slot in slots:
-            for pos, e in edge_positions(node.inputs[slot]):
-                if e.kind == "const":
-                    self.const_check(self.value(n, slot, pos), e.index)
-
-    def const_check(self, var: str, index: int) -> None:
-        """The constant rule of ``var``; ``var.val`` is read through its raw value when that is plain."""
-        key, expected, rule = self.compiled.consts[index]
-        if rule.mode == "any":
-            return
-        where = f"constant {key}"
-        self.line(f"_sv = {var}._sym_val")
-        self.guard(f"_sv is None or (_val := _sv.val) is None", f"{where}: a compile-time constant")
-        if rule.mode == "const" or expected is None:
-            self.guard(
-                f"type(_val) not in _PLAIN_VALUES and (type(_val) is not _ndarray or _val.dtype.kind == 'O') "
-                f"and {var}.val is None",
-                f"{where}: not symbolic",
-            )
-            return
-        accepts = self.constant("accepts", rule.accepts)
-        value = self.constant("expected", expected)
-        general = f"{accepts}({var}, {value}) is not None"
-        if expected.size == 1 and expected.dtype.kind in "biuf":
-            e = float(expected.reshape(()))
-            tol = rule.atol + rule.rtol * abs(e)  # the very float ConstRule.accepts compares with
-            e_text = repr(e) if math.isfinite(e) else self.constant("e", e)
-            tol_text = repr(tol) if math.isfinite(tol) else self.constant("tol", tol)
-            close = f"abs(float(_val) - {e_text}) <= {tol_text}"
-            self.guard(
-                f"not ({close}) if type(_val) in _FLOAT_TYPES else {general}", f"{where} close to {e!r}"
-            )
-            return
-        self.guard(general, f"{where}: ConstRule.accepts")
-
-    # -- end of the search --------------------------------------------------------------------------
-
-    def final_checks(self) -> None:
-        """``_Search.final_checks``, written out for the nodes and slots of the pattern."""
-        self.comment("final checks: intermediates used only inside the match and not block outputs")
-        for node in self.nodes:
-            if node.is_final:
-                continue
-            for j in range(node.num_outputs):
-                self.line(f"_w = o{node.index}._output_vars[{j}]")
-                self.guard(
-                    f"_w.consuming_blocks or len(_w._child_ops) != {node.output_uses[j]}",
-                    f"{node.name} output {j}: used {node.output_uses[j]} time(s), inside the match",
-                )
-        matched = " or ".join(f"_p is o{n}" for n in range(len(self.nodes)))
-        subs = "(" + "".join(f"_s{n}, " for n in self.choice_nodes) + ")"
-        if self.choice_nodes:
-            matched = f"{matched} or _in_subs(_p, {subs})"
-        if len(self.nodes) > _DIRECT_COMPARISONS or self.choice_nodes:  # first rule out by type
-            matched = f"{self.op_type('_p')} in {_set_literal(self.m.op_types)} and ({matched})"
-        self.comment("final checks: no root and no constant slot computed by a matched op")
-        for k, name in enumerate(self.compiled.root_names):
-            if k in self.optional_roots:  # read by some alternatives only: None when another matched
-                self.line(f"_p = r{k}._op if r{k} is not None else None")
-                self.guard(f"_p is not None and {matched}", f"root {name!r} computed inside the match")
-                continue
-            self.line(f"_p = r{k}._op")
-            self.guard(f"_p is not None and {matched}", f"root {name!r} computed inside the match")
-        for n, slot, pos in self.m._const_slots:
-            var = self.value(n, slot, pos)
-            optional = slot in self.skippable[n]
-            if optional:
-                self.line(f"if {var} is not None:")
-                self.depth += 1
-            self.line(f"_p = {var}._op")
-            self.guard(f"_p is not None and {matched}",
-                       f"constant slot {self.nodes[n].name}.{slot} computed inside the match")
-            if optional:
-                self.depth -= 1
-
-    def collected(self) -> None:
-        """Collect mode: the search state of the match is kept and the search goes on (the interpreter's
-        ``Collecting.final_checks``)."""
-        if any(self.skippable):
-            raise _NotCompilable("an alternative op type may lack a wildcard constant (collect mode)")
-        per_node = ", ".join(f"_s{n}" if n in self.choice_nodes else "None" for n in range(len(self.nodes)))
-        if self.choice_nodes:
-            subs = "(" + "".join(f"_s{n}, " for n in self.choice_nodes) + ")"
-            self.guard(f"not _subs_final_ok(({', '.join(f'o{n}' for n in range(len(self.nodes)))},), {subs})",
-                       "no constant slot of an alternative computed inside the match")
-        assign = ", ".join(
-            f"_s{node.index}.slots" if node.choice is not None
-            else "{" + ", ".join(f"{slot!r}: {self.value(node.index, slot)}" for slot in node.inputs) + "}"
-            for node in self.nodes
-        )
-        ops = ", ".join(f"o{n}" for n in range(len(self.nodes)))
-        roots = ", ".join(f"r{k}" for k in range(len(self.compiled.root_names)))
-        self.comment("a match: kept, and the search goes on")
-        self.line(f"_found.append(([{ops}], [{assign}], [{roots}], [{per_node}]))")
-
-    def success(self) -> None:
-        """Builds the Pattern as ``matcher._build_pattern`` would, its dicts written out (for a pattern
-        with choices, by calling it: the alternatives' ops, operands and constants are merged in)."""
-        if self.choice_nodes:
-            subs = "(" + "".join(f"_s{n}, " for n in self.choice_nodes) + ")"
-            self.guard(f"not _subs_final_ok(({', '.join(f'o{n}' for n in range(len(self.nodes)))},), {subs})",
-                       "no constant slot of an alternative computed inside the match")
-            self.comment("a match: matcher._build_pattern, with the sub-matches of the choices")
-            assign = ", ".join(
-                f"_s{node.index}.slots" if node.choice is not None
-                else "{" + ", ".join(f"{slot!r}: {self.value(node.index, slot)}" for slot in node.inputs) + "}"
-                for node in self.nodes
-            )
-            per_node = ", ".join(f"_s{n}" if n in self.choice_nodes else "None" for n in range(len(self.nodes)))
-            ops = ", ".join(f"o{n}" for n in range(len(self.nodes)))
-            roots = ", ".join(f"r{k}" for k in range(len(self.compiled.root_names)))
-            self.line(f"_p = _build_pattern(_m, block, [{ops}], [{assign}], [{roots}], order, [{per_node}])")
-            self.line("if accept is None or accept(_p) is True:")
-            self.line("    return _p")
-            return
-        self._success_plain()
-
-    def _success_plain(self) -> None:
-        """Builds the Pattern as ``matcher._build_pattern`` would, its dicts written out.
-
-        Skipped wildcard slots (None) leave their entries out; when every such slot is present, which is
-        the common case, the dicts are plain literals.
-        """
-        compiled = self.compiled
-        self.comment("a match: the dicts of matcher._build_pattern, written out")
-        optional = [self.value(n, slot) for n in range(len(self.nodes)) for slot in self.nodes[n].inputs
-                    if slot in self.skippable[n]]
-        ops = ", ".join(f"{node.name!r}: o{node.index}" for node in self.nodes)
-        roots = ", ".join(f"r{k}" for k in range(len(compiled.root_names)))
-        if optional:
-            self.line(f"if {' and '.join(f'{v} is not None' for v in optional)}:")
-            self.depth += 1
-            self.emit_new_pattern(ops, roots, with_skips=False)
-            self.depth -= 1
-            self.line("else:  # an alternative op type without some wildcard constant")
-            self.depth += 1
-            self.emit_new_pattern(ops, roots, with_skips=True)
-            self.depth -= 1
-        else:
-            self.emit_new_pattern(ops, roots, with_skips=False)
-
-    def emit_new_pattern(self, ops: str, roots: str, with_skips: bool) -> None:
-        """``_p = _of_search(...)`` (``Pattern._of_search``), returned if accepted; ``with_skips`` leaves out the wildcard
-        slots that are None."""
-        operands = []
-        for node in self.nodes:
-            n = node.index
-            items = ", ".join(f"{slot!r}: {self.value(n, slot)}" for slot in node.inputs)
-            if with_skips and self.skippable[n]:
-                self.line(f"_d{n} = {{{items}}}")
-                for slot in node.inputs:
-                    if slot in self.skippable[n]:
-                        self.line(f"if {self.value(n, slot)} is None:")
-                        self.line(f"    del _d{n}[{slot!r}]")
-                operands.append(f"{node.name!r}: _d{n}")
-            else:
-                operands.append(f"{node.name!r}: {{{items}}}")
-        entries = list(zip(self.m._const_slots, self.compiled.consts, self.compiled.const_names))
-        if with_skips:
-            self.line("_k = {}")
-            for (n, slot, pos), (key, _, _), cname in entries:
-                var = self.value(n, slot, pos)
-                skippable = slot in self.skippable[n]
-                if skippable:
-                    self.line(f"if {var} is not None:")
-                    self.depth += 1
-                self.line(f"_k[{key!r}] = {var}")
-                self.line(f"_k.setdefault({cname!r}, {var})")
-                if skippable:
-                    self.depth -= 1
-            consts = "_k"
-        else:  # the same insertion sequence, played at generation time
-            played: dict[str, str] = {}
-            for (n, slot, pos), (key, _, _), cname in entries:
-                var = self.value(n, slot, pos)
-                played[key] = var
-                played.setdefault(cname, var)
-            consts = "{" + ", ".join(f"{k!r}: {v}" for k, v in played.items()) + "}"
-        self.line("_p = _of_search(")
-        self.line(f"    _m.compiled, block, {{{ops}}}, [{roots}],")
-        self.line(f"    {{{', '.join(operands)}}},")
-        self.line(f"    {consts},")
-        self.line("    order,")
-        self.line("    _FINALS,")
-        self.line(")")
-        self.line("if accept is None or accept(_p) is True:")
-        self.line("    return _p")
-
-
-def _set_literal(values: frozenset[str]) -> str:
-    """A set display of constants: CPython folds ``x in {...}`` into a frozenset constant."""
-    return "{" + ", ".join(repr(v) for v in sorted(values)) + "}"
-
-
-def _is_const_edge(edge: Edge | tuple[Edge, ...]) -> bool:
-    return isinstance(edge, Edge) and edge.kind == "const"
-
-

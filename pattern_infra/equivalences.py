@@ -53,7 +53,7 @@ import numpy as np
 from coremltools.converters.mil import Builder as mb
 from coremltools.converters.mil.mil import Function, Operation, Program, Var
 
-from .choices import _Record, one_of, records_of
+from .choices import Record, one_of, records_of
 from .errors import PatternDefinitionError
 
 __all__ = ["DIV_RTOL", "REASSOC_RTOL", "RSQRT_RTOL", "IDENTITIES", "Identity", "Equivalences", "with_equivalences"]
@@ -266,7 +266,7 @@ def _lookup(var: Var, scopes: list[dict[int, Var]]) -> Var:
 
 
 def _replay(
-    ops: list[Operation], records: list[_Record], plan: dict[str, list[Identity]], scopes: list[dict[int, Var]]
+    ops: list[Operation], records: list[Record], plan: dict[str, list[Identity]], scopes: list[dict[int, Var]]
 ) -> dict[int, Var]:
     """Builds ``ops`` again in the current function, choices as choices, planned ops as new choices."""
     regions = {id(op): r for r in records for alt_ops, _ in r.alternatives for op in alt_ops}
@@ -298,7 +298,7 @@ def _replay(
 
 
 def _alternative(
-    alt_ops: list[Operation], inner: list[_Record], out: Var, plan: dict[str, list[Identity]],
+    alt_ops: list[Operation], inner: list[Record], out: Var, plan: dict[str, list[Identity]],
     scopes: list[dict[int, Var]],
 ) -> Callable[[], Var]:
     def build() -> Var:

@@ -33,16 +33,16 @@ never permuted (no k! enumeration) because each pattern op picks one consumer at
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from coremltools.converters.mil.mil import Block, Operation, Var
-from coremltools.converters.mil.mil.var import InternalVar
 
-from . import choices, codegen
-from .compiler import COMMUTATIVE_OPS, CompiledPattern, Edge, PatternNode, compile_pattern, edge_positions
+from . import choice_search, codegen
+from .compiler import CompiledPattern, PatternNode, compile_pattern, edge_positions
+from .interpreter import Search
 from .pattern import Pattern
+from .plan import DOWN, UP, Accept, Failure, Step
 
 __all__ = [
     "Failure",
@@ -52,46 +52,6 @@ __all__ = [
     "lists_op_equality",
 ]
 
-_UP = 0
-_DOWN = 1
-
-Accept = Callable[[Pattern], Any]
-"""Offered each complete structural match: ``True`` takes it; anything else continues the search (a
-``str`` is the reason reported to a tracing search)."""
-
-
-@dataclass(frozen=True)
-class _Step:
-    kind: int
-    node: int
-    # up: (source node, slot, position, output index); down: source is a root or a node output
-    src_kind: str = ""
-    src: int = 0
-    slot: str = ""
-    pos: int = -1
-    out: int = 0
-
-
-@dataclass
-class Failure:
-    """Why the search stopped where it did: the nearest partial match of an anchor."""
-
-    bound: int
-    """How many pattern ops were bound when it failed."""
-    node: str
-    """The pattern op being bound (or checked) when it failed."""
-    reason: str
-    """What differed, in words."""
-    ops: dict[str, str] = field(default_factory=dict)
-    """Pattern op name to the program op name bound at that moment."""
-
-
-def _input(op: Operation, slot: str) -> Any:
-    value = op._input_vars.get(slot)  # read-only use of the private map: op.inputs copies it
-    if value is None or isinstance(value, InternalVar):
-        return None
-    return value
-
 
 class Matcher:
     """Searches one compiled pattern; stateless between calls except for counters and compiled searches."""
@@ -99,13 +59,13 @@ class Matcher:
     def __init__(self, compiled: CompiledPattern) -> None:
         self.compiled = compiled
         self.nodes: list[PatternNode] = compiled.nodes
-        self.plans: list[list[_Step]] = [self._plan(a) for a in range(len(compiled.nodes))]
-        self.root_plans: list[list[_Step] | None] = [
-            self._plan(entry[0], entry) if (entry := choices.entry_edge(compiled, r)) is not None else None
+        self.plans: list[list[Step]] = [self._plan(a) for a in range(len(compiled.nodes))]
+        self.root_plans: list[list[Step] | None] = [
+            self._plan(entry[0], entry) if (entry := choice_search.entry_edge(compiled, r)) is not None else None
             for r in range(len(compiled.root_names))
         ]
         """Per root: the search order of a search *entered* from that root's variable (for an alternative
-        of a choice reached by a down-step, :func:`~pattern_infra.choices.entered_matches`): a down-step
+        of a choice reached by a down-step, :func:`~pattern_infra.choice_search.entered_matches`): a down-step
         to the root's first consumer, then the plan as from that op; None when no consumer can start it."""
         self.joins_through_roots: bool = _parts_meet_only_at_inputs(compiled)
         """Whether some parts of the pattern are joined only through a pattern input they both read: in
@@ -115,7 +75,7 @@ class Matcher:
         self.radius: list[int] = self._radii()
         """Per anchor: producer/consumer hops from the anchor op within which any op of a match lies,
         plus one (an op just outside the match, such as a root's producer, can unblock it)."""
-        self.op_types: frozenset[str] = choices.all_op_types(compiled)
+        self.op_types: frozenset[str] = choice_search.all_op_types(compiled)
         """Every op type a match may contain (the alternatives' ops included)."""
         self.type_groups: tuple[tuple[str, ...], ...] = tuple(
             dict.fromkeys(tuple(sorted(n.op_types)) for n in compiled.nodes)
@@ -130,7 +90,7 @@ class Matcher:
             if not node.fanout:
                 for t in sorted(node.op_types):
                     self.anchors_by_type[t] = (*self.anchors_by_type.get(t, ()), node.index)
-        self._const_slots = [
+        self.const_slots = [
             (node.index, slot, pos)
             for node in compiled.nodes
             for slot, edge in node.inputs.items()
@@ -149,17 +109,17 @@ class Matcher:
 
     # -- planning -----------------------------------------------------------------------------------
 
-    def _plan(self, anchor: int, entry: tuple[int, str, int, int] | None = None) -> list[_Step]:
+    def _plan(self, anchor: int, entry: tuple[int, str, int, int] | None = None) -> list[Step]:
         """The search order anchored at pattern op ``anchor``; with ``entry`` (node, slot, position, root),
         entered instead from the root's variable by a down-step to that node's slot."""
         nodes = self.nodes
         placed = {anchor}
         roots_bound: set[int] = set()
         if entry is None:
-            steps = [_Step(_UP, anchor, src_kind="anchor")]
+            steps = [Step(UP, anchor, src_kind="anchor")]
         else:
             _, slot, pos, root = entry
-            steps = [_Step(_DOWN, anchor, "root", root, slot, pos)]
+            steps = [Step(DOWN, anchor, "root", root, slot, pos)]
             roots_bound.add(root)
 
         def note_roots(n: int) -> None:
@@ -215,26 +175,26 @@ class Matcher:
             frontier = nxt
         return max(dist.values())
 
-    def _next_up(self, placed: set[int]) -> _Step | None:
+    def _next_up(self, placed: set[int]) -> Step | None:
         for n in sorted(placed):
             for slot, edge in self.nodes[n].inputs.items():
                 for pos, e in edge_positions(edge):
                     if e.kind == "op" and e.index not in placed:
-                        return _Step(_UP, e.index, "op", n, slot, pos, e.output)
+                        return Step(UP, e.index, "op", n, slot, pos, e.output)
         return None
 
-    def _next_down(self, placed: set[int], roots_bound: set[int]) -> _Step | None:
-        best: tuple[int, int, _Step] | None = None
+    def _next_down(self, placed: set[int], roots_bound: set[int]) -> Step | None:
+        best: tuple[int, int, Step] | None = None
         for m, node in enumerate(self.nodes):
             if m in placed:
                 continue
             for slot, edge in node.inputs.items():
                 for pos, e in edge_positions(edge):
                     if e.kind == "op" and e.index in placed:
-                        step = _Step(_DOWN, m, "op", e.index, slot, pos, e.output)
+                        step = Step(DOWN, m, "op", e.index, slot, pos, e.output)
                         rank = (0, m)
                     elif e.kind == "root" and e.index in roots_bound:
-                        step = _Step(_DOWN, m, "root", e.index, slot, pos)
+                        step = Step(DOWN, m, "root", e.index, slot, pos)
                         rank = (1, m)
                     else:
                         continue
@@ -290,7 +250,7 @@ class Matcher:
                 self._compiled_fns[anchor] = fn
             if fn is not None:
                 return fn(self, op, block, order, accept)
-        search = _Search(self, block, self.plans[anchor], trace, order, accept)
+        search = Search(self, block, self.plans[anchor], trace, order, accept)
         if root_hint is not None:
             search.roots[0] = root_hint
         if search.run(op):
@@ -354,444 +314,8 @@ _NOT_BUILT = object()
 """Marks an anchor whose compiled search was not generated yet."""
 
 
-def _slot_value(assign: list[dict[str, Any] | None], node: int, slot: str, pos: int) -> Any:
-    assigned = assign[node]
-    if assigned is None:
-        return None
-    value = assigned.get(slot)
-    if pos >= 0:
-        return value[pos] if isinstance(value, (list, tuple)) and pos < len(value) else None
-    return value
-
-
-def _build_pattern(
-    matcher: Matcher,
-    block: Block,
-    ops: list[Any],
-    assign: list[dict[str, Any] | None],
-    roots: list[Var | None],
-    order: Callable[[list[Operation]], list[Operation]] | None,
-    subs: list[choices.SubMatch | None] | None = None,
-) -> Pattern:
-    """The :class:`Pattern` of a complete binding (interpreter and compiled searches alike).
-
-    Args:
-        matcher: The matcher that found it.
-        block: The block searched.
-        ops: Per pattern op, the bound program op (a list for a fan-out op).
-        assign: Per pattern op, its operands as assigned (after any x/y swap).
-        roots: Per root, the bound program variable.
-        order: Sorts ops into program order, for ``Pattern.op_list``.
-        subs: Per pattern op, the sub-match of a choice node (None elsewhere).
-    """
-    by_name, operands, consts, chosen = match_dicts(matcher, ops, assign, subs)
-    pattern = _new_pattern(matcher.compiled, block, by_name, roots, operands, consts, order)
-    if chosen is not None:
-        pattern.choices = chosen
-    return pattern
-
-
-def match_dicts(
-    matcher: Matcher,
-    ops: list[Any],
-    assign: list[dict[str, Any] | None],
-    subs: list[choices.SubMatch | None] | None = None,
-) -> tuple[dict[str, Any], dict[str, dict[str, Any]], dict[str, Var], dict[str, int] | None]:
-    """The dicts a :class:`Pattern` of a complete binding holds: ops and operands by pattern op name,
-    constants by key, and ``pattern.choices`` (None for a pattern without choices); the sub-matches'
-    are merged in (:func:`~pattern_infra.choices.merged`)."""
-    compiled = matcher.compiled
-    by_name = {node.name: ops[node.index] for node in compiled.nodes}
-    operands = {node.name: dict(assign[node.index]) for node in compiled.nodes}
-    consts: dict[str, Var] = {}
-    for (n, slot, pos), (key, _, _), cname in zip(
-        matcher._const_slots, compiled.consts, compiled.const_names
-    ):
-        var = _slot_value(assign, n, slot, pos)
-        if var is None:
-            continue  # a wildcard slot the matched alternative op does not have
-        consts[key] = var
-        consts.setdefault(cname, var)
-    if subs is None or not matcher.has_choices:
-        return by_name, operands, consts, None
-    return by_name, operands, consts, choices.merged(by_name, operands, consts, subs)
-
-
-def _new_pattern(
-    compiled: CompiledPattern,
-    block: Block,
-    ops: dict[str, Any],
-    roots: list[Var | None],
-    operands: dict[str, dict[str, Any]],
-    consts: dict[str, Var],
-    order: Callable[[list[Operation]], list[Operation]] | None,
-) -> Pattern:
-    """The one ``Pattern`` constructor call of both searches (the compiled one builds the dicts inline)."""
-    return Pattern(
-        compiled=compiled,
-        ops=ops,
-        root_vars=list(roots),
-        block=block,
-        operands=operands,
-        consts=consts,
-        order=order,
-    )
-
-
-
-
-def _optional_const(compiled: CompiledPattern, edge: Edge | tuple[Edge, ...]) -> bool:
-    return isinstance(edge, Edge) and edge.kind == "const" and compiled.consts[edge.index][2].mode == "any"
-
-
-class _Search:
-    """State of one anchored search; undone on backtracking."""
-
-    __slots__ = ("m", "block", "plan", "trace", "ops", "assign", "roots", "used", "failure", "depth",
-                 "order", "accept", "result", "subs")
-
-    def __init__(
-        self,
-        matcher: Matcher,
-        block: Block,
-        plan: list[_Step],
-        trace: bool,
-        order: Callable[[list[Operation]], list[Operation]] | None = None,
-        accept: Accept | None = None,
-    ) -> None:
-        n = len(matcher.nodes)
-        self.m = matcher
-        self.block = block
-        self.plan = plan
-        self.trace = trace
-        self.ops: list[Operation | None] = [None] * n
-        self.assign: list[dict[str, Any] | None] = [None] * n
-        self.roots: list[Var | None] = [None] * len(matcher.compiled.root_names)
-        self.used: dict[int, int] = {}
-        self.failure: Failure | None = None
-        self.depth = 0
-        self.order = order
-        self.accept = accept
-        self.result: Pattern | None = None
-        """The match taken, once the search succeeded."""
-        self.subs: list[choices.SubMatch | None] = [None] * n
-        """Per pattern op, the sub-match of a choice node (None elsewhere)."""
-
-    def fail(self, node: int, reason: str | Callable[[], str]) -> bool:
-        if self.trace and (self.failure is None or self.depth > self.failure.bound):
-            self.failure = Failure(
-                bound=self.depth,
-                node=self.m.nodes[node].name,
-                reason=reason() if callable(reason) else reason,
-                ops={self.m.nodes[i].name: o.name for i, o in enumerate(self.ops) if o is not None},
-            )
-        return False
-
-    def run(self, anchor_op: Operation) -> bool:
-        return self.bind(self.plan[0].node, anchor_op, 0)
-
-    def run_entered(self, root: int, var: Var) -> bool:
-        """Runs a plan entered from root ``root`` (``Matcher.root_plans``) bound to ``var``."""
-        self.roots[root] = var
-        return self.step(0)
-
-    def step(self, i: int) -> bool:
-        if i == len(self.plan):
-            return self.final_checks()
-        st = self.plan[i]
-        if st.kind == _UP:
-            var = self.slot_var(st.src, st.slot, st.pos)
-            producer = var.op if var is not None else None
-            if producer is None:
-                return self.fail(st.node, lambda: f"operand {st.slot} of {self.m.nodes[st.src].name} "
-                                 f"is a graph input, not the output of an op")
-            outs = producer.outputs
-            if st.out >= len(outs) or outs[st.out] is not var:
-                return self.fail(st.node, lambda: f"operand {st.slot} of {self.m.nodes[st.src].name} "
-                                 f"is not output {st.out} of {producer.name}")
-            return self.bind(st.node, producer, i)
-        if st.src_kind == "root":
-            var = self.roots[st.src]
-        else:
-            src_op = self.ops[st.src]
-            var = src_op.outputs[st.out] if src_op is not None else None
-        if var is None:
-            return False
-        if self.m.nodes[st.node].fanout:
-            return self.bind_fanout(st.node, var, i)
-        tried = False
-        target = self.m.nodes[st.node]
-        if target.choice is not None and st.pos < 0 and choices.enterable(target.choice, st.slot):
-            return self.enter_choice(st.node, st.slot, var, i)
-        candidates = (choices.candidates_below(var, target.choice) if target.choice is not None
-                      else dict.fromkeys(var.child_ops))
-        for consumer in candidates:
-            if consumer.op_type in target.op_types and id(consumer) not in self.used:
-                tried = True
-                if self.bind(st.node, consumer, i):
-                    return True
-        if not tried:
-            return self.fail(st.node, lambda: f"no unmatched consumer of {var.name} has type "
-                             f"{self.m.nodes[st.node].op_type_label}")
-        return False
-
-    def slot_var(self, node: int, slot: str, pos: int) -> Var | None:
-        return _slot_value(self.assign, node, slot, pos)
-
-    def bind(self, n: int, op: Operation, i: int) -> bool:
-        self.m.bind_attempts += 1
-        node = self.m.nodes[n]
-        if op.op_type not in node.op_types:
-            return self.fail(n, lambda: f"op type differs at {node.name}: pattern wants "
-                             f"{node.op_type_label}, program has {op.op_type} ({op.name})")
-        if len(op.outputs) != node.num_outputs:
-            return self.fail(n, lambda: f"{op.name} has {len(op.outputs)} outputs, pattern op "
-                             f"{node.name} has {node.num_outputs}")
-        if op.enclosing_block is not self.block:
-            return self.fail(n, lambda: f"{op.name} lies in another block")
-        if id(op) in self.used:
-            return self.fail(n, lambda: f"{op.name} is already matched by another pattern op")
-        if node.choice is not None:
-            return self.bind_choice(n, op, i)
-        for assignment in self.assignments(node, op):
-            saved_roots = list(self.roots)
-            if self.check_edges(node, op, assignment):
-                self.ops[n] = op
-                self.assign[n] = assignment
-                self.used[id(op)] = n
-                self.depth += 1
-                if self.step(i + 1):
-                    return True
-                self.depth -= 1
-                del self.used[id(op)]
-                self.ops[n] = None
-                self.assign[n] = None
-            self.roots = saved_roots
-        return False
-
-    def bind_choice(self, n: int, op: Operation, i: int) -> bool:
-        """Binds choice node ``n`` to ``op``: each complete match of each alternative ending at ``op``
-        gives the node's slots; the search goes on with them (:mod:`pattern_infra.choices`)."""
-        node = self.m.nodes[n]
-        failures: list[str] | None = [] if self.trace else None
-        tried = False
-        for sub in choices.choice_matches(self.m, node.choice, op, self.block, failures, maximal=node.is_final):
-            tried = True
-            if self.bind_sub(n, op, sub, i):
-                return True
-        if not tried:
-            return self.fail(n, lambda: f"tried {len(node.choice.alternatives)} alternatives for "
-                             f"{node.name!r}: " + "; ".join(failures or []))
-        return False
-
-    def enter_choice(self, n: int, slot: str, var: Var, i: int) -> bool:
-        """A down-step into choice node ``n`` through ``slot``, bound to ``var``: each alternative is
-        searched from ``var`` (:func:`~pattern_infra.choices.entered_matches`), so only the ops below it
-        that an alternative reaches are ever bound; each complete sub-match binds the node to its end op."""
-        node = self.m.nodes[n]
-        failures: list[str] | None = [] if self.trace else None
-        tried = False
-        for sub in choices.entered_matches(self.m, node.choice, slot, var, self.block, failures,
-                                           maximal=node.is_final):
-            tried = True
-            if self.bind_sub(n, sub.end, sub, i):
-                return True
-        if not tried:
-            return self.fail(n, lambda: f"tried {len(node.choice.alternatives)} alternatives for "
-                             f"{node.name!r} from {var.name}: " + "; ".join(failures or []))
-        return False
-
-    def bind_sub(self, n: int, op: Operation, sub: choices.SubMatch, i: int) -> bool:
-        """Binds choice node ``n`` to ``op`` with the sub-match ``sub`` and goes on with step ``i + 1``."""
-        node = self.m.nodes[n]
-        if any(id(o) in self.used for o in sub.ops):
-            return self.fail(n, lambda: f"an op of alternative {sub.alternative} of {node.name!r} is already "
-                             f"matched by another pattern op")
-        saved_roots = list(self.roots)
-        if self.check_edges(node, op, sub.slots):
-            self.ops[n] = op
-            self.assign[n] = sub.slots
-            self.subs[n] = sub
-            for o in sub.ops:
-                self.used[id(o)] = n
-            self.depth += 1
-            if self.step(i + 1):
-                return True
-            self.depth -= 1
-            for o in sub.ops:
-                del self.used[id(o)]
-            self.ops[n] = None
-            self.assign[n] = None
-            self.subs[n] = None
-        self.roots = saved_roots
-        return False
-
-    def bind_fanout(self, n: int, var: Var, i: int) -> bool:
-        """Binds node ``n`` to *all* consumers of ``var``; each must match the node on its own."""
-        node = self.m.nodes[n]
-        members = list(dict.fromkeys(var.child_ops))
-        saved_roots = list(self.roots)
-        assigned: list[dict[str, Any]] = []
-        for op in members:
-            self.m.bind_attempts += 1
-            if op.op_type not in node.op_types or len(op.outputs) != node.num_outputs:
-                self.roots = saved_roots
-                return self.fail(n, lambda: f"fan-out {node.name}: consumer {op.name} of {var.name} is "
-                                 f"{op.op_type}, not {node.op_type_label}")
-            if op.enclosing_block is not self.block or id(op) in self.used:
-                self.roots = saved_roots
-                return self.fail(n, lambda: f"fan-out {node.name}: consumer {op.name} is outside the "
-                                 f"block or already matched")
-            ok = next((a for a in self.assignments(node, op) if self.check_edges(node, op, a)), None)
-            if ok is None:
-                self.roots = saved_roots
-                return False
-            assigned.append(ok)
-        if not members:
-            return self.fail(n, lambda: f"fan-out {node.name}: {var.name} has no consumer")
-        self.ops[n] = members  # type: ignore[assignment]
-        self.assign[n] = assigned[0]
-        for op in members:
-            self.used[id(op)] = n
-        self.depth += 1
-        if self.step(i + 1):
-            return True
-        self.depth -= 1
-        for op in members:
-            del self.used[id(op)]
-        self.ops[n] = None
-        self.assign[n] = None
-        self.roots = saved_roots
-        return False
-
-    def assignments(self, node: PatternNode, op: Operation) -> Iterator[dict[str, Any]]:
-        """Operand assignments to try: as written, then swapped for a commutative program op.
-
-        A wildcard constant slot that an *alternative* op type lacks is left out (alternatives may
-        differ in their attributes). Of the two orders of a commutative op, the one that puts
-        compile-time constants in the pattern's constant slots is tried first.
-        """
-        values: dict[str, Any] = {}
-        for slot, edge in node.inputs.items():
-            value = _input(op, slot)
-            if value is None:
-                if _optional_const(self.m.compiled, edge) and op.op_type != node.op_type:
-                    continue
-                self.fail(node.index, lambda: f"{op.name} has no operand {slot!r}")
-                return
-            values[slot] = value
-        swappable = node.commutative and (node.swap_any_type or op.op_type in COMMUTATIVE_OPS)
-        if not swappable or values["x"] is values["y"]:
-            yield values
-            return
-        swapped = dict(values)
-        swapped["x"], swapped["y"] = values["y"], values["x"]
-        orders = [values, swapped]
-        if self._const_fit(node, swapped) > self._const_fit(node, values):
-            orders.reverse()
-        yield from orders
-
-    def _const_fit(self, node: PatternNode, assignment: dict[str, Any]) -> int:
-        """How many of x/y get a constant exactly where the pattern has a constant."""
-        fit = 0
-        for slot in ("x", "y"):
-            edge = node.inputs[slot]
-            is_const_slot = isinstance(edge, Edge) and edge.kind == "const"
-            producer = assignment[slot].op
-            fit += is_const_slot == (producer is not None and producer.op_type == "const")
-        return fit
-
-    def check_edges(self, node: PatternNode, op: Operation, assignment: dict[str, Any]) -> bool:
-        for slot, edge in node.inputs.items():
-            if slot not in assignment:
-                continue  # a wildcard constant the alternative op type does not have
-            value = assignment[slot]
-            if isinstance(edge, tuple):
-                if not isinstance(value, (list, tuple)) or len(value) != len(edge):
-                    return self.fail(node.index, lambda: f"operand slot differs at {node.name}.{slot}: "
-                                     f"pattern has {len(edge)} values")
-                for pos, (e, v) in enumerate(zip(edge, value)):
-                    if not self.check_edge(node, slot, e, v):
-                        return False
-            elif isinstance(value, (list, tuple)) or not self.check_edge(node, slot, edge, value):
-                return False
-        for consumer, slot, pos, out in node.consumers:
-            if self.ops[consumer] is not None:
-                var = self.slot_var(consumer, slot, pos)
-                if var is not op.outputs[out]:
-                    return self.fail(node.index, lambda: f"operand slot differs: "
-                                     f"{self.m.nodes[consumer].name}.{slot} does not read {op.name}")
-        return True
-
-    def check_edge(self, node: PatternNode, slot: str, edge: Edge, var: Var) -> bool:
-        if edge.kind == "root":
-            bound = self.roots[edge.index]
-            if bound is None:
-                self.roots[edge.index] = var
-                return True
-            if bound is not var:
-                return self.fail(node.index, lambda: f"operand slot differs at {node.name}.{slot}: "
-                                 f"{var.name} where input {self.m.compiled.root_names[edge.index]!r} "
-                                 f"is {bound.name}")
-            return True
-        if edge.kind == "const":
-            _, expected, rule = self.m.compiled.consts[edge.index]
-            if rule.mode == "any":
-                return True
-            reason = rule.accepts(var, expected)
-            if reason is not None:
-                return self.fail(node.index, f"constant differs at {node.name}.{slot}: {reason}")
-            return True
-        producer = self.ops[edge.index]
-        if producer is not None and producer.outputs[edge.output] is not var:
-            return self.fail(node.index, lambda: f"operand slot differs at {node.name}.{slot}: "
-                             f"{var.name} is not the output of {producer.name}")
-        return True
-
-    def structure_ok(self) -> bool:
-        """The checks of a complete binding (uses of intermediates, roots and constants not computed
-        inside the match), before the match is built and offered to ``accept``."""
-        for node in self.m.nodes:
-            if node.is_final or node.fanout:
-                continue
-            op = self.ops[node.index]
-            uses = list(node.output_uses)
-            for consumer, _, _, out in node.consumers:
-                members = self.ops[consumer]
-                if isinstance(members, list):
-                    uses[out] += len(members) - 1
-            for j, var in enumerate(op.outputs):
-                if var.consuming_blocks:
-                    return self.fail(node.index, lambda: f"intermediate {var.name} of {node.name} is "
-                                     f"a block output")
-                if len(var.child_ops) != uses[j]:
-                    return self.fail(node.index, lambda: f"extra consumer of intermediate {var.name} "
-                                     f"({node.name}): used {len(var.child_ops)} times, the pattern "
-                                     f"uses it {uses[j]} times")
-        for r, var in enumerate(self.roots):
-            if var is not None and var.op is not None and id(var.op) in self.used:
-                return self.fail(0, lambda: f"input {self.m.compiled.root_names[r]!r} is bound to "
-                                 f"{var.name}, which the match itself computes")
-        for n, slot, pos in self.m._const_slots:
-            var = self.slot_var(n, slot, pos)
-            if var is not None and var.op is not None and id(var.op) in self.used:
-                return self.fail(n, lambda: f"constant slot {self.m.nodes[n].name}.{slot} is wired "
-                                 f"from inside the match ({var.name})")
-        if self.m.has_choices and not choices.subs_final_ok(self.ops, self.subs):
-            return self.fail(0, "a constant slot of an alternative is wired from inside the match")
-        return True
-
-    def final_checks(self) -> bool:
-        if not self.structure_ok():
-            return False
-        pattern = _build_pattern(self.m, self.block, self.ops, self.assign, self.roots, self.order, self.subs)
-        if self.accept is not None:
-            verdict = self.accept(pattern)
-            if verdict is not True:
-                last = self.m.compiled.final_nodes[-1]
-                return self.fail(last, verdict if isinstance(verdict, str) else "the match was not taken")
-        self.result = pattern
-        return True
+Matcher.search_class = Search
+"""The interpreter's search class (the choices subclass it to collect every match)."""
 
 
 # -- design-document helpers, kept importable ---------------------------------------------------------

@@ -14,12 +14,35 @@ from typing import TYPE_CHECKING, Any
 
 from coremltools.converters.mil.mil import Block, Operation, Var
 
-from .compiler import RESERVED_NAMES
 
 if TYPE_CHECKING:
     from .compiler import CompiledPattern
 
 __all__ = ["Pattern"]
+
+
+RESERVED_NAMES: frozenset[str] = frozenset(
+    {
+        "root_var",
+        "root_vars",
+        "final_op",
+        "final_ops",
+        "block",
+        "op_set",
+        "op_list",
+        "add_attribute",
+        "operand",
+        "consts",
+        "ops",
+        "groups",
+        "pattern_name",
+        "replace_output",
+        "replace_outputs",
+        "insert_before",
+        "choices",
+    }
+)
+"""Names a pattern op may not take, because :class:`~pattern_infra.pattern.Pattern` uses them."""
 
 
 class Pattern:

@@ -1,7 +1,7 @@
 """The compiled search (``pattern_infra.codegen``) against the interpreter it replaces.
 
 Differential tests: for every registered generic sub-pass, every anchor and every program op of the
-anchor's types, the compiled ``Matcher.match_at`` and the interpreter (``_Search``) give the same outcome,
+anchor's types, the compiled ``Matcher.match_at`` and the interpreter (``interpreter.Search``) give the same outcome,
 the same :class:`Pattern` (ops, operands after any swap, roots, constants, in the same order) and the same
 number of bind attempts. The programs are the benchmark chains, the programs the pass tests build, a few
 converted zoo models and the fuzzer's random programs. Targeted tests pin the corners of the semantics:
@@ -32,8 +32,8 @@ from pattern_infra import ConstRule, Matcher, Pattern, compile_pattern
 from pattern_infra import generic_passes as registered_passes
 from pattern_infra.codegen import INTERPRET_ENV_VAR
 from pattern_infra.blocks import iter_blocks
+from pattern_infra.interpreter import Search
 from pattern_infra.subpass import SubPass
-from pattern_infra.matcher import _Search
 from pattern_infra.testing.passes import relu_exp
 
 PASSES_DIR = Path(__file__).resolve().parent / "passes"
@@ -62,9 +62,9 @@ def _compiled_path(monkeypatch):
 
 
 def interpreted(matcher: Matcher, op: Any, block: Any, anchor: int, accept: Any = None) -> tuple[Pattern | None, int]:
-    """The reference: ``_Search`` as ``match_at`` runs it without the compiled path."""
+    """The reference: ``interpreter.Search`` as ``match_at`` runs it without the compiled path."""
     before = matcher.bind_attempts
-    search = _Search(matcher, block, matcher.plans[anchor], False, None, accept)
+    search = Search(matcher, block, matcher.plans[anchor], False, None, accept)
     found = search.result if search.run(op) else None
     return found, matcher.bind_attempts - before
 
@@ -789,7 +789,7 @@ def test_choice_patterns_compiled_and_interpreted_agree():
 
 def test_collecting_searches_of_alternatives_agree():
     """The generated collecting search of every alternative (``collect=True``) and the interpreter's
-    (``choices._Collecting``) find the same sub-matches, in the same order, with the same bind attempts,
+    (``choice_search.collecting_search``) find the same sub-matches, in the same order, with the same bind attempts,
     anchored at the alternative's last op and entered from each of its inputs (``root_plans``)."""
     import sys
     from pathlib import Path
@@ -798,7 +798,8 @@ def test_collecting_searches_of_alternatives_agree():
     from test_choices import SPELLINGS, rms_norm, rms_program
 
     from pattern_infra import compile_pattern
-    from pattern_infra.choices import _Collecting, _matcher_of
+    from pattern_infra.choice_search import alternative_matcher, collecting_search
+    from pattern_infra.matcher import Matcher
 
     def alternatives(compiled):
         for node in compiled.nodes:
@@ -815,14 +816,15 @@ def test_collecting_searches_of_alternatives_agree():
     compared = found = entered = found_entered = 0
     for prog in [rms_program(*s) for s in SPELLINGS]:
         block = prog.functions["main"]
-        for alternative in alternatives(compile_pattern(rms_norm)):
-            matcher = _matcher_of(alternative)
+        outer = Matcher(compile_pattern(rms_norm))
+        for alternative in alternatives(outer.compiled):
+            matcher = alternative_matcher(outer, alternative)
             anchor = alternative.compiled.final_nodes[0]
             for op in block.operations:
                 before = matcher.bind_attempts
                 generated = matcher.collector(anchor)(matcher, op, block)
                 middle = matcher.bind_attempts
-                search = _Collecting(matcher, block, matcher.plans[anchor], False)
+                search = collecting_search(matcher)(matcher, block, matcher.plans[anchor], False)
                 search.found = []
                 search.run(op)
                 assert [ids(s) for s in generated] == [ids(s) for s in search.found]
@@ -836,7 +838,7 @@ def test_collecting_searches_of_alternatives_agree():
                     before = matcher.bind_attempts
                     generated = matcher.collector(anchor, root)(matcher, var, block)
                     middle = matcher.bind_attempts
-                    search = _Collecting(matcher, block, plan, False)
+                    search = collecting_search(matcher)(matcher, block, plan, False)
                     search.found = []
                     search.run_entered(root, var)
                     assert [ids(s) for s in generated] == [ids(s) for s in search.found]

@@ -1,0 +1,375 @@
+"""Matching a choice node (``one_of``, ``optional``, ``equivalences=``): the helpers the interpreter
+(:mod:`~pattern_infra.interpreter`) and the generated search (:mod:`~pattern_infra.codegen`) call at a
+choice point: each alternative's own search run to the end (:func:`choice_matches`, or entered from the
+slot's variable, :func:`entered_matches`), the sub-matches it yields (:class:`SubMatch`), and the checks
+of a whole match that has sub-matches. The pattern language itself is :mod:`~pattern_infra.choices`.
+
+This module does not import the matcher (which imports it): it reaches the matcher's class and its
+interpreter through the matcher objects it is given.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from typing import TYPE_CHECKING, Any
+
+from coremltools.converters.mil.mil import Operation, Var
+
+from .binding import match_dicts
+from .choices import Alternative, Choice
+from .plan import Failure, slot_value
+
+if TYPE_CHECKING:
+    from .compiler import CompiledPattern
+
+
+
+class SubMatch:
+    """One complete match of one alternative, ending at the op computing the choice's variable.
+
+    Kept as the search's state (a few list copies); the alternative's ops, operands and constants are
+    written into dicts only when a whole match is built (:meth:`parts`).
+    """
+
+    __slots__ = ("alternative", "slots", "ops", "end", "choice", "_matcher", "_state", "_parts")
+
+    def __init__(self, alternative: Alternative, matcher: Any, state: tuple[list, list, list, list],
+                 choice: str) -> None:
+        ops, assign, roots, subs = state
+        self.alternative: int = alternative.index
+        """Index of the alternative that matched."""
+        self.slots: dict[str, Var] = {slot: var for slot, var in zip(alternative.slots, roots) if var is not None}
+        """Choice-node slot to the program variable the alternative read there (slots it does not read
+        are absent)."""
+        flat = [op for op, sub in zip(ops, subs) if sub is None]
+        for sub in subs:
+            if sub is not None:
+                flat.extend(sub.ops)  # includes the op of its choice node (its end)
+        self.ops: list[Operation] = flat
+        """Every program op of the sub-match (nested choices' included), each once."""
+        self.end: Operation = ops[alternative.compiled.final_nodes[0]]
+        """The op computing the choice's variable (the alternative's last op)."""
+        self.choice: str = choice
+        """The choice's name."""
+        self._matcher = matcher
+        self._state = state
+        self._parts: Any = None
+
+    def parts(self) -> tuple[dict[str, Operation], dict[str, dict[str, Any]], dict[str, Var], dict[str, int]]:
+        """The alternative's ops, operands and constants by name, and its nested choices, as a Pattern
+        of it would hold them (``binding.match_dicts``), built on first use."""
+        if self._parts is None:
+            ops, assign, _, subs = self._state
+            self._parts = match_dicts(self._matcher, ops, assign, subs)
+        return self._parts
+
+    def const_vars(self) -> list[Var]:
+        """The program variables in the alternative's constant slots (nested choices' included)."""
+        ops, assign, roots, subs = self._state
+        out = [v for n, slot, pos in self._matcher.const_slots
+               if (v := slot_value(assign, n, slot, pos)) is not None]
+        for sub in subs:
+            if sub is not None:
+                out.extend(sub.const_vars())
+        return out
+
+
+def alternative_matcher(outer: Any, alternative: Alternative) -> Any:
+    """The alternative's matcher, built on first use as one of the outer matcher's class (this module
+    does not import the matcher, which imports it)."""
+    matcher = getattr(alternative, "_matcher", None)
+    if matcher is None:
+        matcher = type(outer)(alternative.compiled)
+        alternative._matcher = matcher  # type: ignore[attr-defined]
+    return matcher
+
+
+def choice_matches(
+    outer: Any, choice: Choice, op: Operation, block: Any, failures: list[str] | None = None,
+    maximal: bool = False,
+) -> Iterator[SubMatch]:
+    """Every complete match of every alternative of ``choice`` whose last op is ``op``, in order, found
+    lazily (a search that takes the first one never searches the later alternatives).
+
+    Only the alternatives whose last op accepts ``op``'s type are searched (a dispatch on the op type:
+    the others could not bind it). Each is searched anchored at its last op, collecting all its complete
+    matches (a commutative op may give two); the bind attempts it makes are added to
+    ``outer.bind_attempts``, less the anchor, which the outer search bound and counted already, so the
+    interpreter and the compiled search count the same.
+
+    Args:
+        outer: The matcher of the pattern holding the choice node.
+        choice: The choice.
+        op: The program op offered as the alternatives' last op.
+        block: The block searched.
+        failures: If given, receives for each alternative without a match ``"<label>: <reason>"`` (the
+            alternatives are then searched with tracing, as ``explain`` does).
+        maximal: The choice ends the pattern (its variable may be used anywhere): a later alternative is
+            left out at ``op`` when an earlier one matches further down with ``op`` inside (the longest
+            spelling wins, as with ``optional``: ``norm * w`` is not matched as ``norm`` followed by an
+            unrelated ``mul``).
+
+    Yields:
+        The sub-matches, alternative by alternative.
+    """
+    failure_type = Failure
+    op_type = op.op_type
+    for alternative in choice.alternatives:
+        end = alternative.compiled.nodes[alternative.compiled.final_nodes[0]]
+        if op_type not in end.op_types:
+            if failures is not None:
+                failures.append(f"{alternative.label}: ends with {end.op_type_label}, not {op_type}")
+            continue
+        search = _search_alternative(outer, alternative, op, block, failures is not None)
+        outer.bind_attempts -= 1  # the anchor: bound (and counted) by the outer search
+        if search.found and maximal and alternative.index > 0 and _taken_further(outer, choice, alternative,
+                                                                                  op, block):
+            if failures is not None:
+                failures.append(f"{alternative.label}: an earlier alternative matches further down")
+            continue
+        if not search.found and failures is not None:
+            failure = search.failure
+            reason = failure.reason if isinstance(failure, failure_type) else "no match"
+            failures.append(f"{alternative.label}: {reason}")
+        matcher = alternative_matcher(outer, alternative)
+        for state in search.found:
+            yield SubMatch(alternative, matcher, state, choice.name)
+
+
+def enterable(choice: Choice, slot: str) -> bool:
+    """Whether a down-step into ``choice`` through ``slot`` can enter every alternative from the slot's
+    variable: every alternative reads the slot, by an op that can start a search (:func:`entry_edge`)."""
+    return _entry_types(choice, slot) is not None
+
+
+def _entry_types(choice: Choice, slot: str) -> list[frozenset[str]] | None:
+    """Per alternative, the op types of the op reading ``slot`` that a search entered from it binds
+    first (a nested choice: its alternatives' such types); None when not :func:`enterable`."""
+    if slot in choice.entries:
+        return choice.entries[slot]
+    types: list[frozenset[str]] | None = [] if slot in choice.full_slots else None
+    for alternative in choice.alternatives if types is not None else ():
+        entry = entry_edge(alternative.compiled, alternative.slots.index(slot))
+        if entry is None:
+            types = None
+            break
+        node = alternative.compiled.nodes[entry[0]]
+        inner = _entry_types(node.choice, entry[1]) if node.choice is not None else [node.op_types]
+        types.append(frozenset().union(*inner))  # type: ignore[arg-type]
+    choice.entries[slot] = types
+    return types
+
+
+def entry_edge(compiled: CompiledPattern, root: int) -> tuple[int, str, int, int] | None:
+    """The first consumer of pattern input ``root`` a search may be entered by, as (node, slot, position,
+    root): not a fan-out op, not a tuple slot, and for a choice node a slot it can be entered through
+    (:func:`enterable`). None when there is none."""
+    for n, slot, pos in compiled.root_consumers[root]:
+        node = compiled.nodes[n]
+        if node.fanout or pos >= 0:
+            continue
+        if node.choice is not None and not enterable(node.choice, slot):
+            continue
+        return (n, slot, pos, root)
+    return None
+
+
+def entered_matches(
+    outer: Any, choice: Choice, slot: str, var: Var, block: Any, failures: list[str] | None = None,
+    maximal: bool = False,
+) -> Iterator[SubMatch]:
+    """Every complete match of every alternative of ``choice`` reading ``var`` in ``slot``, found lazily
+    by a search of each alternative *entered* from ``var`` (``Matcher.root_plans``): a down-step into a
+    choice binds only the ops below ``var`` that an alternative reaches, each once per alternative, where
+    offering every op within the choice's depth to every alternative (:func:`candidates_below`) searched
+    again what the alternatives share. :func:`enterable` says when this applies.
+
+    Args:
+        outer: The matcher of the pattern holding the choice node (its ``bind_attempts`` receive the
+            alternatives' binds).
+        choice: The choice.
+        slot: The choice node's slot the down-step goes through (every alternative reads it).
+        var: The program variable bound to ``slot``.
+        block: The block searched.
+        failures: As for :func:`choice_matches`.
+        maximal: The choice ends the pattern: a match of a later alternative is left out when its last
+            op lies inside a match of an earlier alternative found here, ending further down (the longest
+            spelling wins, as in :func:`choice_matches`).
+
+    Yields:
+        The sub-matches, alternative by alternative; ``sub.end`` is the op the choice node binds.
+    """
+    failure_type = Failure
+    maximal = maximal and not choice.fallback
+    inside_earlier: set[int] = set()
+    entry_types = _entry_types(choice, slot)
+    below = {op.op_type for op in var.child_ops}
+    for alternative, types in zip(choice.alternatives, entry_types):  # type: ignore[arg-type]
+        if below.isdisjoint(types):  # a dispatch on the consumers' types: nothing to enter by
+            if failures is not None:
+                failures.append(f"{alternative.label}: no consumer of {var.name} is {' or '.join(sorted(types))}")
+            continue
+        search = _search_alternative(outer, alternative, None, block, failures is not None,
+                                     entry=(alternative.slots.index(slot), var))
+        matcher = alternative_matcher(outer, alternative)
+        subs = [SubMatch(alternative, matcher, state, choice.name) for state in search.found]
+        kept = [sub for sub in subs if id(sub.end) not in inside_earlier] if inside_earlier else subs
+        if maximal:
+            inside_earlier.update(id(o) for sub in subs for o in sub.ops if o is not sub.end)
+        if failures is not None:
+            if subs and not kept:
+                failures.append(f"{alternative.label}: an earlier alternative matches further down")
+            elif not subs:
+                failure = search.failure
+                reason = failure.reason if isinstance(failure, failure_type) else "no match"
+                failures.append(f"{alternative.label}: {reason}")
+        yield from kept
+
+
+class _Collected:
+    """What the generated collecting search found (no failure: it never traces)."""
+
+    __slots__ = ("found", "failure")
+
+    def __init__(self, found: list[Any]) -> None:
+        self.found = found
+        self.failure = None
+
+
+def _search_alternative(
+    outer: Any, alternative: Alternative, op: Operation | None, block: Any, trace: bool,
+    entry: tuple[int, Var] | None = None,
+) -> Any:
+    """The alternative's search run to the end (``.found``: every match, as search state), anchored at
+    its last op bound to ``op``, or entered from ``entry`` (root index, variable): the generated
+    collecting search, or the interpreter when tracing (or forced)."""
+    matcher = alternative_matcher(outer, alternative)
+    anchor = alternative.compiled.final_nodes[0]
+    root = None if entry is None else entry[0]
+    before = matcher.bind_attempts
+    fn = None if trace else matcher.collector(anchor, root)
+    if fn is not None:
+        found = fn(matcher, op if entry is None else entry[1], block)
+        outer.bind_attempts += matcher.bind_attempts - before
+        return _Collected(found)
+    if entry is None:
+        search = collecting_search(matcher)(matcher, block, matcher.plans[anchor], trace)
+        search.found = []
+        search.run(op)
+    else:
+        search = collecting_search(matcher)(matcher, block, matcher.root_plans[entry[0]], trace)
+        search.found = []
+        search.run_entered(*entry)
+    outer.bind_attempts += matcher.bind_attempts - before
+    return search
+
+
+def _taken_further(outer: Any, choice: Choice, alternative: Alternative, op: Operation, block: Any) -> bool:
+    """Whether an alternative before ``alternative`` matches at an op below ``op`` with ``op`` inside."""
+    for below in candidates_below(op.outputs[0], choice):
+        for earlier in choice.alternatives[: alternative.index]:
+            if below.op_type not in earlier.compiled.nodes[earlier.compiled.final_nodes[0]].op_types:
+                continue
+            for state in _search_alternative(outer, earlier, below, block, False).found:
+                if any(o is op for o in state[0]) or any(
+                        sub is not None and any(o is op for o in sub.ops) for sub in state[3]):
+                    return True
+    return False
+
+
+_COLLECTING: dict[type, type] = {}
+
+
+def collecting_search(matcher: Any) -> type:
+    """The matcher's interpreter search (``matcher.search_class``), collecting every complete match
+    instead of stopping at the first; one subclass per search class, made on first use."""
+    base = matcher.search_class
+    cls = _COLLECTING.get(base)
+    if cls is None:
+
+        class Collecting(base):  # type: ignore[valid-type, misc]
+            __slots__ = ("found",)
+
+            def final_checks(self) -> bool:
+                if self.structure_ok():
+                    self.found.append((list(self.ops), list(self.assign), list(self.roots), list(self.subs)))
+                return False
+
+        cls = _COLLECTING[base] = Collecting
+    return cls
+
+
+def candidates_below(var: Var, choice: Choice) -> list[Operation]:
+    """Ops that may compute a choice's variable from ``var`` (a down-step into a choice node): every op
+    at most ``choice.depth`` consumer steps below ``var`` whose type an alternative ends with, breadth
+    first, each once. The alternatives' own searches check the rest (that the choice really reads
+    ``var`` is checked by the outer search, as for any slot)."""
+    seen: dict[int, Operation] = {}
+    frontier = [var]
+    out: list[Operation] = []
+    for _ in range(choice.depth):
+        next_vars: list[Var] = []
+        for v in frontier:
+            for op in v.child_ops:
+                if id(op) in seen:
+                    continue
+                seen[id(op)] = op
+                if op.op_type in choice.output_types:
+                    out.append(op)
+                next_vars.extend(op.outputs)
+        frontier = next_vars
+    return out
+
+
+def clashes(sub: SubMatch, bound: Sequence[Any], bound_subs: Sequence[SubMatch] = ()) -> bool:
+    """Whether an op of ``sub`` is already bound by the outer search (a match is injective): one of the
+    ``bound`` program ops or of the sub-matches of choices bound before (the generated search's check;
+    the interpreter reads its ``used`` map, which holds the same ops)."""
+    ids = {id(op) for op in bound if op is not None}
+    for other in bound_subs:
+        ids.update(id(op) for op in other.ops)
+    return any(id(op) in ids for op in sub.ops)
+
+
+def op_in_subs(op: Operation, subs: Sequence[SubMatch | None]) -> bool:
+    """Whether ``op`` is an op of one of the sub-matches."""
+    return any(sub is not None and any(op is o for o in sub.ops) for sub in subs)
+
+
+def computed_inside(var: Var | None, ops: Sequence[Any], subs: Sequence[SubMatch | None]) -> bool:
+    """Whether ``var`` is computed by an op of the match: ``ops`` (the outer ops) or a sub-match."""
+    producer = var.op if var is not None else None
+    if producer is None:
+        return False
+    if any(producer is op for op in ops):
+        return True
+    return any(sub is not None and any(producer is op for op in sub.ops) for sub in subs)
+
+
+def subs_final_ok(ops: Sequence[Any], subs: Sequence[SubMatch | None]) -> bool:
+    """The outer final check the alternatives cannot make themselves: no constant slot of a sub-match is
+    computed by an op of the match (the outer ops or another sub-match; one computed by an op of its own
+    sub-match was refused by that sub-match's search already)."""
+    producers = [p for sub in subs if sub is not None for var in sub.const_vars() if (p := var.op) is not None]
+    if not producers:
+        return True
+    inside = {id(op) for op in ops if op is not None}
+    for sub in subs:
+        if sub is not None:
+            inside.update(id(op) for op in sub.ops)
+    return not any(id(p) in inside for p in producers)
+
+
+
+
+
+def all_op_types(compiled: CompiledPattern) -> frozenset[str]:
+    """Every op type a match of ``compiled`` may contain, the alternatives' (nested) included."""
+    types: set[str] = set()
+    for node in compiled.nodes:
+        if node.choice is None:
+            types |= node.op_types
+        else:
+            for alternative in node.choice.alternatives:
+                types |= all_op_types(alternative.compiled)
+    return frozenset(types)

@@ -1,0 +1,101 @@
+"""The package's module structure: no import cycle, no module reaching into another's private names, no
+core module over 500 lines (docs/ARCHITECTURE.md)."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+PACKAGE = Path(__file__).resolve().parents[1] / "pattern_infra"
+
+LONG_MODULES = {"verification/evaluator.py", "testing/models.py"}
+"""Catalogues allowed to be long: the reference evaluator's op table (one entry per MIL op) and the
+hand-written model zoo (one small PyTorch module per model family, for tests and examples)."""
+
+
+def _modules() -> dict[str, Path]:
+    return {
+        ".".join(path.relative_to(PACKAGE.parent).with_suffix("").parts).removesuffix(".__init__"): path
+        for path in PACKAGE.rglob("*.py")
+    }
+
+
+def _runtime_imports(path: Path, module: str) -> list[tuple[str, list[str], int]]:
+    """(imported module, names, line) of every import the module runs (module level or inside a
+    function), relative ones resolved; imports under ``if TYPE_CHECKING:`` are left out."""
+    tree = ast.parse(path.read_text())
+    skipped: set[int] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+            skipped.update(id(n) for child in node.body for n in ast.walk(child))
+    package = module if path.name == "__init__.py" else module.rsplit(".", 1)[0]
+    found = []
+    for node in ast.walk(tree):
+        if id(node) in skipped:
+            continue
+        if isinstance(node, ast.ImportFrom):
+            base = package
+            for _ in range(node.level - 1):
+                base = base.rsplit(".", 1)[0]
+            target = (f"{base}.{node.module}" if node.module else base) if node.level else (node.module or "")
+            names = [alias.name for alias in node.names]
+            if not node.module and node.level:  # from . import x: each x is a module
+                found += [(f"{target}.{name}", [], node.lineno) for name in names]
+            else:
+                found.append((target, names, node.lineno))
+        elif isinstance(node, ast.Import):
+            found += [(alias.name, [], node.lineno) for alias in node.names]
+    return found
+
+
+def test_no_module_of_the_package_imports_another_into_a_cycle():
+    modules = _modules()
+    graph = {
+        name: {target for target, _, _ in _runtime_imports(path, name) if target in modules and target != name}
+        for name, path in modules.items()
+    }
+    graph["pattern_infra"] = set()  # the package's __init__ imports every module by design; none imports it back
+    for name in graph:
+        graph[name].discard("pattern_infra")
+    state: dict[str, int] = {}
+    stack: list[str] = []
+
+    def visit(name: str) -> None:
+        state[name] = 1
+        stack.append(name)
+        for target in sorted(graph[name]):
+            if state.get(target) == 1:
+                cycle = stack[stack.index(target):] + [target]
+                pytest.fail("import cycle: " + " -> ".join(cycle))
+            if target not in state:
+                visit(target)
+        stack.pop()
+        state[name] = 2
+
+    for name in sorted(graph):
+        if name not in state:
+            visit(name)
+
+
+def test_no_module_imports_a_private_name_of_another():
+    modules = _modules()
+    offenders = [
+        f"{path.relative_to(PACKAGE.parent)}:{line} imports {name} from {target}"
+        for module, path in modules.items()
+        for target, names, line in _runtime_imports(path, module)
+        if target in modules and target != module
+        for name in names
+        if name.startswith("_")
+    ]
+    assert offenders == []
+
+
+def test_no_module_is_over_500_lines():
+    long = {
+        str(path.relative_to(PACKAGE)): n
+        for path in PACKAGE.rglob("*.py")
+        if (n := len(path.read_text().splitlines())) > 500 and str(path.relative_to(PACKAGE)) not in LONG_MODULES
+    }
+    assert long == {}
