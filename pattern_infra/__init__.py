@@ -36,6 +36,7 @@ from .registry import (
     override,
     override_enabled,
     register_generic_pass,
+    register_graph_pass,
     run_log,
 )
 from .sweep import GenericSweep, pipeline
@@ -91,6 +92,7 @@ __all__ = [
     "pipeline",
     "predicates",
     "register_generic_pass",
+    "register_graph_pass",
     "remove_dead_ops",
     "replace_with",
     "Rewrite",

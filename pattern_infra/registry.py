@@ -218,9 +218,12 @@ class PassContainer(AbstractGraphPass):
 
     def apply_callable(self, prog: Program, sub: Callable[[Program], Any]) -> None:
         """Runs a seed-style sub-pass (a callable taking the program), then validates the program:
-        the driver's per-rewrite checks do not see what such a callable changes."""
+        the driver's per-rewrite checks do not see what such a callable changes. With ``validate``
+        False (a plain graph pass, :func:`register_graph_pass`) the program is left to the pipeline's
+        own validation after the entry, as for coremltools' passes."""
         sub(prog)
-        prog.validate()
+        if self.validate:
+            prog.validate()
 
     def record(self, stats: PassStats) -> None:
         """Adds one run's counters to :attr:`stats` and to :func:`run_log`."""
@@ -412,6 +415,43 @@ def register_generic_pass(
         container.declare_options(options)
     if run_after is not None:
         _follow(container, run_after)
+    return container
+
+
+def register_graph_pass(apply: Callable[[Program], Any], pass_name: str, namespace: str) -> PassContainer:
+    """Registers a plain graph pass (a function rewriting a whole program) under ``namespace::pass_name``.
+
+    For passes that are not patterns (a reorder of a whole block, a walk over every op); the container
+    behaves as for a pattern pass: under a coremltools id it replaces coremltools' pass only while
+    ``ENABLE_EXPERIMENTAL_PASSES=1``, and :func:`~pattern_infra.pipeline` puts it in its sweeps. The
+    function runs inside the pass's graph-pass scope, like coremltools' passes; the program is not
+    validated after it by the container (``validate = False``): the pipeline validates after the
+    entry, as it does after coremltools' own pass.
+
+    Args:
+        apply: ``f(prog)``, changing ``prog`` in place.
+        pass_name: Pass name, e.g. ``"topological_reorder"``.
+        namespace: Namespace, e.g. ``"common"``.
+
+    Returns:
+        The container holding ``apply`` as its only sub-pass.
+
+    Raises:
+        PassRegistrationError: ``apply`` is not callable, or the id already holds sub-passes.
+    """
+    if not callable(apply):
+        raise PassRegistrationError(
+            f"register_graph_pass({namespace}::{pass_name}): apply must be a callable taking a Program, got "
+            f"{type(apply).__name__}."
+        )
+    container = container_for(pass_name, namespace)
+    if container.passes and container.passes != [apply]:
+        raise PassRegistrationError(
+            f"register_graph_pass({namespace}::{pass_name}): the id already holds {container.order}; a plain "
+            f"graph pass stands alone (choose another pass_name)."
+        )
+    container.passes = [apply]
+    container.validate = False
     return container
 
 

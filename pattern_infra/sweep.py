@@ -138,7 +138,10 @@ class GenericSweep(AbstractGraphPass):
         for segment in _segments(plan):
             container, first = segment[0]
             if not isinstance(first, SubPass):
-                container.apply_callable(prog, first)
+                # a plain graph pass: in its own pass's scope, as when it runs alone (run_alone)
+                with mb.scope(ScopeInfo(source=ScopeSource.COREMLTOOLS_GRAPH_PASS, data=[str(container)])):
+                    container.apply_callable(prog, first)
+                container.record(PassStats())
                 continue
             before = {id(sub): _snapshot(sub.stats) for _, sub in segment}
             with _scoped_transforms(segment):

@@ -27,6 +27,7 @@ from coremltools.converters.mil.backend.mil.passes.test_passes import (  # noqa:
 )
 from coremltools.converters.mil.mil.passes.tests.test_cleanup_passes import (  # noqa: F401
     TestReduceMeanFusion,
+    TestTopologicalReorder,
 )
 from coremltools.converters.mil.mil.passes.tests.test_optimize_linear_passes import (  # noqa: F401
     TestFuseLinearBias,
@@ -102,6 +103,7 @@ PASS_TESTS: dict[str, tuple[str, ...]] = {
     ),
     "common::fuse_squeeze_expand_dims": ("TestFuseSqueezeExpandDims",),
     "common::fuse_onehot_matmul_to_gather": ("TestFuseOnehotMatmulToGather",),
+    "common::topological_reorder": ("TestTopologicalReorder",),
     "mil_backend::fuse_activation_silu": ("TestPassFuseActivationSiLU",),
     "mil_backend::fuse_pow2_sqrt": ("TestPassFusePow2Sqrt",),
 }
