@@ -24,9 +24,10 @@ MODULES: tuple[str, ...] = tuple(
 for _name in MODULES:
     importlib.import_module(f"{__name__}.{_name}")
 
-CLEANUP_PASSES: tuple[str, ...] = ("common::topological_reorder",)
-"""coremltools' non-fusion passes replaced by linear plain graph passes giving the same program (issue
-17): coremltools' versions are quadratic or wasteful at LLM size."""
+CLEANUP_PASSES: tuple[str, ...] = ("common::reduce_transposes", "common::topological_reorder")
+"""coremltools' non-fusion passes replaced by plain graph passes giving the same program (issue 17):
+coremltools' ``topological_reorder`` is quadratic, its ``reduce_transposes`` formats and re-infers the
+whole block for nothing (see each module)."""
 
 
 @contextmanager

@@ -29,6 +29,9 @@ from coremltools.converters.mil.mil.passes.tests.test_cleanup_passes import (  #
     TestReduceMeanFusion,
     TestTopologicalReorder,
 )
+from coremltools.converters.mil.mil.passes.tests.test_reduce_transposes_pass import (  # noqa: F401
+    TransposeOptimizationPass,
+)
 from coremltools.converters.mil.mil.passes.tests.test_optimize_linear_passes import (  # noqa: F401
     TestFuseLinearBias,
     TestFuseMatmulWeightBias,
@@ -104,6 +107,7 @@ PASS_TESTS: dict[str, tuple[str, ...]] = {
     "common::fuse_squeeze_expand_dims": ("TestFuseSqueezeExpandDims",),
     "common::fuse_onehot_matmul_to_gather": ("TestFuseOnehotMatmulToGather",),
     "common::topological_reorder": ("TestTopologicalReorder",),
+    "common::reduce_transposes": ("TransposeOptimizationPass",),
     "mil_backend::fuse_activation_silu": ("TestPassFuseActivationSiLU",),
     "mil_backend::fuse_pow2_sqrt": ("TestPassFusePow2Sqrt",),
 }
