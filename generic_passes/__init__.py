@@ -24,10 +24,17 @@ MODULES: tuple[str, ...] = tuple(
 for _name in MODULES:
     importlib.import_module(f"{__name__}.{_name}")
 
-CLEANUP_PASSES: tuple[str, ...] = ("common::reduce_transposes", "common::topological_reorder")
+CLEANUP_PASSES: tuple[str, ...] = (
+    "common::const_elimination",
+    "common::dead_code_elimination",
+    "common::reduce_transposes",
+    "common::topological_reorder",
+)
 """coremltools' non-fusion passes replaced by plain graph passes giving the same program (issue 17):
 coremltools' ``topological_reorder`` is quadratic, its ``reduce_transposes`` formats and re-infers the
-whole block for nothing (see each module)."""
+whole block for nothing, its ``const_elimination`` and ``dead_code_elimination`` walk the whole program
+and recompute every var's dependence on ``constexpr`` ops when they have nothing to do (see each
+module)."""
 
 
 @contextmanager

@@ -251,6 +251,11 @@ class PassContainer(AbstractGraphPass):
             if known:
                 self.options[option.option_name] = option.option_val
 
+    @property
+    def pass_options(self) -> list[PassOption] | None:
+        """The options the pipeline set for this pass, as it gave them (None: none set)."""
+        return self._options
+
     def declare_options(self, options: Mapping[str, Any]) -> None:
         """Declares options the generic pass accepts, with their defaults."""
         self._declared_options.update(options)
@@ -418,7 +423,9 @@ def register_generic_pass(
     return container
 
 
-def register_graph_pass(apply: Callable[[Program], Any], pass_name: str, namespace: str) -> PassContainer:
+def register_graph_pass(
+    apply: Callable[[Program], Any], pass_name: str, namespace: str, *, options: Mapping[str, Any] | None = None
+) -> PassContainer:
     """Registers a plain graph pass (a function rewriting a whole program) under ``namespace::pass_name``.
 
     For passes that are not patterns (a reorder of a whole block, a walk over every op); the container
@@ -432,6 +439,8 @@ def register_graph_pass(apply: Callable[[Program], Any], pass_name: str, namespa
         apply: ``f(prog)``, changing ``prog`` in place.
         pass_name: Pass name, e.g. ``"topological_reorder"``.
         namespace: Namespace, e.g. ``"common"``.
+        options: Pipeline options the pass accepts, with defaults (``apply`` reads
+            ``container.options``, or the options as given, ``container.pass_options``).
 
     Returns:
         The container holding ``apply`` as its only sub-pass.
@@ -452,6 +461,8 @@ def register_graph_pass(apply: Callable[[Program], Any], pass_name: str, namespa
         )
     container.passes = [apply]
     container.validate = False
+    if options:
+        container.declare_options(options)
     return container
 
 

@@ -75,16 +75,19 @@ class GenericSweep(AbstractGraphPass):
                     f"GenericSweep: {pass_id!r} is not a registered pass; `import generic_passes` (or "
                     f"register it) first, or leave it out of the sweep."
                 )
-            if isinstance(entry, PassContainer) and options.get(pass_id):
+            undeclared = [
+                o.option_name for o in options.get(pass_id) or [] if o.option_name not in entry.options
+            ] if isinstance(entry, PassContainer) else []
+            if undeclared:
                 raise PassRegistrationError(
-                    f"GenericSweep: options are set for the generic pass {pass_id!r}, which a sweep "
-                    f"cannot pass on; declare them as its defaults (register_generic_pass(..., "
-                    f"options=...)) instead."
+                    f"GenericSweep: options {undeclared} are set for the generic pass {pass_id!r}, which "
+                    f"does not declare them; declare them (register_generic_pass(..., options=...)) or "
+                    f"leave them out of the pipeline."
                 )
             self.steps.append(entry if isinstance(entry, PassContainer) else pass_id)
         self.pass_ids = tuple(pass_ids)
         self.options = {k: list(v) for k, v in options.items() if v and k in self.pass_ids}
-        """Options of the non-generic passes, by id."""
+        """Options of the passes, by id (a generic pass's only those it declares)."""
         self.stats = PassStats()
         """Counters of every run of the generic passes, summed."""
 
@@ -122,7 +125,11 @@ class GenericSweep(AbstractGraphPass):
         plan: list[tuple[PassContainer, Any]] = []
         for step in [*self.steps, None]:
             if isinstance(step, PassContainer):
-                plan += [(container, sub) for container in _with_followers(step) for sub in _fresh(container)]
+                plan += [
+                    (container, sub)
+                    for container in _with_followers(step)
+                    for sub in _fresh(container, self.options.get(container.pass_id))
+                ]
                 continue
             self._run_generic(prog, plan)
             plan = []
@@ -170,9 +177,9 @@ def _with_followers(container: PassContainer) -> list[PassContainer]:
     return order
 
 
-def _fresh(container: PassContainer) -> list[SubPass | Callable[[Program], Any]]:
-    """The container's sub-passes, its options reset as coremltools' pipeline resets them."""
-    container.set_options(None)
+def _fresh(container: PassContainer, options: list[PassOption] | None) -> list[SubPass | Callable[[Program], Any]]:
+    """The container's sub-passes, its options set (or reset) as coremltools' pipeline sets them."""
+    container.set_options(options)
     return list(container.passes)
 
 
