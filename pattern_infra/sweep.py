@@ -303,7 +303,8 @@ def pipeline(base: PassPipeline | None = None, *, group: Grouping = "all") -> Pa
 
     for pass_id in base.passes:
         generic = isinstance(PASS_REGISTRY.passes.get(pass_id), PassContainer)
-        if generic or (group == "all" and pass_id not in kept and pass_id not in _EDITED_BY_CONVERT):
+        looked_up = pass_id in kept  # its first entry; a generic one too (const_elimination, ...)
+        if not looked_up and (generic or (group == "all" and pass_id not in _EDITED_BY_CONVERT)):
             run.append(pass_id)
         else:
             kept.discard(pass_id)  # one entry is enough for convert to find it
