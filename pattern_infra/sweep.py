@@ -290,7 +290,7 @@ def pipeline(base: PassPipeline | None = None, *, group: Grouping = "all") -> Pa
         raise PassRegistrationError(f"pattern_infra.pipeline(): group must be 'all' or 'generic', got {group!r}.")
     base = PassPipeline.DEFAULT if base is None else base
     options = base.get_all_options()
-    kept = _ids_convert_looks_up(base) if group == "all" else set()
+    kept = _ids_convert_looks_up(base)
     entries: list[str] = []
     run: list[str] = []
 
@@ -303,7 +303,7 @@ def pipeline(base: PassPipeline | None = None, *, group: Grouping = "all") -> Pa
 
     for pass_id in base.passes:
         generic = isinstance(PASS_REGISTRY.passes.get(pass_id), PassContainer)
-        looked_up = pass_id in kept  # its first entry; a generic one too (const_elimination, ...)
+        looked_up = pass_id in kept  # its first entry, a generic one too (const_elimination, ...)
         if not looked_up and (generic or (group == "all" and pass_id not in _EDITED_BY_CONVERT)):
             run.append(pass_id)
         else:
