@@ -60,10 +60,11 @@ class GenericSweep(AbstractGraphPass):
 
         Args:
             pass_ids: Registered pass ids, in run order.
-            options: Options per pass id, for the passes that are not generic.
+            options: Options per pass id (a generic pass takes only the options it declares).
 
         Raises:
-            PassRegistrationError: An id is not registered, or options are given for a generic pass.
+            PassRegistrationError: An id is not registered, or a generic pass is given options it does
+                not declare.
         """
         options = dict(options or {})
         self.steps: list[PassContainer | str] = []
@@ -274,7 +275,9 @@ def pipeline(base: PassPipeline | None = None, *, group: Grouping = "all") -> Pa
         group: ``"all"`` (default): every run of passes between the entries ``convert`` must find by id
             is one entry: ``add_fp16_cast`` and ``add_int16_cast`` (``convert`` removes them or sets
             their options), and one entry of each pass the frontend and backend pipelines share with
-            ``base`` (``convert`` drops those from the other pipelines when the main one lacks them).
+            ``base`` (``convert`` drops those from the other pipelines when the main one lacks them;
+            generic ones too, ``const_elimination`` and ``dead_code_elimination``, whose own entries
+            then follow ``ENABLE_EXPERIMENTAL_PASSES``).
             The program is validated after each entry and each rewrite of ours, not after each of
             coremltools' passes inside a sweep. ``"generic"``: only runs of consecutive generic passes
             are grouped; coremltools' passes keep their entries and their validations.
@@ -283,8 +286,8 @@ def pipeline(base: PassPipeline | None = None, *, group: Grouping = "all") -> Pa
         A new ``PassPipeline`` named ``"pattern_infra"``.
 
     Raises:
-        PassRegistrationError: ``base`` sets options for a generic pass (a sweep cannot pass them on),
-            or ``group`` is unknown.
+        PassRegistrationError: ``base`` sets options a generic pass does not declare, or ``group`` is
+            unknown.
     """
     if group not in ("all", "generic"):
         raise PassRegistrationError(f"pattern_infra.pipeline(): group must be 'all' or 'generic', got {group!r}.")
