@@ -27,7 +27,7 @@ test: $(STAMP) ## Run the test suite (bounded fuzzing included)
 bench: $(STAMP) ## Benchmark against coremltools side by side; prints ratios, writes bench/out/scaling.png
 	$(PY) -m bench
 
-bench-llm: $(STAMP) ## Whole conversion at LLM size (10k-100k ops): override off, on, pattern_infra.pipeline(); writes docs/llm_scaling.png
+bench-llm: $(STAMP) ## Whole conversion at LLM size (10k-100k ops): override off, on (fusions), on+ (and cleanup replacements), pattern_infra.pipeline(); writes docs/llm_scaling.png
 	$(PY) -m bench.llm
 
 fuzz: $(STAMP) ## Long fuzzing: random programs through every generic pass, and against a brute-force matcher

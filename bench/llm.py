@@ -5,15 +5,21 @@ and 100k ops; see :mod:`bench.llm_workloads`), one process converts a freshly bu
 ``coremltools.convert(prog, convert_to="mlprogram", skip_model_load=True)``:
 
 * ``off``: coremltools' default pipeline, ``ENABLE_EXPERIMENTAL_PASSES`` unset (coremltools' passes);
-* ``on``: the same pipeline with the override on (our passes under coremltools' ids, pass by pass);
-* ``ours``: ``pass_pipeline=pattern_infra.pipeline()`` (each run of generic passes one sweep).
+* ``on``: the same pipeline with the override on, pass by pass, our fusion passes only: the
+  replacements of coremltools' cleanup passes (``generic_passes.CLEANUP_PASSES``, e.g.
+  ``common::topological_reorder``) are taken out for this column
+  (``generic_passes.coremltools_cleanup()``), so it stays the baseline it was before they existed
+  ("today's path" of issue 17);
+* ``on+``: the override on, pass by pass, with those replacements (every generic pass);
+* ``ours``: ``pass_pipeline=pattern_infra.pipeline()`` with every generic pass, replacements included
+  (each run of passes one sweep).
 
 Every pipeline entry is timed (a wrapper around each ``PASS_REGISTRY`` entry, summed per pass id over
 the frontend, main and backend pipelines; a generic pass's ``run_after`` followers count in their
 leader; inside a sweep of ``pipeline()``, coremltools' passes are timed on their own as well, so a
 sweep's time includes theirs), and so are coremltools' whole-program validations (``Program.validate``) and the formatting
 of the whole program (``Program.__str__``: ``apply_pipeline`` formats it twice per pipeline for a debug
-message even when debug logging is off). ``on`` and ``ours`` must give the same program; ``off`` is
+message even when debug logging is off). ``on``, ``on+`` and ``ours`` must give the same program; ``off`` is
 skipped at a size where its time, extrapolated from the smaller sizes, would exceed ``--off-budget``.
 
 Times are CPU times of the converting thread (the machine may be shared), the whole conversion's wall
@@ -26,6 +32,7 @@ Usage::
     python -m bench.llm --quick              # 1k and 2k ops, 2 layers: a smoke run
     python -m bench.llm --sizes 10000 25000  # chosen mix sizes
     python -m bench.llm --no-llama --sizes 100000 --merge bench/out/earlier.json  # add a size to a run
+    python -m bench.llm --sizes 100000 --modes on ours                          # only these columns
 """
 
 from __future__ import annotations
@@ -42,7 +49,7 @@ import math
 import time
 from collections import defaultdict
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -51,7 +58,7 @@ __all__ = ["Conversion", "convert_timed", "growth_exponent", "load_rows", "main"
 
 logger = logging.getLogger("bench.llm")
 
-MODES = ("off", "on", "ours")
+MODES = ("off", "on", "on+", "ours")
 FULL_SIZES = (10_000, 25_000, 50_000, 100_000)
 QUICK_SIZES = (1_000, 2_000)
 _ROOT = Path(__file__).resolve().parent.parent
@@ -80,7 +87,7 @@ class Conversion:
     ops_after: int = 0
     """Non-const ops of the converted program."""
     same_as_on: bool | None = None
-    """For ``ours``: whether the converted program has the signature of ``on``'s."""
+    """For ``on+`` and ``ours``: whether the converted program has the signature of ``on``'s."""
 
 
 class _Timed:
@@ -154,6 +161,7 @@ def _non_const_ops(prog: Any) -> int:
 
 def convert_timed(workload: str, build: Callable[[], Any], mode: str) -> tuple[Conversion, Any]:
     """Builds a fresh program and converts it in ``mode``; returns the timing and the MIL program."""
+    import generic_passes
     import pattern_infra
     from pattern_infra.testing.pipelines import converted
 
@@ -161,7 +169,10 @@ def convert_timed(workload: str, build: Callable[[], Any], mode: str) -> tuple[C
     result = Conversion(workload, _non_const_ops(prog), mode, 0.0)
     pipeline = pattern_infra.pipeline() if mode == "ours" else None  # built before the timing wrappers
     gc.collect()
-    with timed_passes(result):
+    # "on": today's path, coremltools' cleanup passes where generic_passes replaces them (entered
+    # before the timing wrappers, which then wrap coremltools' passes)
+    baseline = generic_passes.coremltools_cleanup() if mode == "on" else nullcontext()
+    with baseline, timed_passes(result):
         start, cpu_start = time.perf_counter(), time.thread_time()
         out = converted(lambda: prog, (lambda: pipeline) if pipeline else None, override=mode != "off")
         result.seconds = time.perf_counter() - start
@@ -191,23 +202,28 @@ def _predicted(history: list[tuple[int, float]], ops: int) -> float | None:
 
 
 def _run_workload(
-    name: str, build: Callable[[], Any], off_history: list[tuple[int, float]], off_budget: float, ops_hint: int
+    name: str,
+    build: Callable[[], Any],
+    off_history: list[tuple[int, float]],
+    off_budget: float,
+    ops_hint: int,
+    modes: tuple[str, ...] = MODES,
 ) -> list[Conversion]:
     from pattern_infra.testing.pipelines import program_signature
 
     rows: list[Conversion] = []
     signatures: dict[str, Any] = {}
-    for mode in ("on", "ours", "off"):
+    for mode in [m for m in ("on", "on+", "ours", "off") if m in modes]:
         if mode == "off":
             guess = _predicted(off_history, ops_hint)
             if guess is not None and guess > off_budget:
                 print(f"  {name}: off skipped (predicted {guess:.0f} s > --off-budget {off_budget:.0f} s)", flush=True)
                 continue
         row, out = convert_timed(name, build, mode)
-        if mode in ("on", "ours"):
+        if mode != "off":
             signatures[mode] = program_signature(out)
-        if mode == "ours":
-            row.same_as_on = signatures["ours"] == signatures["on"]
+        if mode in ("on+", "ours") and "on" in signatures:
+            row.same_as_on = signatures[mode] == signatures["on"]
         del out
         rows.append(row)
         print(
@@ -225,23 +241,29 @@ def _table(rows: list[Conversion]) -> str:
     by = {(r.workload, r.mode): r for r in rows}
     names = list(dict.fromkeys(r.workload for r in rows))
     lines = [
-        "| workload | ops | off | on (pass by pass) | ours (pipeline()) | on/ours | off/ours | on/ours CPU "
-        "| off/ours CPU | validations on / ours | same program |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---|---|",
+        "| workload | ops | off | on (pass by pass) | on+ (with replacements) | ours (pipeline()) "
+        "| on/ours CPU | off/ours CPU | on/on+ CPU | on/ours wall | validations on / ours | same program |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---|",
     ]
     for name in names:
-        on, ours, off = by.get((name, "on")), by.get((name, "ours")), by.get((name, "off"))
-        ref = on or ours
+        on, plus, ours, off = (by.get((name, m)) for m in ("on", "on+", "ours", "off"))
+        ref = on or ours or plus
+        same = [r.same_as_on for r in (plus, ours) if r is not None and r.same_as_on is not None]
         lines.append(
-            f"| {name} | {ref.ops if ref else '?'} | {f'{off.seconds:.1f} s' if off else 'skipped'} "
-            f"| {f'{on.seconds:.1f} s' if on else '-'} | {f'{ours.seconds:.1f} s' if ours else '-'} "
+            f"| {name} | {ref.ops if ref else '?'} | {_cell(off, 'skipped')} | {_cell(on)} | {_cell(plus)} "
+            f"| {_cell(ours)} | {_cpu_ratio(on, ours)} | {_cpu_ratio(off, ours)} | {_cpu_ratio(on, plus)} "
             f"| {f'{on.seconds / ours.seconds:.2f}x' if on and ours else '-'} "
-            f"| {f'{off.seconds / ours.seconds:.2f}x' if off and ours else '-'} "
-            f"| {_cpu_ratio(on, ours)} | {_cpu_ratio(off, ours)} "
             f"| {f'{on.validations} / {ours.validations}' if on and ours else '-'} "
-            f"| {ours.same_as_on if ours else '-'} |"
+            f"| {all(same) if same else '-'} |"
         )
     return "\n".join(lines)
+
+
+def _cell(row: Conversion | None, missing: str = "-") -> str:
+    """CPU seconds (wall beside them), or ``missing``."""
+    if row is None:
+        return missing
+    return f"{row.cpu_seconds:.1f} s ({row.seconds:.0f} s wall)" if row.cpu_seconds else f"{row.seconds:.1f} s wall"
 
 
 def _cpu_ratio(a: Conversion | None, b: Conversion | None) -> str:
@@ -285,7 +307,7 @@ def plot(path: Path, rows: list[Conversion], note: str) -> None:
 
     mix = [r for r in rows if r.workload.startswith("mix")]
     fig, (left, right) = plt.subplots(1, 2, figsize=(13, 5))
-    for mode, style in zip(MODES, ("s--", "o-", "^-")):
+    for mode, style in zip(MODES, ("s--", "o-", "v:", "^-")):
         pts = sorted((r.ops, _total(r)) for r in mix if r.mode == mode)
         if pts:
             exponent = growth_exponent(pts)
@@ -326,6 +348,8 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--sizes", type=int, nargs="+", default=None, help="mix sizes in non-const ops")
     parser.add_argument("--layers", type=int, default=None, help="decoder layers (default 32; 2 with --quick)")
     parser.add_argument("--no-llama", action="store_true", help="skip the decoder")
+    parser.add_argument("--modes", nargs="+", choices=MODES, default=list(MODES),
+                        help="columns to run (default all; 'off' is still skipped past --off-budget)")
     parser.add_argument("--off-budget", type=float, default=900.0,
                         help="skip 'off' where its predicted time exceeds this many seconds (default 900)")
     parser.add_argument("--merge", type=Path, nargs="+", default=[],
@@ -356,11 +380,12 @@ def _run(args: argparse.Namespace) -> int:
 
     if not args.no_llama:
         print(f"== Llama-style decoder, {layers} layers", flush=True)
-        keep(_run_workload(f"llama{layers}", lambda: llama_decoder(layers), [], args.off_budget, 0))
+        keep(_run_workload(f"llama{layers}", lambda: llama_decoder(layers), [], args.off_budget, 0, tuple(args.modes)))
     off_history = sorted((r.ops, r.seconds) for r in rows if r.mode == "off" and r.workload.startswith("mix"))
     for size in sizes:
         print(f"== synthetic mix, {size} ops", flush=True)
-        keep(_run_workload(f"mix{size}", lambda size=size: synthetic_mix(size), off_history, args.off_budget, size))
+        keep(_run_workload(f"mix{size}", lambda size=size: synthetic_mix(size), off_history, args.off_budget, size,
+                           tuple(args.modes)))
     print("\n" + _table(rows))
     for mode in MODES:
         table = _pass_table(rows, mode)

@@ -29,7 +29,7 @@ from .tracing import Rewrite, Trace, trace
 from . import predicates
 from .container import ENV_VAR, PassContainer, override, override_enabled, run_log
 from .find import find_matches, fuse_all_blocks, fuse_one_block
-from .registry import generic_passes, register_generic_pass
+from .registry import generic_passes, register_generic_pass, register_graph_pass
 from .sweep import GenericSweep, pipeline
 
 __all__ = [
@@ -83,6 +83,7 @@ __all__ = [
     "pipeline",
     "predicates",
     "register_generic_pass",
+    "register_graph_pass",
     "remove_dead_ops",
     "replace_with",
     "Rewrite",

@@ -200,9 +200,12 @@ class PassContainer(AbstractGraphPass):
 
     def apply_callable(self, prog: Program, sub: Callable[[Program], Any]) -> None:
         """Runs a seed-style sub-pass (a callable taking the program), then validates the program:
-        the driver's per-rewrite checks do not see what such a callable changes."""
+        the driver's per-rewrite checks do not see what such a callable changes. With ``validate``
+        False (a plain graph pass, :func:`~pattern_infra.registry.register_graph_pass`) the program is
+        left to the pipeline's own validation after the entry, as for coremltools' passes."""
         sub(prog)
-        prog.validate()
+        if self.validate:
+            prog.validate()
 
     def record(self, stats: PassStats) -> None:
         """Adds one run's counters to :attr:`stats` and to :func:`run_log`."""
@@ -229,6 +232,11 @@ class PassContainer(AbstractGraphPass):
                 )
             if known:
                 self.options[option.option_name] = option.option_val
+
+    @property
+    def pass_options(self) -> list[PassOption] | None:
+        """The options the pipeline set for this pass, as it gave them (None: none set)."""
+        return self._options
 
     def declare_options(self, options: Mapping[str, Any]) -> None:
         """Declares options the generic pass accepts, with their defaults."""
@@ -285,8 +293,9 @@ def run_together(prog: Program, containers: list[PassContainer], pass_name: str)
     for segment in _segments(plan):
         container, first = segment[0]
         if not isinstance(first, SubPass):
-            with mb.scope(_scope_of(container)):
+            with mb.scope(_scope_of(container)):  # a plain graph pass, in its pass's scope as when alone
                 container.apply_callable(prog, first)
+            container.record(PassStats())
             continue
         before = {id(sub): _snapshot(sub.stats) for _, sub in segment}
         with _scoped_transforms(segment):

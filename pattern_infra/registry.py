@@ -24,7 +24,7 @@ from .errors import PassRegistrationError
 from .pattern import Pattern
 from .subpass import DEFAULT_MAX_ITERATIONS, SubPass
 
-__all__ = ["container_for", "coremltools_namespaces", "generic_passes", "register_generic_pass"]
+__all__ = ["container_for", "coremltools_namespaces", "generic_passes", "register_generic_pass", "register_graph_pass"]
 
 
 def _split_pass_id(pass_name: str, namespace: str) -> None:
@@ -162,6 +162,49 @@ def register_generic_pass(
         container.declare_options(options)
     if run_after is not None:
         _follow(container, run_after)
+    return container
+
+
+def register_graph_pass(
+    apply: Callable[[Program], Any], pass_name: str, namespace: str, *, options: Mapping[str, Any] | None = None
+) -> PassContainer:
+    """Registers a plain graph pass (a function rewriting a whole program) under ``namespace::pass_name``.
+
+    For passes that are not patterns (a reorder of a whole block, a walk over every op); the container
+    behaves as for a pattern pass: under a coremltools id it replaces coremltools' pass only while
+    ``ENABLE_EXPERIMENTAL_PASSES=1``, and :func:`~pattern_infra.pipeline` puts it in its sweeps. The
+    function runs inside the pass's graph-pass scope, like coremltools' passes; the program is not
+    validated after it by the container (``validate = False``): the pipeline validates after the
+    entry, as it does after coremltools' own pass.
+
+    Args:
+        apply: ``f(prog)``, changing ``prog`` in place.
+        pass_name: Pass name, e.g. ``"topological_reorder"``.
+        namespace: Namespace, e.g. ``"common"``.
+        options: Pipeline options the pass accepts, with defaults (``apply`` reads
+            ``container.options``, or the options as given, ``container.pass_options``).
+
+    Returns:
+        The container holding ``apply`` as its only sub-pass.
+
+    Raises:
+        PassRegistrationError: ``apply`` is not callable, or the id already holds sub-passes.
+    """
+    if not callable(apply):
+        raise PassRegistrationError(
+            f"register_graph_pass({namespace}::{pass_name}): apply must be a callable taking a Program, got "
+            f"{type(apply).__name__}."
+        )
+    container = container_for(pass_name, namespace)
+    if container.passes and container.passes != [apply]:
+        raise PassRegistrationError(
+            f"register_graph_pass({namespace}::{pass_name}): the id already holds {container.order}; a plain "
+            f"graph pass stands alone (choose another pass_name)."
+        )
+    container.passes = [apply]
+    container.validate = False
+    if options:
+        container.declare_options(options)
     return container
 
 

@@ -57,10 +57,11 @@ class GenericSweep(AbstractGraphPass):
 
         Args:
             pass_ids: Registered pass ids, in run order.
-            options: Options per pass id, for the passes that are not generic.
+            options: Options per pass id (a generic pass takes only the options it declares).
 
         Raises:
-            PassRegistrationError: An id is not registered, or options are given for a generic pass.
+            PassRegistrationError: An id is not registered, or a generic pass is given options it does
+                not declare.
         """
         options = dict(options or {})
         self.steps: list[PassContainer | str] = []
@@ -72,16 +73,19 @@ class GenericSweep(AbstractGraphPass):
                     f"GenericSweep: {pass_id!r} is not a registered pass; `import generic_passes` (or "
                     f"register it) first, or leave it out of the sweep."
                 )
-            if isinstance(entry, PassContainer) and options.get(pass_id):
+            undeclared = [
+                o.option_name for o in options.get(pass_id) or [] if o.option_name not in entry.options
+            ] if isinstance(entry, PassContainer) else []
+            if undeclared:
                 raise PassRegistrationError(
-                    f"GenericSweep: options are set for the generic pass {pass_id!r}, which a sweep "
-                    f"cannot pass on; declare them as its defaults (register_generic_pass(..., "
-                    f"options=...)) instead."
+                    f"GenericSweep: options {undeclared} are set for the generic pass {pass_id!r}, which "
+                    f"does not declare them; declare them (register_generic_pass(..., options=...)) or "
+                    f"leave them out of the pipeline."
                 )
             self.steps.append(entry if isinstance(entry, PassContainer) else pass_id)
         self.pass_ids = tuple(pass_ids)
         self.options = {k: list(v) for k, v in options.items() if v and k in self.pass_ids}
-        """Options of the non-generic passes, by id."""
+        """Options of the passes, by id (a generic pass's only those it declares)."""
         self.stats = PassStats()
         """Counters of every run of the generic passes, summed."""
 
@@ -121,8 +125,8 @@ class GenericSweep(AbstractGraphPass):
                 run += with_followers(step)
                 continue
             if run:
-                for container in run:
-                    container.set_options(None)  # as coremltools' pipeline resets a pass's options
+                for container in run:  # as coremltools' pipeline sets (or resets) a pass's options
+                    container.set_options(self.options.get(container.pass_id))
                 self.stats.add(run_together(prog, run, self.pass_id))
                 run = []
             if step is not None:
@@ -162,7 +166,9 @@ def pipeline(base: PassPipeline | None = None, *, group: Grouping = "all") -> Pa
         group: ``"all"`` (default): every run of passes between the entries ``convert`` must find by id
             is one entry: ``add_fp16_cast`` and ``add_int16_cast`` (``convert`` removes them or sets
             their options), and one entry of each pass the frontend and backend pipelines share with
-            ``base`` (``convert`` drops those from the other pipelines when the main one lacks them).
+            ``base`` (``convert`` drops those from the other pipelines when the main one lacks them;
+            generic ones too, ``const_elimination`` and ``dead_code_elimination``, whose own entries
+            then follow ``ENABLE_EXPERIMENTAL_PASSES``).
             The program is validated after each entry and each rewrite of ours, not after each of
             coremltools' passes inside a sweep. ``"generic"``: only runs of consecutive generic passes
             are grouped; coremltools' passes keep their entries and their validations.
@@ -171,14 +177,14 @@ def pipeline(base: PassPipeline | None = None, *, group: Grouping = "all") -> Pa
         A new ``PassPipeline`` named ``"pattern_infra"``.
 
     Raises:
-        PassRegistrationError: ``base`` sets options for a generic pass (a sweep cannot pass them on),
-            or ``group`` is unknown.
+        PassRegistrationError: ``base`` sets options a generic pass does not declare, or ``group`` is
+            unknown.
     """
     if group not in ("all", "generic"):
         raise PassRegistrationError(f"pattern_infra.pipeline(): group must be 'all' or 'generic', got {group!r}.")
     base = PassPipeline.DEFAULT if base is None else base
     options = base.get_all_options()
-    kept = _ids_convert_looks_up(base) if group == "all" else set()
+    kept = _ids_convert_looks_up(base)
     entries: list[str] = []
     run: list[str] = []
 
@@ -191,7 +197,8 @@ def pipeline(base: PassPipeline | None = None, *, group: Grouping = "all") -> Pa
 
     for pass_id in base.passes:
         generic = isinstance(PASS_REGISTRY.passes.get(pass_id), PassContainer)
-        if generic or (group == "all" and pass_id not in kept and pass_id not in _EDITED_BY_CONVERT):
+        looked_up = pass_id in kept  # its first entry, a generic one too (const_elimination, ...)
+        if not looked_up and (generic or (group == "all" and pass_id not in _EDITED_BY_CONVERT)):
             run.append(pass_id)
         else:
             kept.discard(pass_id)  # one entry is enough for convert to find it

@@ -26,7 +26,13 @@ from coremltools.converters.mil.backend.mil.passes.test_passes import (  # noqa:
     TestPassFusePow2Sqrt,
 )
 from coremltools.converters.mil.mil.passes.tests.test_cleanup_passes import (  # noqa: F401
+    TestConstElimination,
+    TestDeadCodeElimination,
     TestReduceMeanFusion,
+    TestTopologicalReorder,
+)
+from coremltools.converters.mil.mil.passes.tests.test_reduce_transposes_pass import (  # noqa: F401
+    TransposeOptimizationPass,
 )
 from coremltools.converters.mil.mil.passes.tests.test_optimize_linear_passes import (  # noqa: F401
     TestFuseLinearBias,
@@ -102,6 +108,10 @@ PASS_TESTS: dict[str, tuple[str, ...]] = {
     ),
     "common::fuse_squeeze_expand_dims": ("TestFuseSqueezeExpandDims",),
     "common::fuse_onehot_matmul_to_gather": ("TestFuseOnehotMatmulToGather",),
+    "common::topological_reorder": ("TestTopologicalReorder",),
+    "common::const_elimination": ("TestConstElimination",),
+    "common::dead_code_elimination": ("TestDeadCodeElimination",),
+    "common::reduce_transposes": ("TransposeOptimizationPass",),
     "mil_backend::fuse_activation_silu": ("TestPassFuseActivationSiLU",),
     "mil_backend::fuse_pow2_sqrt": ("TestPassFusePow2Sqrt",),
 }
@@ -133,6 +143,12 @@ EXPECTED_DIFFERENCES: dict[str, str] = {
     "TestFuseLayerNormOrInstanceNorm::test_instance_norm_pattern_4": (
         "correctness: the test's scales (3.3e-5, 8.3e-6) are not 1/N, so coremltools' fusion changes the "
         "values; ours refuses it"
+    ),
+    "TestConstElimination::test_const_elimination_larger_than_threshold": (
+        "fails against coremltools' own pass too (without generic_passes): the test patches "
+        "'...defs.cleanup.const_elimination._skip_const_by_size', which mock resolves to the module "
+        "const_elimination.py, not the class, so it errors before running; skip_const_by_size is "
+        "tested through the pipeline in tests/test_cleanup_passes.py"
     ),
     "TestGeluFusion::test_gelu_tanh_multiple_final_operations": (
         "same program, no warning: the test expects coremltools' own generic matcher to warn 'matched to "
