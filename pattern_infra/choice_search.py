@@ -373,3 +373,12 @@ def all_op_types(compiled: CompiledPattern) -> frozenset[str]:
             for alternative in node.choice.alternatives:
                 types |= all_op_types(alternative.compiled)
     return frozenset(types)
+
+
+def has_fallback(compiled: CompiledPattern) -> bool:
+    """Whether ``compiled`` has a ``fallback`` choice, at any depth of its alternatives."""
+    return any(
+        node.choice is not None
+        and (node.choice.fallback or any(has_fallback(a.compiled) for a in node.choice.alternatives))
+        for node in compiled.nodes
+    )

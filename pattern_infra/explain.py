@@ -20,7 +20,8 @@ from .blocks import BlockIndex, anchored_blocks, iter_blocks
 from .matcher import Failure, Matcher
 from .pattern import Pattern
 from .container import PassContainer
-from .find import PatternSource, distinct_matches, resolve_patterns
+from .choice_search import has_fallback
+from .find import ALREADY_FOUND, COLLECTED, INSIDE_LONGER, PatternSource, distinct_matches, resolve_patterns
 
 __all__ = ["Explanation", "Explanations", "explain"]
 
@@ -118,7 +119,7 @@ def explain(
 
     for block in iter_blocks(prog):
         st = BlockIndex(block)
-        offered = distinct_matches(var_constraints, result.matches.append, refusal)
+        offered = distinct_matches(var_constraints, result.matches.append, refusal, longest=has_fallback(compiled))
         for node in compiled.nodes:
             if node.fanout:
                 continue
@@ -135,7 +136,7 @@ def explain(
     return result
 
 
-_ANSWERS = ("already found", "collected")
+_ANSWERS = (ALREADY_FOUND, INSIDE_LONGER, COLLECTED)
 """What :func:`~pattern_infra.find.distinct_matches` answers for a match it does not refuse: not
 search failures to report."""
 

@@ -16,6 +16,7 @@ from coremltools.converters.mil.mil import Block, Program
 from coremltools.converters.mil.mil.passes.pass_registry import PASS_REGISTRY
 
 from .blocks import anchored_blocks
+from .choice_search import has_fallback
 from .compiler import CompiledPattern, compile_pattern
 from .driver import run_subpasses
 from .errors import PassRegistrationError
@@ -38,24 +39,37 @@ __all__ = [
 
 Constraints = Callable[[Pattern], Any]
 
+ALREADY_FOUND, INSIDE_LONGER, COLLECTED = "already found", "inside a longer spelling found", "collected"
+"""What :func:`distinct_matches` answers for a match it does not refuse (not search failures)."""
+
 
 def distinct_matches(
     var_constraints: Constraints | None,
     on_match: Callable[[Pattern], Any],
     on_refusal: Callable[[Pattern, str], Any] | None = None,
+    *,
+    longest: bool = False,
 ) -> Callable[[Pattern], str]:
     """An ``accept`` that takes no match, so a search enumerates every one, and hands each distinct set
     of program ops the constraints accept to ``on_match`` once (with its first accepted assignment).
 
     A set refused under one assignment (operand order) is offered again under the next; each refusal goes
     to ``on_refusal`` with its reason. Shared by :func:`find_in_program` and ``explain``.
+
+    ``longest`` (a pattern with a ``fallback`` choice, :func:`~pattern_infra.choice_search.has_fallback`):
+    a set inside one already accepted is skipped, so the shorter spelling is reported only where the
+    longer one is refused, as the pass would rewrite (the search offers the longer spelling first).
     """
     seen: set[frozenset[int]] = set()
+    containing: dict[int, list[frozenset[int]]] = {}
+    """Program op (by id) to the accepted sets holding it, for ``longest``."""
 
     def collect(match: Pattern) -> str:
         key = frozenset(id(o) for o in match.op_set)
         if key in seen:
-            return "already found"
+            return ALREADY_FOUND
+        if longest and any(key < other for other in containing.get(next(iter(key)), ())):
+            return INSIDE_LONGER
         if var_constraints is not None:
             reason = constraint_verdict(var_constraints(match))
             if reason is not None:
@@ -63,8 +77,11 @@ def distinct_matches(
                     on_refusal(match, reason)
                 return reason
         seen.add(key)
+        if longest:
+            for op_id in key:
+                containing.setdefault(op_id, []).append(key)
         on_match(match)
-        return "collected"  # not taken: the search goes on to the next match
+        return COLLECTED  # not taken: the search goes on to the next match
 
     return collect
 
@@ -82,7 +99,8 @@ def find_in_program(
     """
     for st, anchor, candidates in anchored_blocks(prog, matcher):
         here: list[Pattern] = []
-        for _ in st.tries(matcher, anchor, candidates, distinct_matches(var_constraints, here.append)):
+        collect = distinct_matches(var_constraints, here.append, longest=has_fallback(matcher.compiled))
+        for _ in st.tries(matcher, anchor, candidates, collect):
             yield from here
             here.clear()
 
