@@ -112,7 +112,6 @@ def choice_matches(
     Yields:
         The sub-matches, alternative by alternative.
     """
-    failure_type = Failure
     op_type = op.op_type
     for alternative in choice.alternatives:
         end = alternative.compiled.nodes[alternative.compiled.final_nodes[0]]
@@ -128,9 +127,7 @@ def choice_matches(
                 failures.append(f"{alternative.label}: an earlier alternative matches further down")
             continue
         if not search.found and failures is not None:
-            failure = search.failure
-            reason = failure.reason if isinstance(failure, failure_type) else "no match"
-            failures.append(f"{alternative.label}: {reason}")
+            failures.append(f"{alternative.label}: {_reason(search)}")
         matcher = alternative_matcher(outer, alternative)
         for state in search.found:
             yield SubMatch(alternative, matcher, state, choice.name)
@@ -199,7 +196,6 @@ def entered_matches(
     Yields:
         The sub-matches, alternative by alternative; ``sub.end`` is the op the choice node binds.
     """
-    failure_type = Failure
     maximal = maximal and not choice.fallback
     inside_earlier: set[int] = set()
     entry_types = _entry_types(choice, slot)
@@ -220,10 +216,14 @@ def entered_matches(
             if subs and not kept:
                 failures.append(f"{alternative.label}: an earlier alternative matches further down")
             elif not subs:
-                failure = search.failure
-                reason = failure.reason if isinstance(failure, failure_type) else "no match"
-                failures.append(f"{alternative.label}: {reason}")
+                failures.append(f"{alternative.label}: {_reason(search)}")
         yield from kept
+
+
+def _reason(search: Any) -> str:
+    """Why an alternative's search found nothing: its traced failure, else "no match"."""
+    failure = search.failure
+    return failure.reason if isinstance(failure, Failure) else "no match"
 
 
 class _Collected:

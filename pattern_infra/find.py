@@ -25,7 +25,7 @@ from .pattern import Pattern
 from .container import PassContainer
 from .registry import generic_passes
 from .removal import remove_dead_ops
-from .subpass import PassStats, SubPass, constraint_verdict
+from .subpass import Constraints, PassStats, SubPass, constraint_verdict
 
 __all__ = [
     "PatternSource",
@@ -36,8 +36,6 @@ __all__ = [
     "fuse_one_block",
     "resolve_patterns",
 ]
-
-Constraints = Callable[[Pattern], Any]
 
 ALREADY_FOUND, INSIDE_LONGER, COLLECTED = "already found", "inside a longer spelling found", "collected"
 """What :func:`distinct_matches` answers for a match it does not refuse (not search failures)."""
