@@ -9,34 +9,32 @@ coremltools' op and var properties and, leaving its ``with block:``, recomputes 
 coremltools' pass would change anything; only then do they run coremltools' pass itself.
 
 The recomputation changes nothing when no op of the program is a ``constexpr_*`` op and every var's
-set is already empty: it would set every set to the empty set again. :func:`settled` checks exactly
+set is already empty: it would set every set to the empty set again. :func:`would_change` checks exactly
 that; where it fails (a program with compressed weights), the replacement runs coremltools' pass.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable
 
 from coremltools.converters.mil.mil import Operation, Program
 
-from pattern_infra.blocks import iter_blocks
+from pattern_infra.blocks import walk_blocks
 
-__all__ = ["all_ops", "settled"]
-
-
-def all_ops(prog: Program) -> Iterator[Operation]:
-    """Every op of every block, nested blocks included."""
-    for block in iter_blocks(prog):
-        yield from block.operations
+__all__ = ["would_change"]
 
 
-def settled(prog: Program) -> bool:
-    """Whether recomputing ``nonreplaceable_vars_upstream`` would leave every var as it is: no
-    ``constexpr_*`` op, and no var depending on one."""
-    for op in all_ops(prog):
-        if op.op_type.startswith("constexpr_"):
-            return False
-        for var in op.outputs:
-            if var.nonreplaceable_vars_upstream:
-                return False
-    return True
+def would_change(prog: Program, changes: Callable[[Operation, set[int]], bool]) -> bool:
+    """Whether coremltools' cleanup pass could change ``prog``, in one read-only walk: ``changes(op,
+    ids of its block's outputs)`` says whether the pass would change ``op``; and leaving each block would
+    change its vars' ``nonreplaceable_vars_upstream`` unless no op is a ``constexpr_*`` op and no var
+    depends on one (what :mod:`this module <generic_passes._cleanup_common>` explains)."""
+    for block, ops in walk_blocks(prog):
+        outputs = {id(var) for var in block.outputs}
+        for op in ops:
+            if op.op_type.startswith("constexpr_") or changes(op, outputs):
+                return True
+            for var in op.outputs:
+                if var.nonreplaceable_vars_upstream:
+                    return True
+    return False

@@ -7,7 +7,7 @@ casts of constant weights). Each other run still walks every op through coremlto
 recomputes every var's ``nonreplaceable_vars_upstream`` (see :mod:`generic_passes._cleanup_common`).
 
 This pass looks first, read-only: if no op outside ``const`` has an output with a known value, and the
-recomputation would change nothing (:func:`~generic_passes._cleanup_common.settled`), coremltools' pass
+recomputation would change nothing (:func:`~generic_passes._cleanup_common.would_change`), coremltools' pass
 would leave the program as it is, and nothing is done. Otherwise coremltools' own pass runs, with the
 pipeline's options (``skip_const_by_size``). Same program by construction. Not a pattern: whether to
 run at all is a question about the whole program; registered as a plain graph pass
@@ -16,30 +16,26 @@ run at all is a question about the whole program; registered as a plain graph pa
 
 from __future__ import annotations
 
-from coremltools.converters.mil.mil import Program
+from coremltools.converters.mil.mil import Operation, Program
 
 from pattern_infra import register_graph_pass
 
-from ._cleanup_common import all_ops, settled
+from ._cleanup_common import would_change
 
-__all__ = ["const_elimination", "has_foldable_output"]
+__all__ = ["const_elimination", "foldable"]
 
 
-def has_foldable_output(prog: Program) -> bool:
-    """Whether some non-``const`` op has an output whose value is known (what coremltools' pass
+def foldable(op: Operation, block_outputs: set[int]) -> bool:
+    """Whether ``op`` (not a ``const``) has an output whose value is known (what coremltools' pass
     considers folding; it may still decline, e.g. for a var depending on a ``constexpr_*`` op)."""
-    for op in all_ops(prog):
-        if op.op_type == "const":
-            continue
-        for var in op.outputs:
-            if var._sym_val is not None and var.val is not None:
-                return True
-    return False
+    if op.op_type == "const":
+        return False
+    return any(var._sym_val is not None and var.val is not None for var in op.outputs)
 
 
 def const_elimination(prog: Program) -> None:
     """Runs coremltools' ``const_elimination`` on ``prog`` unless it would change nothing."""
-    if not has_foldable_output(prog) and settled(prog):
+    if not would_change(prog, foldable):
         return
     graph_pass = _CONTAINER.replaces()  # coremltools' class (imported through the registry: importing its
     graph_pass.set_options(_CONTAINER.pass_options)  # module by path would shadow the class in its package)

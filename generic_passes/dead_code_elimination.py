@@ -7,7 +7,7 @@ about ten times in a conversion, and each run walks the whole program and recomp
 
 If some op is dead, one of them has outputs read by no op at all (the last dead op of a chain of dead
 ops). So when every op has an output that some op reads or that is an output of its block, no op is
-dead, and with :func:`~generic_passes._cleanup_common.settled` coremltools' pass would leave the program
+dead, and with :func:`~generic_passes._cleanup_common.would_change` coremltools' pass would leave the program
 as it is: nothing is done. Otherwise (or for ops with no outputs, or a ``coreml_update_state``)
 coremltools' own pass runs. Same program by construction. Not a pattern: deadness is a property of
 the whole program; registered as a plain graph pass (:func:`pattern_infra.register_graph_pass`) under
@@ -16,32 +16,26 @@ coremltools' id.
 
 from __future__ import annotations
 
-from coremltools.converters.mil.mil import Program
+from coremltools.converters.mil.mil import Operation, Program
 
 from pattern_infra import register_graph_pass
-from pattern_infra.blocks import iter_blocks
 
-from ._cleanup_common import settled
+from ._cleanup_common import would_change
 
-__all__ = ["dead_code_elimination", "may_have_dead_ops"]
+__all__ = ["dead_code_elimination", "may_be_dead"]
 
 
-def may_have_dead_ops(prog: Program) -> bool:
-    """Whether some op has no output read by an op or returned by its block (or no outputs at all), or
-    the program updates a state (whose outputs coremltools' pass keeps by their own rule)."""
-    for block in iter_blocks(prog):
-        outputs = {id(var) for var in block.outputs}
-        for op in block.operations:
-            if op.op_type == "coreml_update_state" or not op.outputs:
-                return True
-            if not any(var.child_ops or id(var) in outputs for var in op.outputs):
-                return True
-    return False
+def may_be_dead(op: Operation, block_outputs: set[int]) -> bool:
+    """Whether ``op`` has no output read by an op or returned by its block (or no outputs at all), or
+    updates a state (whose outputs coremltools' pass keeps by their own rule)."""
+    if op.op_type == "coreml_update_state" or not op.outputs:
+        return True
+    return not any(var.child_ops or id(var) in block_outputs for var in op.outputs)
 
 
 def dead_code_elimination(prog: Program) -> None:
     """Runs coremltools' ``dead_code_elimination`` on ``prog`` unless no op can be dead."""
-    if not may_have_dead_ops(prog) and settled(prog):
+    if not would_change(prog, may_be_dead):
         return
     _CONTAINER.replaces().apply(prog)  # coremltools' class; inside this pass's scope already
 
