@@ -1,14 +1,17 @@
 """``python -m bench.choices``: matching cost of one pattern with 12 spellings against patterns with one.
 
 RMSNorm written 12 ways (``x*x`` | ``pow(x, 2)``; ``x*rsqrt(v)`` | ``x/sqrt(v)`` | ``x*(1/sqrt(v))``;
-weighted or not). Three ways to find them, read-only (``find_in_program``, the driver's search loop):
+weighted or not). Two tables:
 
-* **one pattern, 12 alternatives**: ``tests/test_choices.py``'s ``rms_norm`` (``one_of``, ``optional``);
-* **one pattern, 1 spelling**: the first spelling written out, on a program of that spelling only;
-* **12 patterns**: each spelling written out, one search per pattern (what a pass needed before).
-
-Printed per program: matches, bind attempts per match (deterministic: the matcher's unit of work) and
-the best of 5 times per match (noisy on a shared machine).
+1. **The pass's search** (a pass takes the first match at an anchor): on 120 RMSNorms of the first
+   spelling, the pattern written with 1 spelling (written out), 2 (``one_of`` for the square), 6 (and
+   ``one_of`` for the normaliser) and 12 (and ``optional`` weight: ``tests/test_choices.py``'s
+   ``rms_norm``). Per match: bind attempts (deterministic), best-of-7 microseconds (noisy on a shared
+   machine) and, with ``--instructions``, machine instructions counted by valgrind's callgrind
+   (deterministic; a few minutes per row).
+2. **Every match** (``find_in_program``, what ``find_matches`` does), read-only: the 12-spelling pattern,
+   the one spelling written out, and 12 patterns (what a pass needed before) on a program of all 12
+   spellings.
 """
 
 from __future__ import annotations
@@ -17,9 +20,13 @@ import os
 
 os.environ.setdefault("TQDM_DISABLE", "1")
 
+import argparse
+import gc
 import logging
+import operator
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -28,7 +35,10 @@ logging.getLogger("coremltools").setLevel(logging.ERROR)
 from coremltools.converters.mil import Builder as mb  # noqa: E402
 from coremltools.converters.mil.mil import Program  # noqa: E402
 
+from bench.instructions import count_instructions  # noqa: E402
 from pattern_infra import Matcher, compile_pattern  # noqa: E402
+from pattern_infra.blocks import anchored_blocks  # noqa: E402
+from pattern_infra.choices import one_of  # noqa: E402
 from pattern_infra.find import find_in_program  # noqa: E402
 
 __all__ = ["main"]
@@ -95,8 +105,95 @@ def measure(matchers: list[Matcher], prog: Program) -> tuple[int, float, float]:
     return found, binds / max(found, 1), best / max(found, 1)
 
 
-def main(n: int = 120) -> None:
-    """Prints the table (``n`` RMSNorms per program)."""
+def first_matches(matcher: Matcher, prog: Program) -> int:
+    """Searches ``prog`` as a pass does, taking the first match at each anchor op; returns the matches."""
+    taken = 0
+    for st, anchor, candidates in anchored_blocks(prog, matcher):
+        for found in st.tries(matcher, anchor, candidates, lambda match: True):
+            taken += found is not None
+    return taken
+
+
+def spelling_patterns() -> dict[str, Callable[[], Any]]:
+    """Spellings allowed -> the RMSNorm pattern allowing them (all match the first spelling)."""
+    rms_norm, spellings, _, _ = _spellings()
+    from test_choices import ROW_AND_WEIGHT, normed
+
+    def square(x: Any) -> Any:
+        return one_of("square", lambda: mb.mul(x=x, y=x, name="sq"), lambda: mb.pow(x=x, y=2.0, name="sq"))
+
+    def two() -> Program:
+        @mb.program(input_specs=ROW_AND_WEIGHT)
+        def pattern(x, w):
+            v = mb.add(x=mb.reduce_mean(x=square(x), axes=[-1], keep_dims=True, name="mean"), y=1e-6, name="var")
+            return mb.mul(x=mb.mul(x=x, y=mb.rsqrt(x=v, name="inv"), name="scale"), y=w, name="weight")
+
+        return pattern
+
+    def six() -> Program:
+        @mb.program(input_specs=ROW_AND_WEIGHT)
+        def pattern(x, w):
+            v = mb.add(x=mb.reduce_mean(x=square(x), axes=[-1], keep_dims=True, name="mean"), y=1e-6, name="var")
+            return mb.mul(x=normed(x, v), y=w, name="weight")
+
+        return pattern
+
+    return {"1": lambda: _name_ops(written_out(spellings[0])), "2": two, "6": six, "12": lambda: rms_norm}
+
+
+def pass_search_row(spellings: str, n: int) -> tuple[float, float]:
+    """(bind attempts, best seconds) per match of the pass's search with the pattern of ``spellings``."""
+    matcher = Matcher(compile_pattern(spelling_patterns()[spellings](), constants="const"))
+    prog = chain(_spellings()[1][:1], n)
+    first_matches(matcher, prog)  # generates the searches
+    before, best = matcher.bind_attempts, float("inf")
+    for _ in range(7):
+        gc.collect()
+        gc.disable()  # as in a pass (gc_pause): the collector's pauses are not the search's cost
+        start = time.perf_counter()
+        found = first_matches(matcher, prog)
+        best = min(best, time.perf_counter() - start)
+        gc.enable()
+    return (matcher.bind_attempts - before) / 7 / found, best / found
+
+
+def _counted(spellings: str, n: int) -> None:
+    """What runs under callgrind: one uncounted search, then ``REPEATS`` counted ones."""
+    matcher = Matcher(compile_pattern(spelling_patterns()[spellings](), constants="const"))
+    prog = chain(_spellings()[1][:1], n)
+    first_matches(matcher, prog)
+    gc.collect()
+    gc.disable()
+    for _ in range(REPEATS):
+        operator.call(first_matches, matcher, prog)
+
+
+REPEATS = 3
+"""Counted searches per row under callgrind."""
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Prints the tables."""
+    parser = argparse.ArgumentParser(prog="python -m bench.choices", description=__doc__.split("\n")[0])
+    parser.add_argument("n", type=int, nargs="?", default=120, help="RMSNorms per program")
+    parser.add_argument("--instructions", action="store_true", help="also count instructions (valgrind)")
+    parser.add_argument("--counted", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.counted:
+        _counted(args.counted, args.n)
+        return
+    n = args.n
+    print(f"The pass's search, {n} RMSNorms of one spelling (first match taken):")
+    print(f"{'spellings':>9} {'binds/match':>12} {'us/match':>9}" + (f" {'instructions/match':>19}" if args.instructions else ""))
+    for spellings in spelling_patterns():
+        binds, seconds = pass_search_row(spellings, n)
+        line = f"{spellings:>9} {binds:>12.1f} {seconds * 1e6:>9.1f}"
+        if args.instructions:
+            counted = count_instructions(["-m", "bench.choices", str(n), "--counted", spellings])
+            line += f" {counted // (REPEATS * n):>19,}"
+        print(line, flush=True)
+    print()
+    print("Every match (find_in_program):")
     rms_norm, spellings, _, _ = _spellings()
     twelve = Matcher(compile_pattern(rms_norm, constants="const"))
     one = Matcher(compile_pattern(_name_ops(written_out(spellings[0])), constants="const"))
@@ -118,4 +215,4 @@ def main(n: int = 120) -> None:
 
 
 if __name__ == "__main__":
-    main(int(sys.argv[1]) if len(sys.argv) > 1 else 120)
+    main()

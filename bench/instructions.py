@@ -31,7 +31,7 @@ import shutil
 import subprocess
 import sys
 
-__all__ = ["count", "main"]
+__all__ = ["count", "count_instructions", "main"]
 
 _TOGGLE = "_operator_call"
 """The C function callgrind counts inside: ``operator.call``, which nothing else here calls."""
@@ -77,19 +77,29 @@ def count(workload: str, n: int, runner_key: str) -> int:
     Raises:
         RuntimeError: valgrind is missing, or the run failed (its output is in the message).
     """
+    arguments = ["-m", "bench.instructions", workload, str(n), "--runner", runner_key, "--inner"]
+    return count_instructions(arguments) // (_REPEATS * n)
+
+
+def count_instructions(arguments: list[str]) -> int:
+    """Instructions executed inside ``operator.call`` by ``python <arguments>`` under callgrind, in all.
+
+    Raises:
+        RuntimeError: valgrind is missing, or the run failed (its output is in the message).
+    """
     valgrind = shutil.which("valgrind")
     if valgrind is None:
         raise RuntimeError("valgrind is not on the PATH; install it (e.g. apt-get install valgrind) to count instructions")
     env = dict(os.environ, PYTHONHASHSEED="0", TQDM_DISABLE="1")
     command = [
         valgrind, "--tool=callgrind", f"--toggle-collect={_TOGGLE}", "--callgrind-out-file=/dev/null",
-        sys.executable, "-m", "bench.instructions", workload, str(n), "--runner", runner_key, "--inner",
+        sys.executable, *arguments,
     ]
     done = subprocess.run(command, capture_output=True, text=True, env=env, check=False)
     found = re.search(r"Collected\s*:\s*(\d+)", done.stderr)
     if done.returncode != 0 or found is None:
         raise RuntimeError(f"valgrind run failed (exit {done.returncode}):\n{done.stderr[-2000:]}")
-    return int(found.group(1)) // (_REPEATS * n)
+    return int(found.group(1))
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -41,7 +41,12 @@ def build_pattern(
         subs: Per pattern op, the sub-match of a choice node (None elsewhere).
     """
     by_name, operands, consts, chosen = match_dicts(matcher, ops, assign, subs)
-    pattern = new_pattern(matcher.compiled, block, by_name, roots, operands, consts, order)
+    compiled = matcher.compiled
+    if any(type(op) is list for op in ops):  # a fan-out op: the constructor flattens its list
+        pattern = new_pattern(compiled, block, by_name, roots, operands, consts, order)
+    else:  # the dicts are fresh: the compiled search's constructor takes them without copies
+        pattern = Pattern._of_search(compiled, block, by_name, list(roots), operands, consts, order,
+                                     compiled.final_names)
     if chosen is not None:
         pattern.choices = chosen
     return pattern
@@ -57,12 +62,11 @@ def match_dicts(
     constants by key, and ``pattern.choices`` (None for a pattern without choices); the sub-matches'
     are merged in (:func:`merged`)."""
     compiled = matcher.compiled
-    by_name = {node.name: ops[node.index] for node in compiled.nodes}
-    operands = {node.name: dict(assign[node.index]) for node in compiled.nodes}
+    names = compiled.node_names
+    by_name = dict(zip(names, ops))
+    operands = {name: dict(slots) for name, slots in zip(names, assign)}  # type: ignore[arg-type]
     consts: dict[str, Var] = {}
-    for (n, slot, pos), (key, _, _), cname in zip(
-        matcher.const_slots, compiled.consts, compiled.const_names
-    ):
+    for (n, slot, pos), key, cname in zip(matcher.const_slots, compiled.const_keys, compiled.const_names):
         var = slot_value(assign, n, slot, pos)
         if var is None:
             continue  # a wildcard slot the matched alternative op does not have

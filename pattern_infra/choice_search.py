@@ -31,10 +31,10 @@ class SubMatch:
     written into dicts only when a whole match is built (:meth:`parts`).
     """
 
-    __slots__ = ("alternative", "slots", "ops", "end", "choice", "_matcher", "_state", "_parts")
+    __slots__ = ("alternative", "slots", "ops", "end", "choice", "_matcher", "_state", "_parts", "_const_vars")
 
     def __init__(self, alternative: Alternative, matcher: Any, state: tuple[list, list, list, list],
-                 choice: str) -> None:
+                 choice: str, parts: Any = None) -> None:
         ops, assign, roots, subs = state
         self.alternative: int = alternative.index
         """Index of the alternative that matched."""
@@ -53,7 +53,19 @@ class SubMatch:
         """The choice's name."""
         self._matcher = matcher
         self._state = state
-        self._parts: Any = None
+        self._parts: Any = parts
+        """:meth:`parts`, when the search that found the sub-match built them already (generated code)."""
+        self._const_vars: list[Var] | None = None
+
+    @classmethod
+    def built(cls, alternative: int, slots: dict[str, Var], ops: list[Operation], end: Operation, choice: str,
+              parts: Any, const_vars: list[Var]) -> SubMatch:
+        """A sub-match whose generated search wrote out every field (``parts`` and ``const_vars``
+        included), instead of deriving them from the search state."""
+        self = cls.__new__(cls)
+        self.alternative, self.slots, self.ops, self.end, self.choice = alternative, slots, ops, end, choice
+        self._parts, self._const_vars = parts, const_vars
+        return self
 
     def parts(self) -> tuple[dict[str, Operation], dict[str, dict[str, Any]], dict[str, Var], dict[str, int]]:
         """The alternative's ops, operands and constants by name, and its nested choices, as a Pattern
@@ -65,6 +77,8 @@ class SubMatch:
 
     def const_vars(self) -> list[Var]:
         """The program variables in the alternative's constant slots (nested choices' included)."""
+        if self._const_vars is not None:
+            return self._const_vars
         ops, assign, roots, subs = self._state
         out = [v for n, slot, pos in self._matcher.const_slots
                if (v := slot_value(assign, n, slot, pos)) is not None]
@@ -121,7 +135,7 @@ def choice_matches(
             continue
         search = _search_alternative(outer, alternative, op, block, failures is not None)
         outer.bind_attempts -= 1  # the anchor: bound (and counted) by the outer search
-        if search.found and maximal and alternative.index > 0 and _taken_further(outer, choice, alternative,
+        if search.found and maximal and alternative.index > 0 and taken_further(outer, choice, alternative,
                                                                                   op, block):
             if failures is not None:
                 failures.append(f"{alternative.label}: an earlier alternative matches further down")
@@ -209,15 +223,22 @@ def entered_matches(
                                      entry=(alternative.slots.index(slot), var))
         matcher = alternative_matcher(outer, alternative)
         subs = [SubMatch(alternative, matcher, state, choice.name) for state in search.found]
-        kept = [sub for sub in subs if id(sub.end) not in inside_earlier] if inside_earlier else subs
-        if maximal:
-            inside_earlier.update(id(o) for sub in subs for o in sub.ops if o is not sub.end)
+        kept = kept_after_earlier(subs, inside_earlier) if maximal else subs
         if failures is not None:
             if subs and not kept:
                 failures.append(f"{alternative.label}: an earlier alternative matches further down")
             elif not subs:
                 failures.append(f"{alternative.label}: {_reason(search)}")
         yield from kept
+
+
+def kept_after_earlier(subs: list[SubMatch], inside_earlier: set[int]) -> list[SubMatch]:
+    """The sub-matches of one alternative of a final choice entered from a variable that the longest
+    spelling rule keeps: those whose last op lies inside no sub-match of an earlier alternative
+    (``inside_earlier``, op ids, updated here with ``subs``' ops)."""
+    kept = [sub for sub in subs if id(sub.end) not in inside_earlier] if inside_earlier else subs
+    inside_earlier.update(id(o) for sub in subs for o in sub.ops if o is not sub.end)
+    return kept
 
 
 def _reason(search: Any) -> str:
@@ -264,7 +285,7 @@ def _search_alternative(
     return search
 
 
-def _taken_further(outer: Any, choice: Choice, alternative: Alternative, op: Operation, block: Any) -> bool:
+def taken_further(outer: Any, choice: Choice, alternative: Alternative, op: Operation, block: Any) -> bool:
     """Whether an alternative before ``alternative`` matches at an op below ``op`` with ``op`` inside."""
     for below in candidates_below(op.outputs[0], choice):
         for earlier in choice.alternatives[: alternative.index]:
@@ -350,7 +371,9 @@ def subs_final_ok(ops: Sequence[Any], subs: Sequence[SubMatch | None]) -> bool:
     """The outer final check the alternatives cannot make themselves: no constant slot of a sub-match is
     computed by an op of the match (the outer ops or another sub-match; one computed by an op of its own
     sub-match was refused by that sub-match's search already)."""
-    producers = [p for sub in subs if sub is not None for var in sub.const_vars() if (p := var.op) is not None]
+    # a const op is never part of a match (constants are pattern edges, not pattern ops)
+    producers = [p for sub in subs if sub is not None for var in sub.const_vars()
+                 if (p := var._op) is not None and type(p).__name__ != "const"]
     if not producers:
         return True
     inside = {id(op) for op in ops if op is not None}

@@ -33,16 +33,14 @@ How the source of one search is generated (:func:`generate`):
 4. **Final checks** sit in the innermost loop body, after the last binding, as in the interpreter: the
    outputs of non-final ops have exactly the pattern's uses and are not block outputs, and no root and no
    constant slot is computed by a matched op.
-5. **Success** builds the :class:`~pattern_infra.pattern.Pattern` with ``Pattern._of_search``, which
-   takes its dicts (ops, operands, constants), written out as literals, without copying them (the
-   interpreter's ``binding.build_pattern`` gives equal patterns): the constants' insertion sequence of
-   ``binding.build_pattern`` is played at generation time. It is returned when there is no ``accept`` or
-   ``accept`` returns ``True``; otherwise the innermost loop goes on to the next structural match, as
-   the interpreter backtracks.
-   ``Matcher.bind_attempts`` is counted in a local and added once, in a ``finally`` (so also when a
-   check raises), by the same rule as the interpreter: the anchor, every producer reached by an up-step,
-   every consumer of the right type not already bound. The matcher is the function's first argument.
-6. **Compilation** registers the source with :mod:`linecache` under the file name
+5. **Success** builds the :class:`~pattern_infra.pattern.Pattern` with ``Pattern._of_search`` from
+   dicts written out as literals, equal to ``binding.build_pattern``'s. It is returned when there is no
+   ``accept`` or ``accept`` returns ``True``; otherwise the innermost loop goes on to the next match.
+   ``Matcher.bind_attempts`` is counted in a local and added once, in a ``finally``, by the interpreter's
+   rule: the anchor, every producer reached by an up-step, every consumer of the right type not bound.
+6. **Choice nodes** (``one_of``, ``optional``, ``equivalences=``): each alternative's search is written
+   into this one, its sub-matches looped over like any choice point (:mod:`~pattern_infra.codegen_choices`).
+7. **Compilation** registers the source with :mod:`linecache` under the file name
    ``<pattern_infra.codegen:{pattern}:{anchor}>`` (tracebacks show the generated lines) and keeps it on
    the function as ``__source__``; ``Matcher.source(anchor)`` returns it.
 
@@ -51,9 +49,8 @@ op (``fanout=``); a commutative op whose ``x`` or ``y`` is a wildcard constant a
 lack; plans with more nested choice points than CPython compiles (its limit of 20 statically nested
 blocks, the function's ``try`` included, so 19 loops: the largest registered pattern has 19).
 
-One deliberate difference: a list or tuple in ``x`` or ``y`` of a commutative op (which MIL's binary ops cannot
-hold) makes the interpreter raise ``AttributeError`` while it ranks the operand orders; the compiled
-search rejects that binding instead.
+One deliberate difference: a list or tuple in ``x`` or ``y`` of a commutative op (which MIL's binary ops
+cannot hold) makes the interpreter raise ``AttributeError``; the compiled search rejects that binding.
 
 Debugging: with ``PATTERN_INFRA_INTERPRET=1`` in the environment (read at every ``match_at``, through
 ``os.environ``'s own mapping: one dict lookup), every search runs in the interpreter.
@@ -77,6 +74,7 @@ from . import choice_search
 from .binding import build_pattern
 from .compiler import Edge, PatternNode, edge_positions
 from .pattern import Pattern
+from .codegen_choices import ChoiceWriter
 from .codegen_checks import (
     FLOAT_TYPES,
     PLAIN_VALUES,
@@ -225,14 +223,13 @@ def generate(
     return _Generator(matcher, anchor, collect, root).run()
 
 
-class _Generator(CheckWriter):
+class _Generator(CheckWriter, ChoiceWriter):
     """Writes the search of one anchor, step by step of its plan."""
 
-    def __init__(self, matcher: Matcher, anchor: int, collect: bool = False, root: int | None = None) -> None:
-
+    def __init__(self, matcher: Matcher, anchor: int, collect: bool = False, root: int | None = None,
+                 namespace: dict[str, Any] | None = None) -> None:
         self.collect = collect
         """Collect every structural match (an alternative's search) instead of returning the first."""
-
         self.m = matcher
         self.compiled = matcher.compiled
         self.nodes: list[PatternNode] = matcher.nodes
@@ -244,7 +241,14 @@ class _Generator(CheckWriter):
         self.depth = 1  # indentation, in levels of four spaces
         self.loops = 0  # enclosing for loops
         self.bound: list[int] = []  # pattern ops bound so far, in plan order
-        self.namespace: dict[str, Any] = {
+        # collect mode: the list a match is appended to; for an inline alternative (codegen_choices),
+        # the names of its Alternative and matcher, its choice's name, index and slots, and a count of
+        # the alternatives written inline so far, shared with theirs (each gets its own tag)
+        self.found = "_found"
+        self.wrap: tuple[str, str, str] | None = None
+        self.wrap_index, self.wrap_slots = 0, []
+        self.counter = [0]
+        self.namespace: dict[str, Any] = namespace if namespace is not None else {
             "_InternalVar": InternalVar,
             "_Var": Var,
             "_NOT_A_VALUE": (InternalVar, list, tuple),
@@ -262,7 +266,12 @@ class _Generator(CheckWriter):
             "_clashes": choice_search.clashes,
             "_in_subs": choice_search.op_in_subs,
             "_subs_final_ok": choice_search.subs_final_ok,
-            "_FINALS": tuple(self.compiled.nodes[i].name for i in self.compiled.final_nodes),
+            "_SM": choice_search.SubMatch,
+            "_SMB": choice_search.SubMatch.built,
+            "_kept": choice_search.kept_after_earlier,
+            "_taken": choice_search.taken_further,
+            "_ONCE": (None,),
+            "_FINALS": self.compiled.final_names,
             "__name__": __name__,
         }
         self.slot_names: list[dict[str, str]] = [self._slot_names(node) for node in self.nodes]
@@ -338,27 +347,7 @@ class _Generator(CheckWriter):
     # -- the function -------------------------------------------------------------------------------
 
     def run(self) -> tuple[str, dict[str, Any]]:
-        if any(node.fanout for node in self.nodes):
-            raise NotCompilable("the pattern has a fan-out op")
-        self.choice_nodes = [node.index for node in self.nodes if node.choice is not None]
-        self.optional_roots: set[int] = set()
-        for n in self.choice_nodes:
-            node = self.nodes[n]
-            for slot, edge in node.inputs.items():
-                if slot in node.choice.full_slots:
-                    continue
-                if not isinstance(edge, Edge) or edge.kind != "root":
-                    raise NotCompilable(f"choice {node.name!r} reads {slot!r} in some alternatives only, and "
-                                         f"it is not a pattern input")
-                if len(self.compiled.root_consumers[edge.index]) > 1:
-                    raise NotCompilable(f"input {self.compiled.root_names[edge.index]!r} is read by choice "
-                                         f"{node.name!r} in some alternatives only, and by other pattern ops")
-                self.optional_roots.add(edge.index)
-        for node in self.nodes:
-            if node.commutative and self.skippable[node.index] & {"x", "y"}:
-                raise NotCompilable(f"commutative op {node.name!r} has an optional constant x or y")
-        root_first = self._first_root_edges()
-        self.root_first = root_first
+        self.prepare()
         compiled = self.compiled
         header = [
             f"# Generated by pattern_infra.codegen: the search of pattern {compiled.name!r} anchored at",
@@ -381,13 +370,26 @@ class _Generator(CheckWriter):
             self.line("_found = []")
         self.line("try:")
         self.depth = 2
-        a = self.anchor
         if self.root is None:
-            self.line(f"o{a} = op")
-            self.comment(f"step 0: anchor {self.label(a)}")
-            self.bind(a, via=None, filtered=False)
+            self.line(f"o{self.anchor} = op")
         else:
             self.line(f"r{self.root} = op  # entered from root {compiled.root_names[self.root]!r}")
+        self.steps()
+        self.depth = 2
+        self.loops = 0
+        self.line(self.no_more())
+        self.depth = 1
+        self.line("finally:  # every exit, an exception included, counts the bind attempts made")
+        self.line("    _m.bind_attempts += nb")
+        return "\n".join(header + self.lines) + "\n", self.namespace
+
+    def steps(self) -> None:
+        """The plan's steps from the bound anchor op ``o<anchor>`` (or entry root ``r<root>``), the final
+        checks and what a match does (returned, or collected)."""
+        a = self.anchor
+        if self.root is None:
+            self.comment(f"step 0: anchor {self.label(a)}")
+            self.bind(a, via=None, filtered=False)
         for i, st in enumerate(self.plan[1:] if self.root is None else self.plan, start=1 if self.root is None else 0):
             if st.kind == DOWN:
                 self.down_step(i, st)
@@ -398,13 +400,30 @@ class _Generator(CheckWriter):
             self.collected()
         else:
             self.success()
-        self.depth = 2
-        self.loops = 0
-        self.line(self.no_more())
-        self.depth = 1
-        self.line("finally:  # every exit, an exception included, counts the bind attempts made")
-        self.line("    _m.bind_attempts += nb")
-        return "\n".join(header + self.lines) + "\n", self.namespace
+
+    def prepare(self) -> None:
+        """Refuses what the generator leaves to the interpreter (:class:`NotCompilable`) and notes the
+        choice nodes, the roots read by some alternatives only and each root's first edge."""
+        if any(node.fanout for node in self.nodes):
+            raise NotCompilable("the pattern has a fan-out op")
+        self.choice_nodes = [node.index for node in self.nodes if node.choice is not None]
+        self.optional_roots: set[int] = set()
+        for n in self.choice_nodes:
+            node = self.nodes[n]
+            for slot, edge in node.inputs.items():
+                if slot in node.choice.full_slots:
+                    continue
+                if not isinstance(edge, Edge) or edge.kind != "root":
+                    raise NotCompilable(f"choice {node.name!r} reads {slot!r} in some alternatives only, and "
+                                         f"it is not a pattern input")
+                if len(self.compiled.root_consumers[edge.index]) > 1:
+                    raise NotCompilable(f"input {self.compiled.root_names[edge.index]!r} is read by choice "
+                                         f"{node.name!r} in some alternatives only, and by other pattern ops")
+                self.optional_roots.add(edge.index)
+        for node in self.nodes:
+            if node.commutative and self.skippable[node.index] & {"x", "y"}:
+                raise NotCompilable(f"commutative op {node.name!r} has an optional constant x or y")
+        self.root_first = self._first_root_edges()
 
     def _first_root_edges(self) -> set[tuple[int, str, int]]:
         """The (node, slot, position) of the first edge reaching each root, in plan and slot order."""
@@ -459,9 +478,10 @@ class _Generator(CheckWriter):
             what = f"{self.nodes[st.src].name} (output {st.out})"
         if node.choice is not None and st.pos < 0 and choice_search.enterable(node.choice, st.slot):
             self.comment(f"step {i}: down into {self.label(m)}: each alternative entered from {what}")
-            choice = self.constant("choice", node.choice)
-            self.open_loop(f"for _s{m} in _entered(_m, {choice}, {st.slot!r}, {var}, block, None, "
-                           f"{node.is_final}):")
+            if not self.inline_alternatives(m, (st.slot, var)):
+                choice = self.constant("choice", node.choice)
+                self.open_loop(f"for _s{m} in _entered(_m, {choice}, {st.slot!r}, {var}, block, None, "
+                               f"{node.is_final}):")
             self.line(f"o{m} = _s{m}.end")
             self.sub_match_checks(m, via=None)
             return

@@ -131,40 +131,6 @@ class CheckWriter:
             self.const_checks(n, fixed)
         self.bound.append(n)
 
-    def bind_choice(self, n: int, via: tuple[int, str, int] | None) -> None:
-        """A choice node: a loop over the sub-matches of its alternatives ending at ``o<n>`` (the helper
-        the interpreter calls, :func:`~pattern_infra.choice_search.choice_matches`), its slots read from each."""
-        node = self.nodes[n]
-        choice = self.constant("choice", node.choice)
-        self.comment(f"choice {node.name!r}: every match of each alternative ending at o{n}")
-        self.open_loop(f"for _s{n} in _choice_matches(_m, {choice}, o{n}, block, None, {node.is_final}):")
-        self.sub_match_checks(n, via)
-
-    def sub_match_checks(self, n: int, via: tuple[int, str, int] | None) -> None:
-        """Choice node ``n`` bound to ``o<n>`` with the sub-match ``_s<n>``: injectivity, then its slots
-        checked like any operands (``Search.bind_sub``)."""
-        node = self.nodes[n]
-        bound = ", ".join(f"o{j}" for j in self.bound)
-        subs = ", ".join(f"_s{j}" for j in self.bound if j in self.choice_nodes)
-        self.guard(f"_clashes(_s{n}, ({bound}{',' if bound else ''}), ({subs}{',' if subs else ''}))",
-                   "an op of the alternative is already matched")
-        self.line(f"_sl = _s{n}.slots")
-        for slot in node.inputs:
-            get = f"_sl[{slot!r}]" if slot in node.choice.full_slots else f"_sl.get({slot!r})"
-            self.line(f"{self.value(n, slot)} = {get}")
-        for consumer, slot, pos, out in node.consumers:
-            if consumer not in self.bound or via == (consumer, slot, pos):
-                continue
-            self.guard(
-                f"{self.value(consumer, slot, pos)} is not o{n}._output_vars[{out}]",
-                f"{self.nodes[consumer].name}.{slot} reads {node.name}",
-            )
-        slots = list(node.inputs)
-        self.op_edge_checks(n, slots)
-        self.root_checks(n)
-        self.const_checks(n, slots)
-        self.bound.append(n)
-
     def swap_mode(self, node: PatternNode) -> str:
         """``""`` (never swapped), ``"always"`` or ``"by_type"`` (only for commutative program op types)."""
         if not node.commutative:
@@ -338,8 +304,11 @@ class CheckWriter:
         )
         ops = ", ".join(f"o{n}" for n in range(len(self.nodes)))
         roots = ", ".join(f"r{k}" for k in range(len(self.compiled.root_names)))
+        state = f"([{ops}], [{assign}], [{roots}], [{per_node}])"
+        if self.wrap is not None:  # an inline alternative: its sub-match, as choice_search makes it
+            state = self.sub_match_expression(state)
         self.comment("a match: kept, and the search goes on")
-        self.line(f"_found.append(([{ops}], [{assign}], [{roots}], [{per_node}]))")
+        self.line(f"{self.found}.append({state})")
 
     def success(self) -> None:
         """Builds the Pattern as ``binding.build_pattern`` would, its dicts written out (for a pattern
@@ -348,6 +317,17 @@ class CheckWriter:
             subs = "(" + "".join(f"_s{n}, " for n in self.choice_nodes) + ")"
             self.guard(f"not _subs_final_ok(({', '.join(f'o{n}' for n in range(len(self.nodes)))},), {subs})",
                        "no constant slot of an alternative computed inside the match")
+            parts = self.match_parts()
+            if parts is not None:
+                by_name, operands, consts, chosen = parts
+                roots = ", ".join(f"r{k}" for k in range(len(self.compiled.root_names)))
+                self.comment("a match: the dicts of binding.build_pattern, the choices' sub-matches merged in")
+                self.line(f"_p = _of_search(_m.compiled, block, {by_name}, [{roots}], {operands}, {consts}, "
+                          f"order, _FINALS)")
+                self.line(f"_p.choices = {chosen}")
+                self.line("if accept is None or accept(_p) is True:")
+                self.line("    return _p")
+                return
             self.comment("a match: binding.build_pattern, with the sub-matches of the choices")
             assign = ", ".join(
                 f"_s{node.index}.slots" if node.choice is not None

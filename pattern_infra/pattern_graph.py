@@ -5,6 +5,7 @@ program (:class:`CompiledPattern`: :class:`PatternNode` ops joined by :class:`Ed
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Literal
 
 import numpy as np
@@ -173,6 +174,21 @@ class CompiledPattern:
     """Indices of the final nodes, in the order the pattern returns them."""
     by_name: dict[str, int]
     """Node name to node index."""
+
+    @cached_property
+    def node_names(self) -> tuple[str, ...]:
+        """The nodes' names, in node order."""
+        return tuple(node.name for node in self.nodes)
+
+    @cached_property
+    def const_keys(self) -> tuple[str, ...]:
+        """The keys of ``consts``, in order."""
+        return tuple(key for key, _, _ in self.consts)
+
+    @cached_property
+    def final_names(self) -> tuple[str, ...]:
+        """The names of the final nodes, in the order the pattern returns them."""
+        return tuple(self.nodes[i].name for i in self.final_nodes)
 
     def node(self, name: str) -> PatternNode:
         """Returns the node named ``name``."""

@@ -787,6 +787,31 @@ def test_choice_patterns_compiled_and_interpreted_agree():
     assert compared > 100 and matched >= 12 * 4 + 1
 
 
+def test_alternatives_are_written_into_the_search_that_holds_the_choice():
+    """The 12-spelling RMSNorm's generated searches search every alternative inline: no call into
+    ``choice_search`` per alternative, no ``binding.build_pattern`` (the match's dicts are literals),
+    every sub-match built with its fields written out; and they match (the agreement with the
+    interpreter, match by match, is the test above)."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).parent))
+    from test_choices import SPELLINGS, rms_norm, rms_program
+
+    from pattern_infra import compile_pattern
+
+    matcher = Matcher(compile_pattern(rms_norm, constants="const"))
+    for anchor in range(len(matcher.nodes)):
+        source = matcher.source(anchor)
+        calls = [name for name in ("_choice_matches(", "_entered(", "_build_pattern(", "_SM(") if name in source]
+        assert calls == [] and "_SMB(" in source, (anchor, calls)
+    prog = rms_program(*SPELLINGS[3])
+    block = prog.functions["main"]
+    final = [op for op in block.operations if op.op_type != "const"][-1]
+    found = matcher.match_at(final, block, matcher.compiled.by_name["weighted"])
+    assert found is not None and found.final_op is final and found.choices["square"] == 0
+
+
 def test_collecting_searches_of_alternatives_agree():
     """The generated collecting search of every alternative (``collect=True``) and the interpreter's
     (``choice_search.collecting_search``) find the same sub-matches, in the same order, with the same bind attempts,
