@@ -161,6 +161,24 @@ def test_a_constant_scaling_matches_in_every_association(build, alternative):
     assert list(find_matches(scaled_product, other, equivalences=["reassoc"], constants="value")) == []
 
 
+def test_a_pattern_that_is_only_the_chain_matches_every_order(monkeypatch):
+    """The choice is then the anchor, with one output type (mul): the compiled search checks that type,
+    not the choice's own op type, and agrees with the interpreter."""
+
+    @mb.program(input_specs=[mb.TensorSpec(shape=(get_new_symbol(), get_new_symbol())) for _ in range(2)])
+    def chain_only(a, b):
+        return mb.mul(x=mb.mul(x=a, y=np.float32(0.5), name="half"), y=b, name="out")
+
+    orders = [lambda a, b: mb.mul(x=mb.mul(x=a, y=np.float32(0.5)), y=b),
+              lambda a, b: mb.mul(x=mb.mul(x=a, y=b), y=np.float32(0.5))]
+    for interpret in ("0", "1"):
+        monkeypatch.setenv("PATTERN_INFRA_INTERPRET", interpret)
+        for build, choice in zip(orders, (0, 2)):
+            prog = mb.program(input_specs=[mb.TensorSpec(shape=(2, 3))] * 2)(build)
+            (match,) = find_matches(chain_only, prog, equivalences=["reassoc"], constants="value")
+            assert match.choices == {"out": choice}, interpret
+
+
 @pytest.mark.parametrize("op_name", ["s", "half"])
 def test_reassociation_where_there_is_no_constant_scaling_chain_is_refused(op_name):
     with pytest.raises(PatternDefinitionError, match="reassoc"):
