@@ -336,8 +336,8 @@ class _Generator(CheckWriter, ChoiceWriter):
         return f"(_tn(type({op})) or _learn_op_type({op}))"
 
     def type_mismatch(self, op: str, node: PatternNode) -> str:
-        if len(node.op_types) == 1:
-            return f"{self.op_type(op)} != {node.op_type!r}"
+        if len(node.op_types) == 1:  # a choice node's op_type is "one_of"; its op_types are its outputs'
+            return f"{self.op_type(op)} != {next(iter(node.op_types))!r}"
         return f"{self.op_type(op)} not in {set_literal(node.op_types)}"
 
     def label(self, n: int) -> str:

@@ -24,15 +24,26 @@ Identities (``name``: pattern op -> also matched, exactness in float32):
   ``1 / sqrt(x + epsilon)`` (epsilon 1e-12 by default); relative difference at most
   ``2 * 2**-24 + epsilon / (2 x)`` (``RSQRT_RTOL`` = 1.2e-7 for the rounding part).
 
-* ``reassoc``: ``mul(mul(a, c), b)`` with ``c`` a constant -> ``mul(a, mul(b, c))`` and ``mul(mul(a, b),
-  c)``: a constant scaling re-associated in a chain of two ``mul`` (any operand order). An identity of
-  the chain, declared on its outer ``mul``: the inner one (read only by it) becomes part of the choice,
-  under its own name in every spelling. **Approximate**: each side rounds two products, so they differ
-  by at most ``4 * 2**-24`` relative (``REASSOC_RTOL`` = 2.4e-7), unless an intermediate product
-  overflows or underflows where the other does not. Applied alone on its two ops (their other identities
-  are left out there); a constant rule given for the inner op's slot (``"<inner>.y"``) holds in the
-  spelling as written only. Longer chains (the constant at depth 3 or more) are not covered (see
-  docs/ALTERNATIVES.md).
+* ``reassoc``: a product of 3 to 5 factors written as a chain of ``mul`` (depth 2 to 4), at least one
+  factor a constant, also matches every other order of multiplication of the same factors:
+  ``mul(mul(a, c), b)`` -> ``mul(a, mul(b, c))``, ``mul(mul(a, b), c)``; ``mul(mul(mul(a, c), b), d)``
+  -> ``mul(mul(a, b), mul(c, d))``, ``mul(c, mul(a, mul(b, d)))``, ... (the constant at any depth, the
+  other factors in any association): 3 orders for 3 factors, 15 for 4, 105 for 5, each up to operand
+  order (the matcher swaps operands itself). An identity of the chain, declared on its outer ``mul``: the
+  chain is the ``mul`` tree below it through inner ``mul`` ops it alone reads (one use, not an output),
+  cut at ``MAX_FACTORS`` = 5 factors, longer trees re-associated in their inner part only
+  (:mod:`pattern_infra.reassoc`); a chain without a constant is not re-associated. The inner ops become
+  part of the choice, under their own names in every order (in the order they are built in the others).
+  **Approximate**: an order of k factors rounds k - 1 products, so two orders differ by at most
+  ``((1 + u) / (1 - u)) ** (k - 1) - 1`` relative, u = 2**-24 (``reassoc_rtol(k)``: 2.4e-7 =
+  ``REASSOC_RTOL`` for 3 factors, 3.6e-7 for 4, 4.8e-7 for 5), unless an intermediate product overflows
+  or underflows where the other does not. Applied alone on its ops (their other identities are left
+  out there); a constant rule given for an inner op's slot (``"<inner>.y"``) holds in the order as
+  written only, one given by const op name in every order; under ``constants="any"`` the constant is a
+  wildcard, as everywhere. Cost: a fixed number of alternatives per chain (at most 105 of 4 ``mul``), so
+  linear in the program; at depth 4 (100 chains, factors ops of distinct types) a pass's search makes
+  8 to 89 bind attempts per match (8 for the chain written out), ``find_matches`` 218 to 278 (10); when
+  the factors are pattern inputs (wildcards fitting many orders) about 1,000 to 1,400.
 
 Declaring them (refused at registration with the rule and the fix when wrong):
 
@@ -55,14 +66,17 @@ from coremltools.converters.mil.mil import Function, Operation, Program, Var
 
 from .choices import Record, one_of, records_of
 from .errors import PatternDefinitionError
+from .reassoc import MAX_FACTORS, Chain, Tree, association_orders, chain_at, constant_value, reassoc_rtol
 
-__all__ = ["DIV_RTOL", "REASSOC_RTOL", "RSQRT_RTOL", "IDENTITIES", "Identity", "Equivalences", "with_equivalences"]
+__all__ = ["DIV_RTOL", "MAX_FACTORS", "REASSOC_RTOL", "RSQRT_RTOL", "IDENTITIES", "Identity", "Equivalences",
+           "reassoc_rtol", "with_equivalences"]
 
 DIV_RTOL = 2.4e-7
 """Relative tolerance of ``x / c`` against ``x * (1/c)`` in float32 (3 units in the last place, rounded up)."""
 
 REASSOC_RTOL = 2.4e-7
-"""Relative tolerance of ``(a * c) * b`` against ``a * (b * c)`` in float32 (two roundings each side)."""
+"""Relative tolerance of ``(a * c) * b`` against ``a * (b * c)`` in float32 (two roundings each side):
+``reassoc_rtol(3)`` rounded up; a chain of ``k`` factors: ``reassoc_rtol(k)`` (3.6e-7 for 4)."""
 
 RSQRT_RTOL = 1.2e-7
 """Relative tolerance of ``rsqrt(x)`` against ``1 / sqrt(x)`` in float32, beyond rsqrt's epsilon term."""
@@ -90,11 +104,7 @@ class Identity:
 
 
 def _const(op: Operation, slot: str) -> np.ndarray | None:
-    var = op.inputs.get(slot)
-    if not isinstance(var, Var) or var.op is None or var.op.op_type != "const" or var.val is None:
-        return None
-    value = np.asarray(var.val)
-    return value if value.dtype.kind in "iuf" else None
+    return constant_value(op.inputs.get(slot))
 
 
 def _is_scalar(op: Operation, slot: str, test: Callable[[float], bool]) -> bool:
@@ -128,8 +138,9 @@ IDENTITIES: dict[str, Identity] = {
         Identity("mul_const", "mul", lambda op: _const(op, "y") is not None and bool(np.all(_const(op, "y"))),
                  lambda v, op, name: mb.real_div(x=v["x"], y=_scaled(op, "y", np.reciprocal), name=name), False,
                  "mul(x, c) = real_div(x, 1/c)"),
-        Identity("reassoc", "mul", lambda op: _chain(op) is not None, lambda v, op, name: v["x"], False,
-                 "mul(mul(a, c), b) = mul(a, mul(b, c)) = mul(mul(a, b), c) for a constant c"),
+        Identity("reassoc", "mul", lambda op: chain_at(op) is not None, lambda v, op, name: v["x"], False,
+                 f"a product of 3 to {MAX_FACTORS} factors, one a constant (mul(mul(a, c), b) = mul(a, mul(b, c)) "
+                 f"= mul(mul(a, b), c), ...), in any order of multiplication"),
         Identity("rsqrt", "rsqrt", lambda op: True,
                  lambda v, op, name: mb.real_div(x=np.float32(1.0), y=mb.sqrt(x=v["x"], name=f"{name}_sqrt"),
                                                  name=name), False,
@@ -139,44 +150,31 @@ IDENTITIES: dict[str, Identity] = {
 """Every identity the matcher knows, by name."""
 
 
-def _chain(op: Operation) -> tuple[Operation, str, Var, Var, Var] | None:
-    """For ``op = mul(P, b)`` with ``P = mul(a, c)``, ``c`` a constant, ``a`` not one, ``P`` read only by
-    ``op``: ``(P, slot of P in op, a, c, b)``; else None."""
-    if op.op_type != "mul":
-        return None
-    for slot, other in (("x", "y"), ("y", "x")):
-        var = op.inputs.get(slot)
-        inner = var.op if isinstance(var, Var) else None
-        if inner is None or inner.op_type != "mul" or len(var.child_ops) != 1 or op.inputs[other] is var:
-            continue
-        if var in inner.enclosing_block.outputs:
-            continue
-        for c_slot, a_slot in (("y", "x"), ("x", "y")):
-            if _const(inner, c_slot) is not None and _const(inner, a_slot) is None:
-                return inner, slot, inner.inputs[a_slot], inner.inputs[c_slot], op.inputs[other]
-    return None
+def _reassociated(chain: Chain, scopes: list[dict[int, Var]]) -> list[Callable[[], Var]]:
+    """The spellings of ``chain`` (``reassoc``): as written (operand slots included), then every other
+    order of its factors, the chain's inner ``mul`` ops named in the order they are built."""
 
-
-def _reassociated(op: Operation, scopes: list[dict[int, Var]]) -> list[Callable[[], Var]]:
-    """The three spellings of the chain ending at ``op`` (``reassoc``), as written first."""
-    inner, slot, a, c, b = _chain(op)  # type: ignore[misc]
-    other = "y" if slot == "x" else "x"
-
-    def spelling(k: int) -> Callable[[], Var]:
+    def spelling(k: int, tree: Tree) -> Callable[[], Var]:
         def build() -> Var:
             where = scopes + [{}]  # constants of one alternative stay inside it
-            va, vc, vb = (_lookup(v, where) for v in (a, c, b))
-            if k == 0:  # as written, operand slots included
-                inner_in = {s: _lookup(v, where) for s, v in inner.inputs.items()}
-                p = mb.mul(**inner_in, name=inner.name)
-                return mb.mul(**{slot: p, other: vb}, name=op.name)
-            if k == 1:
-                return mb.mul(x=va, y=mb.mul(x=vb, y=vc, name=inner.name), name=op.name)
-            return mb.mul(x=mb.mul(x=va, y=vb, name=inner.name), y=vc, name=op.name)
+            if k == 0:
+                for op in (*chain.inner, chain.root):
+                    made = mb.mul(**{s: _lookup(v, where) for s, v in op.inputs.items()}, name=op.name)
+                    where[-1][id(op.outputs[0])] = made
+                return made
+            names = iter(op.name for op in chain.inner)
+
+            def make(node: Tree, top: bool) -> Var:
+                if isinstance(node, int):
+                    return _lookup(chain.factors[node], where)
+                x, y = make(node[0], False), make(node[1], False)
+                return mb.mul(x=x, y=y, name=chain.root.name if top else next(names))
+
+            return make(tree, True)
 
         return build
 
-    return [spelling(k) for k in range(3)]
+    return [spelling(k, tree) for k, tree in enumerate(association_orders(chain))]
 
 
 def _plan(func: Function, pattern_name: str, equivalences: Equivalences) -> dict[str, list[Identity]]:
@@ -271,13 +269,14 @@ def _replay(
     """Builds ``ops`` again in the current function, choices as choices, planned ops as new choices."""
     regions = {id(op): r for r in records for alt_ops, _ in r.alternatives for op in alt_ops}
     level = {id(op) for op in ops if id(op) not in regions}
-    absorbed: set[int] = set()  # inner ops of re-associated chains: built inside the outer op's choice
-    absorbers: set[int] = set()  # (an inner op that is itself the outer op of a chain stays as it is)
-    for op in ops:
-        chain = _chain(op) if id(op) in level and IDENTITIES["reassoc"] in plan.get(op.name, []) else None
-        if chain is not None and id(chain[0]) in level and not {id(chain[0])} & (absorbed | absorbers):
-            absorbed.add(id(chain[0]))
-            absorbers.add(id(op))
+    absorbed: set[int] = set()  # inner ops of re-associated chains: built inside the root's choice
+    chains: dict[int, Chain] = {}  # root op to its chain; the outermost root first takes the ops it can
+    for op in reversed(ops):
+        if id(op) in level and id(op) not in absorbed and IDENTITIES["reassoc"] in plan.get(op.name, []):
+            chain = chain_at(op, lambda inner: id(inner) in level and id(inner) not in absorbed)
+            if chain is not None:
+                chains[id(op)] = chain
+                absorbed.update(id(inner) for inner in chain.inner)
     done: set[int] = set()
     for op in ops:
         if op.op_type == "const" or id(op) in absorbed:
@@ -293,7 +292,7 @@ def _replay(
             ])
             scopes[-1][id(record.alternatives[0][1])] = out
             continue
-        _replay_op(op, plan, scopes)
+        _replay_op(op, plan, scopes, chains.get(id(op)))
     return scopes[-1]
 
 
@@ -309,7 +308,9 @@ def _alternative(
     return build
 
 
-def _replay_op(op: Operation, plan: dict[str, list[Identity]], scopes: list[dict[int, Var]]) -> None:
+def _replay_op(
+    op: Operation, plan: dict[str, list[Identity]], scopes: list[dict[int, Var]], chain: Chain | None
+) -> None:
     def operands(where: list[dict[int, Var]]) -> dict[str, Any]:
         return {
             slot: tuple(_lookup(v, where) for v in value) if isinstance(value, (list, tuple))
@@ -317,14 +318,10 @@ def _replay_op(op: Operation, plan: dict[str, list[Identity]], scopes: list[dict
             for slot, value in op.inputs.items()
         }
 
-    identities = plan.get(op.name, [])
-    if IDENTITIES["reassoc"] in identities:
-        inner = _chain(op)[0]  # type: ignore[index]
-        if any(id(inner.outputs[0]) in scope for scope in scopes):  # not absorbed (another level): as written
-            identities = [i for i in identities if i.name != "reassoc"]
-        else:
-            scopes[-1][id(op.outputs[0])] = one_of(op.name, *_reassociated(op, scopes))
-            return
+    if chain is not None:  # re-associated alone: the chain's ops take no other identity
+        scopes[-1][id(op.outputs[0])] = one_of(op.name, *_reassociated(chain, scopes))
+        return
+    identities = [i for i in plan.get(op.name, []) if i.name != "reassoc"]  # no chain left here
     if not identities:
         made = getattr(mb, op.op_type)(**operands(scopes), name=op.name)
         for old, new in zip(op.outputs, made if isinstance(made, (list, tuple)) else [made]):

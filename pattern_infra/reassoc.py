@@ -1,0 +1,179 @@
+"""Constant scalings re-associated (the ``reassoc`` equivalence): which ``mul`` chains, which orders, how exact.
+
+Owns three things :mod:`pattern_infra.equivalences` builds the ``reassoc`` choice from:
+
+* :func:`chain_at`: the chain of ``mul`` ops of a pattern ending at one ``mul`` (its *root*): the
+  ``mul`` tree below the root, an inner ``mul`` belonging to it when the chain alone reads it (one use,
+  not a block output), at most :data:`MAX_FACTORS` factors; a chain when it has 3 factors or more, at
+  least one of them a numeric compile-time constant and one not.
+* :func:`association_orders`: every other way to multiply the same factors (binary trees up to
+  operand order, each once; equal factors counted once), the order as written first. Their number is
+  ``(2k - 3)!!`` for ``k`` distinct factors: 3 for 3 factors, 15 for 4, 105 for 5; bounded by
+  ``MAX_FACTORS`` = 5, so the choice stays a constant number of alternatives per pattern op (at most 105
+  of 4 ``mul`` each) and the matcher stays linear in the program size. 6 factors would give 945
+  alternatives: a longer tree is cut at 5 factors.
+* :func:`reassoc_rtol`: how far two orders of the same ``k`` factors may be apart in float32.
+
+Tolerance. Each ``mul`` of a float32 chain rounds once, ``fl(p q) = p q (1 + d)`` with ``|d| <= u =
+2**-24`` (round to nearest, no overflow nor underflow). Any order of ``k`` factors makes ``k - 1``
+products, so its result is ``P (1 + d_1) ... (1 + d_{k-1})`` of the exact product ``P``, and two orders
+``r1``, ``r2`` satisfy ``|r2 - r1| <= ((1 + u) / (1 - u)) ** (k - 1) - 1) |r1|``, about ``2 (k - 1) u``:
+2.4e-7 for 3 factors, 3.6e-7 for 4, 4.8e-7 for 5 (``tests/test_equivalences.py`` checks it with the reference
+evaluator). Not when an intermediate product overflows or underflows where the other order's does not.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Union
+
+import numpy as np
+from coremltools.converters.mil.mil import Operation, Var
+
+__all__ = ["MAX_FACTORS", "UNIT_ROUNDOFF", "Chain", "Tree", "association_orders", "chain_at", "constant_value",
+           "reassoc_rtol"]
+
+MAX_FACTORS = 5
+"""Most factors of a chain re-associated (depth 4: four ``mul``); a longer ``mul`` tree is cut there."""
+
+UNIT_ROUNDOFF = 2.0**-24
+"""Relative error of one float32 rounding to nearest."""
+
+Tree = Union[int, tuple["Tree", "Tree"]]
+"""An order of multiplication: a factor's index in :attr:`Chain.factors`, or a pair multiplied together."""
+
+
+def reassoc_rtol(factors: int) -> float:
+    """Relative tolerance of two orders of multiplication of ``factors`` float32 factors.
+
+    Args:
+        factors: Number of factors of the chain (2 or more).
+
+    Returns:
+        ``((1 + u) / (1 - u)) ** (factors - 1) - 1`` with ``u = 2**-24``: each order rounds ``factors - 1``
+        products (see the module docstring).
+    """
+    if factors < 2:
+        raise ValueError(f"reassoc_rtol: a chain has 2 factors or more, got {factors}.")
+    u = UNIT_ROUNDOFF
+    return ((1 + u) / (1 - u)) ** (factors - 1) - 1
+
+
+def constant_value(var: object) -> np.ndarray | None:
+    """The value of ``var`` when a ``const`` op makes it and it is numeric, else None.
+
+    Args:
+        var: An operand of a pattern op (anything ``op.inputs`` holds).
+
+    Returns:
+        The constant's value as an array, or None.
+    """
+    if not isinstance(var, Var) or var.op is None or var.op.op_type != "const" or var.val is None:
+        return None
+    value = np.asarray(var.val)
+    return value if value.dtype.kind in "iuf" else None
+
+
+@dataclass(frozen=True)
+class Chain:
+    """A chain of ``mul`` ops ending at :attr:`root`, as the pattern writes it."""
+
+    root: Operation
+    """The outer ``mul`` (the op the identity is declared on; the choice takes its name)."""
+    inner: tuple[Operation, ...]
+    """The chain's other ``mul`` ops, in the pattern's op order (their names are reused in every order)."""
+    factors: tuple[Var, ...]
+    """What is multiplied, left to right as written (constants included)."""
+    written: Tree
+    """The order as written."""
+
+
+def chain_at(op: Operation, expandable: Callable[[Operation], bool] = lambda op: True) -> Chain | None:
+    """The chain of ``mul`` ops ending at ``op``, if it is one the ``reassoc`` identity applies to.
+
+    The ``mul`` tree below ``op`` is walked depth first, ``x`` before ``y``: an operand is expanded when a
+    ``mul`` for which ``expandable`` holds makes it, ``op``'s tree alone reads it (once), it is not a
+    block output, and the tree stays within :data:`MAX_FACTORS` factors.
+
+    Args:
+        op: A pattern op.
+        expandable: Which inner ``mul`` ops may belong to the chain (the replay excludes the ops of
+            declared choices and of chains already taken).
+
+    Returns:
+        The chain, or None when ``op`` is not a ``mul``, the tree has fewer than 3 factors, or none of its
+        factors is a numeric constant (or all are).
+    """
+    if op.op_type != "mul":
+        return None
+    factors: list[Var] = []
+    inner: list[Operation] = []
+
+    def expands(var: object, parent: Operation) -> bool:
+        if not isinstance(var, Var) or var.op is None or var.op.op_type != "mul" or not expandable(var.op):
+            return False
+        if len(var.child_ops) != 1 or var in var.op.enclosing_block.outputs:
+            return False
+        return sum(1 for v in parent.inputs.values() if v is var) == 1
+
+    def walk(node: Operation) -> Tree:
+        pair = []
+        for slot in ("x", "y"):
+            var = node.inputs[slot]
+            if expands(var, node) and open_factors[0] < MAX_FACTORS:  # an expansion adds one factor
+                open_factors[0] += 1
+                inner.append(var.op)
+                pair.append(walk(var.op))
+            else:
+                factors.append(var)
+                pair.append(len(factors) - 1)
+        return (pair[0], pair[1])
+
+    open_factors = [2]  # the factors of the tree so far, operands not yet walked included
+    written = walk(op)
+    consts = sum(constant_value(v) is not None for v in factors)
+    if len(factors) < 3 or consts == 0 or consts == len(factors):
+        return None
+    order = {id(o): k for k, o in enumerate(op.enclosing_block.operations)}
+    return Chain(op, tuple(sorted(inner, key=lambda o: order[id(o)])), tuple(factors), written)
+
+
+def association_orders(chain: Chain) -> list[Tree]:
+    """Every order of multiplication of the chain's factors, each once up to operand order, as written first.
+
+    Args:
+        chain: From :func:`chain_at`.
+
+    Returns:
+        ``chain.written`` then the other binary trees over the factors (a factor that is the very same
+        variable as another counts as that one: ``x * c * x`` has 2 orders, not 3).
+    """
+    same = [next(j for j, v in enumerate(chain.factors) if v is var) for var in chain.factors]
+
+    def key(tree: Tree) -> str:
+        if isinstance(tree, int):
+            return f"f{same[tree]}"
+        return "(" + ",".join(sorted(key(t) for t in tree)) + ")"
+
+    seen = {key(chain.written)}
+    orders = [chain.written]
+    for tree in _trees(tuple(range(len(chain.factors)))):
+        if key(tree) not in seen:
+            seen.add(key(tree))
+            orders.append(tree)
+    return orders
+
+
+def _trees(indices: tuple[int, ...]) -> list[Tree]:
+    """Every binary tree over ``indices`` up to operand order: the first index with each proper subset of
+    the others on its side, the rest on the other side."""
+    if len(indices) == 1:
+        return [indices[0]]
+    first, rest = indices[0], indices[1:]
+    trees: list[Tree] = []
+    for mask in range(2 ** len(rest) - 1):  # the other side is never empty
+        left = (first, *(r for k, r in enumerate(rest) if mask >> k & 1))
+        right = tuple(r for k, r in enumerate(rest) if not mask >> k & 1)
+        trees.extend((a, b) for a in _trees(left) for b in _trees(right))
+    return trees
