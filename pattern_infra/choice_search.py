@@ -1,8 +1,10 @@
-"""Matching a choice node (``one_of``, ``optional``, ``equivalences=``): the helpers the interpreter
-(:mod:`~pattern_infra.interpreter`) and the generated search (:mod:`~pattern_infra.codegen`) call at a
-choice point: each alternative's own search run to the end (:func:`choice_matches`, or entered from the
-slot's variable, :func:`entered_matches`), the sub-matches it yields (:class:`SubMatch`), and the checks
-of a whole match that has sub-matches. The pattern language itself is :mod:`~pattern_infra.choices`.
+"""Matching a choice node (``one_of``, ``optional``, ``equivalences=``): what the interpreter
+(:mod:`~pattern_infra.interpreter`) calls at a choice point, each alternative's own search run to the end
+(:func:`choice_matches`, or entered from the slot's variable, :func:`entered_matches`); the sub-matches
+(:class:`SubMatch`) and the checks of a whole match that has them, which the generated search uses too
+(it writes the alternatives' searches into its own: :mod:`~pattern_infra.codegen_choices`, and calls
+:func:`choice_matches` / :func:`entered_matches` only for an alternative it cannot write). The pattern
+language itself is :mod:`~pattern_infra.choices`.
 
 This module does not import the matcher (which imports it): it reaches the matcher's class and its
 interpreter through the matcher objects it is given.
@@ -247,32 +249,16 @@ def _reason(search: Any) -> str:
     return failure.reason if isinstance(failure, Failure) else "no match"
 
 
-class _Collected:
-    """What the generated collecting search found (no failure: it never traces)."""
-
-    __slots__ = ("found", "failure")
-
-    def __init__(self, found: list[Any]) -> None:
-        self.found = found
-        self.failure = None
-
-
 def _search_alternative(
     outer: Any, alternative: Alternative, op: Operation | None, block: Any, trace: bool,
     entry: tuple[int, Var] | None = None,
 ) -> Any:
-    """The alternative's search run to the end (``.found``: every match, as search state), anchored at
-    its last op bound to ``op``, or entered from ``entry`` (root index, variable): the generated
-    collecting search, or the interpreter when tracing (or forced)."""
+    """The interpreter's search of the alternative run to the end (``.found``: every match, as search
+    state), anchored at its last op bound to ``op``, or entered from ``entry`` (root index, variable).
+    (The generated search writes the alternatives' searches into its own: :mod:`~pattern_infra.codegen_choices`.)"""
     matcher = alternative_matcher(outer, alternative)
     anchor = alternative.compiled.final_nodes[0]
-    root = None if entry is None else entry[0]
     before = matcher.bind_attempts
-    fn = None if trace else matcher.collector(anchor, root)
-    if fn is not None:
-        found = fn(matcher, op if entry is None else entry[1], block)
-        outer.bind_attempts += matcher.bind_attempts - before
-        return _Collected(found)
     if entry is None:
         search = collecting_search(matcher)(matcher, block, matcher.plans[anchor], trace)
         search.found = []

@@ -165,29 +165,22 @@ def _filename(matcher: Matcher, anchor: int | str, source: str) -> str:
     return filename
 
 
-def build(matcher: Matcher, anchor: int, collect: bool = False, root: int | None = None) -> GeneratedSearch:
+def build(matcher: Matcher, anchor: int) -> GeneratedSearch:
     """Generates and compiles the search of ``matcher`` anchored at pattern op ``anchor``.
 
     Args:
         matcher: The matcher (its plans, pattern and counters are used by the function).
         anchor: Index of the anchor pattern op.
-        collect: Generate ``search(_m, op, block)`` returning *every* complete structural match as
-            search state ``(ops, assign, roots, subs)``, as the interpreter's collecting search does for
-            an alternative of a choice (:mod:`pattern_infra.choices`), instead of the first accepted
-            Pattern.
-        root: With ``collect``: the search entered from this root's variable (``op`` is that
-            variable; ``Matcher.root_plans``), for an alternative reached by a down-step.
 
     Returns:
         The generated search; its ``function`` is None when the pattern needs the interpreter.
     """
     try:
-        source, namespace = generate(matcher, anchor, collect, root)
+        source, namespace = generate(matcher, anchor)
     except NotCompilable as exc:
         text = _not_compiled(matcher, anchor, str(exc))
         return GeneratedSearch(text, _filename(matcher, anchor, text), None, str(exc))
-    where = anchor if root is None else f"r{root}"
-    filename = _filename(matcher, where, source)
+    filename = _filename(matcher, anchor, source)
     try:
         code = compile(source, filename, "exec")
     except SyntaxError as exc:  # too many statically nested blocks: more choice points than CPython allows
@@ -197,7 +190,7 @@ def build(matcher: Matcher, anchor: int, collect: bool = False, root: int | None
     exec(code, namespace)  # noqa: S102 - our own generated source
     function = namespace["search"]
     function.__source__ = source
-    function.__qualname__ = function.__name__ = f"search_{_identifier(matcher.compiled.name)}_{where}"
+    function.__qualname__ = function.__name__ = f"search_{_identifier(matcher.compiled.name)}_{anchor}"
     linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
     return GeneratedSearch(source, filename, function)
 
@@ -211,16 +204,13 @@ def _identifier(text: str) -> str:
     return re.sub(r"\W", "_", text)
 
 
-def generate(
-    matcher: Matcher, anchor: int, collect: bool = False, root: int | None = None
-) -> tuple[str, dict[str, Any]]:
-    """The source of the search anchored at ``anchor`` (or entered from ``root``, see :func:`build`) and
-    the globals it runs with.
+def generate(matcher: Matcher, anchor: int) -> tuple[str, dict[str, Any]]:
+    """The source of the search anchored at ``anchor`` and the globals it runs with.
 
     Raises:
         NotCompilable: The pattern has a feature left to the interpreter (see the module docstring).
     """
-    return _Generator(matcher, anchor, collect, root).run()
+    return _Generator(matcher, anchor).run()
 
 
 class _Generator(CheckWriter, ChoiceWriter):
@@ -229,12 +219,13 @@ class _Generator(CheckWriter, ChoiceWriter):
     def __init__(self, matcher: Matcher, anchor: int, collect: bool = False, root: int | None = None,
                  namespace: dict[str, Any] | None = None) -> None:
         self.collect = collect
-        """Collect every structural match (an alternative's search) instead of returning the first."""
+        """Collect every structural match into ``found`` (an alternative's search, written into the
+        search holding its choice: :mod:`~pattern_infra.codegen_choices`) instead of returning the first."""
         self.m = matcher
         self.compiled = matcher.compiled
         self.nodes: list[PatternNode] = matcher.nodes
         self.root = root
-        """The root the search is entered from (its variable is ``op``), or None: anchored at an op."""
+        """An alternative's search entered from this root (``Matcher.root_plans``), or None: anchored at an op."""
         self.plan = matcher.plans[anchor] if root is None else matcher.root_plans[root]
         self.anchor = self.plan[0].node
         self.lines: list[str] = []
@@ -293,11 +284,7 @@ class _Generator(CheckWriter, ChoiceWriter):
         self.line("# " + text)
 
     def fail_lines(self) -> list[str]:
-        return ["continue"] if self.loops else [self.no_more()]
-
-    def no_more(self) -> str:
-        """The end of the search when nothing (more) matches."""
-        return "return _found" if self.collect else "return None"
+        return ["continue"] if self.loops else ["return None"]
 
     def guard(self, condition: str, why: str = "") -> None:
         """``if condition: <backtrack>``."""
@@ -363,21 +350,16 @@ class _Generator(CheckWriter, ChoiceWriter):
             header.append(f"#   r{k} = root {name!r}")
         header.append("")
         self.depth = 0
-        self.line("def search(_m, op, block):" if self.collect else "def search(_m, op, block, order, accept):")
+        self.line("def search(_m, op, block, order, accept):")
         self.depth = 1
-        self.line("nb = 1" if self.root is None else "nb = 0")
-        if self.collect:
-            self.line("_found = []")
+        self.line("nb = 1")
         self.line("try:")
         self.depth = 2
-        if self.root is None:
-            self.line(f"o{self.anchor} = op")
-        else:
-            self.line(f"r{self.root} = op  # entered from root {compiled.root_names[self.root]!r}")
+        self.line(f"o{self.anchor} = op")
         self.steps()
         self.depth = 2
         self.loops = 0
-        self.line(self.no_more())
+        self.line("return None")
         self.depth = 1
         self.line("finally:  # every exit, an exception included, counts the bind attempts made")
         self.line("    _m.bind_attempts += nb")

@@ -105,7 +105,6 @@ class Matcher:
         """Per anchor: the compiled search (:mod:`~pattern_infra.codegen`), None when the interpreter
         must do it, ``_NOT_BUILT`` until first used."""
         self._generated: dict[int, codegen.GeneratedSearch] = {}
-        self._collect_fns: dict[int, Any] = {}
 
     # -- planning -----------------------------------------------------------------------------------
 
@@ -271,19 +270,6 @@ class Matcher:
             The generated source, as registered with :mod:`linecache` for tracebacks.
         """
         return self._build(anchor).source
-
-    def collector(self, anchor: int, root: int | None = None) -> Any:
-        """The generated search collecting every structural match at ``anchor`` (for an alternative of a
-        choice), or, with ``root``, entered from that root's variable (``root_plans``); None when the
-        interpreter must do it (``PATTERN_INFRA_INTERPRET=1`` included)."""
-        if codegen.interpret_forced():
-            return None
-        key = anchor if root is None else -1 - root
-        fn = self._collect_fns.get(key, _NOT_BUILT)
-        if fn is _NOT_BUILT:
-            fn = codegen.build(self, anchor, collect=True, root=root).function
-            self._collect_fns[key] = fn
-        return fn
 
     def _build(self, anchor: int) -> codegen.GeneratedSearch:
         generated = self._generated.get(anchor)
