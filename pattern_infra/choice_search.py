@@ -384,6 +384,11 @@ def all_op_types(compiled: CompiledPattern) -> frozenset[str]:
     return frozenset(types)
 
 
+def choice_types(choice: Choice) -> frozenset[str]:
+    """Every op type a sub-match of ``choice`` may contain."""
+    return frozenset().union(*(all_op_types(alternative.compiled) for alternative in choice.alternatives))
+
+
 def has_fallback(compiled: CompiledPattern) -> bool:
     """Whether ``compiled`` has a ``fallback`` choice, at any depth of its alternatives."""
     return any(

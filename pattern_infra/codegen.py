@@ -233,12 +233,18 @@ class _Generator(CheckWriter, ChoiceWriter):
         self.loops = 0  # enclosing for loops
         self.bound: list[int] = []  # pattern ops bound so far, in plan order
         # collect mode: the list a match is appended to; for an inline alternative (codegen_choices),
-        # the names of its Alternative and matcher, its choice's name, index and slots, and a count of
-        # the alternatives written inline so far, shared with theirs (each gets its own tag)
+        # the names of its Alternative and matcher, its choice's name, index and slots, the enclosing
+        # search's bound ops to compare with, whether its sub-matches are built with every field, and
+        # a count of the alternatives written inline so far, shared with theirs (each gets its own tag);
+        # the choice nodes whose alternatives compare their ops, and whose sub-matches hold their parts
         self.found = "_found"
         self.wrap: tuple[str, str, str] | None = None
         self.wrap_index, self.wrap_slots = 0, []
+        self.clash_with: list[tuple[str, frozenset[str]]] | None = None
+        self.built = False
         self.counter = [0]
+        self.clashes_checked: set[int] = set()
+        self.parts_built: set[int] = set()
         self.namespace: dict[str, Any] = namespace if namespace is not None else {
             "_InternalVar": InternalVar,
             "_Var": Var,
@@ -475,8 +481,7 @@ class _Generator(CheckWriter, ChoiceWriter):
             self.line(f"_c{i} = {var}._child_ops")
             self.open_loop(f"for o{m} in (_c{i} if len(_c{i}) < 2 else dict.fromkeys(_c{i})):")
         self.guard(self.type_mismatch(f"o{m}", node), "type")
-        same = self.possibly_same(m)
-        if same:
-            self.guard(" or ".join(f"o{m} is o{j}" for j in same), "already matched")
+        if same := self.already_matched(m):
+            self.guard(same, "already matched")
         self.line("nb += 1")
         self.bind(m, via=None, filtered=True)

@@ -10,6 +10,7 @@ import math
 
 import numpy as np
 
+from .choice_search import choice_types
 from .compiler import COMMUTATIVE_OPS, Edge, PatternNode, edge_positions
 
 __all__ = ["DIRECT_COMPARISONS", "FLOAT_TYPES", "PLAIN_VALUES", "CheckWriter", "NotCompilable", "is_const_edge", "set_literal"]
@@ -44,10 +45,15 @@ class CheckWriter:
     """The generator's checks (mixed into ``codegen._Generator``, which holds the state they use: the
     matcher ``m``, ``compiled``, ``nodes``, ``plan``, ``lines``, ``namespace``, the bound ops)."""
 
-    def possibly_same(self, n: int) -> list[int]:
-        """Bound pattern ops whose program op could be the one about to bind to ``n`` (types overlap)."""
+    def already_matched(self, n: int) -> str:
+        """The condition that ``o<n>`` is a program op the search bound already: one of the bound pattern
+        ops (compared where the types overlap) or an op of a bound choice's sub-match (the interpreter's
+        ``used`` holds those too); empty when no bound op can be one."""
         types = self.nodes[n].op_types
-        return [j for j in self.bound if self.nodes[j].op_types & types]
+        same = [f"o{n} is o{j}" for j in self.bound if self.nodes[j].op_types & types]
+        same += [f"o{n} in _s{j}.ops" for j in self.bound  # an op list: compared by identity
+                 if self.nodes[j].choice is not None and choice_types(self.nodes[j].choice) & types]
+        return " or ".join(same)
 
     # -- binding one op -----------------------------------------------------------------------------
 
@@ -68,10 +74,8 @@ class CheckWriter:
             self.guard(self.type_mismatch(o, node), "type")
         self.guard(f"len({outputs or o + '._output_vars'}) != {node.num_outputs}", "number of outputs")
         self.guard(f"{o}.enclosing_block is not block", "another block")
-        if not filtered:
-            same = self.possibly_same(n)
-            if same:
-                self.guard(" or ".join(f"{o} is o{j}" for j in same), "already matched")
+        if not filtered and (same := self.already_matched(n)):
+            self.guard(same, "already matched")
         if node.choice is not None:
             self.bind_choice(n, via)
             return
@@ -306,6 +310,7 @@ class CheckWriter:
         roots = ", ".join(f"r{k}" for k in range(len(self.compiled.root_names)))
         state = f"([{ops}], [{assign}], [{roots}], [{per_node}])"
         if self.wrap is not None:  # an inline alternative: its sub-match, as choice_search makes it
+            self.outer_clash_checks()
             state = self.sub_match_expression(state)
         self.comment("a match: kept, and the search goes on")
         self.line(f"{self.found}.append({state})")

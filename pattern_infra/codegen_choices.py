@@ -39,10 +39,12 @@ class ChoiceWriter:
         """Choice node ``n`` bound to ``o<n>`` with the sub-match ``_s<n>``: injectivity, then its slots
         checked like any operands (``Search.bind_sub``)."""
         node = self.nodes[n]
-        bound = ", ".join(f"o{j}" for j in self.bound)
+        checked = n in self.clashes_checked  # the alternatives compared their ops with the bound ones
+        bound = "" if checked else ", ".join(f"o{j}" for j in self.bound)
         subs = ", ".join(f"_s{j}" for j in self.bound if j in self.choice_nodes)
-        self.guard(f"_clashes(_s{n}, ({bound}{',' if bound else ''}), ({subs}{',' if subs else ''}))",
-                   "an op of the alternative is already matched")
+        if bound or subs:
+            self.guard(f"_clashes(_s{n}, ({bound}{',' if bound else ''}), ({subs}{',' if subs else ''}))",
+                       "an op of the alternative is already matched")
         self.line(f"_sl = _s{n}.slots")
         for slot in node.inputs:
             get = f"_sl[{slot!r}]" if slot in node.choice.full_slots else f"_sl.get({slot!r})"
@@ -73,16 +75,27 @@ class ChoiceWriter:
         """
         node = self.nodes[m]
         choice = node.choice
-        bodies = []
+        # The alternatives compare their ops with the bound ones as they collect a sub-match, where the
+        # interpreter compares when it takes one: the same matches and bind attempts, unless the choice
+        # is final (the longest-spelling rule reads every sub-match, clashing ones included).
+        bound = None if node.is_final else [(f"o{j}", self.nodes[j].op_types) for j in self.bound
+                                            if self.nodes[j].choice is None]
+        bodies, checked, built = [], True, True
         for alternative in choice.alternatives:
             if entry is not None:
                 root = alternative.slots.index(entry[0])
-                body = self.alternative_body(m, alternative, root, f"r{{tag}}{root} = _ent{m}")
+                inner = self.alternative_body(m, alternative, root, f"r{{tag}}{root} = _ent{m}", bound)
             else:
-                body = self.alternative_body(m, alternative, None, f"o{{tag}}{alternative.compiled.final_nodes[0]} = o{m}")
-            if body is None:
+                inner = self.alternative_body(m, alternative, None,
+                                              f"o{{tag}}{alternative.compiled.final_nodes[0]} = o{m}", bound)
+            if inner is None:
                 return False
-            bodies.append(body)
+            bodies.append(inner[0])
+            checked, built = checked and inner[1], built and inner[2]
+        if bound is not None and checked:
+            self.clashes_checked.add(m)
+        if built:
+            self.parts_built.add(m)
         alternatives = self.constant("alternatives", tuple(choice.alternatives))
         if entry is not None:
             self.line(f"_ent{m} = {entry[1]}")
@@ -115,10 +128,12 @@ class ChoiceWriter:
         self.open_loop(f"for _s{m} in _f{m}:")
         return True
 
-    def alternative_body(self, m: int, alternative: Any, root: int | None, start: str) -> list[str] | None:
+    def alternative_body(self, m: int, alternative: Any, root: int | None, start: str,
+                         bound: list[tuple[str, frozenset[str]]] | None) -> tuple[list[str], bool, bool] | None:
         """The lines of ``alternative``'s collecting search, anchored at its last op (``root`` None) or
         entered from its input ``root``, with its locals renamed apart (``start`` binds the first one);
-        None when it cannot be generated."""
+        whether they compare its ops with the ``bound`` ones (name, op types) and whether its
+        sub-matches have every field written out. None when it cannot be generated."""
         matcher = choice_search.alternative_matcher(self.m, alternative)
         if root is not None and matcher.root_plans[root] is None:
             return None
@@ -131,6 +146,7 @@ class ChoiceWriter:
         inner.wrap = (self.constant("alternative", alternative), self.constant("matcher", matcher),
                       repr(self.nodes[m].choice.name))
         inner.wrap_index, inner.wrap_slots = alternative.index, alternative.slots
+        inner.clash_with = bound
         try:
             inner.prepare()
             inner.steps()
@@ -138,7 +154,19 @@ class ChoiceWriter:
             return None
         self.counter[0] += 1
         tag = f"q{self.counter[0]}q"
-        return [start.format(tag=tag)] + [rename(text, tag).replace("_FOUND", f"_f{m}") for text in inner.lines]
+        lines = [start.format(tag=tag)] + [rename(text, tag).replace("_FOUND", f"_f{m}").replace("OUTER_", "")
+                                           for text in inner.lines]
+        return lines, inner.clash_with is not None and not inner.choice_nodes, inner.built
+
+    def outer_clash_checks(self) -> None:
+        """In an inline alternative's search (``clash_with``: the ops the enclosing search had bound), a
+        guard that none of this sub-match's ops is one of them (compared where the op types overlap)."""
+        if self.clash_with is None or self.choice_nodes:
+            return
+        same = [f"o{n} is OUTER_{name}" for n, node in enumerate(self.nodes)
+                for name, types in self.clash_with if node.op_types & types]
+        if same:
+            self.guard(" or ".join(same), "an op of the alternative is already matched")
 
     def sub_match_expression(self, state: str) -> str:
         """The :class:`~pattern_infra.choice_search.SubMatch` an inline alternative's search collects for
@@ -156,6 +184,7 @@ class ChoiceWriter:
             end = f"o{self.compiled.final_nodes[0]}"
             state = (f"_SMB({index}, {{{slots}}}, [{', '.join(flat)}], {end}, {name}, ({', '.join(parts)}), "
                      f"[{', '.join(consts)}])")
+            self.built = True
         else:
             state = f"_SM({alternative}, {matcher}, {state}, {name})"
         return state
@@ -176,12 +205,13 @@ class ChoiceWriter:
             names |= inner_names
             keys |= inner_keys
         ops, operands, chosen = [], [], []
+        parts = {n: f"_s{n}._parts" if n in self.parts_built else f"_s{n}.parts()" for n in self.choice_nodes}
         for node in self.nodes:
             n = node.index
             if node.choice is not None:
-                ops.append(f"**_s{n}.parts()[0]")
+                ops.append(f"**{parts[n]}[0]")
                 operands.append(f"{node.name!r}: dict(_s{n}.slots)")
-                chosen.append(f"{node.choice.name!r}: _s{n}.alternative, **(_s{n}.parts()[3] or {{}})")
+                chosen.append(f"{node.choice.name!r}: _s{n}.alternative, **({parts[n]}[3] or {{}})")
             else:
                 operands.append(f"{node.name!r}: {{" + ", ".join(f"{slot!r}: {self.value(n, slot)}"
                                                              for slot in node.inputs) + "}")
@@ -193,8 +223,8 @@ class ChoiceWriter:
             played.setdefault(cname, var)
         consts = [f"{k!r}: {v}" for k, v in played.items()]
         for n in self.choice_nodes:
-            operands.append(f"**_s{n}.parts()[1]")
-            consts.append(f"**_s{n}.parts()[2]")
+            operands.append(f"**{parts[n]}[1]")
+            consts.append(f"**{parts[n]}[2]")
         return tuple("{" + ", ".join(items) + "}" for items in (ops, operands, consts, chosen))  # type: ignore[return-value]
 
 

@@ -787,6 +787,38 @@ def test_choice_patterns_compiled_and_interpreted_agree():
     assert compared > 100 and matched >= 12 * 4 + 1
 
 
+@pytest.mark.parametrize("after_the_choice", [False, True], ids=["choice_final", "choice_then_relu"])
+def test_an_op_of_a_sub_match_is_not_bound_again(monkeypatch, after_the_choice):
+    """Injectivity across a choice: ``sq`` and the alternative's ``inner`` both fit the program's one
+    ``mul(x, x)``; the interpreter refuses (its ``used`` map holds the sub-match's ops), and so must the
+    generated search, whichever is bound first: an outer op bound after the choice compared with the
+    sub-match's ops, an alternative's op compared with the outer ops bound before the choice."""
+    from pattern_infra import find_matches
+    from pattern_infra.choices import one_of
+
+    @mb.program(input_specs=[mb.TensorSpec(shape=S)])
+    def pattern(x):
+        sq = mb.mul(x=x, y=x, name="sq")
+        c = one_of("c", lambda: mb.mul(x=mb.mul(x=x, y=x, name="inner"), y=x, name="cube"),
+                   lambda: mb.pow(x=x, y=3.0, name="cube"))
+        return (mb.relu(x=c, name="out") if after_the_choice else c), sq
+
+    @mb.program(input_specs=[mb.TensorSpec(shape=S)])
+    def prog(x):
+        cube = mb.mul(x=mb.mul(x=x, y=x), y=x)
+        return mb.relu(x=cube) if after_the_choice else cube
+
+    matcher = matcher_of(pattern)
+    block = prog.functions["main"]
+    compared = 0
+    for anchor, node in enumerate(matcher.nodes):
+        for op in block.operations:
+            if op.op_type in node.op_types:
+                compared += 1
+                assert assert_same(matcher, op, block, anchor) is None
+    assert compared >= 4 and list(find_matches(pattern, prog)) == []
+
+
 def test_alternatives_are_written_into_the_search_that_holds_the_choice():
     """The 12-spelling RMSNorm's generated searches search every alternative inline: no call into
     ``choice_search`` per alternative, no ``binding.build_pattern`` (the match's dicts are literals),
