@@ -338,21 +338,6 @@ def clashes(sub: SubMatch, bound: Sequence[Any], bound_subs: Sequence[SubMatch] 
     return any(id(op) in ids for op in sub.ops)
 
 
-def op_in_subs(op: Operation, subs: Sequence[SubMatch | None]) -> bool:
-    """Whether ``op`` is an op of one of the sub-matches."""
-    return any(sub is not None and any(op is o for o in sub.ops) for sub in subs)
-
-
-def computed_inside(var: Var | None, ops: Sequence[Any], subs: Sequence[SubMatch | None]) -> bool:
-    """Whether ``var`` is computed by an op of the match: ``ops`` (the outer ops) or a sub-match."""
-    producer = var.op if var is not None else None
-    if producer is None:
-        return False
-    if any(producer is op for op in ops):
-        return True
-    return any(sub is not None and any(producer is op for op in sub.ops) for sub in subs)
-
-
 def subs_final_ok(ops: Sequence[Any], subs: Sequence[SubMatch | None]) -> bool:
     """The outer final check the alternatives cannot make themselves: no constant slot of a sub-match is
     computed by an op of the match (the outer ops or another sub-match; one computed by an op of its own

@@ -265,10 +265,8 @@ class CheckWriter:
                     f"_w.consuming_blocks or len(_w._child_ops) != {node.output_uses[j]}",
                     f"{node.name} output {j}: used {node.output_uses[j]} time(s), inside the match",
                 )
-        matched = " or ".join(f"_p is o{n}" for n in range(len(self.nodes)))
-        subs = "(" + "".join(f"_s{n}, " for n in self.choice_nodes) + ")"
-        if self.choice_nodes:
-            matched = f"{matched} or _in_subs(_p, {subs})"
+        matched = " or ".join([f"_p is o{n}" for n in range(len(self.nodes))]
+                              + [f"_p in _s{n}.ops" for n in self.choice_nodes])  # an op list: by identity
         if len(self.nodes) > DIRECT_COMPARISONS or self.choice_nodes:  # first rule out by type
             matched = f"{self.op_type('_p')} in {set_literal(self.m.op_types)} and ({matched})"
         self.comment("final checks: no root and no constant slot computed by a matched op")
