@@ -819,6 +819,50 @@ def test_an_op_of_a_sub_match_is_not_bound_again(monkeypatch, after_the_choice):
     assert compared >= 4 and list(find_matches(pattern, prog)) == []
 
 
+def _spelled_norms(draw: Any) -> Program:
+    """A program of 1 to 3 RMSNorms of random spellings on one input, with decoys: a weight read in
+    either operand order, an intermediate with a consumer outside, a square shared by two norms."""
+    from hypothesis import strategies as st
+
+    sys.path.insert(0, str(Path(__file__).parent))
+    from test_choices import NORMALIZERS, SQUARES
+
+    norms = draw(st.lists(st.tuples(st.sampled_from(sorted(SQUARES)), st.sampled_from(sorted(NORMALIZERS)),
+                                    st.booleans(), st.booleans(), st.sampled_from([None, "sq", "v", "norm"])),
+                          min_size=1, max_size=3))
+    share_square = draw(st.booleans())
+
+    @mb.program(input_specs=[mb.TensorSpec(shape=(3, 8)), mb.TensorSpec(shape=(8,))])
+    def prog(x, w):
+        outs, shared = [], None
+        for square, normalizer, weighted, swap, extra in norms:
+            sq = shared if share_square and shared is not None else SQUARES[square](x)
+            shared = sq
+            v = mb.add(x=mb.reduce_mean(x=sq, axes=[-1], keep_dims=True), y=1e-6)
+            y = NORMALIZERS[normalizer](x, v)
+            outs.append(mb.relu(x={"sq": sq, "v": v, "norm": y}[extra]) if extra else None)
+            outs[-1:] = [o for o in outs[-1:] if o is not None]
+            outs.append((mb.mul(x=w, y=y) if swap else mb.mul(x=y, y=w)) if weighted else mb.exp(x=y))
+        return tuple(outs)
+
+    return prog
+
+
+@settings(max_examples=25, deadline=None, derandomize=True, database=None,
+          suppress_health_check=[HealthCheck.too_slow])
+@given(data=__import__("hypothesis").strategies.data())
+def test_random_spellings_compiled_and_interpreted_agree(data):
+    """Random programs of RMSNorm spellings sharing their input (several consumers of ``x`` for every
+    down-step; sub-matches that overlap another norm's ops): the 12-spelling pattern's generated search,
+    alternatives inline, and the interpreter agree at every anchor and op, bind attempts included."""
+    sys.path.insert(0, str(Path(__file__).parent))
+    from test_choices import rms_norm
+
+    prog = _spelled_norms(data.draw)
+    matcher = Matcher(compile_pattern(rms_norm, constants="const"))
+    same_everywhere(matcher, prog)  # assert_same at each anchor and op: same Pattern, same bind attempts
+
+
 def test_alternatives_are_written_into_the_search_that_holds_the_choice():
     """The 12-spelling RMSNorm's generated searches search every alternative inline: no call into
     ``choice_search`` per alternative, no ``binding.build_pattern`` (the match's dicts are literals),
