@@ -62,8 +62,10 @@ class SubMatch:
     @classmethod
     def built(cls, alternative: int, slots: dict[str, Var], ops: list[Operation], end: Operation, choice: str,
               parts: Any, const_vars: list[Var]) -> SubMatch:
-        """A sub-match whose generated search wrote out every field (``parts`` and ``const_vars``
-        included), instead of deriving them from the search state."""
+        """A sub-match whose generated search wrote out every field (``parts`` included) instead of
+        deriving them from the search state; ``const_vars`` lists only the constant slots' variables
+        that an op other than ``const`` computes, the only ones :func:`subs_final_ok` can refuse (no
+        match holds a ``const`` op: constants are pattern edges)."""
         self = cls.__new__(cls)
         self.alternative, self.slots, self.ops, self.end, self.choice = alternative, slots, ops, end, choice
         self._parts, self._const_vars = parts, const_vars
@@ -326,16 +328,6 @@ def candidates_below(var: Var, choice: Choice) -> list[Operation]:
                 next_vars.extend(op.outputs)
         frontier = next_vars
     return out
-
-
-def clashes(sub: SubMatch, bound: Sequence[Any], bound_subs: Sequence[SubMatch] = ()) -> bool:
-    """Whether an op of ``sub`` is already bound by the outer search (a match is injective): one of the
-    ``bound`` program ops or of the sub-matches of choices bound before (the generated search's check;
-    the interpreter reads its ``used`` map, which holds the same ops)."""
-    ids = {id(op) for op in bound if op is not None}
-    for other in bound_subs:
-        ids.update(id(op) for op in other.ops)
-    return any(id(op) in ids for op in sub.ops)
 
 
 def subs_final_ok(ops: Sequence[Any], subs: Sequence[SubMatch | None]) -> bool:

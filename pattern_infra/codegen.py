@@ -260,7 +260,6 @@ class _Generator(CheckWriter, ChoiceWriter):
             "_choice_matches": choice_search.choice_matches,
             "_entered": choice_search.entered_matches,
             "_below": choice_search.candidates_below,
-            "_clashes": choice_search.clashes,
             "_subs_final_ok": choice_search.subs_final_ok,
             "_SM": choice_search.SubMatch,
             "_SMB": choice_search.SubMatch.built,

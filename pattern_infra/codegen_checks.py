@@ -296,9 +296,7 @@ class CheckWriter:
             raise NotCompilable("an alternative op type may lack a wildcard constant (collect mode)")
         per_node = ", ".join(f"_s{n}" if n in self.choice_nodes else "None" for n in range(len(self.nodes)))
         if self.choice_nodes:
-            subs = "(" + "".join(f"_s{n}, " for n in self.choice_nodes) + ")"
-            self.guard(f"not _subs_final_ok(({', '.join(f'o{n}' for n in range(len(self.nodes)))},), {subs})",
-                       "no constant slot of an alternative computed inside the match")
+            self.subs_final_checks()
         assign = ", ".join(
             f"_s{node.index}.slots" if node.choice is not None
             else "{" + ", ".join(f"{slot!r}: {self.value(node.index, slot)}" for slot in node.inputs) + "}"
@@ -317,9 +315,7 @@ class CheckWriter:
         """Builds the Pattern as ``binding.build_pattern`` would, its dicts written out (for a pattern
         with choices, by calling it: the alternatives' ops, operands and constants are merged in)."""
         if self.choice_nodes:
-            subs = "(" + "".join(f"_s{n}, " for n in self.choice_nodes) + ")"
-            self.guard(f"not _subs_final_ok(({', '.join(f'o{n}' for n in range(len(self.nodes)))},), {subs})",
-                       "no constant slot of an alternative computed inside the match")
+            self.subs_final_checks()
             parts = self.match_parts()
             if parts is not None:
                 by_name, operands, consts, chosen = parts

@@ -39,12 +39,16 @@ class ChoiceWriter:
         """Choice node ``n`` bound to ``o<n>`` with the sub-match ``_s<n>``: injectivity, then its slots
         checked like any operands (``Search.bind_sub``)."""
         node = self.nodes[n]
-        checked = n in self.clashes_checked  # the alternatives compared their ops with the bound ones
-        bound = "" if checked else ", ".join(f"o{j}" for j in self.bound)
-        subs = ", ".join(f"_s{j}" for j in self.bound if j in self.choice_nodes)
-        if bound or subs:
-            self.guard(f"_clashes(_s{n}, ({bound}{',' if bound else ''}), ({subs}{',' if subs else ''}))",
-                       "an op of the alternative is already matched")
+        types = choice_search.choice_types(node.choice)
+        clash = []
+        for j in self.bound:  # compared where the op types overlap (the same op has the same type)
+            other = self.nodes[j].choice
+            if other is not None and choice_search.choice_types(other) & types:
+                clash.append(f"not {{*map(id, _s{j}.ops)}}.isdisjoint(map(id, _s{n}.ops))")
+            elif other is None and n not in self.clashes_checked and self.nodes[j].op_types & types:
+                clash.append(f"o{j} in _s{n}.ops")  # an op list: compared by identity
+        if clash:
+            self.guard(" or ".join(clash), "an op of the alternative is already matched")
         self.line(f"_sl = _s{n}.slots")
         for slot in node.inputs:
             get = f"_sl[{slot!r}]" if slot in node.choice.full_slots else f"_sl.get({slot!r})"
@@ -158,6 +162,17 @@ class ChoiceWriter:
                                            for text in inner.lines]
         return lines, inner.clash_with is not None and not inner.choice_nodes, inner.built
 
+    def subs_final_checks(self) -> None:
+        """No constant slot of a sub-match computed inside the match (``choice_search.subs_final_ok``),
+        called only when some sub-match has a constant slot variable an op other than ``const``
+        computes: the only ones a match can hold (a sub-match built here lists only those)."""
+        suspects = " or ".join(f"_s{n}._const_vars" if n in self.parts_built else f"_s{n}.const_vars()"
+                               for n in self.choice_nodes)
+        ops = ", ".join(f"o{n}" for n in range(len(self.nodes)))
+        subs = "".join(f"_s{n}, " for n in self.choice_nodes)
+        self.guard(f"({suspects}) and not _subs_final_ok(({ops},), ({subs}))",
+                   "no constant slot of an alternative computed inside the match")
+
     def outer_clash_checks(self) -> None:
         """In an inline alternative's search (``clash_with``: the ops the enclosing search had bound), a
         guard that none of this sub-match's ops is one of them (compared where the op types overlap)."""
@@ -179,8 +194,12 @@ class ChoiceWriter:
             slots = ", ".join(f"{slot!r}: r{k}" for k, slot in enumerate(self.wrap_slots))
             flat = [f"o{n}" for n in range(len(self.nodes)) if n not in self.choice_nodes]
             flat += [f"*_s{n}.ops" for n in self.choice_nodes]
-            consts = [self.value(n, slot, pos) for n, slot, pos in self.m.const_slots]
-            consts += [f"*_s{n}.const_vars()" for n in self.choice_nodes]
+            consts = []  # the variables of constant slots an op other than const computes, only
+            for n, slot, pos in self.m.const_slots:
+                var = self.value(n, slot, pos)
+                consts.append(f"*(({var},) if (_q := {var}._op) is not None and {self.op_type('_q')} != 'const' else ())")
+            consts += [f"*_s{n}._const_vars" if n in self.parts_built else f"*_s{n}.const_vars()"
+                       for n in self.choice_nodes]
             end = f"o{self.compiled.final_nodes[0]}"
             state = (f"_SMB({index}, {{{slots}}}, [{', '.join(flat)}], {end}, {name}, ({', '.join(parts)}), "
                      f"[{', '.join(consts)}])")
