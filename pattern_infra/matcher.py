@@ -131,8 +131,9 @@ class Matcher:
                         roots_bound.add(e.index)
 
         note_roots(anchor)
-        while len(placed) < len(nodes):
-            step = self._next_up(placed) or self._next_down(placed, roots_bound)
+        while len(placed) < len(nodes):  # choice nodes last: a search that fails elsewhere never tries them
+            step = (self._next_up(placed, plain=True) or self._next_down(placed, roots_bound, plain=True)
+                    or self._next_up(placed) or self._next_down(placed, roots_bound))
             if step is None:  # compile_pattern guarantees connectivity
                 raise RuntimeError(f"pattern {self.compiled.name!r} could not be planned")
             steps.append(step)
@@ -174,18 +175,18 @@ class Matcher:
             frontier = nxt
         return max(dist.values())
 
-    def _next_up(self, placed: set[int]) -> Step | None:
+    def _next_up(self, placed: set[int], plain: bool = False) -> Step | None:
         for n in sorted(placed):
             for slot, edge in self.nodes[n].inputs.items():
                 for pos, e in edge_positions(edge):
-                    if e.kind == "op" and e.index not in placed:
+                    if e.kind == "op" and e.index not in placed and not (plain and self.nodes[e.index].choice):
                         return Step(UP, e.index, "op", n, slot, pos, e.output)
         return None
 
-    def _next_down(self, placed: set[int], roots_bound: set[int]) -> Step | None:
+    def _next_down(self, placed: set[int], roots_bound: set[int], plain: bool = False) -> Step | None:
         best: tuple[int, int, Step] | None = None
         for m, node in enumerate(self.nodes):
-            if m in placed:
+            if m in placed or (plain and node.choice is not None):
                 continue
             for slot, edge in node.inputs.items():
                 for pos, e in edge_positions(edge):
