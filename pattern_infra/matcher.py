@@ -6,7 +6,8 @@ Algorithm (per pattern, per block):
    at registration: starting from the anchor, each further op is reached either *up* (the producer of an
    input slot of an op already placed: a single candidate) or *down* (a consumer of a variable already
    bound: one candidate per consumer of the right type). Up-steps are preferred; down-steps are only
-   needed for patterns with several outputs or ops joined through an input.
+   needed for patterns with several outputs or ops joined through an input. Choice nodes come last, so
+   a search failing on the plain ops never searches the alternatives.
 2. **Anchor, once per block.** The driver indexes the block's ops by type; the anchor is the pattern op
    whose type is rarest in the block, so most program ops are never looked at.
 3. **Binding an op** checks, in this order and before any recursion: op type (one of the
