@@ -36,7 +36,7 @@ class SubMatch:
     __slots__ = ("alternative", "slots", "ops", "end", "choice", "_matcher", "_state", "_parts", "_const_vars")
 
     def __init__(self, alternative: Alternative, matcher: Any, state: tuple[list, list, list, list],
-                 choice: str, parts: Any = None) -> None:
+                 choice: str) -> None:
         ops, assign, roots, subs = state
         self.alternative: int = alternative.index
         """Index of the alternative that matched."""
@@ -55,8 +55,7 @@ class SubMatch:
         """The choice's name."""
         self._matcher = matcher
         self._state = state
-        self._parts: Any = parts
-        """:meth:`parts`, when the search that found the sub-match built them already (generated code)."""
+        self._parts: Any = None
         self._const_vars: list[Var] | None = None
 
     @classmethod
