@@ -283,3 +283,19 @@ def test_fallback_offers_the_shorter_spelling_when_the_longer_is_refused(fallbac
     unconstrained = list(find_matches(pattern, prog))
     assert [m.choices for m in unconstrained] == [{"weighted": 0}]
     assert [m.choices for m in explain(pattern, prog).matches] == [{"weighted": 0}]
+
+
+def test_choice_nodes_come_last_in_the_plans():
+    """A search that fails on the plain ops never searches the alternatives: in both tanh-GELU patterns
+    the cube (a choice) is the last step from every anchor that is not the cube itself."""
+    import generic_passes  # noqa: F401  (registers the passes)
+    from pattern_infra import generic_passes as registered
+
+    container = registered()["common::fuse_gelu_tanh_approximation"]
+    for sub in container.passes:
+        matcher = sub.matcher
+        cube = matcher.compiled.by_name["cube"]
+        for anchor, plan in enumerate(matcher.plans):
+            if anchor != cube:
+                order = [matcher.nodes[step.node].name for step in plan]
+                assert plan[-1].node == cube, (sub.name, order)
