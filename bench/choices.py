@@ -141,11 +141,18 @@ def spelling_patterns() -> dict[str, Callable[[], Any]]:
     return {"1": lambda: _name_ops(written_out(spellings[0])), "2": two, "6": six, "12": lambda: rms_norm}
 
 
-def pass_search_row(spellings: str, n: int) -> tuple[float, float]:
-    """(bind attempts, best seconds) per match of the pass's search with the pattern of ``spellings``."""
+def _pass_search(spellings: str, n: int) -> tuple[Matcher, Program]:
+    """The matcher of the pattern allowing ``spellings`` and ``n`` RMSNorms of the first spelling,
+    searched once (the searches are generated)."""
     matcher = Matcher(compile_pattern(spelling_patterns()[spellings](), constants="const"))
     prog = chain(_spellings()[1][:1], n)
-    first_matches(matcher, prog)  # generates the searches
+    first_matches(matcher, prog)
+    return matcher, prog
+
+
+def pass_search_row(spellings: str, n: int) -> tuple[float, float]:
+    """(bind attempts, best seconds) per match of the pass's search with the pattern of ``spellings``."""
+    matcher, prog = _pass_search(spellings, n)
     before, best = matcher.bind_attempts, float("inf")
     for _ in range(7):
         gc.collect()
@@ -159,9 +166,7 @@ def pass_search_row(spellings: str, n: int) -> tuple[float, float]:
 
 def _counted(spellings: str, n: int) -> None:
     """What runs under callgrind: one uncounted search, then ``REPEATS`` counted ones."""
-    matcher = Matcher(compile_pattern(spelling_patterns()[spellings](), constants="const"))
-    prog = chain(_spellings()[1][:1], n)
-    first_matches(matcher, prog)
+    matcher, prog = _pass_search(spellings, n)
     gc.collect()
     gc.disable()
     for _ in range(REPEATS):

@@ -112,14 +112,7 @@ class CheckWriter:
                 )
         if swap:
             self.operand_orders(n, swap)
-        # edges to bound consumers: independent of the operand order
-        for consumer, slot, pos, out in node.consumers:
-            if consumer not in self.bound or via == (consumer, slot, pos):
-                continue
-            self.guard(
-                f"{self.value(consumer, slot, pos)} is not {o}._output_vars[{out}]",
-                f"{self.nodes[consumer].name}.{slot} reads {node.name}",
-            )
+        self.consumer_edge_checks(n, via)  # independent of the operand order
         fixed = [slot for slot in node.inputs if slot not in swapped]
         self.op_edge_checks(n, fixed)
         if swap:
@@ -134,6 +127,17 @@ class CheckWriter:
             self.root_checks(n)
             self.const_checks(n, fixed)
         self.bound.append(n)
+
+    def consumer_edge_checks(self, n: int, via: tuple[int, str, int] | None) -> None:
+        """Bound consumers of op ``n`` read its very outputs (the edge ``via`` was checked already)."""
+        node = self.nodes[n]
+        for consumer, slot, pos, out in node.consumers:
+            if consumer not in self.bound or via == (consumer, slot, pos):
+                continue
+            self.guard(
+                f"{self.value(consumer, slot, pos)} is not o{n}._output_vars[{out}]",
+                f"{self.nodes[consumer].name}.{slot} reads {node.name}",
+            )
 
     def swap_mode(self, node: PatternNode) -> str:
         """``""`` (never swapped), ``"always"`` or ``"by_type"`` (only for commutative program op types)."""

@@ -53,13 +53,7 @@ class ChoiceWriter:
         for slot in node.inputs:
             get = f"_sl[{slot!r}]" if slot in node.choice.full_slots else f"_sl.get({slot!r})"
             self.line(f"{self.value(n, slot)} = {get}")
-        for consumer, slot, pos, out in node.consumers:
-            if consumer not in self.bound or via == (consumer, slot, pos):
-                continue
-            self.guard(
-                f"{self.value(consumer, slot, pos)} is not o{n}._output_vars[{out}]",
-                f"{self.nodes[consumer].name}.{slot} reads {node.name}",
-            )
+        self.consumer_edge_checks(n, via)
         slots = list(node.inputs)
         self.op_edge_checks(n, slots)
         self.root_checks(n)
@@ -100,7 +94,6 @@ class ChoiceWriter:
             self.clashes_checked.add(m)
         if built:
             self.parts_built.add(m)
-        alternatives = self.constant("alternatives", tuple(choice.alternatives))
         if entry is not None:
             self.line(f"_ent{m} = {entry[1]}")
             maximal = node.is_final and not choice.fallback
@@ -127,6 +120,7 @@ class ChoiceWriter:
         if entry is not None and maximal:
             self.line(f"_f{m} = _kept(_f{m}, _in{m})")
         elif entry is None and node.is_final:
+            alternatives = self.constant("alternatives", tuple(choice.alternatives))
             self.guard(f"_f{m} and _k{m} > 0 and _taken(_m, {self.constant('choice', choice)}, "
                        f"{alternatives}[_k{m}], o{m}, block)", "an earlier alternative matches further down")
         self.open_loop(f"for _s{m} in _f{m}:")

@@ -95,9 +95,10 @@ def find_in_program(
     offered to ``var_constraints`` (a refused one lets the search go on), and a set of ops already
     yielded is skipped. Blocks are visited outer first, anchor ops in program order; matches may overlap.
     """
+    longest = has_fallback(matcher.compiled)
     for st, anchor, candidates in anchored_blocks(prog, matcher):
         here: list[Pattern] = []
-        collect = distinct_matches(var_constraints, here.append, longest=has_fallback(matcher.compiled))
+        collect = distinct_matches(var_constraints, here.append, longest=longest)
         for _ in st.tries(matcher, anchor, candidates, collect):
             yield from here
             here.clear()

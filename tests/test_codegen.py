@@ -26,6 +26,7 @@ import pytest
 from coremltools.converters.mil import Builder as mb
 from coremltools.converters.mil.mil import Program, get_new_symbol, types
 from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 import generic_passes  # noqa: F401  (registers the passes)
 from pattern_infra import ConstRule, Matcher, Pattern, compile_pattern
@@ -822,8 +823,6 @@ def test_an_op_of_a_sub_match_is_not_bound_again(monkeypatch, after_the_choice):
 def _spelled_norms(draw: Any) -> Program:
     """A program of 1 to 3 RMSNorms of random spellings on one input, with decoys: a weight read in
     either operand order, an intermediate with a consumer outside, a square shared by two norms."""
-    from hypothesis import strategies as st
-
     sys.path.insert(0, str(Path(__file__).parent))
     from test_choices import NORMALIZERS, SQUARES
 
@@ -840,8 +839,8 @@ def _spelled_norms(draw: Any) -> Program:
             shared = sq
             v = mb.add(x=mb.reduce_mean(x=sq, axes=[-1], keep_dims=True), y=1e-6)
             y = NORMALIZERS[normalizer](x, v)
-            outs.append(mb.relu(x={"sq": sq, "v": v, "norm": y}[extra]) if extra else None)
-            outs[-1:] = [o for o in outs[-1:] if o is not None]
+            if extra:
+                outs.append(mb.relu(x={"sq": sq, "v": v, "norm": y}[extra]))
             outs.append((mb.mul(x=w, y=y) if swap else mb.mul(x=y, y=w)) if weighted else mb.exp(x=y))
         return tuple(outs)
 
@@ -850,7 +849,7 @@ def _spelled_norms(draw: Any) -> Program:
 
 @settings(max_examples=25, deadline=None, derandomize=True, database=None,
           suppress_health_check=[HealthCheck.too_slow])
-@given(data=__import__("hypothesis").strategies.data())
+@given(data=st.data())
 def test_random_spellings_compiled_and_interpreted_agree(data):
     """Random programs of RMSNorm spellings sharing their input (several consumers of ``x`` for every
     down-step; sub-matches that overlap another norm's ops): the 12-spelling pattern's generated search,
