@@ -13,6 +13,7 @@ interpreter through the matcher objects it is given.
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
+from operator import attrgetter
 from typing import TYPE_CHECKING, Any
 
 from coremltools.converters.mil.mil import Operation, Var
@@ -24,6 +25,12 @@ from .plan import Failure, slot_value
 if TYPE_CHECKING:
     from .compiler import CompiledPattern
 
+
+
+ROW_FIELDS = ("ops", "end", "alternative", "parts", "const_vars")
+"""What follows the slot variables in a row of the generated search (a sub-match as a tuple,
+:meth:`SubMatch.row`): negative indexes ``ROW_OPS`` ... ``ROW_CONST_VARS``."""
+ROW_OPS, ROW_END = -5, -4
 
 
 class SubMatch:
@@ -61,14 +68,21 @@ class SubMatch:
     @classmethod
     def built(cls, alternative: int, slots: dict[str, Var], ops: list[Operation], end: Operation, choice: str,
               parts: Any, const_vars: list[Var]) -> SubMatch:
-        """A sub-match whose generated search wrote out every field (``parts`` included) instead of
-        deriving them from the search state; ``const_vars`` lists only the constant slots' variables
-        that an op other than ``const`` computes, the only ones :func:`subs_final_ok` can refuse (no
-        match holds a ``const`` op: constants are pattern edges)."""
+        """The sub-match of a row of the generated search (:meth:`row`) whose fields were written out,
+        ``parts`` included; ``const_vars`` lists only the constant slots' variables that an op other
+        than ``const`` computes, the only ones :func:`consts_outside` can refuse (no match holds a
+        ``const`` op: constants are pattern edges)."""
         self = cls.__new__(cls)
         self.alternative, self.slots, self.ops, self.end, self.choice = alternative, slots, ops, end, choice
         self._parts, self._const_vars = parts, const_vars
         return self
+
+    def row(self, slots: Sequence[str]) -> tuple[Any, ...]:
+        """The sub-match as the generated search holds one (:data:`ROW_FIELDS`): the variables of the
+        choice node's ``slots`` (None where the alternative reads none), then its ops, last op,
+        alternative, itself (for :meth:`parts`) and constant slots' variables."""
+        return (*[self.slots.get(slot) for slot in slots], self.ops, self.end, self.alternative, self,
+                self.const_vars())
 
     def parts(self) -> tuple[dict[str, Operation], dict[str, dict[str, Any]], dict[str, Var], dict[str, int]]:
         """The alternative's ops, operands and constants by name, and its nested choices, as a Pattern
@@ -89,6 +103,11 @@ class SubMatch:
             if sub is not None:
                 out.extend(sub.const_vars())
         return out
+
+
+def present_slots(slots: Sequence[str], values: Sequence[Var | None]) -> dict[str, Var]:
+    """``SubMatch.slots`` of a row: the slots with a variable (an alternative may not read some)."""
+    return {slot: var for slot, var in zip(slots, values) if var is not None}
 
 
 def alternative_matcher(outer: Any, alternative: Alternative) -> Any:
@@ -235,12 +254,14 @@ def entered_matches(
         yield from kept
 
 
-def kept_after_earlier(subs: list[SubMatch], inside_earlier: set[int]) -> list[SubMatch]:
+def kept_after_earlier(subs: list[Any], inside_earlier: set[int], end: Any = attrgetter("end"),
+                       ops: Any = attrgetter("ops")) -> list[Any]:
     """The sub-matches of one alternative of a final choice entered from a variable that the longest
     spelling rule keeps: those whose last op lies inside no sub-match of an earlier alternative
-    (``inside_earlier``, op ids, updated here with ``subs``' ops)."""
-    kept = [sub for sub in subs if id(sub.end) not in inside_earlier] if inside_earlier else subs
-    inside_earlier.update(id(o) for sub in subs for o in sub.ops if o is not sub.end)
+    (``inside_earlier``, op ids, updated here with ``subs``' ops). ``end`` and ``ops`` read a
+    sub-match's last op and ops (the generated search's rows: ``itemgetter(ROW_END)``, ...)."""
+    kept = [sub for sub in subs if id(end(sub)) not in inside_earlier] if inside_earlier else subs
+    inside_earlier.update(id(o) for sub in subs for o in ops(sub) if o is not end(sub))
     return kept
 
 
@@ -333,19 +354,21 @@ def subs_final_ok(ops: Sequence[Any], subs: Sequence[SubMatch | None]) -> bool:
     """The outer final check the alternatives cannot make themselves: no constant slot of a sub-match is
     computed by an op of the match (the outer ops or another sub-match; one computed by an op of its own
     sub-match was refused by that sub-match's search already)."""
+    present = [sub for sub in subs if sub is not None]
+    return consts_outside(ops, [sub.ops for sub in present], [v for sub in present for v in sub.const_vars()])
+
+
+def consts_outside(ops: Sequence[Any], op_lists: Sequence[Sequence[Operation]], const_vars: Sequence[Var]) -> bool:
+    """Whether no variable of ``const_vars`` is computed by one of ``ops`` (None entries ignored) or of
+    the ``op_lists`` (:func:`subs_final_ok`, as the generated search calls it with its rows' fields)."""
     # a const op is never part of a match (constants are pattern edges, not pattern ops)
-    producers = [p for sub in subs if sub is not None for var in sub.const_vars()
-                 if (p := var._op) is not None and type(p).__name__ != "const"]
+    producers = [p for var in const_vars if (p := var._op) is not None and type(p).__name__ != "const"]
     if not producers:
         return True
     inside = {id(op) for op in ops if op is not None}
-    for sub in subs:
-        if sub is not None:
-            inside.update(id(op) for op in sub.ops)
+    for listed in op_lists:
+        inside.update(id(op) for op in listed)
     return not any(id(p) in inside for p in producers)
-
-
-
 
 
 def all_op_types(compiled: CompiledPattern) -> frozenset[str]:

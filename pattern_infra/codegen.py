@@ -60,6 +60,7 @@ from __future__ import annotations
 
 import linecache
 import logging
+import operator
 import os
 import re
 from collections.abc import Callable
@@ -239,7 +240,14 @@ class _Generator(CheckWriter, ChoiceWriter):
         # the choice nodes whose alternatives compare their ops, and whose sub-matches hold their parts
         self.found = "_found"
         self.wrap: tuple[str, str, str] | None = None
-        self.wrap_index, self.wrap_slots = 0, []
+        self.wrap_index, self.wrap_slots, self.wrap_outer_slots = 0, [], []
+        self.anchor_placed = False  # an inline alternative anchored at the choice node's op, already checked
+        # the choice node whose alternatives' entries a match writes per alternative (expandable), what
+        # each alternative's row holds for it; in an inline alternative, whether its rows hold its locals
+        self.expanded: int | None = None
+        self.expansion: list[tuple[int, list[str], tuple[str, ...]]] = []
+        self.emit_locals = False
+        self.row_locals: tuple[list[str], tuple[str, ...]] = ([], ())
         self.clash_with: list[tuple[str, frozenset[str]]] | None = None
         self.built = False
         self.counter = [0]
@@ -260,10 +268,13 @@ class _Generator(CheckWriter, ChoiceWriter):
             "_choice_matches": choice_search.choice_matches,
             "_entered": choice_search.entered_matches,
             "_below": choice_search.candidates_below,
-            "_subs_final_ok": choice_search.subs_final_ok,
+            "_consts_outside": choice_search.consts_outside,
             "_SM": choice_search.SubMatch,
             "_SMB": choice_search.SubMatch.built,
+            "_present": choice_search.present_slots,
             "_kept": choice_search.kept_after_earlier,
+            "_ROW_END": operator.itemgetter(choice_search.ROW_END),
+            "_ROW_OPS": operator.itemgetter(choice_search.ROW_OPS),
             "_taken": choice_search.taken_further,
             "_ONCE": (None,),
             "_FINALS": self.compiled.final_names,
@@ -375,7 +386,9 @@ class _Generator(CheckWriter, ChoiceWriter):
         a = self.anchor
         if self.root is None:
             self.comment(f"step 0: anchor {self.label(a)}")
-            self.bind(a, via=None, filtered=False)
+            if self.anchor_placed:
+                self.comment("(type, outputs and block checked by the enclosing search)")
+            self.bind(a, via=None, filtered=self.anchor_placed, placed=self.anchor_placed)
         for i, st in enumerate(self.plan[1:] if self.root is None else self.plan, start=1 if self.root is None else 0):
             if st.kind == DOWN:
                 self.down_step(i, st)
@@ -406,6 +419,7 @@ class _Generator(CheckWriter, ChoiceWriter):
                     raise NotCompilable(f"input {self.compiled.root_names[edge.index]!r} is read by choice "
                                          f"{node.name!r} in some alternatives only, and by other pattern ops")
                 self.optional_roots.add(edge.index)
+        self.expanded = self.expandable()
         for node in self.nodes:
             if node.commutative and self.skippable[node.index] & {"x", "y"}:
                 raise NotCompilable(f"commutative op {node.name!r} has an optional constant x or y")
@@ -466,10 +480,9 @@ class _Generator(CheckWriter, ChoiceWriter):
             self.comment(f"step {i}: down into {self.label(m)}: each alternative entered from {what}")
             if not self.inline_alternatives(m, (st.slot, var)):
                 choice = self.constant("choice", node.choice)
-                self.open_loop(f"for _s{m} in _entered(_m, {choice}, {st.slot!r}, {var}, block, None, "
-                               f"{node.is_final}):")
-            self.line(f"o{m} = _s{m}.end")
-            self.sub_match_checks(m, via=None)
+                self.open_rows(m, f"_entered(_m, {choice}, {st.slot!r}, {var}, block, None, {node.is_final})",
+                               entered=True)
+            self.sub_match_checks(m, via=None, entered=True)
             return
         self.comment(f"step {i}: down to {self.label(m)}, each distinct consumer of {what}")
         if node.choice is not None:

@@ -51,14 +51,15 @@ class CheckWriter:
         ``used`` holds those too); empty when no bound op can be one."""
         types = self.nodes[n].op_types
         same = [f"o{n} is o{j}" for j in self.bound if self.nodes[j].op_types & types]
-        same += [f"o{n} in _s{j}.ops" for j in self.bound  # an op list: compared by identity
-                 if self.nodes[j].choice is not None and choice_types(self.nodes[j].choice) & types]
+        same += [f"o{n} in _ops{j}" for j in self.bound  # an op list: compared by identity
+                 if self.nodes[j].choice is not None and choice_types(self.nodes[j].choice) & types
+                 and not self.single(j)]  # else [o<j>], compared above
         return " or ".join(same)
 
     # -- binding one op -----------------------------------------------------------------------------
 
     def bind(
-        self, n: int, via: tuple[int, str, int] | None, filtered: bool, outputs: str = ""
+        self, n: int, via: tuple[int, str, int] | None, filtered: bool, outputs: str = "", placed: bool = False
     ) -> None:
         """Checks ``o<n>`` against pattern op ``n`` and sets its operand locals (opens a loop if it may swap).
 
@@ -67,13 +68,16 @@ class CheckWriter:
             via: For an up-step, the consumer edge it came along (already checked).
             filtered: Type and injectivity were checked by the enclosing down-step loop.
             outputs: A local already holding ``o<n>._output_vars``, if any.
+            placed: The number of outputs and the block were checked too (an inline alternative's last
+                op is the choice node's op, checked by the enclosing search).
         """
         node = self.nodes[n]
         o = f"o{n}"
         if not filtered:
             self.guard(self.type_mismatch(o, node), "type")
-        self.guard(f"len({outputs or o + '._output_vars'}) != {node.num_outputs}", "number of outputs")
-        self.guard(f"{o}.enclosing_block is not block", "another block")
+        if not placed:
+            self.guard(f"len({outputs or o + '._output_vars'}) != {node.num_outputs}", "number of outputs")
+            self.guard(f"{o}.enclosing_block is not block", "another block")
         if not filtered and (same := self.already_matched(n)):
             self.guard(same, "already matched")
         if node.choice is not None:
@@ -270,7 +274,8 @@ class CheckWriter:
                     f"{node.name} output {j}: used {node.output_uses[j]} time(s), inside the match",
                 )
         matched = " or ".join([f"_p is o{n}" for n in range(len(self.nodes))]
-                              + [f"_p in _s{n}.ops" for n in self.choice_nodes])  # an op list: by identity
+                              + [f"_p in _ops{n}" for n in self.choice_nodes  # an op list: by identity
+                                 if not self.single(n)])
         if len(self.nodes) > DIRECT_COMPARISONS or self.choice_nodes:  # first rule out by type
             matched = f"{self.op_type('_p')} in {set_literal(self.m.op_types)} and ({matched})"
         self.comment("final checks: no root and no constant slot computed by a matched op")
@@ -298,11 +303,11 @@ class CheckWriter:
         ``Collecting.final_checks``)."""
         if any(self.skippable):
             raise NotCompilable("an alternative op type may lack a wildcard constant (collect mode)")
-        per_node = ", ".join(f"_s{n}" if n in self.choice_nodes else "None" for n in range(len(self.nodes)))
+        per_node = ", ".join(self.sub_object(n) if n in self.choice_nodes else "None" for n in range(len(self.nodes)))
         if self.choice_nodes:
             self.subs_final_checks()
         assign = ", ".join(
-            f"_s{node.index}.slots" if node.choice is not None
+            self.slots_dict(node.index) if node.choice is not None
             else "{" + ", ".join(f"{slot!r}: {self.value(node.index, slot)}" for slot in node.inputs) + "}"
             for node in self.nodes
         )
@@ -321,9 +326,12 @@ class CheckWriter:
         if self.choice_nodes:
             self.subs_final_checks()
             parts = self.match_parts()
+            roots = ", ".join(f"r{k}" for k in range(len(self.compiled.root_names)))
+            if parts is not None and self.expanded is not None:
+                self.expanded_success(roots)
+                return
             if parts is not None:
                 by_name, operands, consts, chosen = parts
-                roots = ", ".join(f"r{k}" for k in range(len(self.compiled.root_names)))
                 self.comment("a match: the dicts of binding.build_pattern, the choices' sub-matches merged in")
                 self.line(f"_p = _of_search(_m.compiled, block, {by_name}, [{roots}], {operands}, {consts}, "
                           f"order, _FINALS)")
@@ -333,13 +341,12 @@ class CheckWriter:
                 return
             self.comment("a match: binding.build_pattern, with the sub-matches of the choices")
             assign = ", ".join(
-                f"_s{node.index}.slots" if node.choice is not None
+                self.slots_dict(node.index) if node.choice is not None
                 else "{" + ", ".join(f"{slot!r}: {self.value(node.index, slot)}" for slot in node.inputs) + "}"
                 for node in self.nodes
             )
-            per_node = ", ".join(f"_s{n}" if n in self.choice_nodes else "None" for n in range(len(self.nodes)))
+            per_node = ", ".join(self.sub_object(n) if n in self.choice_nodes else "None" for n in range(len(self.nodes)))
             ops = ", ".join(f"o{n}" for n in range(len(self.nodes)))
-            roots = ", ".join(f"r{k}" for k in range(len(self.compiled.root_names)))
             self.line(f"_p = _build_pattern(_m, block, [{ops}], [{assign}], [{roots}], order, [{per_node}])")
             self.line("if accept is None or accept(_p) is True:")
             self.line("    return _p")

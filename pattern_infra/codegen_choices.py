@@ -32,11 +32,48 @@ class ChoiceWriter:
         if not self.inline_alternatives(n, None):
             choice = self.constant("choice", node.choice)
             self.comment(f"choice {node.name!r}: every match of each alternative ending at o{n}")
-            self.open_loop(f"for _s{n} in _choice_matches(_m, {choice}, o{n}, block, None, {node.is_final}):")
-        self.sub_match_checks(n, via)
+            self.open_rows(n, f"_choice_matches(_m, {choice}, o{n}, block, None, {node.is_final})", entered=False)
+        self.sub_match_checks(n, via, entered=False)
 
-    def sub_match_checks(self, n: int, via: tuple[int, str, int] | None) -> None:
-        """Choice node ``n`` bound to ``o<n>`` with the sub-match ``_s<n>``: injectivity, then its slots
+    def open_rows(self, n: int, source: str, entered: bool) -> None:
+        """The loop over choice node ``n``'s sub-matches: ``source`` yields them as rows (the tuples an
+        inline alternative collects) or, from ``choice_search``, as objects turned into rows."""
+        node = self.nodes[n]
+        targets = ", ".join([self.value(n, slot) for slot in node.inputs]
+                            + [f"_ops{n}", f"o{n}" if entered else "_", f"_k{n}", f"_pt{n}", f"_cv{n}"])
+        if source.startswith("_f"):
+            self.open_loop(f"for {targets} in {source}:")
+            return
+        self.open_loop(f"for _s{n} in {source}:")
+        self.line(f"{targets} = _s{n}.row({tuple(node.inputs)!r})")
+
+    def single(self, n: int) -> bool:
+        """Every alternative of choice node ``n`` is one op: its sub-match's ops are ``[o<n>]``."""
+        return all(len(a.compiled.nodes) == 1 and a.compiled.nodes[0].choice is None
+                   for a in self.nodes[n].choice.alternatives)
+
+    def slots_dict(self, n: int) -> str:
+        """The expression of choice node ``n``'s slots as a sub-match holds them (absent ones left out)."""
+        node = self.nodes[n]
+        values = [self.value(n, slot) for slot in node.inputs]
+        if all(slot in node.choice.full_slots for slot in node.inputs):
+            return "{" + ", ".join(f"{slot!r}: {v}" for slot, v in zip(node.inputs, values)) + "}"
+        return f"_present({tuple(node.inputs)!r}, ({', '.join(values)},))"
+
+    def parts_of(self, n: int) -> str:
+        """The expression of choice node ``n``'s sub-match's dicts (``SubMatch.parts``)."""
+        return f"_pt{n}" if n in self.parts_built else f"_pt{n}.parts()"
+
+    def sub_object(self, n: int) -> str:
+        """The expression of choice node ``n``'s sub-match as a :class:`~pattern_infra.choice_search.SubMatch`
+        (for what derives a match from the search state)."""
+        if n not in self.parts_built:
+            return f"_pt{n}"
+        return (f"_SMB(_k{n}, {self.slots_dict(n)}, _ops{n}, o{n}, {self.nodes[n].choice.name!r}, "
+                f"_pt{n}, _cv{n})")
+
+    def sub_match_checks(self, n: int, via: tuple[int, str, int] | None, entered: bool) -> None:
+        """Choice node ``n`` bound to ``o<n>`` with its sub-match's row: injectivity, then its slots
         checked like any operands (``Search.bind_sub``)."""
         node = self.nodes[n]
         types = choice_search.choice_types(node.choice)
@@ -44,15 +81,19 @@ class ChoiceWriter:
         for j in self.bound:  # compared where the op types overlap (the same op has the same type)
             other = self.nodes[j].choice
             if other is not None and choice_search.choice_types(other) & types:
-                clash.append(f"not {{*map(id, _s{j}.ops)}}.isdisjoint(map(id, _s{n}.ops))")
+                if self.single(j):
+                    clash.append(f"o{j} is o{n}" if self.single(n) else f"o{j} in _ops{n}")
+                elif self.single(n):
+                    clash.append(f"o{n} in _ops{j}")
+                else:
+                    clash.append(f"not {{*map(id, _ops{j})}}.isdisjoint(map(id, _ops{n}))")
             elif other is None and n not in self.clashes_checked and self.nodes[j].op_types & types:
-                clash.append(f"o{j} in _s{n}.ops")  # an op list: compared by identity
+                if not self.single(n):
+                    clash.append(f"o{j} in _ops{n}")  # an op list: compared by identity
+                elif entered:  # else the choice node's own binding compared o<n>
+                    clash.append(f"o{j} is o{n}")
         if clash:
             self.guard(" or ".join(clash), "an op of the alternative is already matched")
-        self.line(f"_sl = _s{n}.slots")
-        for slot in node.inputs:
-            get = f"_sl[{slot!r}]" if slot in node.choice.full_slots else f"_sl.get({slot!r})"
-            self.line(f"{self.value(n, slot)} = {get}")
         self.consumer_edge_checks(n, via)
         slots = list(node.inputs)
         self.op_edge_checks(n, slots)
@@ -78,18 +119,13 @@ class ChoiceWriter:
         # is final (the longest-spelling rule reads every sub-match, clashing ones included).
         bound = None if node.is_final else [(f"o{j}", self.nodes[j].op_types) for j in self.bound
                                             if self.nodes[j].choice is None]
-        bodies, checked, built = [], True, True
-        for alternative in choice.alternatives:
-            if entry is not None:
-                root = alternative.slots.index(entry[0])
-                inner = self.alternative_body(m, alternative, root, f"r{{tag}}{root} = _ent{m}", bound)
-            else:
-                inner = self.alternative_body(m, alternative, None,
-                                              f"o{{tag}}{alternative.compiled.final_nodes[0]} = o{m}", bound)
-            if inner is None:
-                return False
-            bodies.append(inner[0])
-            checked, built = checked and inner[1], built and inner[2]
+        written = self.alternative_bodies(m, entry, bound, expand=m == self.expanded)
+        if written is not None and m == self.expanded and not written[2]:  # an alternative's parts not written
+            self.expanded = None
+            written = self.alternative_bodies(m, entry, bound, expand=False)
+        if written is None:
+            return False
+        bodies, checked, built = written
         if bound is not None and checked:
             self.clashes_checked.add(m)
         if built:
@@ -118,20 +154,44 @@ class ChoiceWriter:
             for text in body:
                 self.lines.append("    " * (self.depth + 2) + text)
         if entry is not None and maximal:
-            self.line(f"_f{m} = _kept(_f{m}, _in{m})")
+            self.line(f"_f{m} = _kept(_f{m}, _in{m}, _ROW_END, _ROW_OPS)")
         elif entry is None and node.is_final:
             alternatives = self.constant("alternatives", tuple(choice.alternatives))
             self.guard(f"_f{m} and _k{m} > 0 and _taken(_m, {self.constant('choice', choice)}, "
                        f"{alternatives}[_k{m}], o{m}, block)", "an earlier alternative matches further down")
-        self.open_loop(f"for _s{m} in _f{m}:")
+        self.open_rows(m, f"_f{m}", entered=entry is not None)
         return True
 
+    def alternative_bodies(self, m: int, entry: tuple[str, str] | None, bound: list[tuple[str, frozenset[str]]] | None,
+                           expand: bool) -> tuple[list[list[str]], bool, bool] | None:
+        """The lines of each alternative's search of choice node ``m`` (:meth:`alternative_body`), whether
+        they all compare their ops with the ``bound`` ones and whether all write their rows out; None
+        when one cannot be generated. With ``expand``, the rows hold the alternatives' locals and
+        :attr:`expansion` what the match's dicts read of them (:meth:`expanded_success`)."""
+        bodies, checked, built = [], True, True
+        if expand:
+            self.expansion = []
+        for alternative in self.nodes[m].choice.alternatives:
+            if entry is not None:
+                root = alternative.slots.index(entry[0])
+                start = f"r{{tag}}{root} = _ent{m}"
+            else:
+                root, start = None, f"o{{tag}}{alternative.compiled.final_nodes[0]} = o{m}"
+            inner = self.alternative_body(m, alternative, root, start, bound, expand)
+            if inner is None:
+                return None
+            bodies.append(inner[0])
+            checked, built = checked and inner[1], built and inner[2]
+        return bodies, checked, built
+
     def alternative_body(self, m: int, alternative: Any, root: int | None, start: str,
-                         bound: list[tuple[str, frozenset[str]]] | None) -> tuple[list[str], bool, bool] | None:
+                         bound: list[tuple[str, frozenset[str]]] | None,
+                         expand: bool = False) -> tuple[list[str], bool, bool] | None:
         """The lines of ``alternative``'s collecting search, anchored at its last op (``root`` None) or
         entered from its input ``root``, with its locals renamed apart (``start`` binds the first one);
         whether they compare its ops with the ``bound`` ones (name, op types) and whether its
-        sub-matches have every field written out. None when it cannot be generated."""
+        sub-matches have every field written out (with ``expand``: its locals, the dicts' expressions
+        appended to :attr:`expansion`). None when it cannot be generated."""
         matcher = choice_search.alternative_matcher(self.m, alternative)
         if root is not None and matcher.root_plans[root] is None:
             return None
@@ -144,7 +204,13 @@ class ChoiceWriter:
         inner.wrap = (self.constant("alternative", alternative), self.constant("matcher", matcher),
                       repr(self.nodes[m].choice.name))
         inner.wrap_index, inner.wrap_slots = alternative.index, alternative.slots
+        inner.wrap_outer_slots = list(self.nodes[m].inputs)
+        # anchored at o<m>: its type is one the alternative's last op accepts (the dispatch table), its
+        # block and (when the numbers agree) its number of outputs were checked by this search
+        end = alternative.compiled.nodes[alternative.compiled.final_nodes[0]]
+        inner.anchor_placed = root is None and end.num_outputs == self.nodes[m].num_outputs
         inner.clash_with = bound
+        inner.emit_locals = expand
         try:
             inner.prepare()
             inner.steps()
@@ -154,17 +220,21 @@ class ChoiceWriter:
         tag = f"q{self.counter[0]}q"
         lines = [start.format(tag=tag)] + [rename(text, tag).replace("_FOUND", f"_f{m}").replace("OUTER_", "")
                                            for text in inner.lines]
+        if expand and inner.built:
+            names, parts = inner.row_locals
+            self.expansion.append((alternative.index, [rename(v, tag) for v in names],
+                                   tuple(rename(text, tag) for text in parts)))
         return lines, inner.clash_with is not None and not inner.choice_nodes, inner.built
 
     def subs_final_checks(self) -> None:
-        """No constant slot of a sub-match computed inside the match (``choice_search.subs_final_ok``),
+        """No constant slot of a sub-match computed inside the match (``choice_search.consts_outside``),
         called only when some sub-match has a constant slot variable an op other than ``const``
-        computes: the only ones a match can hold (a sub-match built here lists only those)."""
-        suspects = " or ".join(f"_s{n}._const_vars" if n in self.parts_built else f"_s{n}.const_vars()"
-                               for n in self.choice_nodes)
+        computes: the only ones a match can hold (a row written out lists only those)."""
+        suspects = " or ".join(f"_cv{n}" for n in self.choice_nodes)
         ops = ", ".join(f"o{n}" for n in range(len(self.nodes)))
-        subs = "".join(f"_s{n}, " for n in self.choice_nodes)
-        self.guard(f"({suspects}) and not _subs_final_ok(({ops},), ({subs}))",
+        lists = "".join(f"_ops{n}, " for n in self.choice_nodes)
+        consts = ", ".join(f"*_cv{n}" for n in self.choice_nodes)
+        self.guard(f"({suspects}) and not _consts_outside(({ops},), ({lists}), [{consts}])",
                    "no constant slot of an alternative computed inside the match")
 
     def outer_clash_checks(self) -> None:
@@ -173,58 +243,110 @@ class ChoiceWriter:
         if self.clash_with is None or self.choice_nodes:
             return
         same = [f"o{n} is OUTER_{name}" for n, node in enumerate(self.nodes)
-                for name, types in self.clash_with if node.op_types & types]
+                for name, types in self.clash_with if node.op_types & types
+                and not (n == self.anchor and self.root is None)]  # o<m>, compared by the enclosing search
         if same:
             self.guard(" or ".join(same), "an op of the alternative is already matched")
 
     def sub_match_expression(self, state: str) -> str:
-        """The :class:`~pattern_infra.choice_search.SubMatch` an inline alternative's search collects for
-        the match ``state`` (ops, operands, roots, sub-matches): every field written out when it can be
-        (:meth:`match_parts`), else derived from the state as ``choice_search`` derives it."""
+        """The row an inline alternative's search collects for the match ``state`` (ops, operands,
+        roots, sub-matches): the outer choice node's slot variables, then ``choice_search.ROW_FIELDS``,
+        every field written out when it can be (:meth:`match_parts`), else derived from the state as
+        ``choice_search`` derives it."""
         alternative, matcher, name = self.wrap
+        outer = self.wrap_outer_slots
         parts = self.match_parts()
-        if parts is not None and not self.optional_roots:  # every field written out
-            index = self.wrap_index
-            slots = ", ".join(f"{slot!r}: r{k}" for k, slot in enumerate(self.wrap_slots))
-            flat = [f"o{n}" for n in range(len(self.nodes)) if n not in self.choice_nodes]
-            flat += [f"*_s{n}.ops" for n in self.choice_nodes]
-            consts = []  # the variables of constant slots an op other than const computes, only
-            for n, slot, pos in self.m.const_slots:
-                var = self.value(n, slot, pos)
-                consts.append(f"*(({var},) if (_q := {var}._op) is not None and {self.op_type('_q')} != 'const' else ())")
-            consts += [f"*_s{n}._const_vars" if n in self.parts_built else f"*_s{n}.const_vars()"
-                       for n in self.choice_nodes]
-            end = f"o{self.compiled.final_nodes[0]}"
-            state = (f"_SMB({index}, {{{slots}}}, [{', '.join(flat)}], {end}, {name}, ({', '.join(parts)}), "
-                     f"[{', '.join(consts)}])")
-            self.built = True
+        if parts is None or self.optional_roots:
+            return f"_SM({alternative}, {matcher}, {state}, {name}).row({tuple(outer)!r})"
+        slots = [f"r{self.wrap_slots.index(slot)}" if slot in self.wrap_slots else "None" for slot in outer]
+        flat = [f"o{n}" for n in range(len(self.nodes)) if n not in self.choice_nodes]
+        flat += [f"*_ops{n}" for n in self.choice_nodes]
+        consts = []  # the variables of constant slots an op other than const computes, only
+        for n, slot, pos in self.m.const_slots:
+            var = self.value(n, slot, pos)
+            consts.append(f"*(({var},) if (_q := {var}._op) is not None and {self.op_type('_q')} != 'const' else ())")
+        consts += [f"*_cv{n}" for n in self.choice_nodes]
+        end = f"o{self.compiled.final_nodes[0]}"
+        self.built = True
+        if self.emit_locals:  # the match's dicts written where the outer search succeeds, from these
+            names = [f"o{n}" for n in range(len(self.nodes))]
+            names += [self.slot_names[n][slot] for n in range(len(self.nodes)) for slot in self.nodes[n].inputs]
+            self.row_locals = (names, parts)
+            held = f"({''.join(v + ', ' for v in names)})"
         else:
-            state = f"_SM({alternative}, {matcher}, {state}, {name})"
-        return state
+            held = f"({', '.join(parts)})"
+        return (f"({''.join(v + ', ' for v in slots)}[{', '.join(flat)}], {end}, {self.wrap_index}, "
+                f"{held}, [{', '.join(consts)}])")
 
-    def match_parts(self) -> tuple[str, str, str, str] | None:
-        """Expressions of the dicts ``binding.match_dicts`` gives for this match (ops, operands,
-        constants, choices), the choices' sub-matches merged in as ``binding.merged`` merges them; None
-        when they must be built at run time: a wildcard slot that may be absent, a constant slot of a
-        choice node, or a name an alternative shares with the rest of the pattern (``merged`` keeps
-        the first of two equal keys, a dict display the last)."""
-        if any(self.skippable) or any(self.nodes[n].choice is not None for n, _, _ in self.m.const_slots):
+    def expandable(self) -> int | None:
+        """The choice node whose alternatives' entries a whole match writes per alternative (no dicts
+        per sub-match, none merged): the first whose alternatives hold no choice, when the match's
+        dicts can be written out at all (:meth:`match_parts`); None when there is none."""
+        if self.collect or not self.parts_writable():
             return None
+        return next((n for n in self.choice_nodes
+                     if all(node.choice is None for a in self.nodes[n].choice.alternatives
+                            for node in a.compiled.nodes)), None)
+
+    def expanded_success(self, roots: str) -> None:
+        """The match built per alternative of :attr:`expanded` (an ``if`` on ``_k<e>``; the other
+        choices' sub-matches merged in): its locals unpacked from the row, its entries written into the
+        dicts' displays where the merge would put them."""
+        e = self.expanded
+        self.comment(f"a match: the dicts of binding.build_pattern, per alternative of {self.nodes[e].name!r}")
+        for i, (k, names, parts) in enumerate(self.expansion):
+            last = i == len(self.expansion) - 1
+            self.line("else:" if last and i else ("if" if i == 0 else "elif") + f" _k{e} == {k}:")
+            self.depth += 1
+            self.line(f"{', '.join(names)}, = _pt{e}")
+            by_name, operands, consts, chosen = self.match_parts((k, parts))  # type: ignore[misc]
+            self.line(f"_p = _of_search(_m.compiled, block, {by_name}, [{roots}], {operands}, {consts}, "
+                      f"order, _FINALS)")
+            self.line(f"_p.choices = {chosen}")
+            self.depth -= 1
+        self.line("if accept is None or accept(_p) is True:")
+        self.line("    return _p")
+
+
+    def parts_writable(self) -> bool:
+        """Whether the match's dicts can be written out (:meth:`match_parts`): not with a wildcard slot
+        that may be absent, a constant slot of a choice node, or a name an alternative shares with the
+        rest of the pattern (``merged`` keeps the first of two equal keys, a dict display the last)."""
+        if any(self.skippable) or any(self.nodes[n].choice is not None for n, _, _ in self.m.const_slots):
+            return False
         names, keys = set(self.compiled.node_names), set(self.compiled.const_keys) | set(self.compiled.const_names)
         for n in self.choice_nodes:
             inner_names, inner_keys = _all_names(self.nodes[n].choice)
             if names & inner_names or keys & inner_keys:
-                return None
+                return False
             names |= inner_names
             keys |= inner_keys
+        return True
+
+    def match_parts(self, expanded: tuple[int, tuple[str, ...]] | None = None) -> tuple[str, str, str, str] | None:
+        """Expressions of the dicts ``binding.match_dicts`` gives for this match (ops, operands,
+        constants, choices), the choices' sub-matches merged in as ``binding.merged`` merges them; None
+        when they must be built at run time (:meth:`parts_writable`). ``expanded`` (alternative, its
+        dicts' expressions): the entries of :attr:`expanded`'s sub-match written in instead."""
+        if not self.parts_writable():
+            return None
         ops, operands, chosen = [], [], []
-        parts = {n: f"_s{n}._parts" if n in self.parts_built else f"_s{n}.parts()" for n in self.choice_nodes}
+        parts = {n: self.parts_of(n) for n in self.choice_nodes}
+        spliced: dict[int, list[str]] = {}
+        if expanded is not None:
+            spliced[self.expanded] = [text[1:-1] for text in expanded[1]]  # the items of "{...}"
         for node in self.nodes:
             n = node.index
-            if node.choice is not None:
+            if n in spliced:
+                ops.append(spliced[n][0])
+                operands.append(f"{node.name!r}: {self.slots_dict(n)}")
+                chosen.append(f"{node.choice.name!r}: {expanded[0]}")  # type: ignore[index]
+                chosen.append(spliced[n][3])
+            elif node.choice is not None:
                 ops.append(f"**{parts[n]}[0]")
-                operands.append(f"{node.name!r}: dict(_s{n}.slots)")
-                chosen.append(f"{node.choice.name!r}: _s{n}.alternative, **({parts[n]}[3] or {{}})")
+                operands.append(f"{node.name!r}: {self.slots_dict(n)}")
+                flat = all(x.choice is None for a in node.choice.alternatives for x in a.compiled.nodes)
+                chosen.append(f"{node.choice.name!r}: _k{n}" + ("" if flat else f", **({parts[n]}[3] or {{}})"))
             else:
                 operands.append(f"{node.name!r}: {{" + ", ".join(f"{slot!r}: {self.value(n, slot)}"
                                                              for slot in node.inputs) + "}")
@@ -236,9 +358,10 @@ class ChoiceWriter:
             played.setdefault(cname, var)
         consts = [f"{k!r}: {v}" for k, v in played.items()]
         for n in self.choice_nodes:
-            operands.append(f"**{parts[n]}[1]")
-            consts.append(f"**{parts[n]}[2]")
-        return tuple("{" + ", ".join(items) + "}" for items in (ops, operands, consts, chosen))  # type: ignore[return-value]
+            operands.append(spliced[n][1] if n in spliced else f"**{parts[n]}[1]")
+            consts.append(spliced[n][2] if n in spliced else f"**{parts[n]}[2]")
+        return tuple("{" + ", ".join(item for item in items if item) + "}"  # type: ignore[return-value]
+                     for items in (ops, operands, consts, chosen))
 
 
 def _all_names(choice: Any) -> tuple[set[str], set[str]]:
@@ -257,7 +380,7 @@ def _all_names(choice: Any) -> tuple[set[str], set[str]]:
     return names, keys
 
 
-_LOCAL = re.compile(r"(?<!')\b([ovar])(\d)|\b_(ord|c|s|f|k|ent|in)(\d)")
+_LOCAL = re.compile(r"(?<!')\b([ovar])(\d)|\b_(ord|c|s|f|k|ent|in|ops|pt|cv)(\d)")
 
 
 def rename(text: str, tag: str) -> str:

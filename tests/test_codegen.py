@@ -862,10 +862,44 @@ def test_random_spellings_compiled_and_interpreted_agree(data):
     same_everywhere(matcher, prog)  # assert_same at each anchor and op: same Pattern, same bind attempts
 
 
+def test_a_match_writes_a_flat_alternatives_entries_in_place():
+    """The tanh-GELU patterns' one choice (the cube, ``pow(x, 3)`` or ``x * x * x``) holds no choice of
+    its own: a row of it holds the alternative's locals, not dicts, and a whole match writes the
+    alternative's entries into its own dict displays, per alternative, instead of merging (``**``) a
+    sub-match's dicts in; the fused programs agree with the interpreter's (the differential tests), and
+    here on both spellings."""
+    from generic_passes._gelu_common import GELU_CONSTANTS
+    from generic_passes.fuse_gelu_tanh_approximation import gelu_tanh_pattern_1, gelu_tanh_pattern_2
+
+    for pattern in (gelu_tanh_pattern_1, gelu_tanh_pattern_2):
+        matcher = Matcher(compile_pattern(pattern, constants=GELU_CONSTANTS))
+        cube = matcher.compiled.by_name["cube"]
+        for anchor in range(len(matcher.nodes)):
+            source = matcher.source(anchor)
+            rows = [line for line in source.splitlines() if f"_f{cube}.append((" in line]
+            assert len(rows) == 2 and not any("{" in row for row in rows), (anchor, rows)
+            assert "**_pt" not in source and "_p.choices = {'cube': 1}" in source, anchor
+
+    @mb.program(input_specs=[mb.TensorSpec(shape=(1, 4, 8))])
+    def both_spellings(x):
+        outs = []
+        for power, first in itertools.product((True, False), (True, False)):
+            cube = mb.pow(x=x, y=3.0) if power else mb.mul(x=mb.mul(x=x, y=x), y=x)
+            inner = mb.mul(x=mb.add(x=x, y=mb.mul(x=cube, y=0.044715)), y=0.7978845834732056)
+            one_plus = mb.add(x=mb.tanh(x=inner), y=1.0)
+            outs.append(mb.mul(x=x, y=mb.mul(x=one_plus, y=0.5)) if first
+                        else mb.mul(x=mb.mul(x=x, y=0.5), y=one_plus))
+        return tuple(outs)
+
+    for pattern in (gelu_tanh_pattern_1, gelu_tanh_pattern_2):
+        found = same_everywhere(Matcher(compile_pattern(pattern, constants=GELU_CONSTANTS)), both_spellings)
+        assert sorted(p.choices["cube"] for p in found if p is not None) == [0, 1], pattern
+
+
 def test_alternatives_are_written_into_the_search_that_holds_the_choice():
     """The 12-spelling RMSNorm's generated searches search every alternative inline: no call into
     ``choice_search`` per alternative, no ``binding.build_pattern`` (the match's dicts are literals),
-    every sub-match built with its fields written out; and they match (the agreement with the
+    every sub-match a row (a tuple) with its fields written out, no sub-match object; and they match (the agreement with the
     interpreter, match by match, is the test above)."""
     import sys
     from pathlib import Path
@@ -878,8 +912,9 @@ def test_alternatives_are_written_into_the_search_that_holds_the_choice():
     matcher = Matcher(compile_pattern(rms_norm, constants="const"))
     for anchor in range(len(matcher.nodes)):
         source = matcher.source(anchor)
-        calls = [name for name in ("_choice_matches(", "_entered(", "_build_pattern(", "_SM(") if name in source]
-        assert calls == [] and "_SMB(" in source, (anchor, calls)
+        calls = [name for name in ("_choice_matches(", "_entered(", "_build_pattern(", "_SM(", "_SMB(", ".row(")
+                 if name in source]
+        assert calls == [] and ".append((" in source, (anchor, calls)  # rows: tuples written out
     prog = rms_program(*SPELLINGS[3])
     block = prog.functions["main"]
     final = [op for op in block.operations if op.op_type != "const"][-1]
