@@ -29,8 +29,8 @@ if TYPE_CHECKING:
 
 ROW_FIELDS = ("ops", "end", "alternative", "parts", "const_vars")
 """What follows the slot variables in a row of the generated search (a sub-match as a tuple,
-:meth:`SubMatch.row`): negative indexes ``ROW_OPS`` ... ``ROW_CONST_VARS``."""
-ROW_OPS, ROW_END = -5, -4
+:meth:`SubMatch.row`); ``ROW_OPS`` and ``ROW_END`` index the first two from the end."""
+ROW_OPS, ROW_END = -len(ROW_FIELDS), 1 - len(ROW_FIELDS)
 
 
 class SubMatch:
@@ -66,8 +66,8 @@ class SubMatch:
         self._const_vars: list[Var] | None = None
 
     @classmethod
-    def built(cls, alternative: int, slots: dict[str, Var], ops: list[Operation], end: Operation, choice: str,
-              parts: Any, const_vars: list[Var]) -> SubMatch:
+    def built(cls, alternative: int, slots: dict[str, Var], ops: Sequence[Operation], end: Operation, choice: str,
+              parts: Any, const_vars: Sequence[Var]) -> SubMatch:
         """The sub-match of a row of the generated search (:meth:`row`) whose fields were written out,
         ``parts`` included; ``const_vars`` lists only the constant slots' variables that an op other
         than ``const`` computes, the only ones :func:`consts_outside` can refuse (no match holds a

@@ -39,7 +39,8 @@ How the source of one search is generated (:func:`generate`):
    ``Matcher.bind_attempts`` is counted in a local and added once, in a ``finally``, by the interpreter's
    rule: the anchor, every producer reached by an up-step, every consumer of the right type not bound.
 6. **Choice nodes** (``one_of``, ``optional``, ``equivalences=``): each alternative's search is written
-   into this one, its sub-matches looped over like any choice point (:mod:`~pattern_infra.codegen_choices`).
+   into this one, its sub-matches (tuples, unpacked into locals) looped over like any choice point
+   (:mod:`~pattern_infra.codegen_choices`).
 7. **Compilation** registers the source with :mod:`linecache` under the file name
    ``<pattern_infra.codegen:{pattern}:{anchor}>`` (tracebacks show the generated lines) and keeps it on
    the function as ``__source__``; ``Matcher.source(anchor)`` returns it.
@@ -233,26 +234,8 @@ class _Generator(CheckWriter, ChoiceWriter):
         self.depth = 1  # indentation, in levels of four spaces
         self.loops = 0  # enclosing for loops
         self.bound: list[int] = []  # pattern ops bound so far, in plan order
-        # collect mode: the list a match is appended to; for an inline alternative (codegen_choices),
-        # the names of its Alternative and matcher, its choice's name, index and slots, the enclosing
-        # search's bound ops to compare with, whether its sub-matches are built with every field, and
-        # a count of the alternatives written inline so far, shared with theirs (each gets its own tag);
-        # the choice nodes whose alternatives compare their ops, and whose sub-matches hold their parts
-        self.found = "_found"
-        self.wrap: tuple[str, str, str] | None = None
-        self.wrap_index, self.wrap_slots, self.wrap_outer_slots = 0, [], []
-        self.anchor_placed = False  # an inline alternative anchored at the choice node's op, already checked
-        # the choice node whose alternatives' entries a match writes per alternative (expandable), what
-        # each alternative's row holds for it; in an inline alternative, whether its rows hold its locals
-        self.expanded: int | None = None
-        self.expansion: list[tuple[int, list[str], tuple[str, ...]]] = []
-        self.emit_locals = False
-        self.row_locals: tuple[list[str], tuple[str, ...]] = ([], ())
-        self.clash_with: list[tuple[str, frozenset[str]]] | None = None
-        self.built = False
-        self.counter = [0]
-        self.clashes_checked: set[int] = set()
-        self.parts_built: set[int] = set()
+        self.found = "_found"  # collect mode: the list a match is appended to
+        self.init_choice_state()
         self.namespace: dict[str, Any] = namespace if namespace is not None else {
             "_InternalVar": InternalVar,
             "_Var": Var,
@@ -338,9 +321,15 @@ class _Generator(CheckWriter, ChoiceWriter):
         return f"(_tn(type({op})) or _learn_op_type({op}))"
 
     def type_mismatch(self, op: str, node: PatternNode) -> str:
+        """The condition that ``op`` has none of ``node``'s types; for a choice node, it keeps the type
+        in ``_t<n>`` for the dispatch on it (:meth:`~pattern_infra.codegen_choices.ChoiceWriter.inline_alternatives`)."""
+        read = self.op_type(op)
+        if node.choice is not None and op == f"o{node.index}":
+            read = f"(_t{node.index} := {read})"
+            self.typed.add(node.index)
         if len(node.op_types) == 1:  # a choice node's op_type is "one_of"; its op_types are its outputs'
-            return f"{self.op_type(op)} != {next(iter(node.op_types))!r}"
-        return f"{self.op_type(op)} not in {set_literal(node.op_types)}"
+            return f"{read} != {next(iter(node.op_types))!r}"
+        return f"{read} not in {set_literal(node.op_types)}"
 
     def label(self, n: int) -> str:
         node = self.nodes[n]

@@ -236,7 +236,7 @@ class CheckWriter:
             return
         where = f"constant {key}"
         self.line(f"_sv = {var}._sym_val")
-        self.guard(f"_sv is None or (_val := _sv.val) is None", f"{where}: a compile-time constant")
+        self.guard("_sv is None or (_val := _sv.val) is None", f"{where}: a compile-time constant")
         if rule.mode == "const" or expected is None:
             self.guard(
                 f"type(_val) not in PLAIN_VALUES and (type(_val) is not _ndarray or _val.dtype.kind == 'O') "
@@ -334,8 +334,7 @@ class CheckWriter:
                 by_name, operands, consts, chosen = parts
                 self.comment("a match: the dicts of binding.build_pattern, the choices' sub-matches merged in")
                 self.line(f"_p = _of_search(_m.compiled, block, {by_name}, [{roots}], {operands}, {consts}, "
-                          f"order, _FINALS)")
-                self.line(f"_p.choices = {chosen}")
+                          f"order, _FINALS, {chosen})")
                 self.line("if accept is None or accept(_p) is True:")
                 self.line("    return _p")
                 return

@@ -5,10 +5,18 @@ Each alternative's search is written into the search holding the choice (:meth:`
 its locals renamed apart (:func:`rename`); its sub-matches are collected alternative by alternative and
 the rest of the outer search runs in the loop over them, so the choices' order, laziness and bind
 attempts are the interpreter's (``choice_search.choice_matches`` / ``entered_matches``), without a call
-per alternative. A whole match's dicts are written out too (:meth:`ChoiceWriter.match_parts`), the
-sub-matches' merged in as ``binding.merged`` merges them. An alternative the generator cannot write
-(see :class:`~pattern_infra.codegen_checks.NotCompilable`) leaves its choice to those helpers, called
-from the generated code.
+per alternative.
+
+A sub-match is a **row**, a tuple the loop unpacks into locals: the choice node's slot variables, then
+its ops, last op, alternative, parts and constant variables (``choice_search.ROW_FIELDS``). The parts are
+the dicts a Pattern of the alternative would hold, merged into the whole match's dicts as
+``binding.merged`` merges them (:meth:`ChoiceWriter.match_parts`); for one choice per pattern whose
+alternatives hold no choice (:meth:`ChoiceWriter.expandable`) they are the alternative's locals instead,
+and the match is written per alternative with its entries in place (:meth:`ChoiceWriter.expanded_success`):
+no dict per sub-match, nothing merged. An alternative the generator cannot write (see
+:class:`~pattern_infra.codegen_checks.NotCompilable`) leaves its choice to those helpers, called from the
+generated code, whose :class:`~pattern_infra.choice_search.SubMatch` objects give their rows
+(``SubMatch.row``).
 """
 
 from __future__ import annotations
@@ -23,7 +31,30 @@ __all__ = ["ChoiceWriter", "rename"]
 
 
 class ChoiceWriter:
-    """The generator's choice nodes (state as in ``codegen._Generator``)."""
+    """The generator's choice nodes (state as in ``codegen._Generator``, and :meth:`init_choice_state`)."""
+
+    def init_choice_state(self) -> None:
+        """The state of writing choices, and of being an inline alternative's search."""
+        # as an inline alternative: the names of its Alternative and matcher and its choice's name; its
+        # index, slots and the choice node's slots; whether its anchor is the choice node's op, checked
+        # already; the enclosing search's bound ops to compare with; whether its rows are written out,
+        # and with its locals (the expanded choice's alternative), which locals and dicts' expressions
+        self.wrap: tuple[str, str, str] | None = None
+        self.wrap_index, self.wrap_slots, self.wrap_outer_slots = 0, [], []
+        self.anchor_placed = False
+        self.clash_with: list[tuple[str, frozenset[str]]] | None = None
+        self.built = False
+        self.emit_locals = False
+        self.row_locals: tuple[list[str], tuple[str, ...]] = ([], ())
+        # a count of the alternatives written inline so far, shared with theirs (each gets its own tag);
+        # the choice nodes whose alternatives compare their ops, whose rows hold their parts, whose op
+        # type the type check kept in _t<n>; the expanded choice (expandable) and what its rows hold
+        self.counter = [0]
+        self.clashes_checked: set[int] = set()
+        self.parts_built: set[int] = set()
+        self.typed: set[int] = set()
+        self.expanded: int | None = None
+        self.expansion: list[tuple[int, list[str], tuple[str, ...]]] = []
 
     def bind_choice(self, n: int, via: tuple[int, str, int] | None) -> None:
         """A choice node: a loop over the sub-matches of its alternatives ending at ``o<n>`` (the helper
@@ -144,7 +175,8 @@ class ChoiceWriter:
                 for t in sorted(end.op_types):
                     dispatch.setdefault(t, []).append(alternative.index)
             table = self.constant("dispatch", {t: tuple(ks) for t, ks in dispatch.items()})
-            indices = f"{table}.get({self.op_type(f'o{m}')}, ())"
+            typed = f"_t{m}" if m in self.typed else self.op_type(f"o{m}")
+            indices = f"{table}.get({typed}, ())"
         self.comment(f"choice {node.name!r}: each alternative's search, written out; its sub-matches, one by one")
         self.open_loop(f"for _k{m} in {indices}:")
         self.line(f"_f{m} = []")
@@ -264,8 +296,10 @@ class ChoiceWriter:
         consts = []  # the variables of constant slots an op other than const computes, only
         for n, slot, pos in self.m.const_slots:
             var = self.value(n, slot, pos)
-            consts.append(f"*(({var},) if (_q := {var}._op) is not None and {self.op_type('_q')} != 'const' else ())")
-        consts += [f"*_cv{n}" for n in self.choice_nodes]
+            consts.append(f"(({var},) if (_q := {var}._op) is not None and {self.op_type('_q')} != 'const' else ())")
+        consts += [f"_cv{n}" for n in self.choice_nodes]
+        # tuples (an empty one is a constant): one of them as it is, several joined
+        held_consts = consts[0] if len(consts) == 1 else f"({''.join(f'*{c}, ' for c in consts)})"
         end = f"o{self.compiled.final_nodes[0]}"
         self.built = True
         if self.emit_locals:  # the match's dicts written where the outer search succeeds, from these
@@ -275,8 +309,8 @@ class ChoiceWriter:
             held = f"({''.join(v + ', ' for v in names)})"
         else:
             held = f"({', '.join(parts)})"
-        return (f"({''.join(v + ', ' for v in slots)}[{', '.join(flat)}], {end}, {self.wrap_index}, "
-                f"{held}, [{', '.join(consts)}])")
+        return (f"({''.join(v + ', ' for v in slots)}({''.join(f + ', ' for f in flat)}), {end}, {self.wrap_index}, "
+                f"{held}, {held_consts})")
 
     def expandable(self) -> int | None:
         """The choice node whose alternatives' entries a whole match writes per alternative (no dicts
@@ -301,8 +335,7 @@ class ChoiceWriter:
             self.line(f"{', '.join(names)}, = _pt{e}")
             by_name, operands, consts, chosen = self.match_parts((k, parts))  # type: ignore[misc]
             self.line(f"_p = _of_search(_m.compiled, block, {by_name}, [{roots}], {operands}, {consts}, "
-                      f"order, _FINALS)")
-            self.line(f"_p.choices = {chosen}")
+                      f"order, _FINALS, {chosen})")
             self.depth -= 1
         self.line("if accept is None or accept(_p) is True:")
         self.line("    return _p")
@@ -380,7 +413,7 @@ def _all_names(choice: Any) -> tuple[set[str], set[str]]:
     return names, keys
 
 
-_LOCAL = re.compile(r"(?<!')\b([ovar])(\d)|\b_(ord|c|s|f|k|ent|in|ops|pt|cv)(\d)")
+_LOCAL = re.compile(r"(?<!')\b([ovar])(\d)|\b_(ord|c|s|f|k|ent|in|ops|pt|cv|t)(\d)")
 
 
 def rename(text: str, tag: str) -> str:
