@@ -45,8 +45,8 @@ def build_pattern(
     if any(type(op) is list for op in ops):  # a fan-out op: the constructor flattens its list
         pattern = new_pattern(compiled, block, by_name, roots, operands, consts, order)
     else:  # the dicts are fresh: the compiled search's constructor takes them without copies
-        pattern = Pattern._of_search(compiled, block, by_name, list(roots), operands, consts, order,
-                                     compiled.final_names)
+        return Pattern._of_search(compiled, block, by_name, list(roots), operands, consts, order,
+                                  compiled.final_names, chosen if chosen is not None else {})
     if chosen is not None:
         pattern.choices = chosen
     return pattern

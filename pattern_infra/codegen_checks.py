@@ -419,6 +419,7 @@ class CheckWriter:
         self.line(f"    {consts},")
         self.line("    order,")
         self.line("    _FINALS,")
+        self.line("    {},")
         self.line(")")
         self.line("if accept is None or accept(_p) is True:")
         self.line("    return _p")

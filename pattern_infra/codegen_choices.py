@@ -10,10 +10,10 @@ per alternative.
 A sub-match is a **row**, a tuple the loop unpacks into locals: the choice node's slot variables, then
 its ops, last op, alternative, parts and constant variables (``choice_search.ROW_FIELDS``). The parts are
 the dicts a Pattern of the alternative would hold, merged into the whole match's dicts as
-``binding.merged`` merges them (:meth:`ChoiceWriter.match_parts`); for one choice per pattern whose
-alternatives hold no choice (:meth:`ChoiceWriter.expandable`) they are the alternative's locals instead,
-and the match is written per alternative with its entries in place (:meth:`ChoiceWriter.expanded_success`):
-no dict per sub-match, nothing merged. An alternative the generator cannot write (see
+``binding.merged`` merges them (:meth:`ChoiceWriter.match_parts`); for one choice per pattern, the one
+whose alternatives hold the most ops (:meth:`ChoiceWriter.expandable`), they are the alternative's
+locals instead, and the match is written per alternative with its entries in place
+(:meth:`ChoiceWriter.expanded_success`): no dict per sub-match of it, nothing of it merged. An alternative the generator cannot write (see
 :class:`~pattern_infra.codegen_checks.NotCompilable`) leaves its choice to those helpers, called from the
 generated code, whose :class:`~pattern_infra.choice_search.SubMatch` objects give their rows
 (``SubMatch.row``).
@@ -305,6 +305,7 @@ class ChoiceWriter:
         if self.emit_locals:  # the match's dicts written where the outer search succeeds, from these
             names = [f"o{n}" for n in range(len(self.nodes))]
             names += [self.slot_names[n][slot] for n in range(len(self.nodes)) for slot in self.nodes[n].inputs]
+            names += [f"{local}{n}" for n in self.choice_nodes for local in ("_pt", "_k")]  # nested rows
             self.row_locals = (names, parts)
             held = f"({''.join(v + ', ' for v in names)})"
         else:
@@ -314,13 +315,13 @@ class ChoiceWriter:
 
     def expandable(self) -> int | None:
         """The choice node whose alternatives' entries a whole match writes per alternative (no dicts
-        per sub-match, none merged): the first whose alternatives hold no choice, when the match's
-        dicts can be written out at all (:meth:`match_parts`); None when there is none."""
+        per sub-match of it, none merged; a choice nested in it still merged): the one whose
+        alternatives hold the most ops (the first of those), when the match's dicts can be written out
+        at all (:meth:`match_parts`); None when there is none. One only: two would put the product of
+        their alternatives into the code."""
         if self.collect or not self.parts_writable():
             return None
-        return next((n for n in self.choice_nodes
-                     if all(node.choice is None for a in self.nodes[n].choice.alternatives
-                            for node in a.compiled.nodes)), None)
+        return max(self.choice_nodes, key=lambda n: _size(self.nodes[n].choice), default=None)
 
     def expanded_success(self, roots: str) -> None:
         """The match built per alternative of :attr:`expanded` (an ``if`` on ``_k<e>``; the other
@@ -395,6 +396,12 @@ class ChoiceWriter:
             consts.append(spliced[n][2] if n in spliced else f"**{parts[n]}[2]")
         return tuple("{" + ", ".join(item for item in items if item) + "}"  # type: ignore[return-value]
                      for items in (ops, operands, consts, chosen))
+
+
+def _size(choice: Any) -> int:
+    """The ops of all alternatives of ``choice``, nested choices' included."""
+    return sum(len(a.compiled.nodes) + sum(_size(node.choice) for node in a.compiled.nodes if node.choice is not None)
+               for a in choice.alternatives)
 
 
 def _all_names(choice: Any) -> tuple[set[str], set[str]]:

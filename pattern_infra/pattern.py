@@ -109,11 +109,11 @@ class Pattern:
         consts: dict[str, Var],
         order: Callable[[list[Operation]], list[Operation]] | None,
         final_names: tuple[str, ...],
-        choices: dict[str, int] | None = None,
+        choices: dict[str, int],
     ) -> Pattern:
         """The constructor of the compiled search: the dicts and the list are fresh and become the
-        pattern's own (no copies), no op is a fan-out list, ``final_names`` are the final ops' names;
-        ``choices`` as :attr:`choices` (none when None)."""
+        pattern's own (no copies), no op is a fan-out list, ``final_names`` are the final ops' names,
+        ``choices`` is :attr:`choices`."""
         self = cls.__new__(cls)
         fields = self.__dict__
         fields.update(ops)  # pattern.<name>
@@ -128,7 +128,7 @@ class Pattern:
             root_var=roots[0] if roots else None,
             block=block,
             consts=consts,
-            choices={} if choices is None else choices,
+            choices=choices,
             pattern_name=compiled.name,
             final_ops=finals,
             final_op=finals[0] if finals else None,
