@@ -13,10 +13,10 @@ the dicts a Pattern of the alternative would hold, merged into the whole match's
 ``binding.merged`` merges them (:meth:`ChoiceWriter.match_parts`); for one choice per pattern, the one
 whose alternatives hold the most ops (:meth:`ChoiceWriter.expandable`), they are the alternative's
 locals instead, and the match is written per alternative with its entries in place
-(:meth:`ChoiceWriter.expanded_success`): no dict per sub-match of it, nothing of it merged. An alternative the generator cannot write (see
-:class:`~pattern_infra.codegen_checks.NotCompilable`) leaves its choice to those helpers, called from the
-generated code, whose :class:`~pattern_infra.choice_search.SubMatch` objects give their rows
-(``SubMatch.row``).
+(:meth:`ChoiceWriter.expanded_success`): no dict per sub-match of it, nothing of it merged. An
+alternative the generator cannot write (see :class:`~pattern_infra.codegen_checks.NotCompilable`) leaves
+its choice to those helpers, called from the generated code, whose
+:class:`~pattern_infra.choice_search.SubMatch` objects give their rows (``SubMatch.row``).
 """
 
 from __future__ import annotations
@@ -151,9 +151,10 @@ class ChoiceWriter:
         bound = None if node.is_final else [(f"o{j}", self.nodes[j].op_types) for j in self.bound
                                             if self.nodes[j].choice is None]
         written = self.alternative_bodies(m, entry, bound, expand=m == self.expanded)
-        if written is not None and m == self.expanded and not written[2]:  # an alternative's parts not written
-            self.expanded = None
-            written = self.alternative_bodies(m, entry, bound, expand=False)
+        if m == self.expanded and (written is None or not written[2]):  # not inline, or a row not written out
+            self.expanded = None  # the match merges this choice's dicts like the others'
+            if written is not None:
+                written = self.alternative_bodies(m, entry, bound, expand=False)
         if written is None:
             return False
         bodies, checked, built = written
@@ -340,7 +341,6 @@ class ChoiceWriter:
             self.depth -= 1
         self.line("if accept is None or accept(_p) is True:")
         self.line("    return _p")
-
 
     def parts_writable(self) -> bool:
         """Whether the match's dicts can be written out (:meth:`match_parts`): not with a wildcard slot

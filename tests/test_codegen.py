@@ -920,3 +920,29 @@ def test_alternatives_are_written_into_the_search_that_holds_the_choice():
     final = [op for op in block.operations if op.op_type != "const"][-1]
     found = matcher.match_at(final, block, matcher.compiled.by_name["weighted"])
     assert found is not None and found.final_op is final and found.choices["square"] == 0
+
+
+def test_a_choice_left_to_its_helper_is_merged_into_the_match():
+    """A choice whose alternative the generator cannot write (an op of two types whose wildcard constant
+    one of them lacks) is searched by ``choice_search``'s helper and its sub-match merged into the match,
+    although it is the choice a match would write per alternative: same matches as the interpreter."""
+    from pattern_infra import one_of
+
+    @mb.program(input_specs=[mb.TensorSpec(shape=S)])
+    def pat(x):
+        act = one_of("act_or_sigmoid", lambda: mb.leaky_relu(x=x, alpha=0.1, name="act"),
+                     lambda: mb.sigmoid(x=x, name="sg"))
+        return mb.exp(x=act, name="e")
+
+    matcher = matcher_of(pat, alternatives={"act": ["leaky_relu", "relu"]})
+    sources = [matcher.source(anchor) for anchor in range(len(matcher.nodes))]
+    assert all("_choice_matches(" in text or "_entered(" in text for text in sources)
+
+    @mb.program(input_specs=[mb.TensorSpec(shape=S)])
+    def prog(x):
+        return (mb.exp(x=mb.relu(x=x, name="plain")), mb.exp(x=mb.leaky_relu(x=x, alpha=0.3, name="leaky")),
+                mb.exp(x=mb.sigmoid(x=x, name="sig")))
+
+    found = same_everywhere(matcher, prog)
+    assert sorted(p.act_or_sigmoid.name for p in found) == ["leaky", "plain", "sig"]
+    assert sorted(p.choices["act_or_sigmoid"] for p in found) == [0, 0, 1]
