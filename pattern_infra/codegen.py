@@ -470,7 +470,7 @@ class _Generator(CheckWriter, ChoiceWriter):
             if not self.inline_alternatives(m, (st.slot, var)):
                 choice = self.constant("choice", node.choice)
                 self.open_rows(m, f"_entered(_m, {choice}, {st.slot!r}, {var}, block, None, {node.is_final})",
-                               entered=True)
+                               entered=True, objects=True)
             self.sub_match_checks(m, via=None, entered=True)
             return
         self.comment(f"step {i}: down to {self.label(m)}, each distinct consumer of {what}")

@@ -63,16 +63,18 @@ class ChoiceWriter:
         if not self.inline_alternatives(n, None):
             choice = self.constant("choice", node.choice)
             self.comment(f"choice {node.name!r}: every match of each alternative ending at o{n}")
-            self.open_rows(n, f"_choice_matches(_m, {choice}, o{n}, block, None, {node.is_final})", entered=False)
+            self.open_rows(n, f"_choice_matches(_m, {choice}, o{n}, block, None, {node.is_final})", entered=False,
+                           objects=True)
         self.sub_match_checks(n, via, entered=False)
 
-    def open_rows(self, n: int, source: str, entered: bool) -> None:
+    def open_rows(self, n: int, source: str, entered: bool, objects: bool = False) -> None:
         """The loop over choice node ``n``'s sub-matches: ``source`` yields them as rows (the tuples an
-        inline alternative collects) or, from ``choice_search``, as objects turned into rows."""
+        inline alternative collects) or, with ``objects``, as ``choice_search``'s objects, turned into
+        rows; ``entered``: the row's last op is ``o<n>`` (else ``o<n>`` is bound already)."""
         node = self.nodes[n]
         targets = ", ".join([self.value(n, slot) for slot in node.inputs]
                             + [f"_ops{n}", f"o{n}" if entered else "_", f"_k{n}", f"_pt{n}", f"_cv{n}"])
-        if source.startswith("_f"):
+        if not objects:
             self.open_loop(f"for {targets} in {source}:")
             return
         self.open_loop(f"for _s{n} in {source}:")
