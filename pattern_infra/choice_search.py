@@ -47,7 +47,7 @@ class SubMatch:
         ops, assign, roots, subs = state
         self.alternative: int = alternative.index
         """Index of the alternative that matched."""
-        self.slots: dict[str, Var] = {slot: var for slot, var in zip(alternative.slots, roots) if var is not None}
+        self.slots: dict[str, Var] = present_slots(alternative.slots, roots)
         """Choice-node slot to the program variable the alternative read there (slots it does not read
         are absent)."""
         flat = [op for op, sub in zip(ops, subs) if sub is None]
@@ -106,7 +106,8 @@ class SubMatch:
 
 
 def present_slots(slots: Sequence[str], values: Sequence[Var | None]) -> dict[str, Var]:
-    """``SubMatch.slots`` of a row: the slots with a variable (an alternative may not read some)."""
+    """``SubMatch.slots``, of an interpreter's match or of a row: the slots with a variable (an
+    alternative may not read some)."""
     return {slot: var for slot, var in zip(slots, values) if var is not None}
 
 

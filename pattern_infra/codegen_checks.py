@@ -325,11 +325,11 @@ class CheckWriter:
         with choices, by calling it: the alternatives' ops, operands and constants are merged in)."""
         if self.choice_nodes:
             self.subs_final_checks()
-            parts = self.match_parts()
             roots = ", ".join(f"r{k}" for k in range(len(self.compiled.root_names)))
-            if parts is not None and self.expanded is not None:
+            if self.expanded is not None:  # set only when the match's dicts can be written out
                 self.expanded_success(roots)
                 return
+            parts = self.match_parts()
             if parts is not None:
                 by_name, operands, consts, chosen = parts
                 self.comment("a match: the dicts of binding.build_pattern, the choices' sub-matches merged in")
