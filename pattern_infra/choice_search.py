@@ -13,7 +13,6 @@ interpreter through the matcher objects it is given.
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
-from operator import attrgetter
 from typing import TYPE_CHECKING, Any
 
 from coremltools.converters.mil.mil import Operation, Var
@@ -255,14 +254,13 @@ def entered_matches(
         yield from kept
 
 
-def kept_after_earlier(subs: list[Any], inside_earlier: set[int], end: Any = attrgetter("end"),
-                       ops: Any = attrgetter("ops")) -> list[Any]:
+def kept_after_earlier(subs: list[SubMatch], inside_earlier: set[int]) -> list[SubMatch]:
     """The sub-matches of one alternative of a final choice entered from a variable that the longest
     spelling rule keeps: those whose last op lies inside no sub-match of an earlier alternative
-    (``inside_earlier``, op ids, updated here with ``subs``' ops). ``end`` and ``ops`` read a
-    sub-match's last op and ops (the generated search's rows: ``itemgetter(ROW_END)``, ...)."""
-    kept = [sub for sub in subs if id(end(sub)) not in inside_earlier] if inside_earlier else subs
-    inside_earlier.update(id(o) for sub in subs for o in ops(sub) if o is not end(sub))
+    (``inside_earlier``, op ids, updated here with ``subs``' ops). (The generated search writes it out,
+    over its rows: :meth:`~pattern_infra.codegen_choices.ChoiceWriter.inline_alternatives`.)"""
+    kept = [sub for sub in subs if id(sub.end) not in inside_earlier] if inside_earlier else subs
+    inside_earlier.update(id(o) for sub in subs for o in sub.ops if o is not sub.end)
     return kept
 
 

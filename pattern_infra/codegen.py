@@ -61,7 +61,6 @@ from __future__ import annotations
 
 import linecache
 import logging
-import operator
 import os
 import re
 from collections.abc import Callable
@@ -255,9 +254,6 @@ class _Generator(CheckWriter, ChoiceWriter):
             "_SM": choice_search.SubMatch,
             "_SMB": choice_search.SubMatch.built,
             "_present": choice_search.present_slots,
-            "_kept": choice_search.kept_after_earlier,
-            "_ROW_END": operator.itemgetter(choice_search.ROW_END),
-            "_ROW_OPS": operator.itemgetter(choice_search.ROW_OPS),
             "_taken": choice_search.taken_further,
             "_ONCE": (None,),
             "_FINALS": self.compiled.final_names,

@@ -326,7 +326,7 @@ class CheckWriter:
         if self.choice_nodes:
             self.subs_final_checks()
             roots = ", ".join(f"r{k}" for k in range(len(self.compiled.root_names)))
-            if self.expanded is not None:  # set only when the match's dicts can be written out
+            if self.expanded:  # set only when the match's dicts can be written out
                 self.expanded_success(roots)
                 return
             parts = self.match_parts()

@@ -8,26 +8,30 @@ attempts are the interpreter's (``choice_search.choice_matches`` / ``entered_mat
 per alternative.
 
 A sub-match is a **row**, a tuple the loop unpacks into locals: the choice node's slot variables, then
-its ops, last op, alternative, parts and constant variables (``choice_search.ROW_FIELDS``). The parts are
-the dicts a Pattern of the alternative would hold, merged into the whole match's dicts as
-``binding.merged`` merges them (:meth:`ChoiceWriter.match_parts`); for one choice per pattern, the one
-whose alternatives hold the most ops (:meth:`ChoiceWriter.expandable`), they are the alternative's
-locals instead, and the match is written per alternative with its entries in place
-(:meth:`ChoiceWriter.expanded_success`): no dict per sub-match of it, nothing of it merged. An
-alternative the generator cannot write (see :class:`~pattern_infra.codegen_checks.NotCompilable`) leaves
-its choice to those helpers, called from the generated code, whose
-:class:`~pattern_infra.choice_search.SubMatch` objects give their rows (``SubMatch.row``).
+its ops, last op, alternative, parts and constant variables (``choice_search.ROW_FIELDS``). For the
+choices :meth:`ChoiceWriter.expandable` picks (nested ones included, up to :data:`MAX_WRITTEN_MATCHES`
+spellings) the parts are the alternative's locals and the match is written once per spelling, their
+entries in place (:meth:`ChoiceWriter.expanded_success`); for the others, the dicts a Pattern of the
+alternative would hold, merged as ``binding.merged`` merges them (:meth:`ChoiceWriter.match_parts`). An
+alternative the generator cannot write (:class:`~pattern_infra.codegen_checks.NotCompilable`) leaves its
+choice to those helpers, whose :class:`~pattern_infra.choice_search.SubMatch` objects give rows.
 """
 
 from __future__ import annotations
 
+import math
 import re
-from typing import Any
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Union
 
 from . import choice_search
 from .codegen_checks import NotCompilable
 
-__all__ = ["ChoiceWriter", "rename"]
+__all__ = ["MAX_WRITTEN_MATCHES", "ChoiceWriter", "rename"]
+
+MAX_WRITTEN_MATCHES = 16
+"""The most matches a search writes out, one per spelling of its expanded choices (:meth:`ChoiceWriter.expandable`)."""
 
 
 class ChoiceWriter:
@@ -45,7 +49,7 @@ class ChoiceWriter:
         self.clash_with: list[tuple[str, frozenset[str]]] | None = None
         self.built = False
         self.emit_locals = False
-        self.row_locals: tuple[list[str], tuple[str, ...]] = ([], ())
+        self.row_locals: tuple[list[str], Tree] = ([], ())
         # a count of the alternatives written inline so far, shared with theirs (each gets its own tag);
         # the choice nodes whose alternatives compare their ops, whose rows hold their parts, whose op
         # type the type check kept in _t<n>; the expanded choice (expandable) and what its rows hold
@@ -53,8 +57,8 @@ class ChoiceWriter:
         self.clashes_checked: set[int] = set()
         self.parts_built: set[int] = set()
         self.typed: set[int] = set()
-        self.expanded: int | None = None
-        self.expansion: list[tuple[int, list[str], tuple[str, ...]]] = []
+        self.expanded: list[int] = []
+        self.expansion: dict[int, list[tuple[int, list[str], Tree]]] = {}
 
     def bind_choice(self, n: int, via: tuple[int, str, int] | None) -> None:
         """A choice node: a loop over the sub-matches of its alternatives ending at ``o<n>`` (the helper
@@ -152,9 +156,9 @@ class ChoiceWriter:
         # is final (the longest-spelling rule reads every sub-match, clashing ones included).
         bound = None if node.is_final else [(f"o{j}", self.nodes[j].op_types) for j in self.bound
                                             if self.nodes[j].choice is None]
-        written = self.alternative_bodies(m, entry, bound, expand=m == self.expanded)
-        if m == self.expanded and (written is None or not written[2]):  # not inline, or a row not written out
-            self.expanded = None  # the match merges this choice's dicts like the others'
+        written = self.alternative_bodies(m, entry, bound, expand=m in self.expanded)
+        if m in self.expanded and (written is None or not written[2]):  # not inline, or a row not written out
+            self.expanded.remove(m)  # the match merges this choice's dicts like the others'
             if written is not None:
                 written = self.alternative_bodies(m, entry, bound, expand=False)
         if written is None:
@@ -182,14 +186,20 @@ class ChoiceWriter:
             indices = f"{table}.get({typed}, ())"
         self.comment(f"choice {node.name!r}: each alternative's search, written out; its sub-matches, one by one")
         self.open_loop(f"for _k{m} in {indices}:")
+        if maximal:  # kept_after_earlier written out, its update made only when a next alternative runs
+            self.line(f"if _k{m}:  # the ops inside the previous alternative's sub-matches, their last ops aside")
+            self.line(f"    _in{m}.update(id(_o) for _r in _a{m} for _o in _r[{choice_search.ROW_OPS}] "
+                      f"if _o is not _r[{choice_search.ROW_END}])")
         self.line(f"_f{m} = []")
         for k, body in enumerate(bodies):
             self.line(("if" if k == 0 else "elif") + f" _k{m} == {k}:")
             self.line("    for _ in _ONCE:  # a failed check leaves the alternative")
             for text in body:
                 self.lines.append("    " * (self.depth + 2) + text)
-        if entry is not None and maximal:
-            self.line(f"_f{m} = _kept(_f{m}, _in{m}, _ROW_END, _ROW_OPS)")
+        if maximal:
+            self.line(f"_a{m} = _f{m}")
+            self.line(f"if _in{m}:  # ending inside an earlier alternative's sub-match: not kept")
+            self.line(f"    _f{m} = [_r for _r in _f{m} if id(_r[{choice_search.ROW_END}]) not in _in{m}]")
         elif entry is None and node.is_final:
             alternatives = self.constant("alternatives", tuple(choice.alternatives))
             self.guard(f"_f{m} and _k{m} > 0 and _taken(_m, {self.constant('choice', choice)}, "
@@ -205,7 +215,7 @@ class ChoiceWriter:
         :attr:`expansion` what the match's dicts read of them (:meth:`expanded_success`)."""
         bodies, checked, built = [], True, True
         if expand:
-            self.expansion = []
+            self.expansion[m] = []
         for alternative in self.nodes[m].choice.alternatives:
             if entry is not None:
                 root = alternative.slots.index(entry[0])
@@ -256,9 +266,10 @@ class ChoiceWriter:
         lines = [start.format(tag=tag)] + [rename(text, tag).replace("_FOUND", f"_f{m}").replace("OUTER_", "")
                                            for text in inner.lines]
         if expand and inner.built:
-            names, parts = inner.row_locals
-            self.expansion.append((alternative.index, [rename(v, tag) for v in names],
-                                   tuple(rename(text, tag) for text in parts)))
+            names, tree = inner.row_locals
+            self.expansion[m].append((alternative.index, [rename(v, tag) for v in names],
+                                      _graft(tree, lambda parts: tuple(rename(text, tag) for text in parts),
+                                             lambda text: rename(text, tag))))
         return lines, inner.clash_with is not None and not inner.choice_nodes, inner.built
 
     def subs_final_checks(self) -> None:
@@ -309,40 +320,66 @@ class ChoiceWriter:
             names = [f"o{n}" for n in range(len(self.nodes))]
             names += [self.slot_names[n][slot] for n in range(len(self.nodes)) for slot in self.nodes[n].inputs]
             names += [f"{local}{n}" for n in self.choice_nodes for local in ("_pt", "_k")]  # nested rows
-            self.row_locals = (names, parts)
+            self.row_locals = (names, self.match_tree())
             held = f"({''.join(v + ', ' for v in names)})"
         else:
             held = f"({', '.join(parts)})"
         return (f"({''.join(v + ', ' for v in slots)}({''.join(f + ', ' for f in flat)}), {end}, {self.wrap_index}, "
                 f"{held}, {held_consts})")
 
-    def expandable(self) -> int | None:
-        """The choice node whose alternatives' entries a whole match writes per alternative (no dicts
-        per sub-match of it, none merged; a choice nested in it still merged): the one whose
-        alternatives hold the most ops (the first of those), when the match's dicts can be written out
-        at all (:meth:`match_parts`); None when there is none. One only: two would put the product of
-        their alternatives into the code."""
-        if self.collect or not self.parts_writable():
-            return None
-        return max(self.choice_nodes, key=lambda n: _size(self.nodes[n].choice), default=None)
+    def expandable(self) -> list[int]:
+        """The choice nodes whose alternatives' entries a whole match writes per alternative (no dicts
+        per sub-match of them, none merged): the ones whose alternatives hold the most ops first
+        (:func:`_size`), as many as keep the matches written out (:func:`_leaves`: the product of
+        their numbers of spellings) within :data:`MAX_WRITTEN_MATCHES`; none when the match's dicts
+        cannot be written out at all (:meth:`match_parts`). An inline alternative's search expands
+        every choice of its own when the enclosing search expands its choice (counted there), else none."""
+        if not self.parts_writable() or (self.collect and (not self.emit_locals or self.optional_roots)):
+            return []
+        if self.collect:
+            return list(self.choice_nodes)
+        chosen, product = [], 1
+        for n in sorted(self.choice_nodes, key=lambda n: -_size(self.nodes[n].choice)):
+            count = _leaves(self.nodes[n].choice)
+            if product * count <= MAX_WRITTEN_MATCHES:
+                chosen.append(n)
+                product *= count
+        return chosen
+
+    def match_tree(self, i: int = 0, taken: dict[int, tuple[int, tuple[str, ...]]] | None = None) -> Tree:
+        """The dicts' expressions of the match (:meth:`match_parts`) per alternative of each choice of
+        :attr:`expanded` from the ``i``-th on, ``taken`` (choice node: alternative, its dicts'
+        expressions) those of the earlier ones: a :class:`Branch` per choice, nested."""
+        taken = taken or {}
+        if i == len(self.expanded):
+            return self.match_parts(taken)  # type: ignore[return-value]
+        e = self.expanded[i]
+        return Branch(f"_k{e}", f"_pt{e}", tuple(
+            (k, tuple(names), _graft(tree, lambda parts, k=k: self.match_tree(i + 1, {**taken, e: (k, parts)})))
+            for k, names, tree in self.expansion[e]))
 
     def expanded_success(self, roots: str) -> None:
-        """The match built per alternative of :attr:`expanded` (an ``if`` on ``_k<e>``; the other
-        choices' sub-matches merged in): its locals unpacked from the row, its entries written into the
-        dicts' displays where the merge would put them."""
-        e = self.expanded
-        self.comment(f"a match: the dicts of binding.build_pattern, per alternative of {self.nodes[e].name!r}")
-        for i, (k, names, parts) in enumerate(self.expansion):
-            last = i == len(self.expansion) - 1
-            self.line("else:" if last and i else ("if" if i == 0 else "elif") + f" _k{e} == {k}:")
-            self.depth += 1
-            self.line(f"{', '.join(names)}, = _pt{e}")
-            by_name, operands, consts, chosen = self.match_parts((k, parts))  # type: ignore[misc]
-            self.line(f"_p = _of_search(_m.compiled, block, {by_name}, [{roots}], {operands}, {consts}, "
-                      f"order, _FINALS, {chosen})")
-            self.depth -= 1
+        """The match built per alternative of each choice of :attr:`expanded` (nested ``if``s on
+        ``_k<e>``; the other choices' sub-matches merged in): their locals unpacked from the rows, their
+        entries written into the dicts' displays where the merge would put them."""
+        names = ", ".join(repr(self.nodes[e].name) for e in self.expanded)
+        self.comment(f"a match: the dicts of binding.build_pattern, per alternative of {names}")
+        self._write_tree(self.match_tree(), roots)
         self.line("if accept is None or accept(_p) is True:")
         self.line("    return _p")
+
+    def _write_tree(self, tree: Tree, roots: str) -> None:
+        if not isinstance(tree, Branch):
+            by_name, operands, consts, chosen = tree
+            self.line(f"_p = _of_search(_m.compiled, block, {by_name}, [{roots}], {operands}, {consts}, "
+                      f"order, _FINALS, {chosen})")
+            return
+        for j, (k, names, sub) in enumerate(tree.arms):  # the last arm an else, when there are several
+            self.line("else:" if 0 < j == len(tree.arms) - 1 else ("elif" if j else "if") + f" {tree.alternative} == {k}:")
+            self.depth += 1
+            self.line(f"{', '.join(names)}, = {tree.row}")
+            self._write_tree(sub, roots)
+            self.depth -= 1
 
     def parts_writable(self) -> bool:
         """Whether the match's dicts can be written out (:meth:`match_parts`): not with a wildcard slot
@@ -359,24 +396,27 @@ class ChoiceWriter:
             keys |= inner_keys
         return True
 
-    def match_parts(self, expanded: tuple[int, tuple[str, ...]] | None = None) -> tuple[str, str, str, str] | None:
+    def match_parts(self, expanded: dict[int, tuple[int, tuple[str, ...]]] | None = None
+                    ) -> tuple[str, str, str, str] | None:
         """Expressions of the dicts ``binding.match_dicts`` gives for this match (ops, operands,
         constants, choices), the choices' sub-matches merged in as ``binding.merged`` merges them; None
-        when they must be built at run time (:meth:`parts_writable`). ``expanded`` (alternative, its
-        dicts' expressions): the entries of :attr:`expanded`'s sub-match written in instead."""
+        when they must be built at run time (:meth:`parts_writable`). ``expanded``: choice node to the
+        alternative taken and its dicts' expressions, whose entries are written in instead."""
         if not self.parts_writable():
             return None
         ops, operands, chosen = [], [], []
         parts = {n: self.parts_of(n) for n in self.choice_nodes}
-        spliced: dict[int, list[str]] = {}
-        if expanded is not None:
-            spliced[self.expanded] = [text[1:-1] for text in expanded[1]]  # the items of "{...}"
+        spliced = {n: [text[1:-1] for text in texts]  # the items of "{...}"
+                   for n, (_, texts) in (expanded or {}).items()}
         for node in self.nodes:
             n = node.index
             if n in spliced:
+                k = expanded[n][0]  # type: ignore[index]
                 ops.append(spliced[n][0])
-                operands.append(f"{node.name!r}: {self.slots_dict(n)}")
-                chosen.append(f"{node.choice.name!r}: {expanded[0]}")  # type: ignore[index]
+                read = node.choice.alternatives[k].slots  # the slots this alternative has a variable in
+                operands.append(f"{node.name!r}: {{" + ", ".join(f"{slot!r}: {self.value(n, slot)}"
+                                                             for slot in node.inputs if slot in read) + "}")
+                chosen.append(f"{node.choice.name!r}: {k}")
                 chosen.append(spliced[n][3])
             elif node.choice is not None:
                 ops.append(f"**{parts[n]}[0]")
@@ -406,6 +446,35 @@ def _size(choice: Any) -> int:
                for a in choice.alternatives)
 
 
+def _leaves(choice: Any) -> int:
+    """The spellings of ``choice``: per alternative, the product of its nested choices' spellings."""
+    return sum(math.prod(_leaves(node.choice) for node in a.compiled.nodes if node.choice is not None)
+               for a in choice.alternatives)
+
+
+@dataclass(frozen=True)
+class Branch:
+    """The match's dicts per alternative of an expanded choice (:meth:`ChoiceWriter.match_tree`): an ``if``
+    on ``alternative`` (its local ``_k<e>``); per arm, the alternative, the locals its rows hold (unpacked
+    from ``row``, ``_pt<e>``) and what follows (a :data:`Tree`)."""
+
+    alternative: str
+    row: str
+    arms: tuple[tuple[int, tuple[str, ...], Any], ...]
+
+
+Tree = Union[Branch, tuple[str, ...]]
+"""A :class:`Branch`, or the expressions of the match's four dicts (:meth:`ChoiceWriter.match_parts`)."""
+
+
+def _graft(tree: Tree, leaf: Callable[[tuple[str, ...]], Tree], name: Callable[[str], str] = str) -> Tree:
+    """``tree`` with each of its dicts' expressions replaced by ``leaf`` of them, its names by ``name``."""
+    if not isinstance(tree, Branch):
+        return leaf(tree)
+    return Branch(name(tree.alternative), name(tree.row),
+                  tuple((k, tuple(map(name, names)), _graft(sub, leaf, name)) for k, names, sub in tree.arms))
+
+
 def _all_names(choice: Any) -> tuple[set[str], set[str]]:
     """The op names and constant keys of every alternative of ``choice``, nested choices' included."""
     names: set[str] = set()
@@ -417,12 +486,11 @@ def _all_names(choice: Any) -> tuple[set[str], set[str]]:
         for node in compiled.nodes:
             if node.choice is not None:
                 inner_names, inner_keys = _all_names(node.choice)
-                names |= inner_names
-                keys |= inner_keys
+                names, keys = names | inner_names, keys | inner_keys
     return names, keys
 
 
-_LOCAL = re.compile(r"(?<!')\b([ovar])(\d)|\b_(ord|c|s|f|k|ent|in|ops|pt|cv|t)(\d)")
+_LOCAL = re.compile(r"(?<!')\b([ovar])(\d)|\b_(ord|c|s|f|a|k|ent|in|ops|pt|cv|t)(\d)")
 
 
 def rename(text: str, tag: str) -> str:

@@ -922,6 +922,43 @@ def test_alternatives_are_written_into_the_search_that_holds_the_choice():
     assert found is not None and found.final_op is final and found.choices["square"] == 0
 
 
+def test_every_choice_of_the_12_spellings_is_written_per_alternative():
+    """The 12-spelling RMSNorm has three choices, one nested in another (``normed`` inside ``weighted``):
+    each search writes the match once per spelling (12 ``_of_search`` calls), its rows hold locals (no
+    dict per sub-match) and nothing is merged (``**``); on a program of all 12 spellings every spelling
+    is found, the same as the interpreter's (``same_everywhere``). Fewer spellings than
+    ``MAX_WRITTEN_MATCHES``, so all are written."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).parent))
+    from test_choices import NORMALIZERS, SPELLINGS, SQUARES, rms_norm
+
+    from pattern_infra import compile_pattern
+    from pattern_infra.codegen_choices import MAX_WRITTEN_MATCHES
+
+    assert len(SPELLINGS) <= MAX_WRITTEN_MATCHES
+    matcher = Matcher(compile_pattern(rms_norm, constants="const"))
+    for anchor in range(len(matcher.nodes)):
+        source = matcher.source(anchor)
+        rows = [line for line in source.splitlines() if ".append((" in line]
+        assert rows and not any("{" in row for row in rows), anchor
+        assert "**" not in source and source.count("_of_search(") == len(SPELLINGS), anchor
+
+    @mb.program(input_specs=[mb.TensorSpec(shape=(3, 8)), mb.TensorSpec(shape=(8,))])
+    def every_spelling(x, w):
+        outs = []
+        for square, normalizer, weighted in SPELLINGS:
+            v = mb.add(x=mb.reduce_mean(x=SQUARES[square](x), axes=[-1], keep_dims=True), y=1e-6)
+            out = NORMALIZERS[normalizer](x, v)
+            outs.append(mb.relu(x=mb.mul(x=out, y=w) if weighted else out))
+        return tuple(outs)
+
+    found = same_everywhere(matcher, every_spelling)
+    spellings = {(p.choices["square"], p.choices["weighted"], p.choices["normed"]) for p in found}
+    assert len(spellings) == len(SPELLINGS), sorted(spellings)
+
+
 def test_a_choice_left_to_its_helper_is_merged_into_the_match():
     """A choice whose alternative the generator cannot write (an op of two types whose wildcard constant
     one of them lacks) is searched by ``choice_search``'s helper and its sub-match merged into the match,
