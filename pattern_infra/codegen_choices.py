@@ -42,22 +42,22 @@ class ChoiceWriter:
         # as an inline alternative: the names of its Alternative and matcher and its choice's name; its
         # index, slots and the choice node's slots; whether its anchor is the choice node's op, checked
         # already; the enclosing search's bound ops to compare with; whether its rows are written out,
-        # and with its locals (the expanded choice's alternative), which locals and dicts' expressions
+        # with its locals (an expanded choice's alternative) and its own choices' too, what they hold
         self.wrap: tuple[str, str, str] | None = None
         self.wrap_index, self.wrap_slots, self.wrap_outer_slots = 0, [], []
         self.anchor_placed = False
         self.clash_with: list[tuple[str, frozenset[str]]] | None = None
-        self.built = False
-        self.emit_locals = False
+        self.built = self.emit_locals = self.expand_nested = False
         self.row_locals: tuple[list[str], Tree] = ([], ())
         # a count of the alternatives written inline so far, shared with theirs (each gets its own tag);
         # the choice nodes whose alternatives compare their ops, whose rows hold their parts, whose op
-        # type the type check kept in _t<n>; the expanded choice (expandable) and what its rows hold
+        # type the type check kept in _t<n>; the expanded choices (expandable: with their nested ones?)
+        # and what their rows hold
         self.counter = [0]
         self.clashes_checked: set[int] = set()
         self.parts_built: set[int] = set()
         self.typed: set[int] = set()
-        self.expanded: list[int] = []
+        self.expanded: dict[int, bool] = {}
         self.expansion: dict[int, list[tuple[int, list[str], Tree]]] = {}
 
     def bind_choice(self, n: int, via: tuple[int, str, int] | None) -> None:
@@ -158,7 +158,7 @@ class ChoiceWriter:
                                             if self.nodes[j].choice is None]
         written = self.alternative_bodies(m, entry, bound, expand=m in self.expanded)
         if m in self.expanded and (written is None or not written[2]):  # not inline, or a row not written out
-            self.expanded.remove(m)  # the match merges this choice's dicts like the others'
+            del self.expanded[m]  # the match merges this choice's dicts like the others'
             if written is not None:
                 written = self.alternative_bodies(m, entry, bound, expand=False)
         if written is None:
@@ -214,14 +214,11 @@ class ChoiceWriter:
         when one cannot be generated. With ``expand``, the rows hold the alternatives' locals and
         :attr:`expansion` what the match's dicts read of them (:meth:`expanded_success`)."""
         bodies, checked, built = [], True, True
-        if expand:
-            self.expansion[m] = []
+        self.expansion[m] = []  # read for an expanded choice only
         for alternative in self.nodes[m].choice.alternatives:
-            if entry is not None:
-                root = alternative.slots.index(entry[0])
-                start = f"r{{tag}}{root} = _ent{m}"
-            else:
-                root, start = None, f"o{{tag}}{alternative.compiled.final_nodes[0]} = o{m}"
+            root = alternative.slots.index(entry[0]) if entry is not None else None
+            start = (f"r{{tag}}{root} = _ent{m}" if entry is not None
+                     else f"o{{tag}}{alternative.compiled.final_nodes[0]} = o{m}")
             inner = self.alternative_body(m, alternative, root, start, bound, expand)
             if inner is None:
                 return None
@@ -256,6 +253,7 @@ class ChoiceWriter:
         inner.anchor_placed = root is None and end.num_outputs == self.nodes[m].num_outputs
         inner.clash_with = bound
         inner.emit_locals = expand
+        inner.expand_nested = expand and self.expanded.get(m, False)
         try:
             inner.prepare()
             inner.steps()
@@ -327,23 +325,25 @@ class ChoiceWriter:
         return (f"({''.join(v + ', ' for v in slots)}({''.join(f + ', ' for f in flat)}), {end}, {self.wrap_index}, "
                 f"{held}, {held_consts})")
 
-    def expandable(self) -> list[int]:
+    def expandable(self) -> dict[int, bool]:
         """The choice nodes whose alternatives' entries a whole match writes per alternative (no dicts
-        per sub-match of them, none merged): the ones whose alternatives hold the most ops first
-        (:func:`_size`), as many as keep the matches written out (:func:`_leaves`: the product of
-        their numbers of spellings) within :data:`MAX_WRITTEN_MATCHES`; none when the match's dicts
+        per sub-match of them, none merged), each with whether its nested choices are too: the ones
+        whose alternatives hold the most ops first (:func:`_size`), each with its nested choices when
+        the matches written out (the product of the spellings, :func:`_leaves`) stay within
+        :data:`MAX_WRITTEN_MATCHES`, else alone when its alternatives do; none when the match's dicts
         cannot be written out at all (:meth:`match_parts`). An inline alternative's search expands
-        every choice of its own when the enclosing search expands its choice (counted there), else none."""
-        if not self.parts_writable() or (self.collect and (not self.emit_locals or self.optional_roots)):
-            return []
+        every choice of its own when the enclosing search expands its choice with the nested ones."""
+        if not self.parts_writable() or (self.collect and (not self.expand_nested or self.optional_roots)):
+            return {}
         if self.collect:
-            return list(self.choice_nodes)
-        chosen, product = [], 1
+            return dict.fromkeys(self.choice_nodes, True)
+        chosen, product = {}, 1
         for n in sorted(self.choice_nodes, key=lambda n: -_size(self.nodes[n].choice)):
-            count = _leaves(self.nodes[n].choice)
-            if product * count <= MAX_WRITTEN_MATCHES:
-                chosen.append(n)
-                product *= count
+            for count, deep in ((_leaves(self.nodes[n].choice), True), (len(self.nodes[n].choice.alternatives), False)):
+                if product * count <= MAX_WRITTEN_MATCHES:
+                    chosen[n] = deep
+                    product *= count
+                    break
         return chosen
 
     def match_tree(self, i: int = 0, taken: dict[int, tuple[int, tuple[str, ...]]] | None = None) -> Tree:
@@ -353,7 +353,7 @@ class ChoiceWriter:
         taken = taken or {}
         if i == len(self.expanded):
             return self.match_parts(taken)  # type: ignore[return-value]
-        e = self.expanded[i]
+        e = list(self.expanded)[i]
         return Branch(f"_k{e}", f"_pt{e}", tuple(
             (k, tuple(names), _graft(tree, lambda parts, k=k: self.match_tree(i + 1, {**taken, e: (k, parts)})))
             for k, names, tree in self.expansion[e]))
@@ -369,6 +369,7 @@ class ChoiceWriter:
         self.line("    return _p")
 
     def _write_tree(self, tree: Tree, roots: str) -> None:
+        """Writes ``tree``: per arm of a :class:`Branch`, an ``if`` and its row unpacked; at a leaf, the Pattern."""
         if not isinstance(tree, Branch):
             by_name, operands, consts, chosen = tree
             self.line(f"_p = _of_search(_m.compiled, block, {by_name}, [{roots}], {operands}, {consts}, "

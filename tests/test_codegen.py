@@ -922,12 +922,11 @@ def test_alternatives_are_written_into_the_search_that_holds_the_choice():
     assert found is not None and found.final_op is final and found.choices["square"] == 0
 
 
-def test_every_choice_of_the_12_spellings_is_written_per_alternative():
-    """The 12-spelling RMSNorm has three choices, one nested in another (``normed`` inside ``weighted``):
-    each search writes the match once per spelling (12 ``_of_search`` calls), its rows hold locals (no
-    dict per sub-match) and nothing is merged (``**``); on a program of all 12 spellings every spelling
-    is found, the same as the interpreter's (``same_everywhere``). Fewer spellings than
-    ``MAX_WRITTEN_MATCHES``, so all are written."""
+def _twelve_spellings_written(merged: bool) -> int:
+    """The 12-spelling RMSNorm's generated searches, at every anchor: rows of choices written per
+    alternative hold locals (no dict), nothing merged (``**``) unless ``merged``; on a program of all 12
+    spellings, every spelling found, the same matches as the interpreter's (``same_everywhere``).
+    Returns the number of matches written out per search (the same at every anchor)."""
     import sys
     from pathlib import Path
 
@@ -935,15 +934,14 @@ def test_every_choice_of_the_12_spellings_is_written_per_alternative():
     from test_choices import NORMALIZERS, SPELLINGS, SQUARES, rms_norm
 
     from pattern_infra import compile_pattern
-    from pattern_infra.codegen_choices import MAX_WRITTEN_MATCHES
 
-    assert len(SPELLINGS) <= MAX_WRITTEN_MATCHES
     matcher = Matcher(compile_pattern(rms_norm, constants="const"))
+    written = {matcher.source(anchor).count("_of_search(") for anchor in range(len(matcher.nodes))}
     for anchor in range(len(matcher.nodes)):
         source = matcher.source(anchor)
         rows = [line for line in source.splitlines() if ".append((" in line]
-        assert rows and not any("{" in row for row in rows), anchor
-        assert "**" not in source and source.count("_of_search(") == len(SPELLINGS), anchor
+        assert rows and ("**_pt" in source) == merged, anchor
+        assert merged or not any("{" in row for row in rows), anchor
 
     @mb.program(input_specs=[mb.TensorSpec(shape=(3, 8)), mb.TensorSpec(shape=(8,))])
     def every_spelling(x, w):
@@ -957,6 +955,28 @@ def test_every_choice_of_the_12_spellings_is_written_per_alternative():
     found = same_everywhere(matcher, every_spelling)
     spellings = {(p.choices["square"], p.choices["weighted"], p.choices["normed"]) for p in found}
     assert len(spellings) == len(SPELLINGS), sorted(spellings)
+    assert len(written) == 1
+    return written.pop()
+
+
+def test_every_choice_of_the_12_spellings_is_written_per_alternative():
+    """The 12-spelling RMSNorm has three choices, one nested in another (``normed`` inside ``weighted``):
+    fewer spellings than ``MAX_WRITTEN_MATCHES``, so each search writes the match once per spelling,
+    its rows hold locals and nothing is merged."""
+    from pattern_infra.codegen_choices import MAX_WRITTEN_MATCHES
+
+    assert MAX_WRITTEN_MATCHES >= 12
+    assert _twelve_spellings_written(merged=False) == 12
+
+
+def test_past_the_cap_a_choice_is_written_per_alternative_its_nested_ones_merged(monkeypatch):
+    """With at most 4 matches written out, ``weighted`` (6 spellings with ``normed`` nested in it) is
+    written per alternative alone, ``normed`` merged into it, and the square written with it (2 x 2 = 4
+    matches); the same matches as the interpreter, every spelling."""
+    from pattern_infra import codegen_choices
+
+    monkeypatch.setattr(codegen_choices, "MAX_WRITTEN_MATCHES", 4)
+    assert _twelve_spellings_written(merged=True) == 4
 
 
 def test_a_choice_left_to_its_helper_is_merged_into_the_match():
