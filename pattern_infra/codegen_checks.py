@@ -278,6 +278,8 @@ class CheckWriter:
                                  if not self.single(n)])
         if len(self.nodes) > DIRECT_COMPARISONS or self.choice_nodes:  # first rule out by type
             matched = f"{self.op_type('_p')} in {set_literal(self.m.op_types)} and ({matched})"
+        elif " or " in matched:  # read as written: `_p is not None and (_p is o0 or _p is o1)`
+            matched = f"({matched})"
         self.comment("final checks: no root and no constant slot computed by a matched op")
         for k, name in enumerate(self.compiled.root_names):
             if k in self.optional_roots:  # read by some alternatives only: None when another matched
