@@ -7,6 +7,7 @@ that builds the match; plus the constants both halves use.
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 
 import numpy as np
 
@@ -305,22 +306,38 @@ class CheckWriter:
         ``Collecting.final_checks``)."""
         if any(self.skippable):
             raise NotCompilable("an alternative op type may lack a wildcard constant (collect mode)")
-        per_node = ", ".join(self.sub_object(n) if n in self.choice_nodes else "None" for n in range(len(self.nodes)))
         if self.choice_nodes:
             self.subs_final_checks()
-        assign = ", ".join(
-            self.slots_dict(node.index) if node.choice is not None
-            else "{" + ", ".join(f"{slot!r}: {self.value(node.index, slot)}" for slot in node.inputs) + "}"
-            for node in self.nodes
-        )
-        ops = ", ".join(f"o{n}" for n in range(len(self.nodes)))
-        roots = ", ".join(f"r{k}" for k in range(len(self.compiled.root_names)))
-        state = f"([{ops}], [{assign}], [{roots}], [{per_node}])"
+        state = "({}, {}, {}, {})".format(*self.state_lists())
         if self.wrap is not None:  # an inline alternative: its sub-match, as choice_search makes it
             self.outer_clash_checks()
             state = self.sub_match_expression(state)
         self.comment("a match: kept, and the search goes on")
         self.line(f"{self.found}.append({state})")
+
+    def state_lists(self) -> tuple[str, str, str, str]:
+        """The search state of the match as list displays (ops, operands, roots, sub-matches), what
+        ``binding.build_pattern`` and ``choice_search.SubMatch`` derive a match from."""
+        assign = [self.slots_dict(n) if n in self.choice_nodes else self.operands_display(n, self.nodes[n].inputs)
+                  for n in range(len(self.nodes))]
+        per_node = [self.sub_object(n) if n in self.choice_nodes else "None" for n in range(len(self.nodes))]
+        ops = [f"o{n}" for n in range(len(self.nodes))]
+        roots = [f"r{k}" for k in range(len(self.compiled.root_names))]
+        return tuple(f"[{', '.join(items)}]" for items in (ops, assign, roots, per_node))  # type: ignore[return-value]
+
+    def operands_display(self, n: int, slots: Iterable[str]) -> str:
+        """``{'x': v3_x, ...}``: op ``n``'s operand variables in ``slots``, as a dict display."""
+        return "{" + ", ".join(f"{slot!r}: {self.value(n, slot)}" for slot in slots) + "}"
+
+    def played_consts(self) -> dict[str, str]:
+        """Constant key, then constant name (unless taken) -> variable: the insertion sequence of
+        ``binding.build_pattern``'s constants dict, played at generation time."""
+        played: dict[str, str] = {}
+        for (n, slot, pos), key, cname in zip(self.m.const_slots, self.compiled.const_keys, self.compiled.const_names):
+            var = self.value(n, slot, pos)
+            played[key] = var
+            played.setdefault(cname, var)
+        return played
 
     def success(self) -> None:
         """Builds the Pattern as ``binding.build_pattern`` would, its dicts written out (for a pattern
@@ -341,14 +358,8 @@ class CheckWriter:
                 self.line("    return _p")
                 return
             self.comment("a match: binding.build_pattern, with the sub-matches of the choices")
-            assign = ", ".join(
-                self.slots_dict(node.index) if node.choice is not None
-                else "{" + ", ".join(f"{slot!r}: {self.value(node.index, slot)}" for slot in node.inputs) + "}"
-                for node in self.nodes
-            )
-            per_node = ", ".join(self.sub_object(n) if n in self.choice_nodes else "None" for n in range(len(self.nodes)))
-            ops = ", ".join(f"o{n}" for n in range(len(self.nodes)))
-            self.line(f"_p = _build_pattern(_m, block, [{ops}], [{assign}], [{roots}], order, [{per_node}])")
+            ops, assign, roots_list, per_node = self.state_lists()
+            self.line(f"_p = _build_pattern(_m, block, {ops}, {assign}, {roots_list}, order, {per_node})")
             self.line("if accept is None or accept(_p) is True:")
             self.line("    return _p")
             return
@@ -409,12 +420,7 @@ class CheckWriter:
                     self.depth -= 1
             consts = "_k"
         else:  # the same insertion sequence, played at generation time
-            played: dict[str, str] = {}
-            for (n, slot, pos), (key, _, _), cname in entries:
-                var = self.value(n, slot, pos)
-                played[key] = var
-                played.setdefault(cname, var)
-            consts = "{" + ", ".join(f"{k!r}: {v}" for k, v in played.items()) + "}"
+            consts = "{" + ", ".join(f"{k!r}: {v}" for k, v in self.played_consts().items()) + "}"
         self.line("_p = _of_search(")
         self.line(f"    _m.compiled, block, {{{ops}}}, [{roots}],")
         self.line(f"    {{{', '.join(operands)}}},")

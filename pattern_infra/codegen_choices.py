@@ -92,10 +92,9 @@ class ChoiceWriter:
     def slots_dict(self, n: int) -> str:
         """The expression of choice node ``n``'s slots as a sub-match holds them (absent ones left out)."""
         node = self.nodes[n]
-        values = [self.value(n, slot) for slot in node.inputs]
         if all(slot in node.choice.full_slots for slot in node.inputs):
-            return "{" + ", ".join(f"{slot!r}: {v}" for slot, v in zip(node.inputs, values)) + "}"
-        return f"_present({tuple(node.inputs)!r}, ({', '.join(values)},))"
+            return self.operands_display(n, node.inputs)
+        return f"_present({tuple(node.inputs)!r}, ({', '.join(self.value(n, slot) for slot in node.inputs)},))"
 
     def parts_of(self, n: int) -> str:
         """The expression of choice node ``n``'s sub-match's dicts (``SubMatch.parts``)."""
@@ -415,8 +414,7 @@ class ChoiceWriter:
                 k = expanded[n][0]  # type: ignore[index]
                 ops.append(spliced[n][0])
                 read = node.choice.alternatives[k].slots  # the slots this alternative has a variable in
-                operands.append(f"{node.name!r}: {{" + ", ".join(f"{slot!r}: {self.value(n, slot)}"
-                                                             for slot in node.inputs if slot in read) + "}")
+                operands.append(f"{node.name!r}: " + self.operands_display(n, [s for s in node.inputs if s in read]))
                 chosen.append(f"{node.choice.name!r}: {k}")
                 chosen.append(spliced[n][3])
             elif node.choice is not None:
@@ -425,15 +423,9 @@ class ChoiceWriter:
                 flat = all(x.choice is None for a in node.choice.alternatives for x in a.compiled.nodes)
                 chosen.append(f"{node.choice.name!r}: _k{n}" + ("" if flat else f", **({parts[n]}[3] or {{}})"))
             else:
-                operands.append(f"{node.name!r}: {{" + ", ".join(f"{slot!r}: {self.value(n, slot)}"
-                                                             for slot in node.inputs) + "}")
+                operands.append(f"{node.name!r}: " + self.operands_display(n, node.inputs))
             ops.append(f"{node.name!r}: o{n}")
-        played: dict[str, str] = {}
-        for (n, slot, pos), key, cname in zip(self.m.const_slots, self.compiled.const_keys, self.compiled.const_names):
-            var = self.value(n, slot, pos)
-            played[key] = var
-            played.setdefault(cname, var)
-        consts = [f"{k!r}: {v}" for k, v in played.items()]
+        consts = [f"{k!r}: {v}" for k, v in self.played_consts().items()]
         for n in self.choice_nodes:
             operands.append(spliced[n][1] if n in spliced else f"**{parts[n]}[1]")
             consts.append(spliced[n][2] if n in spliced else f"**{parts[n]}[2]")
