@@ -298,8 +298,7 @@ class ChoiceWriter:
         ``choice_search`` derives it."""
         alternative, matcher, name = self.wrap
         outer = self.wrap_outer_slots
-        parts = self.match_parts()
-        if parts is None or self.optional_roots:
+        if not self.parts_writable() or self.optional_roots:
             return f"_SM({alternative}, {matcher}, {state}, {name}).row({tuple(outer)!r})"
         slots = [f"r{self.wrap_slots.index(slot)}" if slot in self.wrap_slots else "None" for slot in outer]
         flat = [f"o{n}" for n in range(len(self.nodes)) if n not in self.choice_nodes]
@@ -320,7 +319,7 @@ class ChoiceWriter:
             self.row_locals = (names, self.match_tree())
             held = f"({''.join(v + ', ' for v in names)})"
         else:
-            held = f"({', '.join(parts)})"
+            held = f"({', '.join(self.match_parts())})"  # type: ignore[arg-type]
         return (f"({''.join(v + ', ' for v in slots)}({''.join(f + ', ' for f in flat)}), {end}, {self.wrap_index}, "
                 f"{held}, {held_consts})")
 

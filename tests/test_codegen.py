@@ -931,28 +931,21 @@ def _twelve_spellings_written(merged: bool) -> int:
     from pathlib import Path
 
     sys.path.insert(0, str(Path(__file__).parent))
-    from test_choices import NORMALIZERS, SPELLINGS, SQUARES, rms_norm
+    from test_choices import SPELLINGS, rms_norm
 
+    from bench.choices import chain
     from pattern_infra import compile_pattern
 
     matcher = Matcher(compile_pattern(rms_norm, constants="const"))
-    written = {matcher.source(anchor).count("_of_search(") for anchor in range(len(matcher.nodes))}
+    written = set()
     for anchor in range(len(matcher.nodes)):
         source = matcher.source(anchor)
+        written.add(source.count("_of_search("))
         rows = [line for line in source.splitlines() if ".append((" in line]
         assert rows and ("**_pt" in source) == merged, anchor
         assert merged or not any("{" in row for row in rows), anchor
 
-    @mb.program(input_specs=[mb.TensorSpec(shape=(3, 8)), mb.TensorSpec(shape=(8,))])
-    def every_spelling(x, w):
-        outs = []
-        for square, normalizer, weighted in SPELLINGS:
-            v = mb.add(x=mb.reduce_mean(x=SQUARES[square](x), axes=[-1], keep_dims=True), y=1e-6)
-            out = NORMALIZERS[normalizer](x, v)
-            outs.append(mb.relu(x=mb.mul(x=out, y=w) if weighted else out))
-        return tuple(outs)
-
-    found = same_everywhere(matcher, every_spelling)
+    found = same_everywhere(matcher, chain(SPELLINGS, len(SPELLINGS)))  # every spelling, side by side
     spellings = {(p.choices["square"], p.choices["weighted"], p.choices["normed"]) for p in found}
     assert len(spellings) == len(SPELLINGS), sorted(spellings)
     assert len(written) == 1
