@@ -1,10 +1,12 @@
 """Matching a choice node (``one_of``, ``optional``, ``equivalences=``): what the interpreter
-(:mod:`~pattern_infra.interpreter`) calls at a choice point, each alternative's own search run to the end
-(:func:`choice_matches`, or entered from the slot's variable, :func:`entered_matches`); the sub-matches
-(:class:`SubMatch`) and the checks of a whole match that has them, which the generated search uses too
-(it writes the alternatives' searches into its own: :mod:`~pattern_infra.codegen_choices`, and calls
-:func:`choice_matches` / :func:`entered_matches` only for an alternative it cannot write). The pattern
-language itself is :mod:`~pattern_infra.choices`.
+(:mod:`~pattern_infra.interpreter`) calls at a choice point (:func:`choice_matches`, or entered from the
+slot's variable, :func:`entered_matches`): each alternative's search, which hands every sub-match
+(:class:`SubMatch`) to the rest of the outer search the moment it finds it (``take``, continuation
+passing), so no alternative is searched further than the first match taken needs; and the checks of a
+whole match that has sub-matches, which the generated search uses too (it writes the alternatives'
+searches into its own: :mod:`~pattern_infra.codegen_choices`, and calls :func:`choice_matches` /
+:func:`entered_matches` only for an alternative it cannot write). The pattern language itself is
+:mod:`~pattern_infra.choices`.
 
 This module does not import the matcher (which imports it): it reaches the matcher's class and its
 interpreter through the matcher objects it is given.
@@ -12,7 +14,7 @@ interpreter through the matcher objects it is given.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from coremltools.converters.mil.mil import Operation, Var
@@ -23,6 +25,10 @@ from .plan import Failure, slot_value
 
 if TYPE_CHECKING:
     from .compiler import CompiledPattern
+
+Take = Callable[[Any], Any]
+"""What a choice's helpers call with each sub-match found: the rest of the search, continued from it;
+a truthy result ends the search and is returned."""
 
 
 
@@ -121,15 +127,16 @@ def alternative_matcher(outer: Any, alternative: Alternative) -> Any:
 
 
 def choice_matches(
-    outer: Any, choice: Choice, op: Operation, block: Any, failures: list[str] | None = None,
+    outer: Any, choice: Choice, op: Operation, block: Any, take: Take, failures: list[str] | None = None,
     maximal: bool = False,
-) -> Iterator[SubMatch]:
-    """Every complete match of every alternative of ``choice`` whose last op is ``op``, in order, found
-    lazily (a search that takes the first one never searches the later alternatives).
+) -> Any:
+    """Offers ``take`` every complete match of every alternative of ``choice`` whose last op is ``op``,
+    in order and lazily, each the moment it is found: the first truthy result of ``take`` ends the search
+    (the alternative's search unwinds; later sub-matches and alternatives are never searched) and is
+    returned; None when ``take`` took none.
 
     Only the alternatives whose last op accepts ``op``'s type are searched (a dispatch on the op type:
-    the others could not bind it). Each is searched anchored at its last op, collecting all its complete
-    matches (a commutative op may give two); the bind attempts it makes are added to
+    the others could not bind it), each anchored at its last op; the bind attempts it makes are added to
     ``outer.bind_attempts``, less the anchor, which the outer search bound and counted already, so the
     interpreter and the compiled search count the same.
 
@@ -138,15 +145,13 @@ def choice_matches(
         choice: The choice.
         op: The program op offered as the alternatives' last op.
         block: The block searched.
+        take: Called with each :class:`SubMatch` (the rest of the outer search, continued from it).
         failures: If given, receives for each alternative without a match ``"<label>: <reason>"`` (the
             alternatives are then searched with tracing, as ``explain`` does).
         maximal: The choice ends the pattern (its variable may be used anywhere): a later alternative is
             left out at ``op`` when an earlier one matches further down with ``op`` inside (the longest
             spelling wins, as with ``optional``: ``norm * w`` is not matched as ``norm`` followed by an
-            unrelated ``mul``).
-
-    Yields:
-        The sub-matches, alternative by alternative.
+            unrelated ``mul``); checked at the later alternative's first match (:class:`TakenFurther`).
     """
     op_type = op.op_type
     for alternative in choice.alternatives:
@@ -155,18 +160,22 @@ def choice_matches(
             if failures is not None:
                 failures.append(f"{alternative.label}: ends with {end.op_type_label}, not {op_type}")
             continue
-        search = _search_alternative(outer, alternative, op, block, failures is not None)
+        found: list[SubMatch] = []
+        taken = TakenFurther(outer, choice, alternative, op, block) if maximal and alternative.index > 0 else None
+
+        def each(state: tuple[list, list, list, list], alternative: Alternative = alternative,
+                 found: list[SubMatch] = found, taken: TakenFurther | None = taken) -> Any:
+            found.append(sub := SubMatch(alternative, alternative_matcher(outer, alternative), state, choice.name))
+            return None if taken is not None and taken() else take(sub)
+
         outer.bind_attempts -= 1  # the anchor: bound (and counted) by the outer search
-        if search.found and maximal and alternative.index > 0 and taken_further(outer, choice, alternative,
-                                                                                  op, block):
-            if failures is not None:
-                failures.append(f"{alternative.label}: an earlier alternative matches further down")
-            continue
-        if not search.found and failures is not None:
-            failures.append(f"{alternative.label}: {_reason(search)}")
-        matcher = alternative_matcher(outer, alternative)
-        for state in search.found:
-            yield SubMatch(alternative, matcher, state, choice.name)
+        search = _search_alternative(outer, alternative, op, block, failures is not None, each)
+        if search.result:
+            return search.result
+        if failures is not None and (not found or taken is not None and taken()):
+            failures.append(f"{alternative.label}: " + (_reason(search) if not found
+                                                         else "an earlier alternative matches further down"))
+    return None
 
 
 def enterable(choice: Choice, slot: str) -> bool:
@@ -208,14 +217,15 @@ def entry_edge(compiled: CompiledPattern, root: int) -> tuple[int, str, int, int
 
 
 def entered_matches(
-    outer: Any, choice: Choice, slot: str, var: Var, block: Any, failures: list[str] | None = None,
+    outer: Any, choice: Choice, slot: str, var: Var, block: Any, take: Take, failures: list[str] | None = None,
     maximal: bool = False,
-) -> Iterator[SubMatch]:
-    """Every complete match of every alternative of ``choice`` reading ``var`` in ``slot``, found lazily
-    by a search of each alternative *entered* from ``var`` (``Matcher.root_plans``): a down-step into a
-    choice binds only the ops below ``var`` that an alternative reaches, each once per alternative, where
-    offering every op within the choice's depth to every alternative (:func:`candidates_below`) searched
-    again what the alternatives share. :func:`enterable` says when this applies.
+) -> Any:
+    """Offers ``take`` every complete match of every alternative of ``choice`` reading ``var`` in
+    ``slot``, lazily as :func:`choice_matches` does, each alternative searched *entered* from ``var``
+    (``Matcher.root_plans``): a down-step into a choice binds only the ops below ``var`` that an
+    alternative reaches, each once per alternative, where offering every op within the choice's depth
+    to every alternative (:func:`candidates_below`) searched again what the alternatives share.
+    :func:`enterable` says when this applies.
 
     Args:
         outer: The matcher of the pattern holding the choice node (its ``bind_attempts`` receive the
@@ -224,16 +234,18 @@ def entered_matches(
         slot: The choice node's slot the down-step goes through (every alternative reads it).
         var: The program variable bound to ``slot``.
         block: The block searched.
+        take: As for :func:`choice_matches`; ``sub.end`` is the op the choice node binds.
         failures: As for :func:`choice_matches`.
-        maximal: The choice ends the pattern: a match of a later alternative is left out when its last
-            op lies inside a match of an earlier alternative found here, ending further down (the longest
-            spelling wins, as in :func:`choice_matches`).
+        maximal: The choice ends the pattern: a match of a later alternative is not offered when its
+            last op lies inside a match of an earlier alternative found here (the longest spelling wins,
+            as in :func:`choice_matches`). Every sub-match of the earlier alternatives is known by then:
+            a later alternative is searched only once the earlier ones' searches ran to their end.
 
-    Yields:
-        The sub-matches, alternative by alternative; ``sub.end`` is the op the choice node binds.
+    Returns:
+        The first truthy result of ``take``, or None.
     """
     maximal = maximal and not choice.fallback
-    inside_earlier: set[int] = set()
+    inside_earlier: set[int] = set()  # ops inside an earlier alternative's sub-match, its last op aside
     entry_types = _entry_types(choice, slot)
     below = {op.op_type for op in var.child_ops}
     for alternative, types in zip(choice.alternatives, entry_types):  # type: ignore[arg-type]
@@ -241,27 +253,27 @@ def entered_matches(
             if failures is not None:
                 failures.append(f"{alternative.label}: no consumer of {var.name} is {' or '.join(sorted(types))}")
             continue
-        search = _search_alternative(outer, alternative, None, block, failures is not None,
+        found: list[SubMatch] = []  # every sub-match of this alternative, offered or not
+        offered: list[SubMatch] = []
+
+        def each(state: tuple[list, list, list, list], alternative: Alternative = alternative,
+                 found: list[SubMatch] = found, offered: list[SubMatch] = offered) -> Any:
+            found.append(sub := SubMatch(alternative, alternative_matcher(outer, alternative), state, choice.name))
+            if maximal and id(sub.end) in inside_earlier:
+                return None  # ends inside an earlier alternative's sub-match: not offered
+            offered.append(sub)
+            return take(sub)
+
+        search = _search_alternative(outer, alternative, None, block, failures is not None, each,
                                      entry=(alternative.slots.index(slot), var))
-        matcher = alternative_matcher(outer, alternative)
-        subs = [SubMatch(alternative, matcher, state, choice.name) for state in search.found]
-        kept = kept_after_earlier(subs, inside_earlier) if maximal else subs
-        if failures is not None:
-            if subs and not kept:
-                failures.append(f"{alternative.label}: an earlier alternative matches further down")
-            elif not subs:
-                failures.append(f"{alternative.label}: {_reason(search)}")
-        yield from kept
-
-
-def kept_after_earlier(subs: list[SubMatch], inside_earlier: set[int]) -> list[SubMatch]:
-    """The sub-matches of one alternative of a final choice entered from a variable that the longest
-    spelling rule keeps: those whose last op lies inside no sub-match of an earlier alternative
-    (``inside_earlier``, op ids, updated here with ``subs``' ops). (The generated search writes it out,
-    over its rows: :meth:`~pattern_infra.codegen_choices.ChoiceWriter.inline_alternatives`.)"""
-    kept = [sub for sub in subs if id(sub.end) not in inside_earlier] if inside_earlier else subs
-    inside_earlier.update(id(o) for sub in subs for o in sub.ops if o is not sub.end)
-    return kept
+        if search.result:
+            return search.result
+        if maximal:
+            inside_earlier.update(id(o) for sub in found for o in sub.ops if o is not sub.end)
+        if failures is not None and not offered:
+            failures.append(f"{alternative.label}: " + ("an earlier alternative matches further down" if found
+                                                         else _reason(search)))
+    return None
 
 
 def _reason(search: Any) -> str:
@@ -271,24 +283,35 @@ def _reason(search: Any) -> str:
 
 
 def _search_alternative(
-    outer: Any, alternative: Alternative, op: Operation | None, block: Any, trace: bool,
+    outer: Any, alternative: Alternative, op: Operation | None, block: Any, trace: bool, take: Take,
     entry: tuple[int, Var] | None = None,
 ) -> Any:
-    """The interpreter's search of the alternative run to the end (``.found``: every match, as search
-    state), anchored at its last op bound to ``op``, or entered from ``entry`` (root index, variable).
+    """The interpreter's search of the alternative, anchored at its last op bound to ``op`` or entered
+    from ``entry`` (root index, variable), calling ``take`` with each complete match's search state (its
+    truthy result ends the search, kept as ``.result``). The alternative's bind attempts go to ``outer``;
+    those made while ``take`` runs are not its own (``take`` may search the same alternative again).
     (The generated search writes the alternatives' searches into its own: :mod:`~pattern_infra.codegen_choices`.)"""
     matcher = alternative_matcher(outer, alternative)
-    anchor = alternative.compiled.final_nodes[0]
+    plan = matcher.plans[alternative.compiled.final_nodes[0]] if entry is None else matcher.root_plans[entry[0]]
+    search = _continuing(matcher)(matcher, block, plan, trace)
     before = matcher.bind_attempts
-    if entry is None:
-        search = collecting_search(matcher)(matcher, block, matcher.plans[anchor], trace)
-        search.found = []
-        search.run(op)
-    else:
-        search = collecting_search(matcher)(matcher, block, matcher.root_plans[entry[0]], trace)
-        search.found = []
-        search.run_entered(*entry)
-    outer.bind_attempts += matcher.bind_attempts - before
+
+    def counted(state: tuple[list, list, list, list]) -> Any:
+        nonlocal before
+        outer.bind_attempts += matcher.bind_attempts - before
+        try:
+            return take(state)
+        finally:
+            before = matcher.bind_attempts
+
+    search.take = counted
+    try:
+        if entry is None:
+            search.run(op)
+        else:
+            search.run_entered(*entry)
+    finally:
+        outer.bind_attempts += matcher.bind_attempts - before
     return search
 
 
@@ -298,33 +321,59 @@ def taken_further(outer: Any, choice: Choice, alternative: Alternative, op: Oper
         for earlier in choice.alternatives[: alternative.index]:
             if below.op_type not in earlier.compiled.nodes[earlier.compiled.final_nodes[0]].op_types:
                 continue
-            for state in _search_alternative(outer, earlier, below, block, False).found:
-                if any(o is op for o in state[0]) or any(
-                        sub is not None and any(o is op for o in sub.ops) for sub in state[3]):
+            states: list[tuple[list, list, list, list]] = []
+            _search_alternative(outer, earlier, below, block, False, states.append)
+            for ops, _, _, subs in states:
+                if any(o is op for o in ops) or any(sub is not None and any(o is op for o in sub.ops) for sub in subs):
                     return True
     return False
 
 
-_COLLECTING: dict[type, type] = {}
+class TakenFurther:
+    """:func:`taken_further` of its arguments, computed when first called (at the first match of the later
+    alternative: most alternatives find none), then remembered."""
+
+    __slots__ = ("args", "value")
+
+    def __init__(self, *args: Any) -> None:
+        self.args = args
+        self.value: bool | None = None
+
+    def __call__(self) -> bool:
+        if self.value is None:
+            self.value = taken_further(*self.args)
+        return self.value
 
 
-def collecting_search(matcher: Any) -> type:
-    """The matcher's interpreter search (``matcher.search_class``), collecting every complete match
-    instead of stopping at the first; one subclass per search class, made on first use."""
+_CONTINUING: dict[type, type] = {}
+
+
+def _continuing(matcher: Any) -> type:
+    """The matcher's interpreter search (``matcher.search_class``) that, at each complete match, calls
+    ``take`` with a copy of its state and stops when that returns a truthy value (kept as ``result``);
+    one subclass per search class, made on first use."""
     base = matcher.search_class
-    cls = _COLLECTING.get(base)
+    cls = _CONTINUING.get(base)
     if cls is None:
 
-        class Collecting(base):  # type: ignore[valid-type, misc]
-            __slots__ = ("found",)
+        class Continuing(base):  # type: ignore[valid-type, misc]
+            __slots__ = ("take",)
 
             def final_checks(self) -> bool:
-                if self.structure_ok():
-                    self.found.append((list(self.ops), list(self.assign), list(self.roots), list(self.subs)))
-                return False
+                if not self.structure_ok():
+                    return False
+                self.result = self.take((list(self.ops), list(self.assign), list(self.roots), list(self.subs)))
+                return bool(self.result)
 
-        cls = _COLLECTING[base] = Collecting
+        cls = _CONTINUING[base] = Continuing
     return cls
+
+
+def each_row(rest: Callable[..., Any], slots: Sequence[str], extra: Sequence[Any]) -> Take:
+    """The ``take`` of a generated search for a choice it leaves to :func:`choice_matches` or
+    :func:`entered_matches`: the rest of the search, ``rest``, called with the sub-match's row
+    (:meth:`SubMatch.row`) and ``extra``."""
+    return lambda sub: rest(*sub.row(slots), *extra)
 
 
 def candidates_below(var: Var, choice: Choice) -> list[Operation]:

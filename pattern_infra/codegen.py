@@ -39,8 +39,9 @@ How the source of one search is generated (:func:`generate`):
    ``Matcher.bind_attempts`` is counted in a local and added once, in a ``finally``, by the interpreter's
    rule: the anchor, every producer reached by an up-step, every consumer of the right type not bound.
 6. **Choice nodes** (``one_of``, ``optional``, ``equivalences=``): each alternative's search is written
-   into this one, its sub-matches (tuples, unpacked into locals) looped over like any choice point
-   (:mod:`~pattern_infra.codegen_choices`).
+   into this one (:mod:`~pattern_infra.codegen_choices`); the rest of the search after the choice is a
+   function it calls with each sub-match it finds, or, when small, written where it finds one
+   (:mod:`~pattern_infra.codegen_rests`).
 7. **Compilation** registers the source with :mod:`linecache` under the file name
    ``<pattern_infra.codegen:{pattern}:{anchor}>`` (tracebacks show the generated lines) and keeps it on
    the function as ``__source__``; ``Matcher.source(anchor)`` returns it.
@@ -48,7 +49,8 @@ How the source of one search is generated (:func:`generate`):
 Not compiled (the matcher keeps the interpreter for that pattern, or that anchor): patterns with a fan-out
 op (``fanout=``); a commutative op whose ``x`` or ``y`` is a wildcard constant an alternative op type may
 lack; plans with more nested choice points than CPython compiles (its limit of 20 statically nested
-blocks, the function's ``try`` included, so 19 loops: the largest registered pattern has 19).
+blocks per function, the ``try`` included, so 19 loops; the rest after a choice is a function of its own,
+and is written into its call sites only when the result still compiles).
 
 One deliberate difference: a list or tuple in ``x`` or ``y`` of a commutative op (which MIL's binary ops
 cannot hold) makes the interpreter raise ``AttributeError``; the compiled search rejects that binding.
@@ -76,6 +78,7 @@ from .binding import build_pattern
 from .compiler import Edge, PatternNode, edge_positions
 from .pattern import Pattern
 from .codegen_choices import ChoiceWriter
+from .codegen_rests import RestWriter, resolve_rests
 from .codegen_checks import (
     FLOAT_TYPES,
     PLAIN_VALUES,
@@ -176,18 +179,22 @@ def build(matcher: Matcher, anchor: int) -> GeneratedSearch:
     Returns:
         The generated search; its ``function`` is None when the pattern needs the interpreter.
     """
-    try:
-        source, namespace = generate(matcher, anchor)
-    except NotCompilable as exc:
-        text = _not_compiled(matcher, anchor, str(exc))
-        return GeneratedSearch(text, _filename(matcher, anchor, text), None, str(exc))
-    filename = _filename(matcher, anchor, source)
-    try:
-        code = compile(source, filename, "exec")
-    except SyntaxError as exc:  # too many statically nested blocks: more choice points than CPython allows
-        reason = f"does not compile: {exc.msg}"
-        logger.debug("%s anchor %d left to the interpreter: %s", matcher.compiled.name, anchor, reason)
-        return GeneratedSearch(_not_compiled(matcher, anchor, reason) + source, filename, None, reason)
+    for inline in (True, False):  # rest functions written into their call sites, unless that nests too deep
+        try:
+            source, namespace = generate(matcher, anchor, inline)
+        except NotCompilable as exc:
+            text = _not_compiled(matcher, anchor, str(exc))
+            return GeneratedSearch(text, _filename(matcher, anchor, text), None, str(exc))
+        filename = _filename(matcher, anchor, source)
+        try:
+            code = compile(source, filename, "exec")
+            break
+        except SyntaxError as exc:  # too many statically nested blocks: more choice points than CPython allows
+            if inline:
+                continue
+            reason = f"does not compile: {exc.msg}"
+            logger.debug("%s anchor %d left to the interpreter: %s", matcher.compiled.name, anchor, reason)
+            return GeneratedSearch(_not_compiled(matcher, anchor, reason) + source, filename, None, reason)
     exec(code, namespace)  # noqa: S102 - our own generated source
     function = namespace["search"]
     function.__source__ = source
@@ -205,16 +212,17 @@ def _identifier(text: str) -> str:
     return re.sub(r"\W", "_", text)
 
 
-def generate(matcher: Matcher, anchor: int) -> tuple[str, dict[str, Any]]:
-    """The source of the search anchored at ``anchor`` and the globals it runs with.
+def generate(matcher: Matcher, anchor: int, inline: bool = True) -> tuple[str, dict[str, Any]]:
+    """The source of the search anchored at ``anchor`` and the globals it runs with; ``inline``: small
+    rest functions written into their call sites (:func:`~pattern_infra.codegen_rests.resolve_rests`).
 
     Raises:
         NotCompilable: The pattern has a feature left to the interpreter (see the module docstring).
     """
-    return _Generator(matcher, anchor).run()
+    return _Generator(matcher, anchor).run(inline)
 
 
-class _Generator(CheckWriter, ChoiceWriter):
+class _Generator(CheckWriter, ChoiceWriter, RestWriter):
     """Writes the search of one anchor, step by step of its plan."""
 
     def __init__(self, matcher: Matcher, anchor: int, collect: bool = False, root: int | None = None,
@@ -233,7 +241,6 @@ class _Generator(CheckWriter, ChoiceWriter):
         self.depth = 1  # indentation, in levels of four spaces
         self.loops = 0  # enclosing for loops
         self.bound: list[int] = []  # pattern ops bound so far, in plan order
-        self.found = "_found"  # collect mode: the list a match is appended to
         self.init_choice_state()
         self.namespace: dict[str, Any] = namespace if namespace is not None else {
             "_InternalVar": InternalVar,
@@ -249,12 +256,13 @@ class _Generator(CheckWriter, ChoiceWriter):
             "_build_pattern": build_pattern,
             "_choice_matches": choice_search.choice_matches,
             "_entered": choice_search.entered_matches,
+            "_each_row": choice_search.each_row,
             "_below": choice_search.candidates_below,
             "_consts_outside": choice_search.consts_outside,
             "_SM": choice_search.SubMatch,
             "_SMB": choice_search.SubMatch.built,
             "_present": choice_search.present_slots,
-            "_taken": choice_search.taken_further,
+            "_Taken": choice_search.TakenFurther,
             "_ONCE": (None,),
             "_FINALS": self.compiled.final_names,
             "__name__": __name__,
@@ -333,7 +341,7 @@ class _Generator(CheckWriter, ChoiceWriter):
 
     # -- the function -------------------------------------------------------------------------------
 
-    def run(self) -> tuple[str, dict[str, Any]]:
+    def run(self, inline: bool = True) -> tuple[str, dict[str, Any]]:
         self.prepare()
         compiled = self.compiled
         header = [
@@ -363,7 +371,8 @@ class _Generator(CheckWriter, ChoiceWriter):
         self.depth = 1
         self.line("finally:  # every exit, an exception included, counts the bind attempts made")
         self.line("    _m.bind_attempts += nb")
-        return "\n".join(header + self.lines) + "\n", self.namespace
+        rests = resolve_rests(self.functions, self.lines, self.namespace, inline)
+        return "\n".join(header + rests + self.lines) + "\n", self.namespace
 
     def steps(self) -> None:
         """The plan's steps from the bound anchor op ``o<anchor>`` (or entry root ``r<root>``), the final
@@ -384,6 +393,7 @@ class _Generator(CheckWriter, ChoiceWriter):
             self.collected()
         else:
             self.success()
+        self.close_rests()
 
     def prepare(self) -> None:
         """Refuses what the generator leaves to the interpreter (:class:`NotCompilable`) and notes the
@@ -464,9 +474,8 @@ class _Generator(CheckWriter, ChoiceWriter):
         if node.choice is not None and st.pos < 0 and choice_search.enterable(node.choice, st.slot):
             self.comment(f"step {i}: down into {self.label(m)}: each alternative entered from {what}")
             if not self.inline_alternatives(m, (st.slot, var)):
-                choice = self.constant("choice", node.choice)
-                self.open_rows(m, f"_entered(_m, {choice}, {st.slot!r}, {var}, block, None, {node.is_final})",
-                               entered=True, objects=True)
+                self.call_helper(m, f"_entered(_m, {self.constant('choice', node.choice)}, {st.slot!r}, {var}, block",
+                                 entered=True)
             self.sub_match_checks(m, via=None, entered=True)
             return
         self.comment(f"step {i}: down to {self.label(m)}, each distinct consumer of {what}")

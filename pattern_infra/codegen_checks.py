@@ -302,18 +302,16 @@ class CheckWriter:
                 self.depth -= 1
 
     def collected(self) -> None:
-        """Collect mode: the search state of the match is kept and the search goes on (the interpreter's
-        ``Collecting.final_checks``)."""
+        """An inline alternative's search (collect mode): at a match, the rest of the enclosing search goes
+        on from it (:meth:`~pattern_infra.codegen_choices.ChoiceWriter.call_rest`), and when that finds
+        no match taken, this search goes on (the interpreter's ``Continuing.final_checks``)."""
         if any(self.skippable):
             raise NotCompilable("an alternative op type may lack a wildcard constant (collect mode)")
         if self.choice_nodes:
             self.subs_final_checks()
-        state = "({}, {}, {}, {})".format(*self.state_lists())
-        if self.wrap is not None:  # an inline alternative: its sub-match, as choice_search makes it
-            self.outer_clash_checks()
-            state = self.sub_match_expression(state)
-        self.comment("a match: kept, and the search goes on")
-        self.line(f"{self.found}.append({state})")
+        self.outer_clash_checks()
+        self.comment("a match of the alternative: the enclosing search goes on from it")
+        self.call_rest(self.sub_match_fields("({}, {}, {}, {})".format(*self.state_lists())))
 
     def state_lists(self) -> tuple[str, str, str, str]:
         """The search state of the match as list displays (ops, operands, roots, sub-matches), what

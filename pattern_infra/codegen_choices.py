@@ -2,19 +2,19 @@
 :class:`ChoiceWriter`, mixed into ``codegen._Generator`` like :class:`~pattern_infra.codegen_checks.CheckWriter`.
 
 Each alternative's search is written into the search holding the choice (:meth:`ChoiceWriter.inline_alternatives`),
-its locals renamed apart (:func:`rename`); its sub-matches are collected alternative by alternative and
-the rest of the outer search runs in the loop over them, so the choices' order, laziness and bind
-attempts are the interpreter's (``choice_search.choice_matches`` / ``entered_matches``), without a call
-per alternative.
+its locals renamed apart (:func:`rename`), alternative after alternative; where it finds a sub-match it
+hands it on to the rest of the outer search (:mod:`~pattern_infra.codegen_rests`: a function called
+there, or its body written there), so the choices' order, laziness and bind attempts are the
+interpreter's (``choice_search.choice_matches`` / ``entered_matches``), without a call per alternative.
 
-A sub-match is a **row**, a tuple the loop unpacks into locals: the choice node's slot variables, then
-its ops, last op, alternative, parts and constant variables (``choice_search.ROW_FIELDS``). For the
-choices :meth:`ChoiceWriter.expandable` picks (nested ones included, up to :data:`MAX_WRITTEN_MATCHES`
-spellings) the parts are the alternative's locals and the match is written once per spelling, their
-entries in place (:meth:`ChoiceWriter.expanded_success`); for the others, the dicts a Pattern of the
-alternative would hold, merged as ``binding.merged`` merges them (:meth:`ChoiceWriter.match_parts`). An
-alternative the generator cannot write (:class:`~pattern_infra.codegen_checks.NotCompilable`) leaves its
-choice to those helpers, whose :class:`~pattern_infra.choice_search.SubMatch` objects give rows.
+A sub-match is handed on as a **row**: the choice node's slot variables, then its ops, last op,
+alternative, parts and constant variables (``choice_search.ROW_FIELDS``). For the choices
+:meth:`ChoiceWriter.expandable` picks (nested ones included, up to :data:`MAX_WRITTEN_MATCHES` spellings)
+the parts are the alternative's locals and the match is written once per spelling, their entries in
+place (:meth:`ChoiceWriter.expanded_success`); for the others, the dicts a Pattern of the alternative
+would hold, merged as ``binding.merged`` merges them (:meth:`ChoiceWriter.match_parts`). An alternative
+the generator cannot write (:class:`~pattern_infra.codegen_checks.NotCompilable`) leaves its choice to
+those helpers, which hand on :class:`~pattern_infra.choice_search.SubMatch` objects, turned into rows.
 """
 
 from __future__ import annotations
@@ -47,7 +47,7 @@ class ChoiceWriter:
         self.wrap_index, self.wrap_slots, self.wrap_outer_slots = 0, [], []
         self.anchor_placed = False
         self.clash_with: list[tuple[str, frozenset[str]]] | None = None
-        self.built = self.emit_locals = self.expand_nested = False
+        self.built = self.emit_locals = self.expand_nested = self.wrap_maximal = self.wrap_taken = False
         self.row_locals: tuple[list[str], Tree] = ([], ())
         # a count of the alternatives written inline so far, shared with theirs (each gets its own tag);
         # the choice nodes whose alternatives compare their ops, whose rows hold their parts, whose op
@@ -59,30 +59,19 @@ class ChoiceWriter:
         self.typed: set[int] = set()
         self.expanded: dict[int, bool] = {}
         self.expansion: dict[int, list[tuple[int, list[str], Tree]]] = {}
+        # the rest functions being written (name, row parameters, the enclosing lines, depth and loops)
+        # and the ones written (name, row parameters, body)
+        self.frames: list[tuple[str, list[str], list[str], int, int]] = []
+        self.functions: list[tuple[str, list[str], list[str]]] = []
 
     def bind_choice(self, n: int, via: tuple[int, str, int] | None) -> None:
         """A choice node: a loop over the sub-matches of its alternatives ending at ``o<n>`` (the helper
         the interpreter calls, :func:`~pattern_infra.choice_search.choice_matches`), its slots read from each."""
         node = self.nodes[n]
         if not self.inline_alternatives(n, None):
-            choice = self.constant("choice", node.choice)
             self.comment(f"choice {node.name!r}: every match of each alternative ending at o{n}")
-            self.open_rows(n, f"_choice_matches(_m, {choice}, o{n}, block, None, {node.is_final})", entered=False,
-                           objects=True)
+            self.call_helper(n, f"_choice_matches(_m, {self.constant('choice', node.choice)}, o{n}, block", entered=False)
         self.sub_match_checks(n, via, entered=False)
-
-    def open_rows(self, n: int, source: str, entered: bool, objects: bool = False) -> None:
-        """The loop over choice node ``n``'s sub-matches: ``source`` yields them as rows (the tuples an
-        inline alternative collects) or, with ``objects``, as ``choice_search``'s objects, turned into
-        rows; ``entered``: the row's last op is ``o<n>`` (else ``o<n>`` is bound already)."""
-        node = self.nodes[n]
-        targets = ", ".join([self.value(n, slot) for slot in node.inputs]
-                            + [f"_ops{n}", f"o{n}" if entered else "_", f"_k{n}", f"_pt{n}", f"_cv{n}"])
-        if not objects:
-            self.open_loop(f"for {targets} in {source}:")
-            return
-        self.open_loop(f"for _s{n} in {source}:")
-        self.line(f"{targets} = _s{n}.row({tuple(node.inputs)!r})")
 
     def single(self, n: int) -> bool:
         """Every alternative of choice node ``n`` is one op: its sub-match's ops are ``[o<n>]``."""
@@ -138,28 +127,25 @@ class ChoiceWriter:
         self.bound.append(n)
 
     def inline_alternatives(self, m: int, entry: tuple[str, str] | None) -> bool:
-        """Writes the searches of choice node ``m``'s alternatives into this search and opens the loop
-        over their sub-matches ``_s<m>`` (what ``choice_search.choice_matches`` or, with ``entry`` (slot,
-        variable expression), ``entered_matches`` yields, in the same order and after the same bind
-        attempts); False, writing nothing, when an alternative's search cannot be generated.
-
-        Alternative after alternative (``_k<m>``): its search, written out with names of its own, collects
-        its sub-matches into ``_f<m>``; then the loop over them holds the rest of this search, so the next
-        alternative is searched only once every sub-match of the previous one was tried, as the
-        interpreter's lazy iteration does.
+        """Writes the searches of choice node ``m``'s alternatives into this search, each calling
+        ``_rest<m>`` (:meth:`open_rest`, opened here) with each of its sub-matches the moment it finds
+        it, as ``choice_search.choice_matches`` or, with ``entry`` (slot, variable expression),
+        ``entered_matches`` offers them: the same order, laziness and bind attempts. False, writing
+        nothing, when an alternative's search cannot be generated.
         """
         node = self.nodes[m]
         choice = node.choice
-        # The alternatives compare their ops with the bound ones as they collect a sub-match, where the
+        # The alternatives compare their ops with the bound ones as they find a sub-match, where the
         # interpreter compares when it takes one: the same matches and bind attempts, unless the choice
         # is final (the longest-spelling rule reads every sub-match, clashing ones included).
         bound = None if node.is_final else [(f"o{j}", self.nodes[j].op_types) for j in self.bound
                                             if self.nodes[j].choice is None]
-        written = self.alternative_bodies(m, entry, bound, expand=m in self.expanded)
+        maximal = entry is not None and node.is_final and not choice.fallback
+        written = self.alternative_bodies(m, entry, bound, m in self.expanded, maximal)
         if m in self.expanded and (written is None or not written[2]):  # not inline, or a row not written out
             del self.expanded[m]  # the match merges this choice's dicts like the others'
             if written is not None:
-                written = self.alternative_bodies(m, entry, bound, expand=False)
+                written = self.alternative_bodies(m, entry, bound, False, maximal)
         if written is None:
             return False
         bodies, checked, built = written
@@ -169,12 +155,10 @@ class ChoiceWriter:
             self.parts_built.add(m)
         if entry is not None:
             self.line(f"_ent{m} = {entry[1]}")
-            maximal = node.is_final and not choice.fallback
             if maximal:
-                self.line(f"_in{m} = set()  # ops inside an earlier alternative's sub-match (the longest wins)")
+                self.line(f"_in{m}, _a{m} = set(), []  # ops inside an earlier alternative's sub-match; this one's")
             indices = f"range({len(bodies)})"
         else:
-            maximal = False
             dispatch = {}
             for alternative in choice.alternatives:
                 end = alternative.compiled.nodes[alternative.compiled.final_nodes[0]]
@@ -183,31 +167,26 @@ class ChoiceWriter:
             table = self.constant("dispatch", {t: tuple(ks) for t, ks in dispatch.items()})
             typed = f"_t{m}" if m in self.typed else self.op_type(f"o{m}")
             indices = f"{table}.get({typed}, ())"
-        self.comment(f"choice {node.name!r}: each alternative's search, written out; its sub-matches, one by one")
+        self.comment(f"choice {node.name!r}: each alternative's search, written out, calls _rest{m} with each sub-match")
         self.open_loop(f"for _k{m} in {indices}:")
-        if maximal:  # kept_after_earlier written out, its update made only when a next alternative runs
-            self.line(f"if _k{m}:  # the ops inside the previous alternative's sub-matches, their last ops aside")
-            self.line(f"    _in{m}.update(id(_o) for _r in _a{m} for _o in _r[{choice_search.ROW_OPS}] "
-                      f"if _o is not _r[{choice_search.ROW_END}])")
-        self.line(f"_f{m} = []")
+        if maximal:  # the longest-spelling rule (choice_search.entered_matches), written out
+            self.line(f"if _a{m}:  # the ops inside the previous alternative's sub-matches, their last ops aside")
+            self.line(f"    _in{m}.update(id(_o) for _ops, _e in _a{m} for _o in _ops if _o is not _e)")
+            self.line(f"    _a{m}.clear()")
+        elif entry is None and node.is_final:  # the rule of choice_search.choice_matches, written out
+            alternatives = self.constant("alternatives", tuple(choice.alternatives))
+            self.line(f"_tk{m} = _Taken(_m, {self.constant('choice', choice)}, {alternatives}[_k{m}], o{m}, block) "
+                      f"if _k{m} else None  # checked at the alternative's first sub-match")
         for k, body in enumerate(bodies):
             self.line(("if" if k == 0 else "elif") + f" _k{m} == {k}:")
             self.line("    for _ in _ONCE:  # a failed check leaves the alternative")
             for text in body:
                 self.lines.append("    " * (self.depth + 2) + text)
-        if maximal:
-            self.line(f"_a{m} = _f{m}")
-            self.line(f"if _in{m}:  # ending inside an earlier alternative's sub-match: not kept")
-            self.line(f"    _f{m} = [_r for _r in _f{m} if id(_r[{choice_search.ROW_END}]) not in _in{m}]")
-        elif entry is None and node.is_final:
-            alternatives = self.constant("alternatives", tuple(choice.alternatives))
-            self.guard(f"_f{m} and _k{m} > 0 and _taken(_m, {self.constant('choice', choice)}, "
-                       f"{alternatives}[_k{m}], o{m}, block)", "an earlier alternative matches further down")
-        self.open_rows(m, f"_f{m}", entered=entry is not None)
+        self.open_rest(m, entry is not None)
         return True
 
     def alternative_bodies(self, m: int, entry: tuple[str, str] | None, bound: list[tuple[str, frozenset[str]]] | None,
-                           expand: bool) -> tuple[list[list[str]], bool, bool] | None:
+                           expand: bool, maximal: bool) -> tuple[list[list[str]], bool, bool] | None:
         """The lines of each alternative's search of choice node ``m`` (:meth:`alternative_body`), whether
         they all compare their ops with the ``bound`` ones and whether all write their rows out; None
         when one cannot be generated. With ``expand``, the rows hold the alternatives' locals and
@@ -218,7 +197,7 @@ class ChoiceWriter:
             root = alternative.slots.index(entry[0]) if entry is not None else None
             start = (f"r{{tag}}{root} = _ent{m}" if entry is not None
                      else f"o{{tag}}{alternative.compiled.final_nodes[0]} = o{m}")
-            inner = self.alternative_body(m, alternative, root, start, bound, expand)
+            inner = self.alternative_body(m, alternative, root, start, bound, expand, maximal)
             if inner is None:
                 return None
             bodies.append(inner[0])
@@ -227,7 +206,7 @@ class ChoiceWriter:
 
     def alternative_body(self, m: int, alternative: Any, root: int | None, start: str,
                          bound: list[tuple[str, frozenset[str]]] | None,
-                         expand: bool = False) -> tuple[list[str], bool, bool] | None:
+                         expand: bool = False, maximal: bool = False) -> tuple[list[str], bool, bool] | None:
         """The lines of ``alternative``'s collecting search, anchored at its last op (``root`` None) or
         entered from its input ``root``, with its locals renamed apart (``start`` binds the first one);
         whether they compare its ops with the ``bound`` ones (name, op types) and whether its
@@ -241,7 +220,7 @@ class ChoiceWriter:
         inner.counter = self.counter  # tags unique across every alternative written into this search
         inner.depth = 0
         inner.loops = 1  # inside `for _ in _ONCE`
-        inner.found = "_FOUND"  # this search's _f<m>: named once the alternative's names are tagged
+        inner.wrap_maximal, inner.wrap_taken = maximal, root is None and self.nodes[m].is_final
         inner.wrap = (self.constant("alternative", alternative), self.constant("matcher", matcher),
                       repr(self.nodes[m].choice.name))
         inner.wrap_index, inner.wrap_slots = alternative.index, alternative.slots
@@ -260,8 +239,15 @@ class ChoiceWriter:
             return None
         self.counter[0] += 1
         tag = f"q{self.counter[0]}q"
-        lines = [start.format(tag=tag)] + [rename(text, tag).replace("_FOUND", f"_f{m}").replace("OUTER_", "")
-                                           for text in inner.lines]
+
+        def named(text: str) -> str:  # the alternative's names tagged, the enclosing search's put in
+            text = rename(text, tag).replace("OUTER_", "").replace("_FOUND_A", f"_a{m}")
+            text = text.replace("_FOUND_IN", f"_in{m}").replace("_FOUND_TK", f"_tk{m}")
+            return text.replace("_FOUND", f"_rest{m}")
+
+        lines = [start.format(tag=tag)] + [named(text) for text in inner.lines]
+        self.functions.extend((named(name), [named(p) for p in params], [named(text) for text in body])
+                              for name, params, body in inner.functions)
         if expand and inner.built:
             names, tree = inner.row_locals
             self.expansion[m].append((alternative.index, [rename(v, tag) for v in names],
@@ -291,10 +277,10 @@ class ChoiceWriter:
         if same:
             self.guard(" or ".join(same), "an op of the alternative is already matched")
 
-    def sub_match_expression(self, state: str) -> str:
-        """The row an inline alternative's search collects for the match ``state`` (ops, operands,
-        roots, sub-matches): the outer choice node's slot variables, then ``choice_search.ROW_FIELDS``,
-        every field written out when it can be (:meth:`match_parts`), else derived from the state as
+    def sub_match_fields(self, state: str) -> list[str] | str:
+        """The row of an inline alternative's match ``state`` (ops, operands, roots, sub-matches): the
+        outer choice node's slot variables, then ``choice_search.ROW_FIELDS``, every field written out
+        when it can be (:meth:`match_parts`), else one expression deriving the row from the state as
         ``choice_search`` derives it."""
         alternative, matcher, name = self.wrap
         outer = self.wrap_outer_slots
@@ -320,8 +306,7 @@ class ChoiceWriter:
             held = f"({''.join(v + ', ' for v in names)})"
         else:
             held = f"({', '.join(self.match_parts())})"  # type: ignore[arg-type]
-        return (f"({''.join(v + ', ' for v in slots)}({''.join(f + ', ' for f in flat)}), {end}, {self.wrap_index}, "
-                f"{held}, {held_consts})")
+        return [*slots, f"({''.join(f + ', ' for f in flat)})", end, str(self.wrap_index), held, held_consts]
 
     def expandable(self) -> dict[int, bool]:
         """The choice nodes whose alternatives' entries a whole match writes per alternative (no dicts
@@ -482,7 +467,7 @@ def _all_names(choice: Any) -> tuple[set[str], set[str]]:
     return names, keys
 
 
-_LOCAL = re.compile(r"(?<!')\b([ovar])(\d)|\b_(ord|c|s|f|a|k|ent|in|ops|pt|cv|t)(\d)")
+_LOCAL = re.compile(r"(?<!')\b([ovar])(\d)|\b_(ord|c|s|a|k|ent|in|ops|pt|cv|t|tk|rest)(\d)")
 
 
 def rename(text: str, tag: str) -> str:

@@ -152,14 +152,19 @@ class Search:
 
     def bind_choice(self, n: int, op: Operation, i: int) -> bool:
         """Binds choice node ``n`` to ``op``: each complete match of each alternative ending at ``op``
-        gives the node's slots; the search goes on with them (:mod:`pattern_infra.choices`)."""
+        gives the node's slots, and the search goes on with them the moment it is found
+        (:func:`~pattern_infra.choice_search.choice_matches` calls :meth:`bind_sub` from inside the
+        alternative's search: no alternative is searched further than the first match taken needs)."""
         node = self.m.nodes[n]
         failures: list[str] | None = [] if self.trace else None
-        tried = False
-        for sub in choice_search.choice_matches(self.m, node.choice, op, self.block, failures, maximal=node.is_final):
-            tried = True
-            if self.bind_sub(n, op, sub, i):
-                return True
+        tried = []
+
+        def take(sub: choice_search.SubMatch) -> bool:
+            tried.append(sub)
+            return self.bind_sub(n, op, sub, i)
+
+        if choice_search.choice_matches(self.m, node.choice, op, self.block, take, failures, maximal=node.is_final):
+            return True
         if not tried:
             return self.fail(n, lambda: f"tried {len(node.choice.alternatives)} alternatives for "
                              f"{node.name!r}: " + "; ".join(failures or []))
@@ -168,15 +173,19 @@ class Search:
     def enter_choice(self, n: int, slot: str, var: Var, i: int) -> bool:
         """A down-step into choice node ``n`` through ``slot``, bound to ``var``: each alternative is
         searched from ``var`` (:func:`~pattern_infra.choice_search.entered_matches`), so only the ops below it
-        that an alternative reaches are ever bound; each complete sub-match binds the node to its end op."""
+        that an alternative reaches are ever bound; each complete sub-match binds the node to its end op
+        and the search goes on from it, as in :meth:`bind_choice`."""
         node = self.m.nodes[n]
         failures: list[str] | None = [] if self.trace else None
-        tried = False
-        for sub in choice_search.entered_matches(self.m, node.choice, slot, var, self.block, failures,
-                                           maximal=node.is_final):
-            tried = True
-            if self.bind_sub(n, sub.end, sub, i):
-                return True
+        tried = []
+
+        def take(sub: choice_search.SubMatch) -> bool:
+            tried.append(sub)
+            return self.bind_sub(n, sub.end, sub, i)
+
+        if choice_search.entered_matches(self.m, node.choice, slot, var, self.block, take, failures,
+                                         maximal=node.is_final):
+            return True
         if not tried:
             return self.fail(n, lambda: f"tried {len(node.choice.alternatives)} alternatives for "
                              f"{node.name!r} from {var.name}: " + "; ".join(failures or []))

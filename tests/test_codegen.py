@@ -16,6 +16,7 @@ import inspect
 import itertools
 import linecache
 import math
+import re
 import sys
 import traceback
 from pathlib import Path
@@ -864,20 +865,20 @@ def test_random_spellings_compiled_and_interpreted_agree(data):
 
 def test_a_match_writes_a_flat_alternatives_entries_in_place():
     """The tanh-GELU patterns' one choice (the cube, ``pow(x, 3)`` or ``x * x * x``) holds no choice of
-    its own: a row of it holds the alternative's locals, not dicts, and a whole match writes the
-    alternative's entries into its own dict displays, per alternative, instead of merging (``**``) a
-    sub-match's dicts in; the fused programs agree with the interpreter's (the differential tests), and
-    here on both spellings."""
+    its own: the rest of the search after it is small, so it is written into each alternative where the
+    alternative finds its sub-match (no rest function, no call, no row), specialised to it: the match is
+    written once per alternative, the alternative's entries in its own dict displays instead of merged
+    (``**``) in; the fused programs agree with the interpreter's (the differential tests), and here on
+    both spellings."""
     from generic_passes._gelu_common import GELU_CONSTANTS
     from generic_passes.fuse_gelu_tanh_approximation import gelu_tanh_pattern_1, gelu_tanh_pattern_2
 
     for pattern in (gelu_tanh_pattern_1, gelu_tanh_pattern_2):
         matcher = Matcher(compile_pattern(pattern, constants=GELU_CONSTANTS))
-        cube = matcher.compiled.by_name["cube"]
         for anchor in range(len(matcher.nodes)):
             source = matcher.source(anchor)
-            rows = [line for line in source.splitlines() if f"_f{cube}.append((" in line]
-            assert len(rows) == 2 and not any("{" in row for row in rows), (anchor, rows)
+            assert "_p = _rest" not in source and "def _rest" not in source, anchor
+            assert source.count("_of_search(") == 2, anchor
             assert "**_pt" not in source and ", _FINALS, {'cube': 1})" in source, anchor
 
     @mb.program(input_specs=[mb.TensorSpec(shape=(1, 4, 8))])
@@ -899,8 +900,8 @@ def test_a_match_writes_a_flat_alternatives_entries_in_place():
 def test_alternatives_are_written_into_the_search_that_holds_the_choice():
     """The 12-spelling RMSNorm's generated searches search every alternative inline: no call into
     ``choice_search`` per alternative, no ``binding.build_pattern`` (the match's dicts are literals),
-    every sub-match a row (a tuple) with its fields written out, no sub-match object; and they match (the agreement with the
-    interpreter, match by match, is the test above)."""
+    every sub-match a call of the rest of the search with its row's fields written out, no sub-match object;
+    and they match (the agreement with the interpreter, match by match, is the test above)."""
     import sys
     from pathlib import Path
 
@@ -914,7 +915,7 @@ def test_alternatives_are_written_into_the_search_that_holds_the_choice():
         source = matcher.source(anchor)
         calls = [name for name in ("_choice_matches(", "_entered(", "_build_pattern(", "_SM(", "_SMB(", ".row(")
                  if name in source]
-        assert calls == [] and ".append((" in source, (anchor, calls)  # rows: tuples written out
+        assert calls == [] and "_p = _rest" in source, (anchor, calls)  # rows: fields written out
     prog = rms_program(*SPELLINGS[3])
     block = prog.functions["main"]
     final = [op for op in block.operations if op.op_type != "const"][-1]
@@ -923,8 +924,9 @@ def test_alternatives_are_written_into_the_search_that_holds_the_choice():
 
 
 def _twelve_spellings_written(merged: bool) -> int:
-    """The 12-spelling RMSNorm's generated searches, at every anchor: rows of choices written per
-    alternative hold locals (no dict), nothing merged (``**``) unless ``merged``; on a program of all 12
+    """The 12-spelling RMSNorm's generated searches, at every anchor: the rows alternatives of choices
+    written per alternative call the rest of the search with hold locals (no dict), nothing merged
+    (``**``) unless ``merged``; on a program of all 12
     spellings, every spelling found, the same matches as the interpreter's (``same_everywhere``).
     Returns the number of matches written out per search (the same at every anchor)."""
     import sys
@@ -940,8 +942,9 @@ def _twelve_spellings_written(merged: bool) -> int:
     written = set()
     for anchor in range(len(matcher.nodes)):
         source = matcher.source(anchor)
-        written.add(source.count("_of_search("))
-        rows = [line for line in source.splitlines() if ".append((" in line]
+        written.add(len({line.strip() for line in source.splitlines() if "_of_search(" in line}))
+        # a row: the arguments of a call of the rest of the search, or assigned where it is written in
+        rows = [line for line in source.splitlines() if "_p = _rest" in line or re.match(r" *_pt\w+ = ", line)]
         assert rows and ("**_pt" in source) == merged, anchor
         assert merged or not any("{" in row for row in rows), anchor
 
@@ -996,3 +999,31 @@ def test_a_choice_left_to_its_helper_is_merged_into_the_match():
     found = same_everywhere(matcher, prog)
     assert sorted(p.act_or_sigmoid.name for p in found) == ["leaky", "plain", "sig"]
     assert sorted(p.choices["act_or_sigmoid"] for p in found) == [0, 0, 1]
+
+
+def test_an_alternative_is_searched_no_further_than_the_first_match_taken():
+    """A choice entered from a variable: its first alternative finds a sub-match at each ``relu`` below
+    ``a``; the search goes on from the first one the moment it is found and takes the match, so the
+    second ``relu`` is never bound. Interpreted and compiled: 3 bind attempts (``a``, the first ``relu``,
+    its ``exp``), where searching the alternative to its end first made 4 (both ``relu``)."""
+    from pattern_infra import one_of
+
+    @mb.program(input_specs=[mb.TensorSpec(shape=S)])
+    def pat(x):
+        a = mb.abs(x=x, name="a")
+        act = one_of("act", lambda: mb.relu(x=a, name="r"), lambda: mb.sigmoid(x=a, name="s"))
+        return a, mb.exp(x=act, name="e")  # `a` is an output too: its other uses are free
+
+    @mb.program(input_specs=[mb.TensorSpec(shape=S)])
+    def prog(x):
+        a = mb.abs(x=x, name="abs")
+        return a, mb.exp(x=mb.relu(x=a, name="first")), mb.exp(x=mb.relu(x=a, name="second"))
+
+    matcher = matcher_of(pat)
+    block = prog.functions["main"]
+    anchor = matcher.compiled.by_name["a"]
+    op = next(op for op in block.operations if op.op_type == "abs")
+    for search in (interpreted, compiled):
+        found, attempts = search(matcher, op, block, anchor)
+        assert found is not None and found.act.name == "first" and attempts == 3, (search.__name__, attempts)
+    assert "_p = _rest" not in matcher.source(anchor)  # the rest after the choice written where it is found
