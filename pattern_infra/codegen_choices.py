@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from typing import Any, Union
 
 from . import choice_search
-from .codegen_checks import NotCompilable
+from .codegen_checks import NotCompilable, set_literal
 
 __all__ = ["MAX_WRITTEN_MATCHES", "ChoiceWriter", "rename"]
 
@@ -157,31 +157,27 @@ class ChoiceWriter:
             self.line(f"_ent{m} = {entry[1]}")
             if maximal:
                 self.line(f"_in{m}, _a{m} = set(), []  # ops inside an earlier alternative's sub-match; this one's")
-            indices = f"range({len(bodies)})"
-        else:
-            dispatch = {}
-            for alternative in choice.alternatives:
-                end = alternative.compiled.nodes[alternative.compiled.final_nodes[0]]
-                for t in sorted(end.op_types):
-                    dispatch.setdefault(t, []).append(alternative.index)
-            table = self.constant("dispatch", {t: tuple(ks) for t, ks in dispatch.items()})
-            typed = f"_t{m}" if m in self.typed else self.op_type(f"o{m}")
-            indices = f"{table}.get({typed}, ())"
+        elif m not in self.typed:  # the dispatch on the op type reads it
+            self.line(f"_t{m} = {self.op_type(f'o{m}')}")
         self.comment(f"choice {node.name!r}: each alternative's search, written out, calls _rest{m} with each sub-match")
-        self.open_loop(f"for _k{m} in {indices}:")
-        if maximal:  # the longest-spelling rule (choice_search.entered_matches), written out
-            self.line(f"if _a{m}:  # the ops inside the previous alternative's sub-matches, their last ops aside")
-            self.line(f"    _in{m}.update(id(_o) for _ops, _e in _a{m} for _o in _ops if _o is not _e)")
-            self.line(f"    _a{m}.clear()")
-        elif entry is None and node.is_final:  # the rule of choice_search.choice_matches, written out
-            alternatives = self.constant("alternatives", tuple(choice.alternatives))
-            self.line(f"_tk{m} = _Taken(_m, {self.constant('choice', choice)}, {alternatives}[_k{m}], o{m}, block) "
-                      f"if _k{m} else None  # checked at the alternative's first sub-match")
-        for k, body in enumerate(bodies):
-            self.line(("if" if k == 0 else "elif") + f" _k{m} == {k}:")
-            self.line("    for _ in _ONCE:  # a failed check leaves the alternative")
+        alternatives = self.constant("alternatives", tuple(choice.alternatives)) if entry is None and node.is_final else ""
+        for k, (alternative, body) in enumerate(zip(choice.alternatives, bodies)):
+            depth = self.depth
+            types = alternative.compiled.nodes[alternative.compiled.final_nodes[0]].op_types
+            if entry is None and not node.op_types <= types:  # a dispatch: the alternatives ending with its type
+                self.line(f"if _t{m} {'== ' + repr(next(iter(types))) if len(types) == 1 else 'in ' + set_literal(types)}:")
+                self.depth += 1
+            if maximal and k:  # the longest-spelling rule (choice_search.entered_matches), written out
+                self.line(f"if _a{m}:  # the ops inside the previous alternative's sub-matches, their last ops aside")
+                self.line(f"    _in{m}.update(id(_o) for _ops, _e in _a{m} for _o in _ops if _o is not _e)")
+                self.line(f"    _a{m}.clear()")
+            elif alternatives:  # the rule of choice_search.choice_matches, checked at the first sub-match
+                self.line(f"_tk{m} = " + (f"_Taken(_m, {self.constant('choice', choice)}, {alternatives}[{k}], o{m}, block)"
+                                          if k else "None"))
+            self.line(f"for _ in _ONCE:  # alternative {k}; a failed check leaves it")
             for text in body:
-                self.lines.append("    " * (self.depth + 2) + text)
+                self.lines.append("    " * (self.depth + 1) + text)
+            self.depth = depth
         self.open_rest(m, entry is not None)
         return True
 

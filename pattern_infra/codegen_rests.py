@@ -11,7 +11,11 @@ or None: the alternative's search then goes on. So no alternative is searched fu
 match taken needs, and the bind attempts are the interpreter's.
 
 The locals a rest function reads are found once its body is written (:func:`resolve_rests`, with
-:mod:`symtable`), so its call sites are written with a marker, ``FREE(_rest<n>)``, filled in then.
+:mod:`symtable`), so its call sites are written with a marker, ``FREE(_rest<n>)``, filled in then. A
+rest function whose body, times its call sites, stays within :data:`INLINED_LINES` is not defined but
+written into each call site, specialised to it (:func:`_specialised`: no call, no row, the match of the
+alternative taken only); ``codegen.build`` writes none in when that would nest deeper than CPython
+compiles.
 """
 
 from __future__ import annotations
@@ -86,9 +90,11 @@ class RestWriter:
         self.line("    return _p")
 
 
-INLINED_LINES = 600
+INLINED_LINES = 2500
 """A rest function is written into its call sites instead of called (:func:`resolve_rests`) when its
-body, times its call sites, is at most this many lines."""
+body, times its call sites, is at most this many lines: the 12-spelling RMSNorm's searches are written
+whole (about 2,000 lines each); the registered passes' 486 searches hold 10% more text than with 600
+lines, 59% more than with none (measured in ``docs/ALTERNATIVES.md``)."""
 
 _FREE = re.compile(r"FREE\((\w+)\)")
 _WORD = re.compile(r"\w+")
@@ -109,7 +115,7 @@ def resolve_rests(functions: list[tuple[str, list[str], list[str]]], search: lis
     free: dict[str, list[str]] = {}
     inlined: dict[str, tuple[list[str], list[str]]] = {}
     calls: dict[str, set[str]] = {}  # function -> the functions it calls
-    sites: dict[str, int] = {}  # function -> its direct call sites (None: called otherwise too)
+    sites: dict[str, int | None] = {}  # function -> its direct call sites (None: called otherwise too)
     for caller, lines in [(f[0], f[2]) for f in functions] + [("search", search)]:
         calls[caller] = set()
         for line in lines:
@@ -118,7 +124,8 @@ def resolve_rests(functions: list[tuple[str, list[str], list[str]]], search: lis
                 mo = _CALL.fullmatch(line)
                 direct = mo is not None and mo[2] == callee and not any(isinstance(arg, ast.Starred)
                                                                         for arg in _call(line)[1])
-                sites[callee] = sites.get(callee, 0) + 1 if direct and sites.get(callee, 0) is not None else None
+                known = sites.get(callee, 0)
+                sites[callee] = known + 1 if direct and known is not None else None
 
     def filled(text: str) -> str:
         return _FREE.sub(lambda mo: "".join(name + ", " for name in free[mo[1]]), text) if "FREE(" in text else text
@@ -129,7 +136,7 @@ def resolve_rests(functions: list[tuple[str, list[str], list[str]]], search: lis
         name, params, body = next(f for f in pending if calls[f[0]] <= free.keys())
         pending.remove((name, params, body))
         body = list(map(filled, _spliced(body, inlined)))
-        if inline and sites.get(name) is not None and sites[name] * len(body) <= INLINED_LINES:
+        if inline and (count := sites.get(name)) is not None and count * len(body) <= INLINED_LINES:
             inlined[name], free[name] = (params, body), []  # no call left to fill in
             continue
         text = [f"def {name}({', '.join(params)}):", "    nb = 0", "    try:", *body,
@@ -197,18 +204,18 @@ def _arm(body: list[str], name: str, value: int) -> list[str]:
     while i < len(body):
         indent = len(body[i]) - len(body[i].lstrip())
         if body[i].strip().startswith(f"if {name} == "):
-            taken = None
+            start, taken, heads = i, None, (f"if {name} == ",)
             while i < len(body) and len(body[i]) - len(body[i].lstrip()) == indent and (
-                    head := body[i].strip()).startswith((f"if {name} == ", f"elif {name} == ", "else:")):
+                    head := body[i].strip()).startswith(heads):
                 end = i + 1
                 while end < len(body) and len(body[end]) - len(body[end].lstrip()) > indent:
                     end += 1
                 if taken is None and (head == "else:" or head.endswith(f" == {value}:")):
                     taken = [text[4:] for text in body[i + 1:end]]
-                i = end
+                i, heads = end, (f"elif {name} == ", "else:")
                 if head == "else:":
                     break
-            out += taken or []
+            out += body[start:i] if taken is None else taken  # no arm for it: the chain as it was
             continue
         out.append(body[i])
         i += 1
