@@ -9,7 +9,12 @@ weighted or not). Two tables:
    ``rms_norm``). Per match: bind attempts (deterministic), best-of-7 microseconds (noisy on a shared
    machine) and, with ``--instructions``, machine instructions counted by valgrind's callgrind
    (deterministic; a few minutes per row).
-2. **Every match** (``find_in_program``, what ``find_matches`` does), read-only: the 12-spelling pattern,
+2. **One choice point, k alternatives**: ``scale -> act -> shift`` where ``act`` is ``one_of`` 2, 4 or
+   12 unary ops (:data:`ACTIVATIONS`), against the activation written out; on ``n`` instances of the
+   first alternative, and of the last one of 12 (the eleven before it are passed over by the dispatch
+   on the op type). Same columns as table 1: what a choice point costs, and that its number of
+   alternatives does not add to it.
+3. **Every match** (``find_in_program``, what ``find_matches`` does), read-only: the 12-spelling pattern,
    the one spelling written out, and 12 patterns (what a pass needed before) on a program of all 12
    spellings.
 """
@@ -141,18 +146,64 @@ def spelling_patterns() -> dict[str, Callable[[], Any]]:
     return {"1": lambda: _name_ops(written_out(spellings[0])), "2": two, "6": six, "12": lambda: rms_norm}
 
 
-def _pass_search(spellings: str, n: int) -> tuple[Matcher, Program]:
-    """The matcher of the pattern allowing ``spellings`` and ``n`` RMSNorms of the first spelling,
-    searched once (the searches are generated)."""
-    matcher = Matcher(compile_pattern(spelling_patterns()[spellings](), constants="const"))
-    prog = chain(_spellings()[1][:1], n)
+ACTIVATIONS = ("relu", "sigmoid", "tanh", "exp", "abs", "sin", "cos", "floor", "ceil", "erf", "softplus", "square")
+"""The alternatives of table 2's choice point, in the order written."""
+
+
+def activation_pattern(k: int, written: str = "") -> Program:
+    """``shift(act(scale(x)))``: ``act`` one of the first ``k`` :data:`ACTIVATIONS`, or the op ``written``
+    written out."""
+
+    def act(h: Any) -> Any:
+        if written:
+            return getattr(mb, written)(x=h, name="act")
+        return one_of("act", *[lambda t=t: getattr(mb, t)(x=h, name="f") for t in ACTIVATIONS[:k]])
+
+    @mb.program(input_specs=[mb.TensorSpec(shape=(3, 8))])
+    def pattern(x):
+        return mb.add(x=act(mb.mul(x=x, y=2.0, name="scale")), y=1.0, name="shift")
+
+    return pattern
+
+
+def activation_chain(op_type: str, n: int) -> Program:
+    """``n`` instances of ``add(op_type(mul(x, 2)), 1)`` side by side on one input."""
+
+    @mb.program(input_specs=[mb.TensorSpec(shape=(3, 8))])
+    def prog(x):
+        return tuple(mb.add(x=getattr(mb, op_type)(x=mb.mul(x=x, y=2.0)), y=1.0) for _ in range(n))
+
+    return prog
+
+
+ACTIVATION_ROWS = {
+    "written out": (lambda: activation_pattern(1, ACTIVATIONS[0]), ACTIVATIONS[0]),
+    "2, first": (lambda: activation_pattern(2), ACTIVATIONS[0]),
+    "4, first": (lambda: activation_pattern(4), ACTIVATIONS[0]),
+    "12, first": (lambda: activation_pattern(12), ACTIVATIONS[0]),
+    "written out (last)": (lambda: activation_pattern(1, ACTIVATIONS[-1]), ACTIVATIONS[-1]),
+    "12, last": (lambda: activation_pattern(12), ACTIVATIONS[-1]),
+}
+"""Table 2: row -> (its pattern, the op type of the program's activations)."""
+
+
+def _pass_search(row: str, n: int) -> tuple[Matcher, Program]:
+    """The matcher of a row of table 1 (the pattern allowing ``row`` spellings, on ``n`` RMSNorms of the
+    first spelling) or of table 2 (a key of :data:`ACTIVATION_ROWS`), searched once (the searches are
+    generated)."""
+    if row in ACTIVATION_ROWS:
+        pattern, op_type = ACTIVATION_ROWS[row]
+        matcher, prog = Matcher(compile_pattern(pattern(), constants="const")), activation_chain(op_type, n)
+    else:
+        matcher = Matcher(compile_pattern(spelling_patterns()[row](), constants="const"))
+        prog = chain(_spellings()[1][:1], n)
     first_matches(matcher, prog)
     return matcher, prog
 
 
-def pass_search_row(spellings: str, n: int) -> tuple[float, float]:
-    """(bind attempts, best seconds) per match of the pass's search with the pattern of ``spellings``."""
-    matcher, prog = _pass_search(spellings, n)
+def pass_search_row(row: str, n: int) -> tuple[float, float]:
+    """(bind attempts, best seconds) per match of the pass's search of ``row`` (:func:`_pass_search`)."""
+    matcher, prog = _pass_search(row, n)
     before, best = matcher.bind_attempts, float("inf")
     for _ in range(7):
         gc.collect()
@@ -164,9 +215,9 @@ def pass_search_row(spellings: str, n: int) -> tuple[float, float]:
     return (matcher.bind_attempts - before) / 7 / found, best / found
 
 
-def _counted(spellings: str, n: int) -> None:
+def _counted(row: str, n: int) -> None:
     """What runs under callgrind: one uncounted search, then ``REPEATS`` counted ones."""
-    matcher, prog = _pass_search(spellings, n)
+    matcher, prog = _pass_search(row, n)
     gc.collect()
     gc.disable()
     for _ in range(REPEATS):
@@ -188,16 +239,22 @@ def main(argv: list[str] | None = None) -> None:
         _counted(args.counted, args.n)
         return
     n = args.n
-    print(f"The pass's search, {n} RMSNorms of one spelling (first match taken):")
-    print(f"{'spellings':>9} {'binds/match':>12} {'us/match':>9}" + (f" {'instructions/match':>19}" if args.instructions else ""))
-    for spellings in spelling_patterns():
-        binds, seconds = pass_search_row(spellings, n)
-        line = f"{spellings:>9} {binds:>12.1f} {seconds * 1e6:>9.1f}"
-        if args.instructions:
-            counted = count_instructions(["-m", "bench.choices", str(n), "--counted", spellings])
-            line += f" {counted // (REPEATS * n):>19,}"
-        print(line, flush=True)
-    print()
+    tables = [
+        (f"The pass's search, {n} RMSNorms of one spelling (first match taken):", "spellings", list(spelling_patterns())),
+        (f"One choice point, k alternatives, {n} matches of the first (or last) (first match taken):",
+         "k, matched", list(ACTIVATION_ROWS)),
+    ]
+    for title, column, rows in tables:
+        print(title)
+        print(f"{column:>18} {'binds/match':>12} {'us/match':>9}" + (f" {'instructions/match':>19}" if args.instructions else ""))
+        for row in rows:
+            binds, seconds = pass_search_row(row, n)
+            line = f"{row:>18} {binds:>12.1f} {seconds * 1e6:>9.1f}"
+            if args.instructions:
+                counted = count_instructions(["-m", "bench.choices", str(n), "--counted", row])
+                line += f" {counted // (REPEATS * n):>19,}"
+            print(line, flush=True)
+        print()
     print("Every match (find_in_program):")
     rms_norm, spellings, _, _ = _spellings()
     twelve = Matcher(compile_pattern(rms_norm, constants="const"))

@@ -261,6 +261,28 @@ def test_matching_cost_does_not_grow_with_the_number_of_spellings():
     assert costs[1] == 6 and costs[0] <= 1.5 * costs[1], costs
 
 
+@pytest.mark.parametrize("k", [2, 12])
+def test_the_alternatives_of_one_choice_point_add_no_bind_attempt(k):
+    """One choice point of ``k`` unary ops between two plain ops (bench.choices' table 2), a pass's search
+    on instances of the first alternative and of the last: as many bind attempts per match as the op
+    written out, however many alternatives come before the one that matches (the dispatch on the op
+    type passes over them), and the alternative that matched is the one of the op's type."""
+    from bench.choices import ACTIVATIONS, activation_chain, activation_pattern, first_matches
+    from pattern_infra import Matcher
+    from pattern_infra.find import find_in_program
+
+    for index in (0, k - 1):
+        prog = activation_chain(ACTIVATIONS[index], 5)
+        costs = []
+        for pattern in (activation_pattern(k), activation_pattern(1, ACTIVATIONS[index])):
+            matcher = Matcher(compile_pattern(pattern, constants="const"))
+            assert first_matches(matcher, prog) == 5
+            costs.append(matcher.bind_attempts)
+        assert costs[0] == costs[1], (index, costs)
+        matches = list(find_in_program(prog, Matcher(compile_pattern(activation_pattern(k), constants="const"))))
+        assert [(m.choices, m.act.op_type) for m in matches] == [({"act": index}, ACTIVATIONS[index])] * 5
+
+
 @pytest.mark.parametrize("fallback", [False, True])
 def test_fallback_offers_the_shorter_spelling_when_the_longer_is_refused(fallback):
     """With ``fallback=True`` a match refused by the constraints with the optional op is offered again
