@@ -1,7 +1,7 @@
 """``python -m bench.choices``: matching cost of one pattern with 12 spellings against patterns with one.
 
 RMSNorm written 12 ways (``x*x`` | ``pow(x, 2)``; ``x*rsqrt(v)`` | ``x/sqrt(v)`` | ``x*(1/sqrt(v))``;
-weighted or not). Two tables:
+weighted or not). Three tables:
 
 1. **The pass's search** (a pass takes the first match at an anchor): on 120 RMSNorms of the first
    spelling, the pattern written with 1 spelling (written out), 2 (``one_of`` for the square), 6 (and

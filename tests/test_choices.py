@@ -273,13 +273,11 @@ def test_the_alternatives_of_one_choice_point_add_no_bind_attempt(k):
 
     for index in (0, k - 1):
         prog = activation_chain(ACTIVATIONS[index], 5)
-        costs = []
-        for pattern in (activation_pattern(k), activation_pattern(1, ACTIVATIONS[index])):
-            matcher = Matcher(compile_pattern(pattern, constants="const"))
-            assert first_matches(matcher, prog) == 5
-            costs.append(matcher.bind_attempts)
-        assert costs[0] == costs[1], (index, costs)
-        matches = list(find_in_program(prog, Matcher(compile_pattern(activation_pattern(k), constants="const"))))
+        choice, written = (Matcher(compile_pattern(pattern, constants="const"))
+                           for pattern in (activation_pattern(k), activation_pattern(1, ACTIVATIONS[index])))
+        assert first_matches(choice, prog) == first_matches(written, prog) == 5
+        assert choice.bind_attempts == written.bind_attempts, (index, choice.bind_attempts, written.bind_attempts)
+        matches = list(find_in_program(prog, choice))
         assert [(m.choices, m.act.op_type) for m in matches] == [({"act": index}, ACTIVATIONS[index])] * 5
 
 
