@@ -11,13 +11,14 @@ from coremltools.converters.mil.mil import Block, Operation, Var
 
 from .pattern import Pattern
 from .plan import slot_value
+from .spelling import Spelling, spelling_of
 
 if TYPE_CHECKING:
     from .choice_search import SubMatch
     from .compiler import CompiledPattern
     from .matcher import Matcher
 
-__all__ = ["build_pattern", "match_dicts", "merged", "new_pattern"]
+__all__ = ["build_pattern", "lean", "match_dicts", "merged", "new_pattern", "pattern_of"]
 
 
 def build_pattern(
@@ -42,14 +43,32 @@ def build_pattern(
     """
     by_name, operands, consts, chosen = match_dicts(matcher, ops, assign, subs)
     compiled = matcher.compiled
+    spelling = lean(compiled, operands, chosen) if chosen is not None else {}
     if any(type(op) is list for op in ops):  # a fan-out op: the constructor flattens its list
         pattern = new_pattern(compiled, block, by_name, roots, operands, consts, order)
-    else:  # the dicts are fresh: the compiled search's constructor takes them without copies
-        return Pattern._of_search(compiled, block, by_name, list(roots), operands, consts, order,
-                                  compiled.final_names, chosen if chosen is not None else {})
-    if chosen is not None:
-        pattern.choices = chosen
-    return pattern
+        pattern.choices = spelling
+        return pattern
+    # the dicts are fresh: the compiled search's constructor takes them without copies
+    return Pattern._of_search(compiled, block, by_name, list(roots), operands, consts, order, compiled.final_names,
+                              spelling)
+
+
+def lean(compiled: CompiledPattern, operands: dict[str, dict[str, Any]], chosen: dict[str, int]) -> Spelling:
+    """``pattern.choices`` of a match whose choices took ``chosen`` (a :class:`~pattern_infra.spelling.Spelling`,
+    shared), the choices' own operands, which it locates, taken out of the match's ``operands``."""
+    spelling = spelling_of(compiled, chosen)
+    for name in spelling.slots:
+        operands.pop(name, None)
+    return spelling
+
+
+def pattern_of(compiled: CompiledPattern, block: Block, ops: dict[str, Any], roots: list[Var],
+               operands: dict[str, dict[str, Any]], consts: dict[str, Var],
+               order: Callable[[list[Operation]], list[Operation]] | None, chosen: dict[str, int]) -> Pattern:
+    """The Pattern of a generated search's match whose choices' dicts were merged at run time (the
+    operands of a sub-match built by the interpreter hold its nested choices': :func:`lean` takes them out)."""
+    return Pattern._of_search(compiled, block, ops, roots, operands, consts, order, compiled.final_names,
+                              lean(compiled, operands, chosen))
 
 
 def match_dicts(

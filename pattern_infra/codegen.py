@@ -74,7 +74,7 @@ from coremltools.converters.mil.mil import Block, Operation, Var
 from coremltools.converters.mil.mil.var import InternalVar
 
 from . import choice_search
-from .binding import build_pattern
+from .binding import build_pattern, pattern_of
 from .compiler import Edge, PatternNode, edge_positions
 from .pattern import Pattern
 from .codegen_choices import ChoiceWriter
@@ -254,6 +254,7 @@ class _Generator(CheckWriter, ChoiceWriter, RestWriter):
             "_learn_op_type": _learn_op_type,
             "_of_search": Pattern._of_search,
             "_build_pattern": build_pattern,
+            "_pattern_of": pattern_of,
             "_choice_matches": choice_search.choice_matches,
             "_entered": choice_search.entered_matches,
             "_each_row": choice_search.each_row,

@@ -274,10 +274,9 @@ class CheckWriter:
                     f"_w.consuming_blocks or len(_w._child_ops) != {node.output_uses[j]}",
                     f"{node.name} output {j}: used {node.output_uses[j]} time(s), inside the match",
                 )
-        matched = " or ".join([f"_p is o{n}" for n in range(len(self.nodes))]
-                              + [f"_p in _ops{n}" for n in self.choice_nodes  # an op list: by identity
-                                 if not self.single(n)])
-        if len(self.nodes) > DIRECT_COMPARISONS or self.choice_nodes:  # first rule out by type
+        lists = [f"_p in _ops{n}" for n in self.choice_nodes if not self.single(n)]  # an op list: by identity
+        matched = " or ".join([f"_p is o{n}" for n in range(len(self.nodes))] + lists)
+        if len(self.nodes) > DIRECT_COMPARISONS or lists:  # first rule out by type
             matched = f"{self.op_type('_p')} in {set_literal(self.m.op_types)} and ({matched})"
         elif " or " in matched:  # read as written: `_p is not None and (_p is o0 or _p is o1)`
             matched = f"({matched})"
@@ -346,12 +345,10 @@ class CheckWriter:
             if self.expanded:  # set only when the match's dicts can be written out
                 self.expanded_success(roots)
                 return
-            parts = self.match_parts()
+            parts = self.match_parts(lean=True)
             if parts is not None:
-                by_name, operands, consts, chosen = parts
                 self.comment("a match: the dicts of binding.build_pattern, the choices' sub-matches merged in")
-                self.line(f"_p = _of_search(_m.compiled, block, {by_name}, [{roots}], {operands}, {consts}, "
-                          f"order, _FINALS, {chosen})")
+                self.write_pattern(parts, roots)
                 self.line("if accept is None or accept(_p) is True:")
                 self.line("    return _p")
                 return

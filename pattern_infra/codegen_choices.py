@@ -19,6 +19,7 @@ those helpers, which hand on :class:`~pattern_infra.choice_search.SubMatch` obje
 
 from __future__ import annotations
 
+import ast
 import math
 import re
 from collections.abc import Callable
@@ -27,6 +28,7 @@ from typing import Any, Union
 
 from . import choice_search
 from .codegen_checks import NotCompilable, set_literal
+from .spelling import spelling_of
 
 __all__ = ["MAX_WRITTEN_MATCHES", "ChoiceWriter", "rename"]
 
@@ -331,7 +333,7 @@ class ChoiceWriter:
         expressions) those of the earlier ones: a :class:`Branch` per choice, nested."""
         taken = taken or {}
         if i == len(self.expanded):
-            return self.match_parts(taken)  # type: ignore[return-value]
+            return self.match_parts(taken, lean=True)  # type: ignore[return-value]
         e = list(self.expanded)[i]
         return Branch(f"_k{e}", f"_pt{e}", tuple(
             (k, tuple(names), _graft(tree, lambda parts, k=k: self.match_tree(i + 1, {**taken, e: (k, parts)})))
@@ -350,9 +352,7 @@ class ChoiceWriter:
     def _write_tree(self, tree: Tree, roots: str) -> None:
         """Writes ``tree``: per arm of a :class:`Branch`, an ``if`` and its row unpacked; at a leaf, the Pattern."""
         if not isinstance(tree, Branch):
-            by_name, operands, consts, chosen = tree
-            self.line(f"_p = _of_search(_m.compiled, block, {by_name}, [{roots}], {operands}, {consts}, "
-                      f"order, _FINALS, {chosen})")
+            self.write_pattern(tree, roots)
             return
         for j, (k, names, sub) in enumerate(tree.arms):  # the last arm an else, when there are several
             self.line("else:" if 0 < j == len(tree.arms) - 1 else ("elif" if j else "if") + f" {tree.alternative} == {k}:")
@@ -360,6 +360,23 @@ class ChoiceWriter:
             self.line(f"{', '.join(names)}, = {tree.row}")
             self._write_tree(sub, roots)
             self.depth -= 1
+
+    def write_pattern(self, parts: tuple[str, ...], roots: str) -> None:
+        """``_p = ...``: the Pattern of a match with choices from its dicts' expressions (:meth:`match_parts`).
+        No dict of a choice's own operands (``pattern.choices``, a :class:`~pattern_infra.spelling.Spelling`,
+        says where they are). Where every choice's alternative is known where the line is written (an
+        arm of the match tree per alternative), the spelling is a constant of the search; else it is
+        looked up from the choices dict at run time (``binding.pattern_of``)."""
+        by_name, operands, consts, chosen = parts
+        try:
+            known = ast.literal_eval(chosen)
+        except (ValueError, SyntaxError):  # an alternative taken at run time (_k<n>), nested rows' choices
+            self.line(f"_p = _pattern_of(_m.compiled, block, {by_name}, [{roots}], {operands}, {consts}, order, "
+                      f"{chosen})")
+            return
+        spelling = self.constant("S", spelling_of(self.compiled, known))
+        self.line(f"_p = _of_search(_m.compiled, block, {by_name}, [{roots}], {operands}, {consts}, order, "
+                  f"_FINALS, {spelling})")
 
     def parts_writable(self) -> bool:
         """Whether the match's dicts can be written out (:meth:`match_parts`): not with a wildcard slot
@@ -376,12 +393,13 @@ class ChoiceWriter:
             keys |= inner_keys
         return True
 
-    def match_parts(self, expanded: dict[int, tuple[int, tuple[str, ...]]] | None = None
+    def match_parts(self, expanded: dict[int, tuple[int, tuple[str, ...]]] | None = None, lean: bool = False
                     ) -> tuple[str, str, str, str] | None:
         """Expressions of the dicts ``binding.match_dicts`` gives for this match (ops, operands,
         constants, choices), the choices' sub-matches merged in as ``binding.merged`` merges them; None
         when they must be built at run time (:meth:`parts_writable`). ``expanded``: choice node to the
-        alternative taken and its dicts' expressions, whose entries are written in instead."""
+        alternative taken and its dicts' expressions, whose entries are written in instead. ``lean``:
+        for a Pattern (not a sub-match's row), without the choices' own operands (``binding.lean``)."""
         if not self.parts_writable():
             return None
         ops, operands, chosen = [], [], []
@@ -393,13 +411,15 @@ class ChoiceWriter:
             if n in spliced:
                 k = expanded[n][0]  # type: ignore[index]
                 ops.append(spliced[n][0])
-                read = node.choice.alternatives[k].slots  # the slots this alternative has a variable in
-                operands.append(f"{node.name!r}: " + self.operands_display(n, [s for s in node.inputs if s in read]))
+                if not lean:
+                    read = node.choice.alternatives[k].slots  # the slots this alternative has a variable in
+                    operands.append(f"{node.name!r}: " + self.operands_display(n, [s for s in node.inputs if s in read]))
                 chosen.append(f"{node.choice.name!r}: {k}")
                 chosen.append(spliced[n][3])
             elif node.choice is not None:
                 ops.append(f"**{parts[n]}[0]")
-                operands.append(f"{node.name!r}: {self.slots_dict(n)}")
+                if not lean:
+                    operands.append(f"{node.name!r}: {self.slots_dict(n)}")
                 flat = all(x.choice is None for a in node.choice.alternatives for x in a.compiled.nodes)
                 chosen.append(f"{node.choice.name!r}: _k{n}" + ("" if flat else f", **({parts[n]}[3] or {{}})"))
             else:

@@ -57,7 +57,8 @@ class Pattern:
         op_set: The captured program ops (a set, as in the design document; see ``op_list()``).
         consts: Pattern constant key (``"<op>.<slot>"`` and the pattern's const op name) to the program
             variable bound there.
-        choices: Choice name to the index of the alternative that matched (see ``one_of``).
+        choices: Choice name to the index of the alternative that matched (see ``one_of``); read-only,
+            shared by the matches of one spelling (:class:`~pattern_infra.spelling.Spelling`).
         pattern_name: Name of the pattern that matched.
     """
 
@@ -204,13 +205,16 @@ class Pattern:
         Raises:
             KeyError: ``op_name`` or ``slot`` is not in the pattern.
         """
+        located = getattr(self.choices, "slots", {})  # a choice's: pattern_infra.spelling
         try:
+            if op_name in located and op_name not in self._operands:
+                held, held_slot, pos = located[op_name][slot]
+                value = self._operands[held][held_slot]
+                return value if pos < 0 else value[pos]
             return self._operands[op_name][slot]
         except KeyError:
-            raise KeyError(
-                f"Pattern {self.pattern_name!r} has no operand {op_name}.{slot}; operands: "
-                f"{ {k: sorted(v) for k, v in self._operands.items()} }"
-            ) from None
+            known = {**{k: sorted(v) for k, v in self._operands.items()}, **{k: sorted(v) for k, v in located.items()}}
+            raise KeyError(f"Pattern {self.pattern_name!r} has no operand {op_name}.{slot}; operands: {known}") from None
 
     def replace_output(self, new_var: Var, old_var: Var | None = None) -> None:
         """Makes every user of a final output read ``new_var`` instead: the linear way to rewrite.

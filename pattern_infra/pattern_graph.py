@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from functools import cached_property
-from typing import Literal
+from typing import Any, Literal
 
 import numpy as np
 from coremltools.converters.mil.mil import Program, Var
@@ -184,6 +184,12 @@ class CompiledPattern:
     def const_keys(self) -> tuple[str, ...]:
         """The keys of ``consts``, in order."""
         return tuple(key for key, _, _ in self.consts)
+
+    @cached_property
+    def spellings(self) -> dict[frozenset[tuple[str, int]], Any]:
+        """The :class:`~pattern_infra.spelling.Spelling` of each spelling matched so far, by its choices
+        (:func:`~pattern_infra.spelling.spelling_of`)."""
+        return {}
 
     @cached_property
     def final_names(self) -> tuple[str, ...]:

@@ -200,6 +200,44 @@ def test_every_spelling_matches_in_the_compiled_search_and_the_interpreter_alike
     assert all(len(found) == 1 for found in compiled)
 
 
+def test_a_choices_name_is_the_op_of_its_alternative_in_every_view_of_the_match(monkeypatch):
+    """``pattern.<choice>`` is the last op of the alternative that matched (through a nested choice's), and
+    so is ``pattern.ops[<choice>]`` (right after that alternative's ops); the choice's operands
+    (``pattern.operand``) are the operands of its alternative's ops that read them, located by the
+    spelling (``pattern_infra.spelling``): ``pattern.choices``, shared by the matches of one spelling, so
+    read-only; ``add_attribute`` refuses a choice's name. The interpreter and the generated search
+    alike, on every spelling."""
+    from pattern_infra.codegen import INTERPRET_ENV_VAR
+
+    def views(spelling):
+        prog = rms_program(*spelling)
+        main = prog.functions["main"]
+        (m,) = find_matches(rms_norm, prog, constants="const")
+        last = m.weight if spelling[2] else m.scale
+        assert m.weighted is last and m.normed is m.scale and m.square is m.sq
+        names = list(m.ops)
+        assert names.index("sq") < names.index("square") < names.index("mean")
+        assert names.index("scale") < names.index("normed") and names[-1] == "weighted"
+        assert m.ops["weighted"] is last and m.ops["normed"] is m.scale and m.final_op is last
+        assert m.operand("weighted", "x") is main.inputs["x"] and m.operand("square", "x") is main.inputs["x"]
+        assert m.operand("normed", "var") is m.var.outputs[0]
+        assert (m.operand("weighted", "w") is main.inputs["w"]) if spelling[2] else len(m.op_set) == len(names) - 3
+        assert f"weighted={last.name}" in repr(m)
+        with pytest.raises(TypeError, match=r"dict\(pattern.choices\)"):
+            m.choices["square"] = 1
+        with pytest.raises(NameError, match="overwrite"):
+            m.add_attribute("normed", 1)
+        with pytest.raises(KeyError, match="normed"):
+            m.operand("normed", "w")
+        with pytest.raises(AttributeError, match="no_such_op"):
+            m.no_such_op  # noqa: B018
+        return names, dict(m.choices)
+
+    generated = [views(spelling) for spelling in SPELLINGS]
+    monkeypatch.setenv(INTERPRET_ENV_VAR, "1")
+    assert [views(spelling) for spelling in SPELLINGS] == generated
+
+
 def test_an_intermediate_inside_an_alternative_used_elsewhere_blocks_the_match():
     prog = rms_program("mul", "div_sqrt", True, extra_consumer=True)
     assert list(find_matches(rms_norm, prog)) == []
