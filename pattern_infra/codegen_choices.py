@@ -158,7 +158,7 @@ class ChoiceWriter:
         if entry is not None:
             self.line(f"_ent{m} = {entry[1]}")
             if maximal:
-                self.line(f"_in{m}, _a{m} = set(), []  # ops inside an earlier alternative's sub-match; this one's")
+                self.line(f"_in{m}, _a{m} = (), []  # ops inside an earlier alternative's sub-match (a set once any); this one's")
         elif m not in self.typed:  # the dispatch on the op type reads it
             self.line(f"_t{m} = {self.op_type(f'o{m}')}")
         self.comment(f"choice {node.name!r}: each alternative's search, written out, calls _rest{m} with each sub-match")
@@ -171,12 +171,15 @@ class ChoiceWriter:
                 self.depth += 1
             if maximal and k:  # the longest-spelling rule (choice_search.entered_matches), written out
                 self.line(f"if _a{m}:  # the ops inside the previous alternative's sub-matches, their last ops aside")
-                self.line(f"    _in{m}.update(id(_o) for _ops, _e in _a{m} for _o in _ops if _o is not _e)")
+                self.line(f"    _in{m} = {{*_in{m}, *(id(_o) for _ops, _e in _a{m} for _o in _ops if _o is not _e)}}")
                 self.line(f"    _a{m}.clear()")
             elif alternatives:  # the rule of choice_search.choice_matches, checked at the first sub-match
                 self.line(f"_tk{m} = " + (f"_Taken(_m, {self.constant('choice', choice)}, {alternatives}[{k}], o{m}, block)"
                                           if k else "None"))
-            self.line(f"for _ in _ONCE:  # alternative {k}; a failed check leaves it")
+            if _leaves_early(body):
+                self.line(f"for _ in _ONCE:  # alternative {k}; a failed check leaves it")
+            else:  # no check of its own before its first loop: a block, no loop (`if True` compiles to nothing)
+                self.line(f"if True:  # alternative {k}")
             for text in body:
                 self.lines.append("    " * (self.depth + 1) + text)
             self.depth = depth
@@ -431,6 +434,28 @@ class ChoiceWriter:
             consts.append(spliced[n][2] if n in spliced else f"**{parts[n]}[2]")
         return tuple("{" + ", ".join(item for item in items if item) + "}"  # type: ignore[return-value]
                      for items in (ops, operands, consts, chosen))
+
+
+_LOOP = re.compile(r"(for|while)\b.*:\s*(#.*)?$")
+_LEAVE = re.compile(r"(continue|break)\s*(#.*)?$")
+
+
+def _leaves_early(body: list[str]) -> bool:
+    """Whether a line of ``body`` (an alternative's search, indented from 0) continues or breaks the loop
+    written around it, outside every loop of its own."""
+    loops: list[int] = []  # the indentation of the loops holding the line
+    for text in body:
+        code = text.lstrip()
+        if not code or code.startswith("#"):
+            continue
+        indent = len(text) - len(code)
+        while loops and loops[-1] >= indent:
+            loops.pop()
+        if not loops and _LEAVE.match(code):
+            return True
+        if _LOOP.match(code):
+            loops.append(indent)
+    return False
 
 
 def _size(choice: Any) -> int:

@@ -1030,3 +1030,22 @@ def test_an_alternative_is_searched_no_further_than_the_first_match_taken():
         found, attempts = search(matcher, op, block, anchor)
         assert found is not None and found.act.name == "first" and attempts == 3, (search.__name__, attempts)
     assert "_p = _rest" not in matcher.source(anchor)  # the rest after the choice written where it is found
+
+
+def test_an_alternative_is_a_loop_only_when_a_check_of_its_own_leaves_it():
+    """An alternative's search is written in ``for _ in _ONCE`` when a failed check outside its own loops
+    must leave it (``continue``); else in a plain block. The 12-spelling RMSNorm's square (its operands
+    checked first) is a loop, the alternatives entered from ``var`` (each first loops over consumers)
+    are blocks; both find every spelling as the interpreter does (``_twelve_spellings_written``)."""
+    from pattern_infra.codegen_choices import _leaves_early
+
+    assert _leaves_early(["o1 = o0", "if o1 is None:  # why", "    continue"])
+    assert not _leaves_early(["r1 = _ent0", "for o1 in r1._child_ops:", "    if o1 is None:", "        continue",
+                              "    # continue", "o2 = o1"])
+    assert _leaves_early(["for o1 in c:", "    pass", "if o1 is None:", "    break  # why"])
+    sys.path.insert(0, str(Path(__file__).parent))
+    from test_choices import rms_norm
+
+    source = Matcher(compile_pattern(rms_norm, constants="const")).source(2)  # anchored at var
+    assert "for _ in _ONCE:  # alternative 0" in source and "if True:  # alternative 0" in source
+    _twelve_spellings_written(merged=False)
