@@ -51,7 +51,7 @@ goes on with them; backtracking tries the next sub-match, then the next alternat
 found lazily). The generated search writes each alternative's search into its own
 (:mod:`~pattern_infra.codegen_choices`). Cost per choice node: the sum of the alternatives' sizes, never
 the product of the choices; a pass's search with the 12-spelling pattern below makes the bind attempts of
-one spelling written out and 1.65x its instructions (``python -m bench.choices --instructions``). ``explain`` reports "tried 3 alternatives for 'normed': ..." with each
+one spelling written out and 1.09x its instructions (``python -m bench.choices --instructions``). ``explain`` reports "tried 3 alternatives for 'normed': ..." with each
 one's first failure.
 """
 
