@@ -28,6 +28,7 @@ from typing import Any, Union
 
 from . import choice_search
 from .codegen_checks import NotCompilable, set_literal
+from .codegen_rests import leaves_early
 from .spelling import spelling_of
 
 __all__ = ["MAX_WRITTEN_MATCHES", "ChoiceWriter", "rename"]
@@ -176,7 +177,7 @@ class ChoiceWriter:
             elif alternatives:  # the rule of choice_search.choice_matches, checked at the first sub-match
                 self.line(f"_tk{m} = " + (f"_Taken(_m, {self.constant('choice', choice)}, {alternatives}[{k}], o{m}, block)"
                                           if k else "None"))
-            if _leaves_early(body):
+            if leaves_early(body):
                 self.line(f"for _ in _ONCE:  # alternative {k}; a failed check leaves it")
             else:  # no check of its own before its first loop: a block, no loop (`if True` compiles to nothing)
                 self.line(f"if True:  # alternative {k}")
@@ -434,28 +435,6 @@ class ChoiceWriter:
             consts.append(spliced[n][2] if n in spliced else f"**{parts[n]}[2]")
         return tuple("{" + ", ".join(item for item in items if item) + "}"  # type: ignore[return-value]
                      for items in (ops, operands, consts, chosen))
-
-
-_LOOP = re.compile(r"(for|while)\b.*:\s*(#.*)?$")
-_LEAVE = re.compile(r"(continue|break)\s*(#.*)?$")
-
-
-def _leaves_early(body: list[str]) -> bool:
-    """Whether a line of ``body`` (an alternative's search, indented from 0) continues or breaks the loop
-    written around it, outside every loop of its own."""
-    loops: list[int] = []  # the indentation of the loops holding the line
-    for text in body:
-        code = text.lstrip()
-        if not code or code.startswith("#"):
-            continue
-        indent = len(text) - len(code)
-        while loops and loops[-1] >= indent:
-            loops.pop()
-        if not loops and _LEAVE.match(code):
-            return True
-        if _LOOP.match(code):
-            loops.append(indent)
-    return False
 
 
 def _size(choice: Any) -> int:

@@ -29,7 +29,7 @@ from typing import Any
 
 from . import choice_search
 
-__all__ = ["RestWriter", "resolve_rests"]
+__all__ = ["RestWriter", "leaves_early", "resolve_rests"]
 
 
 class RestWriter:
@@ -235,3 +235,25 @@ def _globals_read(table: symtable.SymbolTable) -> set[str]:
     for child in table.get_children():
         names |= _globals_read(child)
     return {name for name in names if not name.startswith("_rest")}
+
+
+_LOOP = re.compile(r"(for|while)\b.*:\s*(#.*)?$")
+_LEAVE = re.compile(r"(continue|break)\s*(#.*)?$")
+
+
+def leaves_early(body: list[str]) -> bool:
+    """Whether a line of ``body`` (an alternative's search, indented from 0) continues or breaks the loop
+    written around it, outside every loop of its own."""
+    loops: list[int] = []  # the indentation of the loops holding the line
+    for text in body:
+        code = text.lstrip()
+        if not code or code.startswith("#"):
+            continue
+        indent = len(text) - len(code)
+        while loops and loops[-1] >= indent:
+            loops.pop()
+        if not loops and _LEAVE.match(code):
+            return True
+        if _LOOP.match(code):
+            loops.append(indent)
+    return False

@@ -1037,12 +1037,12 @@ def test_an_alternative_is_a_loop_only_when_a_check_of_its_own_leaves_it():
     must leave it (``continue``); else in a plain block. The 12-spelling RMSNorm's square (its operands
     checked first) is a loop, the alternatives entered from ``var`` (each first loops over consumers)
     are blocks; both find every spelling as the interpreter does (``_twelve_spellings_written``)."""
-    from pattern_infra.codegen_choices import _leaves_early
+    from pattern_infra.codegen_rests import leaves_early
 
-    assert _leaves_early(["o1 = o0", "if o1 is None:  # why", "    continue"])
-    assert not _leaves_early(["r1 = _ent0", "for o1 in r1._child_ops:", "    if o1 is None:", "        continue",
+    assert leaves_early(["o1 = o0", "if o1 is None:  # why", "    continue"])
+    assert not leaves_early(["r1 = _ent0", "for o1 in r1._child_ops:", "    if o1 is None:", "        continue",
                               "    # continue", "o2 = o1"])
-    assert _leaves_early(["for o1 in c:", "    pass", "if o1 is None:", "    break  # why"])
+    assert leaves_early(["for o1 in c:", "    pass", "if o1 is None:", "    break  # why"])
     sys.path.insert(0, str(Path(__file__).parent))
     from test_choices import rms_norm
 
