@@ -208,10 +208,12 @@ class CheckWriter:
                         f"{node.name}.{slot} reads {self.nodes[e.index].name}",
                     )
 
-    def root_checks(self, n: int) -> None:
-        """The first edge reaching a root binds it; every later one compares with it."""
+    def root_checks(self, n: int, slots: list[str] | None = None) -> None:
+        """The first edge reaching a root binds it; every later one compares with it (in ``slots``, or all)."""
         node = self.nodes[n]
         for slot, edge in node.inputs.items():
+            if slots is not None and slot not in slots:
+                continue
             for pos, e in edge_positions(edge):
                 if e.kind != "root":
                     continue

@@ -100,9 +100,10 @@ class ChoiceWriter:
         return (f"_SMB(_k{n}, {self.slots_dict(n)}, _ops{n}, o{n}, {self.nodes[n].choice.name!r}, "
                 f"_pt{n}, _cv{n})")
 
-    def sub_match_checks(self, n: int, via: tuple[int, str, int] | None, entered: bool) -> None:
+    def sub_match_checks(self, n: int, via: tuple[int, str, int] | None, entered: bool, entry: str = "") -> None:
         """Choice node ``n`` bound to ``o<n>`` with its sub-match's row: injectivity, then its slots
-        checked like any operands (``Search.bind_sub``)."""
+        checked like any operands (``Search.bind_sub``), but the slot ``entry`` its inline alternatives were
+        entered from (their root there is the very variable: nothing to compare)."""
         node = self.nodes[n]
         types = choice_search.choice_types(node.choice)
         clash = []
@@ -123,9 +124,9 @@ class ChoiceWriter:
         if clash:
             self.guard(" or ".join(clash), "an op of the alternative is already matched")
         self.consumer_edge_checks(n, via)
-        slots = list(node.inputs)
+        slots = [slot for slot in node.inputs if slot != entry]
         self.op_edge_checks(n, slots)
-        self.root_checks(n)
+        self.root_checks(n, slots)
         self.const_checks(n, slots)
         self.bound.append(n)
 
