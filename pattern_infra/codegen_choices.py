@@ -29,7 +29,7 @@ from typing import Any, Union
 from . import choice_search
 from .codegen_checks import NotCompilable, set_literal
 from .codegen_rests import leaves_early
-from .spelling import spelling_of
+from .spelling import locates, spelling_of
 
 __all__ = ["MAX_WRITTEN_MATCHES", "ChoiceWriter", "rename"]
 
@@ -62,6 +62,7 @@ class ChoiceWriter:
         self.typed: set[int] = set()
         self.expanded: dict[int, bool] = {}
         self.expansion: dict[int, list[tuple[int, list[str], Tree]]] = {}
+        self.lean_parts = locates(self.compiled)  # a Pattern without choices' operands (an alternative: its pattern's)
         # the rest functions being written (name, row parameters, the enclosing lines, depth and loops)
         # and the ones written (name, row parameters, body)
         self.frames: list[tuple[str, list[str], list[str], int, int]] = []
@@ -234,6 +235,7 @@ class ChoiceWriter:
         inner.anchor_placed = root is None and end.num_outputs == self.nodes[m].num_outputs
         inner.clash_with = bound
         inner.emit_locals = expand
+        inner.lean_parts = self.lean_parts
         inner.expand_nested = expand and self.expanded.get(m, False)
         try:
             inner.prepare()
@@ -367,11 +369,10 @@ class ChoiceWriter:
             self.depth -= 1
 
     def write_pattern(self, parts: tuple[str, ...], roots: str) -> None:
-        """``_p = ...``: the Pattern of a match with choices from its dicts' expressions (:meth:`match_parts`).
-        No dict of a choice's own operands (``pattern.choices``, a :class:`~pattern_infra.spelling.Spelling`,
-        says where they are). Where every choice's alternative is known where the line is written (an
-        arm of the match tree per alternative), the spelling is a constant of the search; else it is
-        looked up from the choices dict at run time (``binding.pattern_of``)."""
+        """``_p = ...``: the Pattern of a match with choices from its dicts' expressions (:meth:`match_parts`),
+        ``pattern.choices`` a :class:`~pattern_infra.spelling.Spelling`: a constant of the search where every
+        choice's alternative is known where the line is written (an arm of the match tree per
+        alternative), else looked up from the choices dict at run time (``binding.pattern_of``)."""
         by_name, operands, consts, chosen = parts
         try:
             known = ast.literal_eval(chosen)
@@ -404,9 +405,11 @@ class ChoiceWriter:
         constants, choices), the choices' sub-matches merged in as ``binding.merged`` merges them; None
         when they must be built at run time (:meth:`parts_writable`). ``expanded``: choice node to the
         alternative taken and its dicts' expressions, whose entries are written in instead. ``lean``:
-        for a Pattern (not a sub-match's row), without the choices' own operands (``binding.lean``)."""
+        for a Pattern (not a sub-match's row), without the choices' own operands where the pattern's
+        spellings locate them (``binding.lean``)."""
         if not self.parts_writable():
             return None
+        lean = lean and self.lean_parts
         ops, operands, chosen = [], [], []
         parts = {n: self.parts_of(n) for n in self.choice_nodes}
         spliced = {n: [text[1:-1] for text in texts]  # the items of "{...}"

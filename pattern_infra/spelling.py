@@ -9,9 +9,10 @@ program; so a match does not build a dict of the choice's operands: ``pattern.ch
 in every match cost about a third of what a choice point added to a pass's search (``python -m
 bench.choices --instructions``).
 
-A spelling in which an op has the name of a choice (an op with ``equivalences=`` whose alternative keeps
-the op's name) locates nothing: its matches hold their choices' operands, as merged by
-``binding.merged`` (the choice's first).
+A pattern in which an op has the name of a choice (an op with ``equivalences=``, whose alternatives keep
+the op's name), in any alternative at any depth, locates nothing (:func:`locates`): its matches hold
+their choices' operands, as merged by ``binding.merged`` (the choice's first), in every spelling, so the
+generated search and the interpreter hold the same dicts whichever alternatives matched.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ if TYPE_CHECKING:
     from .compiler import CompiledPattern
     from .pattern_graph import PatternNode
 
-__all__ = ["Spelling", "spelling_of"]
+__all__ = ["Spelling", "locates", "spelling_of"]
 
 
 class Spelling(dict):  # type: ignore[type-arg]
@@ -64,15 +65,33 @@ def spelling_of(compiled: CompiledPattern, chosen: Mapping[str, int]) -> Spellin
     return found
 
 
-def _build(compiled: CompiledPattern, chosen: Mapping[str, int]) -> Spelling:
-    readers: dict[str, dict[str, tuple[PatternNode, str, int]]] = {}  # choice -> slot -> the op reading it
+def locates(compiled: CompiledPattern) -> bool:
+    """Whether the spellings of ``compiled`` locate their choices' operands: no op of it, in any
+    alternative at any depth, has the name of one of its choices."""
     plain: set[str] = set()
+    choices: set[str] = set()
 
     def walk(level: CompiledPattern) -> None:
         for node in level.nodes:
             if node.choice is None:
                 plain.add(node.name)
-            else:
+                continue
+            choices.add(node.name)
+            for alternative in node.choice.alternatives:
+                walk(alternative.compiled)
+
+    walk(compiled)
+    return not plain & choices
+
+
+def _build(compiled: CompiledPattern, chosen: Mapping[str, int]) -> Spelling:
+    if not locates(compiled):  # the match's operands keep the choices' (binding.merged)
+        return _restored(dict(chosen), {})
+    readers: dict[str, dict[str, tuple[PatternNode, str, int]]] = {}  # choice -> slot -> the op reading it
+
+    def walk(level: CompiledPattern) -> None:
+        for node in level.nodes:
+            if node.choice is not None:
                 alternative = node.choice.alternatives[chosen[node.name]]
                 inner = alternative.compiled
                 readers[node.name] = {slot: (inner.nodes[m], op_slot, pos)
@@ -85,7 +104,5 @@ def _build(compiled: CompiledPattern, chosen: Mapping[str, int]) -> Spelling:
         return held(*readers[node.name][slot]) if node.choice is not None else (node.name, slot, pos)
 
     walk(compiled)
-    if plain & readers.keys():  # an op named as a choice: the match's operands keep the choice's (binding.merged)
-        return _restored(dict(chosen), {})
     return _restored(dict(chosen), {choice: {slot: held(*reader) for slot, reader in slots.items()}
                                     for choice, slots in readers.items()})

@@ -238,6 +238,33 @@ def test_a_choices_name_is_the_op_of_its_alternative_in_every_view_of_the_match(
     assert [views(spelling) for spelling in SPELLINGS] == generated
 
 
+def test_a_choice_keeps_its_operands_where_an_op_has_a_choices_name(monkeypatch):
+    """An op with ``equivalences=`` inside an alternative is a choice named as its own ops: such a
+    pattern's matches hold their choices' operands (``spelling.locates``), the outer choice's too, in the
+    generated search (whose match is written with its dicts) and the interpreter alike."""
+    from pattern_infra.codegen import INTERPRET_ENV_VAR
+
+    @mb.program(input_specs=ROW)
+    def pattern(x):
+        act = one_of("act", lambda: mb.relu(x=mb.pow(x=x, y=2.0, name="sq"), name="r"),
+                     lambda: mb.sigmoid(x=x, name="s"))
+        return mb.add(x=act, y=1.0, name="out")
+
+    @mb.program(input_specs=ROW)
+    def prog(x):
+        return mb.add(x=mb.relu(x=mb.mul(x=x, y=x)), y=1.0)
+
+    def found():
+        (m,) = find_matches(pattern, prog, equivalences={"sq": ["pow2"]})
+        assert m.choices == {"act": 0, "sq": 1} and m.act is m.r
+        assert m.operand("act", "x") is prog.functions["main"].inputs["x"]
+        return sorted(m._operands)
+
+    generated = found()
+    monkeypatch.setenv(INTERPRET_ENV_VAR, "1")
+    assert found() == generated == ["act", "out", "r", "sq"]
+
+
 def test_an_intermediate_inside_an_alternative_used_elsewhere_blocks_the_match():
     prog = rms_program("mul", "div_sqrt", True, extra_consumer=True)
     assert list(find_matches(rms_norm, prog)) == []
