@@ -474,12 +474,11 @@ class _Generator(CheckWriter, ChoiceWriter, RestWriter):
             what = f"{self.nodes[st.src].name} (output {st.out})"
         if node.choice is not None and st.pos < 0 and choice_search.enterable(node.choice, st.slot):
             self.comment(f"step {i}: down into {self.label(m)}: each alternative entered from {what}")
-            if self.inline_alternatives(m, (st.slot, var)):  # each alternative's entry root is that variable
-                self.sub_match_checks(m, via=None, entered=True, entry=st.slot)
-                return
-            self.call_helper(m, f"_entered(_m, {self.constant('choice', node.choice)}, {st.slot!r}, {var}, block",
-                             entered=True)
-            self.sub_match_checks(m, via=None, entered=True)
+            inline = self.inline_alternatives(m, (st.slot, var))  # each alternative's entry root is that variable
+            if not inline:
+                self.call_helper(m, f"_entered(_m, {self.constant('choice', node.choice)}, {st.slot!r}, {var}, block",
+                                 entered=True)
+            self.sub_match_checks(m, via=None, entered=True, entry=st.slot if inline else "")
             return
         self.comment(f"step {i}: down to {self.label(m)}, each distinct consumer of {what}")
         if node.choice is not None:
