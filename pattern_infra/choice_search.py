@@ -32,12 +32,6 @@ a truthy result ends the search and is returned."""
 
 
 
-ROW_FIELDS = ("ops", "end", "alternative", "parts", "const_vars")
-"""What follows the slot variables in a row of the generated search (a sub-match as a tuple,
-:meth:`SubMatch.row`); ``ROW_OPS`` and ``ROW_END`` index the first two from the end."""
-ROW_OPS, ROW_END = -len(ROW_FIELDS), 1 - len(ROW_FIELDS)
-
-
 class SubMatch:
     """One complete match of one alternative, ending at the op computing the choice's variable.
 
@@ -69,25 +63,6 @@ class SubMatch:
         self._state = state
         self._parts: Any = None
         self._const_vars: list[Var] | None = None
-
-    @classmethod
-    def built(cls, alternative: int, slots: dict[str, Var], ops: Sequence[Operation], end: Operation, choice: str,
-              parts: Any, const_vars: Sequence[Var]) -> SubMatch:
-        """The sub-match of a row of the generated search (:meth:`row`) whose fields were written out,
-        ``parts`` included; ``const_vars`` lists only the constant slots' variables that an op other
-        than ``const`` computes, the only ones :func:`consts_outside` can refuse (no match holds a
-        ``const`` op: constants are pattern edges)."""
-        self = cls.__new__(cls)
-        self.alternative, self.slots, self.ops, self.end, self.choice = alternative, slots, ops, end, choice
-        self._parts, self._const_vars = parts, const_vars
-        return self
-
-    def row(self, slots: Sequence[str]) -> tuple[Any, ...]:
-        """The sub-match as the generated search holds one (:data:`ROW_FIELDS`): the variables of the
-        choice node's ``slots`` (None where the alternative reads none), then its ops, last op,
-        alternative, itself (for :meth:`parts`) and constant slots' variables."""
-        return (*[self.slots.get(slot) for slot in slots], self.ops, self.end, self.alternative, self,
-                self.const_vars())
 
     def parts(self) -> tuple[dict[str, Operation], dict[str, dict[str, Any]], dict[str, Var], dict[str, int]]:
         """The alternative's ops, operands and constants by name, and its nested choices, as a Pattern
@@ -367,13 +342,6 @@ def _continuing(matcher: Any) -> type:
 
         cls = _CONTINUING[base] = Continuing
     return cls
-
-
-def each_row(rest: Callable[..., Any], slots: Sequence[str], extra: Sequence[Any]) -> Take:
-    """The ``take`` of a generated search for a choice it leaves to :func:`choice_matches` or
-    :func:`entered_matches`: the rest of the search, ``rest``, called with the sub-match's row
-    (:meth:`SubMatch.row`) and ``extra``."""
-    return lambda sub: rest(*sub.row(slots), *extra)
 
 
 def candidates_below(var: Var, choice: Choice) -> list[Operation]:

@@ -22,11 +22,6 @@ Algorithm (per pattern, per block):
    decides: anything but ``True`` backtracks into the search, which goes on to the next structural
    match at the same anchor. The user's rule is a filter on matches, not on the first match found.
 
-6. **Compiled fast path.** ``match_at`` runs each anchor's plan as one generated Python function
-   (:mod:`pattern_infra.codegen`, built on first use, read with :meth:`Matcher.source`): the same
-   search, choices and counters without the interpreter's calls. Tracing, a root hint, patterns with
-   a fan-out op and ``PATTERN_INFRA_INTERPRET=1`` use the interpreter below, which stays the reference.
-
 Cost: for an anchor candidate, each up-step is O(1) and each down-step O(consumers of one variable),
 so a pattern with only up-steps costs O(pattern size) per anchor op; the consumers of a variable are
 never permuted (no k! enumeration) because each pattern op picks one consumer at a time.
@@ -39,7 +34,7 @@ from typing import Any
 
 from coremltools.converters.mil.mil import Block, Operation, Var
 
-from . import choice_search, codegen
+from . import choice_search
 from .compiler import CompiledPattern, PatternNode, compile_pattern, edge_positions
 from .interpreter import Search
 from .pattern import Pattern
@@ -102,10 +97,6 @@ class Matcher:
         """Anchor ops tried (across calls)."""
         self.bind_attempts = 0
         """Op bindings tried, anchors included (across calls): the matcher's unit of work."""
-        self._compiled_fns: list[Any] = [_NOT_BUILT] * len(compiled.nodes)
-        """Per anchor: the compiled search (:mod:`~pattern_infra.codegen`), None when the interpreter
-        must do it, ``_NOT_BUILT`` until first used."""
-        self._generated: dict[int, codegen.GeneratedSearch] = {}
 
     # -- planning -----------------------------------------------------------------------------------
 
@@ -244,41 +235,12 @@ class Matcher:
             A :class:`Pattern` on success; on failure None, or a :class:`Failure` when tracing.
         """
         self.attempts += 1
-        if not trace and root_hint is None and not codegen.interpret_forced():
-            fn = self._compiled_fns[anchor]
-            if fn is _NOT_BUILT:
-                fn = self._build(anchor).function
-                self._compiled_fns[anchor] = fn
-            if fn is not None:
-                return fn(self, op, block, order, accept)
         search = Search(self, block, self.plans[anchor], trace, order, accept)
         if root_hint is not None:
             search.roots[0] = root_hint
         if search.run(op):
             return search.result
         return search.failure if trace else None
-
-    def source(self, anchor: int) -> str:
-        """The Python source of the compiled search anchored at pattern op ``anchor``.
-
-        ``match_at`` runs this function (untraced, without a root hint); it performs the interpreter's
-        search step by step of ``plans[anchor]``. For a pattern the generator leaves to the interpreter
-        (a fan-out op, see :mod:`pattern_infra.codegen`) the text is a comment saying why.
-
-        Args:
-            anchor: Index of the anchor pattern op.
-
-        Returns:
-            The generated source, as registered with :mod:`linecache` for tracebacks.
-        """
-        return self._build(anchor).source
-
-    def _build(self, anchor: int) -> codegen.GeneratedSearch:
-        generated = self._generated.get(anchor)
-        if generated is None:
-            generated = codegen.build(self, anchor)
-            self._generated[anchor] = generated
-        return generated
 
 
 def _parts_meet_only_at_inputs(compiled: CompiledPattern) -> bool:
@@ -296,10 +258,6 @@ def _parts_meet_only_at_inputs(compiled: CompiledPattern) -> bool:
                 if e.kind == "op":
                     part[find(node.index)] = find(e.index)
     return len({find(n) for n in range(len(part))}) > 1
-
-
-_NOT_BUILT = object()
-"""Marks an anchor whose compiled search was not generated yet."""
 
 
 Matcher.search_class = Search

@@ -443,11 +443,8 @@ def test_types_of_roots_are_free():
     assert len(list(find_matches(relu_exp, prog))) == 1
 
 
-@pytest.mark.parametrize("interpret", [False, True])
-def test_list_operands_such_as_concat_values_match_by_position(monkeypatch, interpret):
+def test_list_operands_such_as_concat_values_match_by_position():
     # coremltools stores concat's `values` as a list: each position is a pattern edge of its own.
-    if interpret:
-        monkeypatch.setenv("PATTERN_INFRA_INTERPRET", "1")
 
     @mb.program(input_specs=spec(S, S))
     def cat_relu(a, b):

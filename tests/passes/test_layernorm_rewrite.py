@@ -9,7 +9,6 @@ the reference. ``make layernorm-shadow`` does it.
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import pytest
@@ -20,8 +19,7 @@ import layernorm_reference
 import test_fuse_layernorm_or_instancenorm as ln_tests
 from pattern_infra.testing.passes import run_pass, same_name_counters
 
-sys.path.insert(0, str(Path(__file__).parent.parent))
-from test_codegen import harvest  # noqa: E402
+from harvest import harvest
 
 PASS = "common::fuse_layernorm_or_instancenorm"
 
@@ -31,12 +29,6 @@ def reference():
     pass_id = layernorm_reference.register()
     yield pass_id
     del PASS_REGISTRY.passes[pass_id]
-
-
-def one_program() -> Program:
-    """A written-out layer norm with gamma and beta (for ``test_codegen``, which harvests every pass-test
-    module's builders)."""
-    return ln_tests.written("sub2_pow_sqrt_after_beta")
 
 
 def _programs() -> list[Program]:
