@@ -154,7 +154,7 @@ def timed_passes(result: Conversion) -> Iterator[None]:
 
 
 def _non_const_ops(prog: Any) -> int:
-    from pattern_infra.blocks import iter_blocks
+    from pattern_infra.rewriting.blocks import iter_blocks
 
     return sum(1 for block in iter_blocks(prog) for op in block.operations if op.op_type != "const")
 

@@ -19,8 +19,8 @@ from coremltools.converters.mil.mil import Block
 
 from pattern_infra import ConstRule, SubPass
 from pattern_infra import blocks, changes, removal
-from pattern_infra.journal import Journal
-from pattern_infra.matcher import Matcher
+from pattern_infra.rewriting.journal import Journal
+from pattern_infra.matching.matcher import Matcher
 
 from .runners import workload_runners
 

@@ -22,7 +22,7 @@ from coremltools.converters.mil import Builder as mb
 from coremltools.converters.mil.mil import get_new_symbol
 
 from pattern_infra import compile_pattern, explain, find_matches, register_generic_pass
-from pattern_infra.choices import one_of, optional
+from pattern_infra.language.choices import one_of, optional
 
 
 def normed(x, v):

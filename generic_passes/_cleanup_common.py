@@ -19,7 +19,7 @@ from collections.abc import Callable
 
 from coremltools.converters.mil.mil import Operation, Program
 
-from pattern_infra.blocks import walk_blocks
+from pattern_infra.rewriting.blocks import walk_blocks
 
 __all__ = ["would_change"]
 

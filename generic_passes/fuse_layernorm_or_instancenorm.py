@@ -19,7 +19,7 @@ operand order of commutative ops never matters, the matcher tries both)::
         SQUARE(d) = pow(d, 2) | mul(d, d) | square(d)
 
 The written-out patterns are 2 x 3 x 3 x 3 x 2 = 108 spellings (coremltools' pattern 2 and pattern 5
-without affine among them) declared with ``one_of``/``optional`` (:mod:`pattern_infra.choices`): the
+without affine among them) declared with ``one_of``/``optional`` (:mod:`pattern_infra.language.choices`): the
 square, the normaliser, gamma after / before / absent, beta present or not. Gamma and beta are
 ``fallback`` choices: the spelling with them is offered first, and when the constraints refuse it (a
 gamma acting along another axis, ...) the one without, so that gamma or beta stays an op after the fused
@@ -48,7 +48,7 @@ from coremltools.converters.mil import Builder as mb
 from coremltools.converters.mil.mil import Program, Var, get_new_symbol
 
 from pattern_infra import ConstRule, Pattern, register_generic_pass
-from pattern_infra.choices import one_of, optional
+from pattern_infra.language.choices import one_of, optional
 
 from ._norm_plan import (
     constraints_1,

@@ -5,10 +5,10 @@ Write the sequence to find as an ``mb.program`` with uniquely named ops, write `
 package registers nothing; ``import generic_passes`` registers the project's passes.
 """
 
-from .compiler import COMMUTATIVE_OPS, CompiledPattern, ConstRule, compile_pattern
-from .subpass import DEFAULT_MAX_ITERATIONS, PassStats, SubPass
-from .removal import remove_dead_ops
-from .errors import (
+from .language.compiler import COMMUTATIVE_OPS, CompiledPattern, ConstRule, compile_pattern
+from .rewriting.subpass import DEFAULT_MAX_ITERATIONS, PassStats, SubPass
+from .rewriting.removal import remove_dead_ops
+from .language.errors import (
     EvaluationError,
     FixpointError,
     NotElementwiseError,
@@ -19,18 +19,19 @@ from .errors import (
     UnsupportedOpError,
     VerificationError,
 )
-from .choices import one_of, optional
+from .language.choices import one_of, optional
 from .explain import Explanation, Explanations, explain
 from .from_torch import TorchCapture, capture_torch, pattern_from_torch
-from .matcher import Failure, Matcher, detect_pattern, lists_op_equality, pattern_detected
-from .pattern import Pattern
+from .design import detect_pattern, lists_op_equality, pattern_detected
+from .matching.matcher import Failure, Matcher
+from .language.pattern import Pattern
 from .rewrite import replace_with
 from .tracing import Rewrite, Trace, trace
 from . import predicates
-from .container import ENV_VAR, PassContainer, override, override_enabled, run_log
+from .pipeline.container import ENV_VAR, PassContainer, override, override_enabled, run_log
 from .find import find_matches, fuse_all_blocks, fuse_one_block
-from .registry import generic_passes, register_generic_pass, register_graph_pass
-from .sweep import GenericSweep, pipeline
+from .pipeline.registry import generic_passes, register_generic_pass, register_graph_pass
+from .pipeline.sweep import GenericSweep, pipeline
 
 __all__ = [
     "EvaluationError",

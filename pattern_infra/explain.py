@@ -16,11 +16,11 @@ from typing import Any
 
 from coremltools.converters.mil.mil import Program
 
-from .blocks import BlockIndex, anchored_blocks, iter_blocks
-from .matcher import Failure, Matcher
-from .pattern import Pattern
-from .container import PassContainer
-from .choice_search import has_fallback
+from .rewriting.blocks import BlockIndex, anchored_blocks, iter_blocks
+from .matching.matcher import Failure, Matcher
+from .language.pattern import Pattern
+from .pipeline.container import PassContainer
+from .matching.choice_search import has_fallback
 from .find import ALREADY_FOUND, COLLECTED, INSIDE_LONGER, PatternSource, distinct_matches, resolve_patterns
 
 __all__ = ["Explanation", "Explanations", "explain"]

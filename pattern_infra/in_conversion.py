@@ -19,8 +19,8 @@ from coremltools.converters.mil.mil import Program
 from coremltools.converters.mil.mil.passes.graph_pass import AbstractGraphPass
 from coremltools.converters.mil.mil.passes.pass_registry import PASS_REGISTRY
 
-from .errors import PassRegistrationError, PatternInfraError
-from .container import PassContainer, override
+from .language.errors import PassRegistrationError, PatternInfraError
+from .pipeline.container import PassContainer, override
 
 __all__ = ["explain_in_conversion", "program_before"]
 

@@ -32,9 +32,9 @@ from coremltools.converters.mil.mil import Program
 from coremltools.converters.mil.mil.passes.pass_pipeline import PassPipeline
 from coremltools.converters.mil.mil.passes.pass_registry import PASS_REGISTRY
 
-from .errors import PassRegistrationError, PatternInfraError
-from .container import PassContainer, override
-from .registry import generic_passes
+from .language.errors import PassRegistrationError, PatternInfraError
+from .pipeline.container import PassContainer, override
+from .pipeline.registry import generic_passes
 from .tracing import Trace, trace
 
 __all__ = [
@@ -266,7 +266,7 @@ def run_passes(
 
 def op_histogram(prog: Program) -> Counter[str]:
     """Op types and their counts over every block of ``prog`` (const ops included)."""
-    from .blocks import iter_blocks
+    from .rewriting.blocks import iter_blocks
 
     return Counter(op.op_type for block in iter_blocks(prog) for op in block.operations)
 

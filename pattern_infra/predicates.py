@@ -1,6 +1,6 @@
 """Ready predicates for ``var_constraints``, after the TFLite matcher's tensor and op rules.
 
-Each takes program variables or ops (as found on a :class:`~pattern_infra.pattern.Pattern`) and returns a
+Each takes program variables or ops (as found on a :class:`~pattern_infra.language.pattern.Pattern`) and returns a
 plain ``bool``; combine them with ``and``::
 
     def var_constraints(p):

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .errors import PatternInfraError
+from .language.errors import PatternInfraError
 from .tracing import OpRecord, Rewrite
 
 __all__ = ["draw_graph", "write_html_report"]

@@ -8,8 +8,8 @@ object), JSON-serialisable with :meth:`Rewrite.to_dict`; :mod:`pattern_infra.rep
         mlmodel = ct.convert(exported_program, convert_to="mlprogram")
     json.dumps([r.to_dict() for r in rewrites])
 
-Nothing is recorded, and nothing is paid beyond one flag test per rewrite, when no trace is open: the
-driver calls :func:`record` only while :data:`recording` is true.
+Nothing is recorded, and nothing is paid beyond one test per rewrite, when no trace is open: the driver
+calls its ``rewrite_listeners``, to which an open trace adds :func:`record`.
 """
 
 from __future__ import annotations
@@ -21,6 +21,8 @@ from typing import Any
 
 import numpy as np
 from coremltools.converters.mil.mil import Block, Operation
+
+from .rewriting import driver
 
 __all__ = ["OpRecord", "Rewrite", "Trace", "record", "recording", "trace"]
 
@@ -94,12 +96,20 @@ def trace() -> Iterator[Trace]:
     global recording
     rewrites = Trace()
     _open.append(rewrites)
+    if not recording:
+        driver.rewrite_listeners.append(_record)
     recording = True
     try:
         yield rewrites
     finally:
         _open[:] = [t for t in _open if t is not rewrites]  # by identity: two traces may hold equal lists
         recording = bool(_open)
+        if not recording:
+            driver.rewrite_listeners.remove(_record)
+
+
+def _record(*args: Any) -> None:
+    record(*args)  # looked up at each call: a test may replace it
 
 
 def record(

@@ -38,8 +38,8 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from pattern_infra import compile_pattern, find_matches, register_generic_pass
-from pattern_infra.compiler import COMMUTATIVE_OPS, CompiledPattern, Edge, edge_positions
-from pattern_infra.blocks import iter_blocks
+from pattern_infra.language.compiler import COMMUTATIVE_OPS, CompiledPattern, Edge, edge_positions
+from pattern_infra.rewriting.blocks import iter_blocks
 
 EXAMPLES = int(os.environ.get("FUZZ_EXAMPLES", "200"))
 S = (2,)

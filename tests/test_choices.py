@@ -7,7 +7,7 @@ from coremltools.converters.mil import Builder as mb
 from coremltools.converters.mil.mil import get_new_symbol
 
 from pattern_infra import PatternDefinitionError, compile_pattern, explain, find_matches, register_generic_pass
-from pattern_infra.choices import one_of, optional
+from pattern_infra.language.choices import one_of, optional
 
 ROW = [mb.TensorSpec(shape=(get_new_symbol(), 8))]
 ROW_AND_WEIGHT = ROW + [mb.TensorSpec(shape=(8,))]
@@ -196,7 +196,7 @@ def test_a_choices_name_is_the_op_of_its_alternative_in_every_view_of_the_match(
     """``pattern.<choice>`` is the last op of the alternative that matched (through a nested choice's), and
     so is ``pattern.ops[<choice>]`` (right after that alternative's ops); the choice's operands
     (``pattern.operand``) are the operands of its alternative's ops that read them, located by the
-    spelling (``pattern_infra.spelling``): ``pattern.choices``, shared by the matches of one spelling, so
+    spelling (``pattern_infra.language.spelling``): ``pattern.choices``, shared by the matches of one spelling, so
     read-only; ``add_attribute`` refuses a choice's name. On every spelling."""
 
     def views(spelling):

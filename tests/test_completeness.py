@@ -254,9 +254,9 @@ def test_a_constraints_reason_is_counted_and_explained(namespace, refusal):
 def test_several_passes_in_one_call_each_reach_their_fixpoint_before_the_next(namespace):
     """With ``passes=``, a later pass's rewrite is not revisited by an earlier pass (as pass by pass);
     without it, all sub-passes form one pass and it is."""
-    from pattern_infra.driver import run_subpasses
-    from pattern_infra.subpass import SubPass
-    from pattern_infra.compiler import compile_pattern
+    from pattern_infra.rewriting.driver import run_subpasses
+    from pattern_infra.rewriting.subpass import SubPass
+    from pattern_infra.language.compiler import compile_pattern
 
     @mb.program(input_specs=[mb.TensorSpec(shape=S)])
     def relu_exp_chain(x0):

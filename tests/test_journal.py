@@ -17,8 +17,8 @@ from coremltools.converters.mil.mil import Block, Operation, Program, Var
 from coremltools.converters.mil.mil.scope import ScopeSource
 
 from pattern_infra import PassExecutionError, register_generic_pass
-from pattern_infra.blocks import iter_blocks
-from pattern_infra.journal import Journal
+from pattern_infra.rewriting.blocks import iter_blocks
+from pattern_infra.rewriting.journal import Journal
 from pattern_infra.testing.passes import relu_exp, to_softplus
 
 S = (2, 3)
@@ -184,7 +184,7 @@ def test_a_failing_pass_restores_every_object(namespace, change):
 def test_the_hooks_are_gone_once_the_pass_ends(namespace, fail):
     """Every hooked attribute of coremltools' classes is, after the pass, the very object it was before;
     and during the transform it was not (so this check would see a hook left installed)."""
-    from pattern_infra.journal import _HOOKS
+    from pattern_infra.rewriting.journal import _HOOKS
 
     def attributes() -> dict[tuple[type, str], Any]:
         return {(cls, name): cls.__dict__.get(name) for cls, name, _ in _HOOKS}
@@ -301,7 +301,7 @@ def _structure(prog: Program) -> list[Any]:
 
 @pytest.mark.parametrize("names", [["dead_cos", "dead_sin"], ["dead_cond"]], ids=["plain ops", "nested blocks"])
 def test_dead_ops_are_unlinked_as_block_remove_ops_would(names):
-    from pattern_infra.removal import unlink
+    from pattern_infra.rewriting.removal import unlink
 
     names_before = dict(mb.name_count)
     by_coremltools = _with_dead_ops()

@@ -13,7 +13,7 @@ import generic_passes  # noqa: F401  registers the project's passes
 from generic_passes import CLEANUP_PASSES
 from bench.llm_workloads import llama_decoder, synthetic_mix
 from pattern_infra import GenericSweep, PassContainer, PassRegistrationError, evaluate, pipeline, run_log
-from pattern_infra.blocks import iter_blocks
+from pattern_infra.rewriting.blocks import iter_blocks
 from pattern_infra.testing.models import ZOO
 from pattern_infra.testing.pipelines import converted, program_signature
 

@@ -440,7 +440,7 @@ def test_validation_after_a_sub_pass_catches_a_corrupt_rewrite(namespace, valida
 def test_revisit_walk_reaches_siblings_through_a_function_input():
     # Two consumers of a function input are joined by no op; the walk after a rewrite must still
     # reach one from the other (a match can be joined only through such an input).
-    from pattern_infra.changes import near
+    from pattern_infra.rewriting.changes import near
 
     @mb.program(input_specs=[mb.TensorSpec(shape=S)])
     def prog(x):
@@ -482,7 +482,7 @@ def test_a_removed_consumer_unblocks_a_match_in_the_same_sweep(namespace):
 def test_program_order_of_ops_inserted_during_the_pass():
     # Pattern.op_list() sorts with the block's position index; ops inserted after it was built get a
     # position between their neighbours', and the index is rebuilt once positions run out.
-    from pattern_infra.blocks import BlockIndex
+    from pattern_infra.rewriting.blocks import BlockIndex
 
     prog = chain(3)
     block = prog.functions["main"]

@@ -16,7 +16,7 @@ import coremltools as ct
 from coremltools.converters.mil import Builder as mb
 from coremltools.converters.mil.mil import Program
 
-from ..blocks import iter_blocks
+from ..rewriting.blocks import iter_blocks
 from .convert import experimental_passes
 
 __all__ = ["converted", "program_signature"]

@@ -23,7 +23,7 @@ from coremltools.converters.mil.mil import types
 from coremltools.converters.mil.mil.passes.pass_registry import PASS_REGISTRY
 from coremltools.converters.mil.mil.types.symbolic import is_symbolic
 
-from pattern_infra.errors import (
+from pattern_infra.language.errors import (
     EvaluationError,
     NotElementwiseError,
     PassRegistrationError,

@@ -3,7 +3,7 @@ runs, and the log of its runs.
 
 A :class:`PassContainer` is a real coremltools graph pass (an ``AbstractGraphPass``) holding one or more
 sub-passes, stored in coremltools' ``PASS_REGISTRY`` under ``namespace::pass_name`` (see
-:mod:`pattern_infra.registry`). When the id names one of coremltools' own passes, the container decides
+:mod:`pattern_infra.pipeline.registry`). When the id names one of coremltools' own passes, the container decides
 *each time it runs*: with ``ENABLE_EXPERIMENTAL_PASSES=1`` in the environment at that moment, the generic
 sub-passes run; otherwise coremltools' own pass runs, with the same options. A generic pass under a new id
 always runs when a pipeline names it.
@@ -28,9 +28,9 @@ from coremltools.converters.mil.mil import Program
 from coremltools.converters.mil.mil.passes.graph_pass import AbstractGraphPass, PassOption
 from coremltools.converters.mil.mil.scope import ScopeInfo, ScopeSource
 
-from .driver import run_subpasses
-from .errors import PassRegistrationError
-from .subpass import PassStats, SubPass
+from ..rewriting.driver import run_subpasses
+from ..language.errors import PassRegistrationError
+from ..rewriting.subpass import PassStats, SubPass
 
 __all__ = ["ENV_VAR", "PassContainer", "override", "override_enabled", "run_log", "run_together", "with_followers"]
 
@@ -201,7 +201,7 @@ class PassContainer(AbstractGraphPass):
     def apply_callable(self, prog: Program, sub: Callable[[Program], Any]) -> None:
         """Runs a seed-style sub-pass (a callable taking the program), then validates the program:
         the driver's per-rewrite checks do not see what such a callable changes. With ``validate``
-        False (a plain graph pass, :func:`~pattern_infra.registry.register_graph_pass`) the program is
+        False (a plain graph pass, :func:`~pattern_infra.pipeline.registry.register_graph_pass`) the program is
         left to the pipeline's own validation after the entry, as for coremltools' passes."""
         sub(prog)
         if self.validate:

@@ -1,9 +1,9 @@
 """Registering generic passes: ``register_generic_pass``, pass ids and ``run_after`` followers.
 
-A generic pass is a :class:`~pattern_infra.container.PassContainer` stored in coremltools'
+A generic pass is a :class:`~pattern_infra.pipeline.container.PassContainer` stored in coremltools'
 ``PASS_REGISTRY`` under ``namespace::pass_name``; calls with the same id add sub-passes to it. An id of
 coremltools' own pass makes the container stand in for that pass under the override (see
-:mod:`pattern_infra.container`); an id in coremltools' namespaces that names no pass of coremltools is
+:mod:`pattern_infra.pipeline.container`); an id in coremltools' namespaces that names no pass of coremltools is
 refused (it would be a pass no pipeline runs).
 """
 
@@ -17,12 +17,12 @@ from coremltools.converters.mil.mil import Program
 from coremltools.converters.mil.mil.passes.graph_pass import AbstractGraphPass
 from coremltools.converters.mil.mil.passes.pass_registry import PASS_REGISTRY
 
-from .compiler import ConstMode, ConstRule, compile_pattern
+from ..language.compiler import ConstMode, ConstRule, compile_pattern
 from .container import PassContainer
-from .equivalences import Equivalences
-from .errors import PassRegistrationError
-from .pattern import Pattern
-from .subpass import DEFAULT_MAX_ITERATIONS, SubPass
+from ..language.equivalences import Equivalences
+from ..language.errors import PassRegistrationError
+from ..language.pattern import Pattern
+from ..rewriting.subpass import DEFAULT_MAX_ITERATIONS, SubPass
 
 __all__ = ["container_for", "coremltools_namespaces", "generic_passes", "register_generic_pass", "register_graph_pass"]
 
@@ -109,15 +109,15 @@ def register_generic_pass(
         transform_pattern: ``f(pattern)`` rewriting the match; returning False declines it.
         pass_name: Pass name, e.g. ``"fuse_gelu_exact"``.
         namespace: Namespace, e.g. ``"common"``.
-        commutative: See :func:`~pattern_infra.compiler.compile_pattern`.
+        commutative: See :func:`~pattern_infra.language.compiler.compile_pattern`.
         alternatives: Op types accepted per pattern op, e.g. ``{"add_or_sub": ["add", "sub"]}``.
         constants: Default rule for pattern constants (``"any"``, ``"const"``, ``"value"``).
         const_rules: Rules per constant, keyed ``"<op>.<slot>"`` or by const op name.
         fanout: Pattern ops standing for every consumer of their input, captured as a list.
         equivalences: Identities the matcher also matches (``pow(x, 2)`` = ``mul(x, x)``, ...), per pass:
-            see :mod:`pattern_infra.equivalences` (default off).
+            see :mod:`pattern_infra.language.equivalences` (default off).
         priority: Sub-passes with higher priority run first within the pass.
-        max_iterations: Re-visit rounds before :class:`~pattern_infra.errors.FixpointError`.
+        max_iterations: Re-visit rounds before :class:`~pattern_infra.language.errors.FixpointError`.
         options: Pipeline options the pass accepts, with defaults (read as ``container.options``).
         name: Name for messages and ``container.order`` (default: the pattern's last op name).
         run_after: A pass id of coremltools' pipeline (e.g. ``"common::fuse_linear_bias"``): while

@@ -15,7 +15,7 @@ A pattern program is read once, at registration, into a :class:`CompiledPattern`
 
 The rules of the design document are enforced here, with an error naming the pattern, the op and the fix:
 unique op names, exactly one last op unless the program returns several outputs, at least one op, no op
-named like a reserved :class:`~pattern_infra.pattern.Pattern` attribute, no unused input, one connected
+named like a reserved :class:`~pattern_infra.language.pattern.Pattern` attribute, no unused input, one connected
 pattern.
 """
 
@@ -28,11 +28,12 @@ from typing import Any
 import numpy as np
 from coremltools.converters.mil.mil import Operation, Program, Var
 
-from .choices import Region, collapse, records_of
+from .alternatives import Region, choice_node, split
+from .choices import records_of
 from .equivalences import Equivalences, with_equivalences
 from .errors import PatternDefinitionError
 from .pattern import RESERVED_NAMES
-from .pattern_graph import (
+from .graph import (
     COMMUTATIVE_OPS,
     CompiledPattern,
     ConstMode,
@@ -116,7 +117,7 @@ def compile_pattern(
             input coming from a pattern input or another pattern op.
         equivalences: Identities the matcher also matches (``pow(x, 2)`` = ``mul(x, x)``, ...): False,
             True, a list of identity names or ``{"<op>": [names]}``; see
-            :mod:`pattern_infra.equivalences`.
+            :mod:`pattern_infra.language.equivalences`.
 
     Returns:
         The compiled pattern.
@@ -155,12 +156,17 @@ def _compile_graph(
     const_rules: Mapping[str, ConstMode | ConstRule] | None,
     fanout: Iterable[str],
     rule_keys: set[str] | None,
+    renames: dict[int, Var] | None = None,
 ) -> CompiledPattern:
     """:func:`compile_pattern` of a pattern function, or of one alternative of a choice (a region of it).
 
     ``rule_keys`` is None for the whole pattern; for an alternative, the set collecting the const rule keys
-    used (checked once, for the whole pattern, by the top-level call).
+    used (checked once, for the whole pattern, by the top-level call). ``renames`` is given for a spelling
+    of the pattern (:mod:`~pattern_infra.language.variants`): the ops of one alternative per choice, a
+    choice's variable read as the variable its alternative computes; a pattern input may then be unused.
     """
+    options = dict(commutative=commutative, alternatives=alternatives, constants=constants,
+                   const_rules=const_rules, fanout=fanout)
     all_ops: list[Operation] = list(func.operations)
     for op in all_ops:
         if op.blocks:
@@ -235,6 +241,7 @@ def _compile_graph(
     const_names: list[str] = []
 
     def edge_for(var: Var, op: Operation, slot: str) -> Edge:
+        var = _renamed(var, renames)
         if id(var) in root_index:
             return Edge("root", root_index[id(var)])
         if id(var) in op_of_output:
@@ -309,13 +316,13 @@ def _compile_graph(
                     nodes[e.index].consumers.append((node.index, slot, pos, e.output))
 
     for r, users in enumerate(root_consumers):
-        if not users:
+        if not users and renames is None:
             raise PatternDefinitionError(
                 f"Pattern {pattern_name!r}: input {list(func.inputs)[r]!r} is used by no op. Remove it "
                 f"from input_specs, or use it."
             )
 
-    final_nodes = _final_nodes(pattern_name, func, nodes, op_of_output)
+    final_nodes = _final_nodes(pattern_name, [_renamed(v, renames) for v in func.outputs], nodes, op_of_output)
     for idx in final_nodes:
         nodes[idx].is_final = True
     _mark_fanout(pattern_name, nodes, set(fanout), by_name)
@@ -330,6 +337,7 @@ def _compile_graph(
         const_names=const_names,
         final_nodes=final_nodes,
         by_name=by_name,
+        source=(func, choice_records, options),
     )
     logger.debug("compiled %s", compiled.describe())
     return compiled
@@ -372,17 +380,30 @@ def _collapse_choices(
             rule_keys=used_rule_keys,
         )
 
-    return collapse(real_ops, records, pattern_name, compile_region)
+    result = list(real_ops)
+    for record in records:
+        found = split(result, record, pattern_name)
+        if found is not None:
+            compiled = [compile_region(region, f"{pattern_name}.{record.name}[{k}]", record.children.get(k, []))
+                        for k, region in enumerate(found.regions)]
+            result = choice_node(found, compiled, pattern_name)
+    return result
+
+
+def _renamed(var: Var, renames: dict[int, Var] | None) -> Var:
+    while renames and id(var) in renames:
+        var = renames[id(var)]
+    return var
 
 
 def _final_nodes(
     pattern_name: str,
-    func: Any,
+    outputs: list[Var],
     nodes: list[PatternNode],
     op_of_output: dict[int, tuple[int, int]],
 ) -> list[int]:
     finals: list[int] = []
-    for out in func.outputs:
+    for out in outputs:
         if id(out) not in op_of_output:
             raise PatternDefinitionError(
                 f"Pattern {pattern_name!r} returns {out.name!r}, which no pattern op computes. Return "
@@ -458,3 +479,12 @@ def _check_connected(
             f"Pattern {pattern_name!r} falls apart: ops {apart} share no variable with op "
             f"{nodes[0].name!r}. Register unrelated sequences as separate patterns."
         )
+
+
+def compile_spelling(compiled: CompiledPattern, dropped: set[int], renames: dict[int, Var]) -> CompiledPattern:
+    """One spelling of ``compiled`` as a plain pattern (:mod:`~pattern_infra.language.variants`): its ops
+    but those in ``dropped`` (the alternatives not taken), each choice's variable read as ``renames`` says
+    (the variable of the alternative taken), with the options ``compiled`` was compiled with."""
+    func, _, options = compiled.source
+    region = Region([op for op in func.operations if id(op) not in dropped], dict(func.inputs), list(func.outputs))
+    return _compile_graph(region, compiled.program, compiled.name, [], rule_keys=set(), renames=renames, **options)

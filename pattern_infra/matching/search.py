@@ -1,26 +1,23 @@
-"""The interpreter: the reference search of a plan, step by step (:class:`Search`).
+"""The search: one anchored, backtracking walk of a plan (:class:`Search`), the only search engine.
 
-``Matcher.match_at`` runs it when the generated search (:mod:`~pattern_infra.codegen`) is not used:
-tracing (``explain``), a root hint, a pattern with a fan-out op, ``PATTERN_INFRA_INTERPRET=1``. The
-algorithm is described in :mod:`~pattern_infra.matcher`; the generated code performs the same steps,
-and ``tests/test_codegen.py`` compares the two match by match.
+The algorithm is described in :mod:`~pattern_infra.matching.matcher`, which runs it; a choice node is
+searched by :mod:`~pattern_infra.matching.choice_search`, which runs each alternative as a search of
+its own (:meth:`Search.sub_search`) and hands each sub-match back to the rest of this one (``take``).
+``explain`` runs the same search with ``trace=True``: a failure then records the nearest partial match.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from coremltools.converters.mil.mil import Block, Operation, Var
 
 from . import choice_search
-from .binding import build_pattern
-from .compiler import COMMUTATIVE_OPS, Edge, PatternNode
-from .pattern import Pattern
-from .plan import UP, Accept, Failure, Step, input_value, optional_const, slot_value
-
-if TYPE_CHECKING:
-    from .matcher import Matcher
+from ..language.graph import COMMUTATIVE_OPS, Alternative, Edge, PatternNode
+from ..language.pattern import Pattern
+from .binding import SubMatch, build_pattern
+from .plan import UP, Accept, Failure, Step, enterable, input_value, optional_const, slot_value
 
 __all__ = ["Search"]
 
@@ -29,11 +26,11 @@ class Search:
     """State of one anchored search; undone on backtracking."""
 
     __slots__ = ("m", "block", "plan", "trace", "ops", "assign", "roots", "used", "failure", "depth",
-                 "order", "accept", "result", "subs")
+                 "order", "accept", "result", "subs", "take")
 
     def __init__(
         self,
-        matcher: Matcher,
+        matcher: Any,
         block: Block,
         plan: list[Step],
         trace: bool,
@@ -55,8 +52,11 @@ class Search:
         self.accept = accept
         self.result: Pattern | None = None
         """The match taken, once the search succeeded."""
-        self.subs: list[choice_search.SubMatch | None] = [None] * n
+        self.subs: list[SubMatch | None] = [None] * n
         """Per pattern op, the sub-match of a choice node (None elsewhere)."""
+        self.take: Callable[[Any], Any] | None = None
+        """Set for an alternative's search (:meth:`sub_search`): called with each complete match's state
+        instead of ``accept``; a truthy result ends the search."""
 
     def fail(self, node: int, reason: str | Callable[[], str]) -> bool:
         if self.trace and (self.failure is None or self.depth > self.failure.bound):
@@ -102,7 +102,7 @@ class Search:
             return self.bind_fanout(st.node, var, i)
         tried = False
         target = self.m.nodes[st.node]
-        if target.choice is not None and st.pos < 0 and choice_search.enterable(target.choice, st.slot):
+        if target.choice is not None and st.pos < 0 and enterable(target.choice, st.slot):
             return self.enter_choice(st.node, st.slot, var, i)
         candidates = (choice_search.candidates_below(var, target.choice) if target.choice is not None
                       else dict.fromkeys(var.child_ops))
@@ -153,17 +153,17 @@ class Search:
     def bind_choice(self, n: int, op: Operation, i: int) -> bool:
         """Binds choice node ``n`` to ``op``: each complete match of each alternative ending at ``op``
         gives the node's slots, and the search goes on with them the moment it is found
-        (:func:`~pattern_infra.choice_search.choice_matches` calls :meth:`bind_sub` from inside the
+        (:func:`~pattern_infra.matching.choice_search.choice_matches` calls :meth:`bind_sub` from inside the
         alternative's search: no alternative is searched further than the first match taken needs)."""
         node = self.m.nodes[n]
         failures: list[str] | None = [] if self.trace else None
         tried = []
 
-        def take(sub: choice_search.SubMatch) -> bool:
+        def take(sub: SubMatch) -> bool:
             tried.append(sub)
             return self.bind_sub(n, op, sub, i)
 
-        if choice_search.choice_matches(self.m, node.choice, op, self.block, take, failures, maximal=node.is_final):
+        if choice_search.choice_matches(self, node.choice, op, take, failures, maximal=node.is_final):
             return True
         if not tried:
             return self.fail(n, lambda: f"tried {len(node.choice.alternatives)} alternatives for "
@@ -172,26 +172,25 @@ class Search:
 
     def enter_choice(self, n: int, slot: str, var: Var, i: int) -> bool:
         """A down-step into choice node ``n`` through ``slot``, bound to ``var``: each alternative is
-        searched from ``var`` (:func:`~pattern_infra.choice_search.entered_matches`), so only the ops below it
+        searched from ``var`` (:func:`~pattern_infra.matching.choice_search.entered_matches`), so only the ops below it
         that an alternative reaches are ever bound; each complete sub-match binds the node to its end op
         and the search goes on from it, as in :meth:`bind_choice`."""
         node = self.m.nodes[n]
         failures: list[str] | None = [] if self.trace else None
         tried = []
 
-        def take(sub: choice_search.SubMatch) -> bool:
+        def take(sub: SubMatch) -> bool:
             tried.append(sub)
             return self.bind_sub(n, sub.end, sub, i)
 
-        if choice_search.entered_matches(self.m, node.choice, slot, var, self.block, take, failures,
-                                         maximal=node.is_final):
+        if choice_search.entered_matches(self, node.choice, slot, var, take, failures, maximal=node.is_final):
             return True
         if not tried:
             return self.fail(n, lambda: f"tried {len(node.choice.alternatives)} alternatives for "
                              f"{node.name!r} from {var.name}: " + "; ".join(failures or []))
         return False
 
-    def bind_sub(self, n: int, op: Operation, sub: choice_search.SubMatch, i: int) -> bool:
+    def bind_sub(self, n: int, op: Operation, sub: SubMatch, i: int) -> bool:
         """Binds choice node ``n`` to ``op`` with the sub-match ``sub`` and goes on with step ``i + 1``."""
         node = self.m.nodes[n]
         if any(id(o) in self.used for o in sub.ops):
@@ -362,19 +361,22 @@ class Search:
             if var is not None and var.op is not None and id(var.op) in self.used:
                 return self.fail(0, lambda: f"input {self.m.compiled.root_names[r]!r} is bound to "
                                  f"{var.name}, which the match itself computes")
-        for n, slot, pos in self.m.const_slots:
+        for n, slot, pos in self.m.compiled.const_slots:
             var = self.slot_var(n, slot, pos)
             if var is not None and var.op is not None and id(var.op) in self.used:
                 return self.fail(n, lambda: f"constant slot {self.m.nodes[n].name}.{slot} is wired "
                                  f"from inside the match ({var.name})")
-        if self.m.has_choices and not choice_search.subs_final_ok(self.ops, self.subs):
+        if self.m.compiled.has_choices and not choice_search.subs_final_ok(self.ops, self.subs):
             return self.fail(0, "a constant slot of an alternative is wired from inside the match")
         return True
 
     def final_checks(self) -> bool:
         if not self.structure_ok():
             return False
-        pattern = build_pattern(self.m, self.block, self.ops, self.assign, self.roots, self.order, self.subs)
+        if self.take is not None:  # an alternative's search: the rest of the outer search decides
+            self.result = self.take((list(self.ops), list(self.assign), list(self.roots), list(self.subs)))
+            return bool(self.result)
+        pattern = build_pattern(self.m.compiled, self.block, self.ops, self.assign, self.roots, self.order, self.subs)
         if self.accept is not None:
             verdict = self.accept(pattern)
             if verdict is not True:
@@ -382,3 +384,32 @@ class Search:
                 return self.fail(last, verdict if isinstance(verdict, str) else "the match was not taken")
         self.result = pattern
         return True
+
+    def sub_search(self, alternative: Alternative, trace: bool, take: Callable[[Any], Any],
+                   op: Operation | None = None, entry: tuple[int, Var] | None = None) -> Search:
+        """Searches ``alternative`` of a choice in this search's block, anchored at its last op bound to
+        ``op`` or entered from ``entry`` (root index, variable), calling ``take`` with each complete
+        match's state (a truthy result ends it, kept as ``.result``). Its bind attempts are counted in
+        this search's matcher, but for those made while ``take`` runs (the rest of this search)."""
+        matcher = self.m.alternative_matcher(alternative)
+        plan = matcher.plans[alternative.compiled.final_nodes[0]] if entry is None else matcher.root_plans[entry[0]]
+        search = Search(matcher, self.block, plan, trace)
+        outer, before = self.m, matcher.bind_attempts
+
+        def counted(state: tuple[list, list, list, list]) -> Any:
+            nonlocal before
+            outer.bind_attempts += matcher.bind_attempts - before
+            try:
+                return take(state)
+            finally:
+                before = matcher.bind_attempts
+
+        search.take = counted
+        try:
+            if entry is None:
+                search.run(op)
+            else:
+                search.run_entered(*entry)
+        finally:
+            outer.bind_attempts += matcher.bind_attempts - before
+        return search

@@ -6,7 +6,7 @@ default pipeline with the override on, 22 of the entries are generic passes, in 
 ones. :func:`pipeline` returns the default pipeline with runs of passes replaced by one
 :class:`GenericSweep` entry each: either every run of consecutive generic passes (``group="generic"``:
 their sub-passes, ``run_after`` followers included, applied in one
-:func:`~pattern_infra.driver.run_subpasses` call, one walk and index of the program, one undo journal,
+:func:`~pattern_infra.rewriting.driver.run_subpasses` call, one walk and index of the program, one undo journal,
 one validation), or, by default, every run of passes between the entries ``convert`` itself must find
 by id (``group="all"``: coremltools' passes inside a sweep run back to back, the program validated once
 after the sweep). Every rewrite of ours is still validated as it happens (the driver's own check).
@@ -29,8 +29,8 @@ from coremltools.converters.mil.mil.passes.pass_pipeline import PassPipeline
 from coremltools.converters.mil.mil.passes.pass_registry import PASS_REGISTRY
 
 from .container import PassContainer, run_together, with_followers
-from .errors import PassRegistrationError
-from .subpass import PassStats
+from ..language.errors import PassRegistrationError
+from ..rewriting.subpass import PassStats
 
 __all__ = ["SWEEP_NAMESPACE", "GenericSweep", "pipeline"]
 
@@ -43,7 +43,7 @@ SWEEP_NAMESPACE = "pattern_infra"
 class GenericSweep(AbstractGraphPass):
     """A graph pass applying several passes in one pipeline entry, in the order given.
 
-    Consecutive generic passes run as one :func:`~pattern_infra.driver.run_subpasses` call (their
+    Consecutive generic passes run as one :func:`~pattern_infra.rewriting.driver.run_subpasses` call (their
     ``run_after`` followers right after them); any other pass id runs as coremltools' pipeline runs it
     (``PASS_REGISTRY[id]``, its options set), without a whole-program validation after it: the pipeline
     validates once the sweep returns. After ``common::dead_code_elimination`` the sweep checks, as
@@ -118,7 +118,7 @@ class GenericSweep(AbstractGraphPass):
 
     def apply(self, prog: Program) -> None:
         """Applies every pass of the sweep to ``prog``, in order; each run of consecutive generic passes
-        (with their followers) through :func:`~pattern_infra.container.run_together`."""
+        (with their followers) through :func:`~pattern_infra.pipeline.container.run_together`."""
         run: list[PassContainer] = []
         for step in [*self.steps, None]:
             if isinstance(step, PassContainer):

@@ -2,9 +2,9 @@
 
 Owns the run of a pass: the worklist of blocks and sub-passes, the sweep and its revisits, offering each
 match to the constraints and the transform, the undo journal's opening and the errors. What it uses:
-:mod:`~pattern_infra.blocks` (the block index and the anchor loop), :mod:`~pattern_infra.changes` (what
-rewrites changed: seeds and validation), :mod:`~pattern_infra.removal` (dead matched ops),
-:mod:`~pattern_infra.journal` (undo).
+:mod:`~pattern_infra.rewriting.blocks` (the block index and the anchor loop), :mod:`~pattern_infra.rewriting.changes` (what
+rewrites changed: seeds and validation), :mod:`~pattern_infra.rewriting.removal` (dead matched ops),
+:mod:`~pattern_infra.rewriting.journal` (undo).
 
 How a group of sub-passes runs on a program (``run_subpasses``):
 
@@ -31,7 +31,7 @@ How a group of sub-passes runs on a program (``run_subpasses``):
    re-creates its own pattern: :class:`FixpointError`. Every change is also logged by op type for the
    other sub-passes: after the last one, each revisits what the later ones changed
    (:func:`_revisit_earlier`), until a round rewrites nothing, so the pass ends at a fixpoint.
-4. The first time a transform is about to run, an undo journal opens (:mod:`pattern_infra.journal`):
+4. The first time a transform is about to run, an undo journal opens (:mod:`pattern_infra.rewriting.journal`):
    from then on, the first change to an op or variable saves its state, copy-on-write, and every op
    of a match, and every user of its outputs, is saved before its transform runs. If a constraint or
    transform raises, or the validation after a rewrite (after a sub-pass, with ``"full"``) finds the
@@ -54,13 +54,12 @@ from coremltools.converters.mil.mil import Block, Operation, Program
 
 from .blocks import BlockIndex, LazyBlockContext, is_live, walk_blocks
 from .changes import Changes, revisit_candidates
-from .errors import FixpointError, PassExecutionError, PatternInfraError
+from ..language.errors import FixpointError, PassExecutionError, PatternInfraError
 from .gc_pause import paused_gc
 from .journal import Journal
-from .pattern import Pattern
+from ..language.pattern import Pattern
 from .removal import remove_dead
 from .subpass import PassStats, SubPass, constraint_verdict
-from . import tracing
 
 __all__ = ["run_subpasses"]
 
@@ -74,7 +73,7 @@ class _Run:
         self.pass_name = pass_name
         self.validate = validate
         self.journal: Journal | None = None
-        """Opened before the first transform runs (see :mod:`pattern_infra.journal`)."""
+        """Opened before the first transform runs (see :mod:`pattern_infra.rewriting.journal`)."""
         walked = list(walk_blocks(prog))
         self.blocks: list[Block] = [block for block, _ in walked]
         """Every block, listed once at the start (nothing changes before the journal opens)."""
@@ -92,7 +91,7 @@ class _Run:
         self.open_block: Block | None = None
 
     def close(self) -> None:
-        """Leaves the function block kept open by :class:`~pattern_infra.blocks.LazyBlockContext`, if any."""
+        """Leaves the function block kept open by :class:`~pattern_infra.rewriting.blocks.LazyBlockContext`, if any."""
         if self.open_block is not None:
             block, self.open_block = self.open_block, None
             self.keep_block(block)
@@ -455,10 +454,15 @@ def _rewrite(run: _Run, sub: SubPass, st: BlockIndex, match: Pattern) -> bool:
             run.changes.validate()
         except Exception as exc:
             raise _inconsistent(run, sub, exc) from exc
-    if tracing.recording:  # a trace is open (pattern_infra.trace): one flag test otherwise
-        tracing.record(run.prog, run.pass_name, sub.name, block, match.op_list(), created, st.removed[n_removed:])
+    if rewrite_listeners:  # a trace is open (pattern_infra.trace): one test of an empty list otherwise
+        for listener in rewrite_listeners:
+            listener(run.prog, run.pass_name, sub.name, block, match.op_list(), created, st.removed[n_removed:])
     return True
 
+
+rewrite_listeners: list[Callable[..., None]] = []
+"""Called after each rewrite with (program, pass id, pattern name, block, matched ops, created ops, removed
+ops); :func:`pattern_infra.trace` registers one while a trace is open."""
 
 _REPLACE_OUTPUT = (
     "Call pattern.replace_output(new_var) (or replace_outputs) to redirect the match's users to the "

@@ -3,7 +3,7 @@
 With ``equivalences=`` at registration (``register_generic_pass``, ``find_matches``, ``explain``,
 ``compile_pattern``), a pattern op for which an identity below holds also matches its other spellings,
 without a pattern for each. How: the pattern program is *replayed* into a new one in which every such op
-becomes a :func:`~pattern_infra.choices.one_of` choice between the op as written and its equivalent
+becomes a :func:`~pattern_infra.language.choices.one_of` choice between the op as written and its equivalent
 spellings (the choice and its alternatives' ops keep the op's name, so ``pattern.<name>`` is whichever
 matched and ``pattern.choices[<name>]`` says which: 0 is the op as written). The matcher then handles
 them like any choice: per pattern op a constant number of alternatives, so the cost stays linear in the
@@ -32,7 +32,7 @@ Identities (``name``: pattern op -> also matched, exactness in float32):
   order (the matcher swaps operands itself). An identity of the chain, declared on its outer ``mul``: the
   chain is the ``mul`` tree below it through inner ``mul`` ops it alone reads (one use, not an output),
   cut at ``MAX_FACTORS`` = 5 factors, longer trees re-associated in their inner part only
-  (:mod:`pattern_infra.reassoc`); a chain without a constant is not re-associated. The inner ops become
+  (:mod:`pattern_infra.language.reassoc`); a chain without a constant is not re-associated. The inner ops become
   part of the choice, under their own names in every order (in the order they are built in the others).
   **Approximate**: an order of k factors rounds k - 1 products, so two orders differ by at most
   ``((1 + u) / (1 - u)) ** (k - 1) - 1`` relative, u = 2**-24 (``reassoc_rtol(k)``: 2.4e-7 =
@@ -214,7 +214,7 @@ def _known(pattern_name: str, names: Iterable[str]) -> list[Identity]:
     if unknown:
         raise PatternDefinitionError(
             f"Pattern {pattern_name!r}: unknown equivalence(s) {unknown}; the matcher knows "
-            f"{sorted(IDENTITIES)} (see pattern_infra.equivalences)."
+            f"{sorted(IDENTITIES)} (see pattern_infra.language.equivalences)."
         )
     return [IDENTITIES[n] for n in names]
 

@@ -11,14 +11,13 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from coremltools.converters.mil.mil import Block, Operation, Program, Var
 from coremltools.converters.mil.mil.utils import CacheDoublyLinkedList
 from coremltools.converters.mil.mil.var import InternalVar
 
-if TYPE_CHECKING:  # annotations only: the journal imports this module, and needs no matcher
-    from .matcher import Matcher
+from ..matching.matcher import Matcher
 
 __all__ = ["BlockIndex", "LazyBlockContext", "anchored_blocks", "flat_inputs", "is_live", "iter_blocks", "walk_blocks"]
 

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from coremltools.converters.mil.mil import Block, Operation, Var
 
 from .blocks import flat_inputs
-from .matcher import Matcher
+from ..matching.matcher import Matcher
 
 __all__ = ["Changes", "check_op", "near", "revisit_candidates"]
 

@@ -1,6 +1,6 @@
-"""What a compiled pattern is: the graph :func:`~pattern_infra.compiler.compile_pattern` makes of a pattern
+"""What a compiled pattern is: the graph :func:`~pattern_infra.language.compiler.compile_pattern` makes of a pattern
 program (:class:`CompiledPattern`: :class:`PatternNode` ops joined by :class:`Edge` s, constant rules
-:class:`ConstRule`), read by the matcher, the generator and the choices."""
+:class:`ConstRule`), read by the matcher and the choices."""
 
 from __future__ import annotations
 
@@ -11,10 +11,9 @@ from typing import Any, Literal
 import numpy as np
 from coremltools.converters.mil.mil import Program, Var
 
-from .choices import Choice
 from .errors import PatternDefinitionError
 
-__all__ = ["COMMUTATIVE_OPS", "CompiledPattern", "ConstMode", "ConstRule", "Edge", "PatternNode", "edge_positions"]
+__all__ = ["COMMUTATIVE_OPS", "Alternative", "Choice", "CompiledPattern", "ConstMode", "ConstRule", "Edge", "PatternNode", "edge_positions"]
 
 COMMUTATIVE_OPS: frozenset[str] = frozenset(
     {
@@ -143,7 +142,7 @@ class PatternNode:
     consumers: list[tuple[int, str, int, int]] = field(default_factory=list)
     """Edges leaving this node: (consumer node, slot, position in a tuple slot or -1, output index)."""
     choice: Choice | None = None
-    """For a choice node (:func:`~pattern_infra.choices.one_of`): its alternatives, each a small compiled
+    """For a choice node (:func:`~pattern_infra.language.choices.one_of`): its alternatives, each a small compiled
     pattern; its slots are the outside variables they read, and it binds the op computing its variable."""
 
     @property
@@ -174,6 +173,11 @@ class CompiledPattern:
     """Indices of the final nodes, in the order the pattern returns them."""
     by_name: dict[str, int]
     """Node name to node index."""
+    source: Any = None
+    """What it was compiled from, for its spellings (:func:`~pattern_infra.language.variants.variants_of`):
+    the pattern function (or an alternative's region), its choices and the compile options."""
+    expanded: Any = None
+    """Its spellings as plain patterns, once :func:`~pattern_infra.language.variants.variants_of` made them."""
 
     @cached_property
     def node_names(self) -> tuple[str, ...]:
@@ -187,9 +191,20 @@ class CompiledPattern:
 
     @cached_property
     def spellings(self) -> dict[frozenset[tuple[str, int]], Any]:
-        """The :class:`~pattern_infra.spelling.Spelling` of each spelling matched so far, by its choices
-        (:func:`~pattern_infra.spelling.spelling_of`)."""
+        """The :class:`~pattern_infra.language.spelling.Spelling` of each spelling matched so far, by its choices
+        (:func:`~pattern_infra.language.spelling.spelling_of`)."""
         return {}
+
+    @cached_property
+    def const_slots(self) -> list[tuple[int, str, int]]:
+        """Where each constant use sits, in ``consts`` order: (node, slot, position or -1)."""
+        return [(node.index, slot, pos) for node in self.nodes for slot, edge in node.inputs.items()
+                for pos, e in edge_positions(edge) if e.kind == "const"]
+
+    @cached_property
+    def has_choices(self) -> bool:
+        """Whether a node is a choice (``one_of``, ``optional``, ``equivalences=``)."""
+        return any(node.choice is not None for node in self.nodes)
 
     @cached_property
     def final_names(self) -> tuple[str, ...]:
@@ -204,3 +219,48 @@ class CompiledPattern:
         """A one-line summary, for logs and messages."""
         ops = ", ".join(f"{n.name}:{n.op_type_label}" for n in self.nodes)
         return f"pattern {self.name!r} [{ops}]"
+
+
+@dataclass
+class Alternative:
+    """One alternative of a choice, compiled on its own."""
+
+    index: int
+    """Position among the choice's alternatives."""
+    compiled: CompiledPattern
+    """The alternative as a pattern: its inputs are the outside variables it reads."""
+    slots: list[str]
+    """For each input of ``compiled``, the choice node's slot it stands for."""
+    label: str
+    """The alternative in words, e.g. ``real_div(x, sqrt(var))``, for ``explain``."""
+
+
+@dataclass
+class Choice:
+    """The alternatives of one choice node."""
+
+    name: str
+    """The choice's name (``pattern.<name>`` is the op producing its variable)."""
+    alternatives: list[Alternative]
+    """In the order they are tried."""
+    depth: int
+    """Most ops on a path through one alternative: how far below an input its output op may lie."""
+    output_types: frozenset[str] = field(default_factory=frozenset)
+    """Op types the choice's variable may be produced by."""
+    full_slots: frozenset[str] = field(default_factory=frozenset)
+    """Slots every alternative reads."""
+    reads: dict[str, int] = field(default_factory=dict)
+    """For a slot holding a pattern op's output: how many times each alternative reads it (the same in
+    every alternative), for the outer check that the op's output has no consumer outside the match."""
+    uses: dict[str, int] = field(default_factory=dict)
+    """For every slot, how many times the first alternative reading it reads it."""
+
+    fallback: bool = False
+    """A later alternative is also offered inside an earlier one's match (see :func:`one_of`)."""
+    entries: dict[str, list[frozenset[str]] | None] = field(default_factory=dict)
+    """Per slot, the op types each alternative may be entered by from it, or None when a down-step
+    through it cannot enter every alternative (:func:`enterable`)."""
+
+    def reads_of(self, slot: str) -> int:
+        """How many times an alternative reads ``slot`` (for a nested choice's input)."""
+        return self.reads.get(slot, self.uses.get(slot, 1))

@@ -12,7 +12,7 @@ from coremltools.converters.mil.mil.var import InternalVar
 
 from .blocks import flat_inputs
 from .journal import journals_on_this_thread
-from .pattern import Pattern
+from ..language.pattern import Pattern
 
 __all__ = ["remove_dead", "remove_dead_ops", "unlink"]
 

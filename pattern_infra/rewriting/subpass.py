@@ -8,9 +8,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from .compiler import CompiledPattern
-from .matcher import Matcher
-from .pattern import Pattern
+from ..language.compiler import CompiledPattern
+from ..matching.matcher import Matcher
+from ..language.pattern import Pattern
 
 __all__ = ["DEFAULT_MAX_ITERATIONS", "PassStats", "SubPass", "constraint_verdict"]
 

@@ -1,6 +1,6 @@
 """Constant scalings re-associated (the ``reassoc`` equivalence): which ``mul`` chains, which orders, how exact.
 
-Owns three things :mod:`pattern_infra.equivalences` builds the ``reassoc`` choice from:
+Owns three things :mod:`pattern_infra.language.equivalences` builds the ``reassoc`` choice from:
 
 * :func:`chain_at`: the chain of ``mul`` ops of a pattern ending at one ``mul`` (its *root*): the
   ``mul`` tree below the root, an inner ``mul`` belonging to it when the chain alone reads it (one use,

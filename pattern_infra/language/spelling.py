@@ -1,6 +1,6 @@
 """``pattern.choices`` of a match of a pattern with choices, shared by every match of the same spelling.
 
-A choice (:func:`~pattern_infra.choices.one_of`, or an op with ``equivalences=``) binds the op that
+A choice (:func:`~pattern_infra.language.choices.one_of`, or an op with ``equivalences=``) binds the op that
 computes its variable, and its slots are the outside variables its alternatives read. Which operand of
 which op holds each slot depends only on which alternatives matched (the *spelling*), never on the
 program; so a match does not build a dict of the choice's operands: ``pattern.choices`` is the
@@ -11,18 +11,15 @@ bench.choices --instructions``).
 
 A pattern in which an op has the name of a choice (an op with ``equivalences=``, whose alternatives keep
 the op's name), in any alternative at any depth, locates nothing (:func:`locates`): its matches hold
-their choices' operands, as merged by ``binding.merged`` (the choice's first), in every spelling, so the
-generated search and the interpreter hold the same dicts whichever alternatives matched.
+their choices' operands, as merged by ``binding.merged`` (the choice's first), in every spelling.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any, NoReturn
+from typing import Any, NoReturn
 
-if TYPE_CHECKING:
-    from .compiler import CompiledPattern
-    from .pattern_graph import PatternNode
+from .graph import CompiledPattern, PatternNode
 
 __all__ = ["Spelling", "locates", "spelling_of"]
 

@@ -10,13 +10,12 @@ surface follows the design document (``root_var``, ``final_op``, ``block``, ``op
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from coremltools.converters.mil.mil import Block, Operation, Var
 
 
-if TYPE_CHECKING:
-    from .compiler import CompiledPattern
+from .graph import CompiledPattern
 
 __all__ = ["Pattern"]
 
@@ -42,7 +41,7 @@ RESERVED_NAMES: frozenset[str] = frozenset(
         "choices",
     }
 )
-"""Names a pattern op may not take, because :class:`~pattern_infra.pattern.Pattern` uses them."""
+"""Names a pattern op may not take, because :class:`~pattern_infra.language.pattern.Pattern` uses them."""
 
 
 class Pattern:
@@ -58,7 +57,7 @@ class Pattern:
         consts: Pattern constant key (``"<op>.<slot>"`` and the pattern's const op name) to the program
             variable bound there.
         choices: Choice name to the index of the alternative that matched (see ``one_of``); read-only,
-            shared by the matches of one spelling (:class:`~pattern_infra.spelling.Spelling`).
+            shared by the matches of one spelling (:class:`~pattern_infra.language.spelling.Spelling`).
         pattern_name: Name of the pattern that matched.
     """
 
@@ -112,7 +111,7 @@ class Pattern:
         final_names: tuple[str, ...],
         choices: dict[str, int],
     ) -> Pattern:
-        """The constructor of the compiled search: the dicts and the list are fresh and become the
+        """The constructor of the search: the dicts and the list are fresh and become the
         pattern's own (no copies), no op is a fan-out list, ``final_names`` are the final ops' names,
         ``choices`` is :attr:`choices`."""
         self = cls.__new__(cls)
@@ -205,7 +204,7 @@ class Pattern:
         Raises:
             KeyError: ``op_name`` or ``slot`` is not in the pattern.
         """
-        located = getattr(self.choices, "slots", {})  # a choice's: pattern_infra.spelling
+        located = getattr(self.choices, "slots", {})  # a choice's: pattern_infra.language.spelling
         try:
             if op_name in located and op_name not in self._operands:
                 held, held_slot, pos = located[op_name][slot]

@@ -1,0 +1,163 @@
+"""A pattern's spellings, each a plain pattern: every choice (``one_of``, ``optional``, ``equivalences=``)
+expanded when the pattern compiles.
+
+A pattern with choices stands for the product of their alternatives (nested choices included): RMSNorm
+written with three choices is 2 x 3 x 2 = 12 spellings. :func:`variants_of` compiles each one as a plain
+pattern (a :class:`Variant`): the pattern's ops less the alternatives not taken, a choice's variable read
+as the variable its alternative computes. Each variant knows which alternative each choice took (its
+``pattern.choices``), which op computes each choice's variable (``pattern.<choice>``) and to which
+choice each op belongs. The search (:mod:`~pattern_infra.matching`) merges the variants' plans into one
+tree per anchor, so what the spellings share is searched once.
+
+Two rules of ``one_of`` become guards on a variant (:class:`Guard`): a choice that ends its pattern,
+taken at a later alternative, is refused when an earlier alternative matches further down with the
+choice's op inside (the longest spelling wins); with ``fallback=True`` the guard is left out when the
+choice is reached from one of its inputs rather than as the anchor.
+
+A pattern of more than :data:`MAX_VARIANTS` spellings is refused when it compiles.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from coremltools.converters.mil.mil import Var
+
+from .choices import Record
+from .compiler import compile_spelling
+from .errors import PatternDefinitionError
+from .graph import Choice, CompiledPattern
+from .spelling import Spelling, spelling_of
+
+__all__ = ["MAX_VARIANTS", "Guard", "Variant", "has_fallback", "variants_of"]
+
+MAX_VARIANTS = 256
+"""The most spellings one pattern may stand for (the product of its choices' alternatives)."""
+
+
+@dataclass(frozen=True)
+class Guard:
+    """A choice ending its pattern (or alternative), taken at a later alternative than its first."""
+
+    choice: Choice
+    """The choice; its earlier alternatives are searched by the guard."""
+    alternative: int
+    """The alternative the variant took."""
+    end: str
+    """The variant's op computing the choice's variable."""
+    fallback: bool
+    """The choice's ``fallback``: no guard when it is reached from one of its inputs."""
+
+
+@dataclass(frozen=True)
+class Variant:
+    """One spelling of a pattern, as a plain pattern."""
+
+    compiled: CompiledPattern
+    """The spelling: no choice node."""
+    choices: Spelling
+    """``pattern.choices`` of its matches: choice to the alternative taken, nested choices included."""
+    aliases: dict[str, tuple[str, ...]]
+    """Op name to the choices whose variable it computes, innermost first (``pattern.<choice>``)."""
+    groups: dict[str, str]
+    """Op name to the outermost choice it belongs to; ops outside every choice are absent."""
+    guards: tuple[Guard, ...] = ()
+    """The longest-spelling rule, for each choice ending a pattern taken at a later alternative."""
+
+
+@dataclass
+class _Combo:
+    """What taking one alternative of each choice of a level means for its ops."""
+
+    chosen: dict[str, int] = field(default_factory=dict)
+    dropped: set[int] = field(default_factory=set)
+    renames: dict[int, Var] = field(default_factory=dict)
+    ends: list[tuple[str, Var]] = field(default_factory=list)
+    guards: list[tuple[Choice, int, Var, bool]] = field(default_factory=list)
+
+
+def variants_of(compiled: CompiledPattern) -> list[Variant]:
+    """The spellings of ``compiled`` (one, itself, for a pattern without choices), in the order their
+    alternatives are written (the first choice's first alternative first), built once.
+
+    Raises:
+        PatternDefinitionError: The pattern stands for more than :data:`MAX_VARIANTS` spellings.
+    """
+    if compiled.expanded is None:
+        compiled.expanded = _expand(compiled)
+    return compiled.expanded  # type: ignore[no-any-return]
+
+
+def has_fallback(compiled: CompiledPattern) -> bool:
+    """Whether a choice of ``compiled``, at any depth, was declared with ``fallback=True``."""
+    return any(guard.fallback for variant in variants_of(compiled) for guard in variant.guards)
+
+
+def _expand(compiled: CompiledPattern) -> list[Variant]:
+    _, records, _ = compiled.source
+    if not compiled.has_choices:
+        return [Variant(compiled, spelling_of(compiled, {}), {}, {})]
+    count = _count(compiled)
+    if count > MAX_VARIANTS:
+        raise PatternDefinitionError(
+            f"Pattern {compiled.name!r} stands for {count} spellings (the product of its choices' "
+            f"alternatives); at most {MAX_VARIANTS} are searched. Rule: every spelling is compiled as a "
+            f"pattern of its own. Fix: register the pattern's parts as separate patterns (a list of patterns "
+            f"in one register_generic_pass call), or name fewer ops in equivalences=."
+        )
+    variants = []
+    for combo in _combos(compiled, records):
+        variant = compile_spelling(compiled, combo.dropped, combo.renames)
+        aliases: dict[str, tuple[str, ...]] = {}
+        for choice, var in combo.ends:
+            end = _resolved(var, combo.renames).op.name
+            aliases[end] = (*aliases.get(end, ()), choice)
+        groups = {op.name: record.name for record in records if record.name in combo.chosen
+                  for op in record.alternatives[combo.chosen[record.name]][0]}
+        guards = tuple(Guard(choice, k, _resolved(var, combo.renames).op.name, fallback)
+                       for choice, k, var, fallback in combo.guards)
+        variants.append(Variant(variant, spelling_of(compiled, combo.chosen), aliases, groups, guards))
+    return variants
+
+
+def _count(compiled: CompiledPattern) -> int:
+    total = 1
+    for node in compiled.nodes:
+        if node.choice is not None:
+            total *= sum(_count(alternative.compiled) for alternative in node.choice.alternatives)
+    return total
+
+
+def _combos(level: CompiledPattern, records: list[Record]) -> list[_Combo]:
+    """Every way of taking one alternative of each choice of ``level`` (and of the choices nested in the
+    alternatives taken), the first choice's alternatives outermost."""
+    combos = [_Combo()]
+    for record in records:
+        if record.name not in level.by_name:
+            continue
+        node = level.node(record.name)
+        first_out = record.alternatives[0][1]
+        grown = []
+        for combo in combos:
+            for k, (ops, out) in enumerate(record.alternatives):
+                alternative = node.choice.alternatives[k]
+                others = {id(op) for j, (alt_ops, _) in enumerate(record.alternatives) if j != k for op in alt_ops}
+                for inner in _combos(alternative.compiled, record.children.get(k, [])):
+                    renames = {**combo.renames, **inner.renames}
+                    if k:
+                        renames[id(first_out)] = out
+                    guards = list(combo.guards) + inner.guards
+                    if node.is_final and k:
+                        guards.append((node.choice, k, out, record.fallback))
+                    grown.append(_Combo({**combo.chosen, record.name: k, **inner.chosen},
+                                        combo.dropped | inner.dropped | others, renames,
+                                        combo.ends + inner.ends + [(record.name, out)], guards))
+        combos = grown
+    return combos
+
+
+def _resolved(var: Var, renames: dict[int, Var]) -> Any:
+    while id(var) in renames:
+        var = renames[id(var)]
+    return var

@@ -1,0 +1,246 @@
+"""Search plans: their vocabulary (steps, the failure a tracing search reports, reading a binding's slots)
+and how a plan is made (:func:`plan`), for the search (:mod:`~pattern_infra.matching.search`) and its
+choices (:mod:`~pattern_infra.matching.choice_search`).
+
+A plan (``Matcher.plans[anchor]``) is a list of :class:`Step`: the first binds the anchor, each further
+one reaches a pattern op *up* (the producer of a slot of an op already bound) or *down* (a consumer of
+a variable already bound). The search walks it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from coremltools.converters.mil.mil import Operation
+from coremltools.converters.mil.mil.var import InternalVar
+
+from ..language.graph import Choice, CompiledPattern, Edge, PatternNode, edge_positions
+
+__all__ = ["DOWN", "UP", "Accept", "Failure", "Step", "input_value", "optional_const", "parts_meet_only_at_inputs",
+           "plan", "radii", "slot_value", "enterable", "entry_edge", "entry_types"]
+
+Accept = Callable[[Any], Any]
+"""Offered each complete structural match (a :class:`~pattern_infra.language.pattern.Pattern`): ``True`` takes it; anything else continues the search (a
+``str`` is the reason reported to a tracing search)."""
+
+UP = 0
+DOWN = 1
+
+
+@dataclass(frozen=True)
+class Step:
+    """One step of a plan: bind ``node`` up (``kind`` UP) or down (DOWN) from what is bound."""
+
+    kind: int
+    node: int
+    # up: (source node, slot, position, output index); down: source is a root or a node output
+    src_kind: str = ""
+    src: int = 0
+    slot: str = ""
+    pos: int = -1
+    out: int = 0
+
+
+@dataclass
+class Failure:
+    """Why the search stopped where it did: the nearest partial match of an anchor."""
+
+    bound: int
+    """How many pattern ops were bound when it failed."""
+    node: str
+    """The pattern op being bound (or checked) when it failed."""
+    reason: str
+    """What differed, in words."""
+    ops: dict[str, str] = field(default_factory=dict)
+    """Pattern op name to the program op name bound at that moment."""
+
+
+def input_value(op: Operation, slot: str) -> Any:
+    """The variable ``op`` reads at ``slot``, or None (absent, or an internal variable)."""
+    value = op._input_vars.get(slot)  # read-only use of the private map: op.inputs copies it
+    if value is None or isinstance(value, InternalVar):
+        return None
+    return value
+
+
+def slot_value(assign: list[dict[str, Any] | None], node: int, slot: str, pos: int) -> Any:
+    assigned = assign[node]
+    if assigned is None:
+        return None
+    value = assigned.get(slot)
+    if pos >= 0:
+        return value[pos] if isinstance(value, (list, tuple)) and pos < len(value) else None
+    return value
+
+
+
+def optional_const(compiled: CompiledPattern, edge: Edge | tuple[Edge, ...]) -> bool:
+    """Whether ``edge`` is one constant slot of rule ``"any"`` (a wildcard slot: it may be absent)."""
+    return not isinstance(edge, tuple) and edge.kind == "const" and compiled.consts[edge.index][2].mode == "any"
+
+
+# -- planning: the order in which a search binds the pattern's ops ----------------------------------------
+
+
+def plan(compiled: CompiledPattern, anchor: int, entry: tuple[int, str, int, int] | None = None,
+         rank: list[int] | None = None) -> list[Step]:
+    """The search order anchored at pattern op ``anchor``: each further op reached *up* (the producer of
+    a slot of an op placed) or *down* (a consumer of a variable bound), up-steps first, and ops of a
+    lower ``rank`` before any of a higher one (by default choice nodes last, so a search failing on the
+    plain ops never searches the alternatives). With ``entry`` (node, slot, position, root), entered
+    instead from the root's variable by a down-step to that node's slot."""
+    nodes = compiled.nodes
+    rank = rank if rank is not None else [int(node.choice is not None) for node in nodes]
+    levels = sorted(set(rank))
+    placed = {anchor}
+    roots_bound: set[int] = set()
+    if entry is None:
+        steps = [Step(UP, anchor, src_kind="anchor")]
+    else:
+        _, slot, pos, root = entry
+        steps = [Step(DOWN, anchor, "root", root, slot, pos)]
+        roots_bound.add(root)
+
+    def note_roots(n: int) -> None:
+        choice = nodes[n].choice
+        for slot, edge in nodes[n].inputs.items():
+            if choice is not None and slot not in choice.full_slots:
+                continue  # bound only when the alternative that matched reads it
+            for _, e in edge_positions(edge):
+                if e.kind == "root":
+                    roots_bound.add(e.index)
+
+    note_roots(anchor)
+    while len(placed) < len(nodes):
+        step = None
+        for level in levels:
+            allowed = {m for m in range(len(nodes)) if rank[m] <= level}
+            step = _next_up(nodes, placed, allowed) or _next_down(nodes, placed, roots_bound, allowed)
+            if step is not None:
+                break
+        if step is None:  # compile_pattern guarantees connectivity
+            raise RuntimeError(f"pattern {compiled.name!r} could not be planned")
+        steps.append(step)
+        placed.add(step.node)
+        note_roots(step.node)
+    return steps
+
+
+def radii(compiled: CompiledPattern, joins_through_roots: bool) -> list[int]:
+    """Per anchor: producer/consumer hops from the anchor op within which any op of a match lies, plus one
+    (an op just outside the match, such as a root's producer, can unblock it)."""
+    nodes = compiled.nodes
+    span = [node.choice.depth if node.choice is not None else 1 for node in nodes]
+    hops: list[dict[int, int]] = [{} for _ in nodes]
+    for node in nodes:
+        for _, edge in node.inputs.items():
+            for _, e in edge_positions(edge):
+                if e.kind == "op":
+                    hops[node.index][e.index] = span[node.index]
+                    hops[e.index][node.index] = span[node.index]
+    if not joins_through_roots:
+        return [_eccentricity(hops, anchor) + 1 for anchor in range(len(nodes))]
+    for users in compiled.root_consumers:  # two consumers of one variable: 2 hops apart
+        for a, _, _ in users:
+            for b, _, _ in users:
+                if a != b:
+                    hops[a].setdefault(b, span[a] + span[b])
+    return [_eccentricity(hops, anchor) + 1 for anchor in range(len(nodes))]
+
+def _eccentricity(hops: list[dict[int, int]], anchor: int) -> int:
+    """The largest number of hops from ``anchor`` to another pattern op (Dijkstra on a tiny graph)."""
+    dist = {anchor: 0}
+    frontier = [anchor]
+    while frontier:  # relax until nothing improves
+        nxt = []
+        for n in frontier:
+            for m, w in hops[n].items():
+                if dist[n] + w < dist.get(m, 1 << 30):
+                    dist[m] = dist[n] + w
+                    nxt.append(m)
+        frontier = nxt
+    return max(dist.values())
+
+def _next_up(nodes: list[PatternNode], placed: set[int], allowed: set[int]) -> Step | None:
+    for n in sorted(placed):
+        for slot, edge in nodes[n].inputs.items():
+            for pos, e in edge_positions(edge):
+                if e.kind == "op" and e.index not in placed and e.index in allowed:
+                    return Step(UP, e.index, "op", n, slot, pos, e.output)
+    return None
+
+def _next_down(nodes: list[PatternNode], placed: set[int], roots_bound: set[int], allowed: set[int]) -> Step | None:
+    best: tuple[int, int, Step] | None = None
+    for m, node in enumerate(nodes):
+        if m in placed or m not in allowed:
+            continue
+        for slot, edge in node.inputs.items():
+            for pos, e in edge_positions(edge):
+                if e.kind == "op" and e.index in placed:
+                    step = Step(DOWN, m, "op", e.index, slot, pos, e.output)
+                    rank = (0, m)
+                elif e.kind == "root" and e.index in roots_bound:
+                    step = Step(DOWN, m, "root", e.index, slot, pos)
+                    rank = (1, m)
+                else:
+                    continue
+                if best is None or rank < best[:2]:
+                    best = (*rank, step)
+    return best[2] if best else None
+
+
+def parts_meet_only_at_inputs(compiled: CompiledPattern) -> bool:
+    """Whether the pattern's ops fall apart once the edges through pattern inputs are left out."""
+    part = list(range(len(compiled.nodes)))
+
+    def find(n: int) -> int:
+        while part[n] != n:
+            n = part[n]
+        return n
+
+    for node in compiled.nodes:
+        for _, edge in node.inputs.items():
+            for _, e in edge_positions(edge):
+                if e.kind == "op":
+                    part[find(node.index)] = find(e.index)
+    return len({find(n) for n in range(len(part))}) > 1
+
+
+def enterable(choice: Choice, slot: str) -> bool:
+    """Whether a down-step into ``choice`` through ``slot`` can enter every alternative from the slot's
+    variable: every alternative reads the slot, by an op that can start a search (:func:`entry_edge`)."""
+    return entry_types(choice, slot) is not None
+
+
+def entry_types(choice: Choice, slot: str) -> list[frozenset[str]] | None:
+    """Per alternative, the op types of the op reading ``slot`` that a search entered from it binds
+    first (a nested choice: its alternatives' such types); None when not :func:`enterable`."""
+    if slot in choice.entries:
+        return choice.entries[slot]
+    types: list[frozenset[str]] | None = [] if slot in choice.full_slots else None
+    for alternative in choice.alternatives if types is not None else ():
+        entry = entry_edge(alternative.compiled, alternative.slots.index(slot))
+        if entry is None:
+            types = None
+            break
+        node = alternative.compiled.nodes[entry[0]]
+        inner = entry_types(node.choice, entry[1]) if node.choice is not None else [node.op_types]
+        types.append(frozenset().union(*inner))  # type: ignore[arg-type]
+    choice.entries[slot] = types
+    return types
+
+
+def entry_edge(compiled: CompiledPattern, root: int) -> tuple[int, str, int, int] | None:
+    """The first consumer of pattern input ``root`` a search may be entered by, as (node, slot, position,
+    root): not a fan-out op, not a tuple slot, and for a choice node a slot it can be entered through
+    (:func:`enterable`). None when there is none."""
+    for n, slot, pos in compiled.root_consumers[root]:
+        node = compiled.nodes[n]
+        if node.fanout or pos >= 0:
+            continue
+        if node.choice is not None and not enterable(node.choice, slot):
+            continue
+        return (n, slot, pos, root)
+    return None
