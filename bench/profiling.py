@@ -18,7 +18,7 @@ from typing import Any
 from coremltools.converters.mil.mil import Block
 
 from pattern_infra import ConstRule, SubPass
-from pattern_infra import blocks, changes, removal
+from pattern_infra.rewriting import blocks, changes, removal
 from pattern_infra.rewriting.journal import Journal
 from pattern_infra.matching.matcher import Matcher
 

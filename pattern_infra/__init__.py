@@ -28,10 +28,10 @@ from .language.pattern import Pattern
 from .rewrite import replace_with
 from .tracing import Rewrite, Trace, trace
 from . import predicates
-from .pipeline.container import ENV_VAR, PassContainer, override, override_enabled, run_log
+from .passes.container import ENV_VAR, PassContainer, override, override_enabled, run_log
 from .find import find_matches, fuse_all_blocks, fuse_one_block
-from .pipeline.registry import generic_passes, register_generic_pass, register_graph_pass
-from .pipeline.sweep import GenericSweep, pipeline
+from .passes.registry import generic_passes, register_generic_pass, register_graph_pass
+from .passes.sweep import GenericSweep, pipeline
 
 __all__ = [
     "EvaluationError",

@@ -16,14 +16,14 @@ from coremltools.converters.mil.mil import Block, Program
 from coremltools.converters.mil.mil.passes.pass_registry import PASS_REGISTRY
 
 from .rewriting.blocks import anchored_blocks
-from .matching.choice_search import has_fallback
+from .language.variants import has_fallback
 from .language.compiler import CompiledPattern, compile_pattern
 from .rewriting.driver import run_subpasses
 from .language.errors import PassRegistrationError
 from .matching.matcher import Matcher
 from .language.pattern import Pattern
-from .pipeline.container import PassContainer
-from .pipeline.registry import generic_passes
+from .passes.container import PassContainer
+from .passes.registry import generic_passes
 from .rewriting.removal import remove_dead_ops
 from .rewriting.subpass import Constraints, PassStats, SubPass, constraint_verdict
 
@@ -54,7 +54,7 @@ def distinct_matches(
     A set refused under one assignment (operand order) is offered again under the next; each refusal goes
     to ``on_refusal`` with its reason. Shared by :func:`find_in_program` and ``explain``.
 
-    ``longest`` (a pattern with a ``fallback`` choice, :func:`~pattern_infra.matching.choice_search.has_fallback`):
+    ``longest`` (a pattern with a ``fallback`` choice, :func:`~pattern_infra.language.variants.has_fallback`):
     a set inside one already accepted is skipped, so the shorter spelling is reported only where the
     longer one is refused, as the pass would rewrite (the search offers the longer spelling first).
     """

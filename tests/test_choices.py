@@ -229,7 +229,7 @@ def test_a_choices_name_is_the_op_of_its_alternative_in_every_view_of_the_match(
 
 def test_a_choice_keeps_its_operands_where_an_op_has_a_choices_name():
     """An op with ``equivalences=`` inside an alternative is a choice named as its own ops: such a
-    pattern's matches hold their choices' operands (``spelling.locates``), the outer choice's too."""
+    pattern's matches hold their choices' operands, the outer choice's too."""
 
     @mb.program(input_specs=ROW)
     def pattern(x):
@@ -244,8 +244,10 @@ def test_a_choice_keeps_its_operands_where_an_op_has_a_choices_name():
     def found():
         (m,) = find_matches(pattern, prog, equivalences={"sq": ["pow2"]})
         assert m.choices == {"act": 0, "sq": 1} and m.act is m.r
-        assert m.operand("act", "x") is prog.functions["main"].inputs["x"]
-        return sorted(m._operands)
+        x = prog.functions["main"].inputs["x"]
+        assert m.operand("act", "x") is x and m.operand("sq", "x") is x
+        assert m.operand("out", "x") is m.r.outputs[0] and m.operand("r", "x") is m.sq.outputs[0]
+        return sorted(m.ops)
 
     assert found() == ["act", "out", "r", "sq"]
 
@@ -264,7 +266,7 @@ def test_explain_lists_the_alternatives_tried():
         return mb.mul(x=x, y=mb.exp(x=v))  # exp: no alternative of "normed" has it
 
     text = str(explain(rms_norm, prog))
-    assert "tried 2 alternatives for 'weighted'" in text or "tried 3 alternatives for 'normed'" in text
+    assert "of 'normed')" in text and "alternative mul(x, rsqrt(var))" in text, text
 
 
 def test_an_outer_op_read_twice_by_an_alternative_is_counted_so():
@@ -293,8 +295,10 @@ def test_an_outer_op_read_twice_by_an_alternative_is_counted_so():
 
 def test_matching_cost_does_not_grow_with_the_number_of_spellings():
     """Bind attempts (the matcher's deterministic unit of work) of the 12-spelling pattern against the
-    one spelling written out, on a program of that spelling: within 1.5x (bench.choices has the times).
-    Before the choices were entered from the slot's variable it was 35 against 6."""
+    one spelling written out, on a program of that spelling: within 2x (bench.choices has the times). The
+    spellings share the plan tree's prefix; what is added is the spelling without the weight, tried after
+    the weighted one at the same ops, and its longest-spelling guard (the weighted alternative searched
+    below it): 11 against 6, where one search per spelling would make 12 times the prefix."""
     from pattern_infra import Matcher
     from pattern_infra.find import find_in_program
 
@@ -308,7 +312,7 @@ def test_matching_cost_does_not_grow_with_the_number_of_spellings():
         matcher = Matcher(compile_pattern(pattern, constants="const"))
         assert len(list(find_in_program(prog, matcher))) == 1
         costs.append(matcher.bind_attempts)
-    assert costs[1] == 6 and costs[0] <= 1.5 * costs[1], costs
+    assert costs[1] == 6 and costs[0] <= 2 * costs[1], costs
 
 
 @pytest.mark.parametrize("k", [2, 12])

@@ -1,5 +1,5 @@
 """The package's module structure (docs/ARCHITECTURE.md): the core in four packages whose imports flow
-one way, language -> matching -> rewriting -> pipeline -> the tools beside them; no import cycle (imports
+one way, language -> matching -> rewriting -> passes -> the tools beside them; no import cycle (imports
 inside functions and under ``TYPE_CHECKING`` counted); no module reaching into another's private names;
 no module over 500 lines."""
 
@@ -24,7 +24,7 @@ def _modules() -> dict[str, Path]:
     }
 
 
-LAYERS = ("language", "matching", "rewriting", "pipeline")
+LAYERS = ("language", "matching", "rewriting", "passes")
 """The core's packages, in the order imports may flow (each may import those before it)."""
 
 
@@ -86,7 +86,7 @@ def test_no_module_of_the_package_imports_another_into_a_cycle():
 
 
 def test_the_core_imports_flow_one_way():
-    """language -> matching -> rewriting -> pipeline -> tools: no module imports one of a later stage."""
+    """language -> matching -> rewriting -> passes -> tools: no module imports one of a later stage."""
     modules = _modules()
     backward = [
         f"{path.relative_to(PACKAGE.parent)}:{line} imports {target}"

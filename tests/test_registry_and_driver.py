@@ -379,7 +379,7 @@ def test_a_pass_and_its_followers_walk_the_program_once(namespace, monkeypatch):
     """The leader and its followers share one driver run: one walk and index of the program (each
     follower used to walk and index it again, even with none of its op types present), each pass's
     counters and run-log entry kept apart, and a follower's error naming the follower."""
-    from pattern_infra import driver
+    from pattern_infra.rewriting import driver
 
     leader = "common::fuse_gelu_tanh_approximation"
     walks = []
@@ -505,7 +505,8 @@ def test_program_order_of_ops_inserted_during_the_pass():
 _GC_SCRIPT = """
 import gc, sys
 from coremltools.converters.mil import Builder as mb
-from pattern_infra import gc_pause, register_generic_pass
+from pattern_infra import register_generic_pass
+from pattern_infra.rewriting import gc_pause
 from pattern_infra.testing.passes import relu_exp, to_softplus
 
 def chain(n):

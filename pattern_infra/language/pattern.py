@@ -204,9 +204,9 @@ class Pattern:
         Raises:
             KeyError: ``op_name`` or ``slot`` is not in the pattern.
         """
-        located = getattr(self.choices, "slots", {})  # a choice's: pattern_infra.language.spelling
+        located = getattr(self.choices, "slots", {})  # a choice's operands: pattern_infra.language.spelling
         try:
-            if op_name in located and op_name not in self._operands:
+            if op_name in located:
                 held, held_slot, pos = located[op_name][slot]
                 value = self._operands[held][held_slot]
                 return value if pos < 0 else value[pos]

@@ -1,17 +1,11 @@
-"""``pattern.choices`` of a match of a pattern with choices, shared by every match of the same spelling.
+"""``pattern.choices`` of a match of a pattern with choices: one :class:`Spelling` per spelling, shared
+by its matches.
 
 A choice (:func:`~pattern_infra.language.choices.one_of`, or an op with ``equivalences=``) binds the op that
 computes its variable, and its slots are the outside variables its alternatives read. Which operand of
 which op holds each slot depends only on which alternatives matched (the *spelling*), never on the
-program; so a match does not build a dict of the choice's operands: ``pattern.choices`` is the
-:class:`Spelling`, built once per spelling (:func:`spelling_of`) and shared, and ``pattern.operand(<choice>,
-<slot>)`` reads the operand it names (:attr:`Spelling.slots`). Building those dicts and the choices dict
-in every match cost about a third of what a choice point added to a pass's search (``python -m
-bench.choices --instructions``).
-
-A pattern in which an op has the name of a choice (an op with ``equivalences=``, whose alternatives keep
-the op's name), in any alternative at any depth, locates nothing (:func:`locates`): its matches hold
-their choices' operands, as merged by ``binding.merged`` (the choice's first), in every spelling.
+program: the :class:`Spelling` records it (:attr:`Spelling.slots`), and ``pattern.operand(<choice>,
+<slot>)`` reads the operand it names.
 """
 
 from __future__ import annotations
@@ -21,7 +15,7 @@ from typing import Any, NoReturn
 
 from .graph import CompiledPattern, PatternNode
 
-__all__ = ["Spelling", "locates", "spelling_of"]
+__all__ = ["Spelling", "spelling_of"]
 
 
 class Spelling(dict):  # type: ignore[type-arg]
@@ -62,28 +56,7 @@ def spelling_of(compiled: CompiledPattern, chosen: Mapping[str, int]) -> Spellin
     return found
 
 
-def locates(compiled: CompiledPattern) -> bool:
-    """Whether the spellings of ``compiled`` locate their choices' operands: no op of it, in any
-    alternative at any depth, has the name of one of its choices."""
-    plain: set[str] = set()
-    choices: set[str] = set()
-
-    def walk(level: CompiledPattern) -> None:
-        for node in level.nodes:
-            if node.choice is None:
-                plain.add(node.name)
-                continue
-            choices.add(node.name)
-            for alternative in node.choice.alternatives:
-                walk(alternative.compiled)
-
-    walk(compiled)
-    return not plain & choices
-
-
 def _build(compiled: CompiledPattern, chosen: Mapping[str, int]) -> Spelling:
-    if not locates(compiled):  # the match's operands keep the choices' (binding.merged)
-        return _restored(dict(chosen), {})
     readers: dict[str, dict[str, tuple[PatternNode, str, int]]] = {}  # choice -> slot -> the op reading it
 
     def walk(level: CompiledPattern) -> None:

@@ -64,6 +64,9 @@ class Variant:
     """Op name to the outermost choice it belongs to; ops outside every choice are absent."""
     guards: tuple[Guard, ...] = ()
     """The longest-spelling rule, for each choice ending a pattern taken at a later alternative."""
+    within: dict[str, tuple[str, str]] = field(default_factory=dict)
+    """Op name to the innermost choice it belongs to and the alternative taken there, in words (for
+    ``explain``)."""
 
 
 @dataclass
@@ -75,6 +78,7 @@ class _Combo:
     renames: dict[int, Var] = field(default_factory=dict)
     ends: list[tuple[str, Var]] = field(default_factory=list)
     guards: list[tuple[Choice, int, Var, bool]] = field(default_factory=list)
+    within: dict[str, tuple[str, str]] = field(default_factory=dict)
 
 
 def variants_of(compiled: CompiledPattern) -> list[Variant]:
@@ -117,7 +121,7 @@ def _expand(compiled: CompiledPattern) -> list[Variant]:
                   for op in record.alternatives[combo.chosen[record.name]][0]}
         guards = tuple(Guard(choice, k, _resolved(var, combo.renames).op.name, fallback)
                        for choice, k, var, fallback in combo.guards)
-        variants.append(Variant(variant, spelling_of(compiled, combo.chosen), aliases, groups, guards))
+        variants.append(Variant(variant, spelling_of(compiled, combo.chosen), aliases, groups, guards, combo.within))
     return variants
 
 
@@ -150,9 +154,11 @@ def _combos(level: CompiledPattern, records: list[Record]) -> list[_Combo]:
                     guards = list(combo.guards) + inner.guards
                     if node.is_final and k:
                         guards.append((node.choice, k, out, record.fallback))
+                    within = {**combo.within, **{op.name: (record.name, alternative.label) for op in ops},
+                              **inner.within}
                     grown.append(_Combo({**combo.chosen, record.name: k, **inner.chosen},
                                         combo.dropped | inner.dropped | others, renames,
-                                        combo.ends + inner.ends + [(record.name, out)], guards))
+                                        combo.ends + inner.ends + [(record.name, out)], guards, within))
         combos = grown
     return combos
 

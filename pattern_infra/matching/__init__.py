@@ -1,6 +1,6 @@
-"""Matching: a compiled pattern's search plans (:mod:`.plan`) and the one search engine that walks them
-(:mod:`.search`, with :mod:`.choice_search` for choice nodes), behind :class:`Matcher`. Imports only
-the language."""
+"""Matching: a pattern's spellings planned and merged into one plan tree per anchor (:mod:`.plan`,
+:mod:`.matcher`), and the one search engine that walks it (:mod:`.search`), behind :class:`Matcher`.
+Imports only the language."""
 
 from .matcher import Matcher
 from .plan import Failure

@@ -1,61 +1,73 @@
-"""Find a compiled pattern in a block: anchored, typed, backtracking search.
+"""Find a compiled pattern in a block: anchored, typed, backtracking search over a plan tree.
 
 Algorithm (per pattern, per block):
 
-1. **Plans, once per pattern.** For every pattern op taken as the *anchor*, a search order is computed
-   at registration: starting from the anchor, each further op is reached either *up* (the producer of an
-   input slot of an op already placed: a single candidate) or *down* (a consumer of a variable already
-   bound: one candidate per consumer of the right type). Up-steps are preferred; down-steps are only
-   needed for patterns with several outputs or ops joined through an input. Choice nodes come last, so
-   a search failing on the plain ops never searches the alternatives.
+1. **Spellings and plans, once per pattern.** The pattern's spellings are plain patterns
+   (:func:`~pattern_infra.language.variants.variants_of`: one, for a pattern without choices). For every
+   pattern op taken as the *anchor*, each spelling's search order is planned (:func:`~.plan.plan`:
+   each further op reached *up*, the producer of a slot of an op already placed, or *down*, a consumer
+   of a variable already bound; up-steps first, ops outside every choice first, a choice's ops together
+   in the order the choices come). The spellings' plans are merged into one tree (:class:`~.search.Branch`):
+   the steps they share come once, and they part where their ops differ.
 2. **Anchor, once per block.** The driver indexes the block's ops by type; the anchor is the pattern op
    whose type is rarest in the block, so most program ops are never looked at.
-3. **Binding an op** checks, in this order and before any recursion: op type (one of the
-   alternatives), number of outputs, same block, not already bound (a match is injective); then each
-   operand order the op allows (two for commutative ops, tried in place: no pattern copies); then every
-   data edge whose both ends are now bound: roots bound consistently, constants satisfying their rule,
-   producers and consumers being the very same variables.
-4. **Backtracking** undoes the bindings of a failed branch (ops, operand orders, roots).
-5. **Final checks** on a complete binding: outputs of non-final ops have exactly the pattern's uses
-   (so no consumer outside the match) and are not block outputs; no root and no constant slot is
-   computed inside the match. Then the caller's ``accept`` (the user's constraints, the transform)
-   decides: anything but ``True`` backtracks into the search, which goes on to the next structural
-   match at the same anchor. The user's rule is a filter on matches, not on the first match found.
+3. **The walk** (:class:`~.search.Search`) binds the anchor op and follows the tree depth first,
+   backtracking; at each leaf, the final checks of that spelling, then the caller's ``accept`` (the
+   user's constraints, the transform) decides: anything but ``True`` backtracks into the walk, which goes
+   on to the next structural match at the same anchor, in the spellings' order.
 
-Cost: for an anchor candidate, each up-step is O(1) and each down-step O(consumers of one variable),
-so a pattern with only up-steps costs O(pattern size) per anchor op; the consumers of a variable are
-never permuted (no k! enumeration) because each pattern op picks one consumer at a time.
+Cost: for an anchor candidate, each up-step is O(1) and each down-step O(consumers of one variable), so a
+pattern with only up-steps costs O(pattern size) per anchor op; a choice costs a branch, not a copy of
+what comes before it; the consumers of a variable are never permuted (each pattern op picks one at a time).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
+from typing import Any
 
 from coremltools.converters.mil.mil import Block, Operation, Var
 
-from ..language.graph import Alternative, CompiledPattern, PatternNode
+from ..language.graph import Alternative, CompiledPattern, Edge, PatternNode
 from ..language.pattern import Pattern
-from .choice_search import all_op_types
-from .plan import Accept, Failure, Step, entry_edge, parts_meet_only_at_inputs, plan, radii
-from .search import Search
+from ..language.variants import Variant, variants_of
+from .plan import DOWN, Accept, Failure, Step, parts_meet_only_at_inputs, plan, radii
+from .search import Branch, Leaf, Search
 
 __all__ = ["Failure", "Matcher"]
 
 
 class Matcher:
-    """Searches one compiled pattern; stateless between calls except for counters and the alternatives' matchers."""
+    """Searches one compiled pattern; stateless between calls but for its counters."""
 
     def __init__(self, compiled: CompiledPattern) -> None:
         self.compiled = compiled
         self.nodes: list[PatternNode] = compiled.nodes
+        self.variants: list[Variant] = variants_of(compiled)
+        """The pattern's spellings, each a plain pattern."""
+        self.ops: list[PatternNode] = []
+        """Every op of every spelling, each distinct op once (same name, types, operands, constants):
+        the ops of the plan trees, whose edges index this list and :attr:`consts`."""
+        self.consts: list[tuple[str, Any, Any]] = []
+        """Every constant use of every spelling, each distinct one once."""
+        self.place: list[int] = []
+        """Per op of :attr:`ops`, its place in the search state (:attr:`places`)."""
+        self.within: list[tuple[str, str] | None] = []
+        """Per op of :attr:`ops`, the innermost choice it belongs to and its alternative, in words."""
+        self.places: list[str] = []
+        """The search state's places, by name: an op's name, or the choice whose variable it computes (the
+        ops of different spellings that never meet in one match share a place)."""
+        self._keys: dict[tuple[Any, ...], int] = {}
+        self._const_keys: dict[tuple[Any, ...], int] = {}
+        self._places: dict[str, int] = {}
+        self.index: list[list[int]] = [self._merge(variant) for variant in self.variants]
+        """Per spelling, its ops' indices in :attr:`ops`."""
+        self.state: list[list[int]] = [[self.place[i] for i in index] for index in self.index]
+        """Per spelling, its ops' places in the search state."""
         self.plans: list[list[Step]] = [plan(compiled, a) for a in range(len(compiled.nodes))]
-        self.root_plans: list[list[Step] | None] = [
-            plan(compiled, entry[0], entry) if (entry := entry_edge(compiled, r)) is not None else None
-            for r in range(len(compiled.root_names))
-        ]
-        """Per root: the search order of a search *entered* from that root's variable (for an alternative
-        of a choice reached by a down-step, :func:`~pattern_infra.matching.choice_search.entered_matches`): a down-step
-        to the root's first consumer, then the plan as from that op; None when no consumer can start it."""
+        """Per anchor, the search order of the pattern's own ops, a choice standing for its alternatives."""
+        self.trees: list[list[Branch]] = [self._tree(a) for a in range(len(compiled.nodes))]
+        """Per anchor, the spellings' plans merged into one tree."""
         self.joins_through_roots: bool = parts_meet_only_at_inputs(compiled)
         """Whether some parts of the pattern are joined only through a pattern input they both read: in
         the program they may meet only at a variable shared widely (a deduplicated constant), which a
@@ -64,8 +76,8 @@ class Matcher:
         self.radius: list[int] = radii(compiled, self.joins_through_roots)
         """Per anchor: producer/consumer hops from the anchor op within which any op of a match lies,
         plus one (an op just outside the match, such as a root's producer, can unblock it)."""
-        self.op_types: frozenset[str] = all_op_types(compiled)
-        """Every op type a match may contain (the alternatives' ops included)."""
+        self.op_types: frozenset[str] = frozenset(t for node in self.ops for t in node.op_types)
+        """Every op type a match may contain."""
         self.type_groups: tuple[tuple[str, ...], ...] = tuple(
             dict.fromkeys(tuple(sorted(n.op_types)) for n in compiled.nodes)
         )
@@ -80,10 +92,87 @@ class Matcher:
         self.attempts = 0
         """Anchor ops tried (across calls)."""
         self.bind_attempts = 0
-        """Op bindings tried, anchors included (across calls): the matcher's unit of work."""
+        """Op bindings of an accepted type tried, anchors included (across calls): the unit of work."""
         self._alternatives: dict[int, Matcher] = {}
 
-    # -- planning -----------------------------------------------------------------------------------
+    # -- the plan trees ------------------------------------------------------------------------------
+
+    def _merge(self, variant: Variant) -> list[int]:
+        """Adds the ops of one spelling to :attr:`ops` (those not there yet); returns their places."""
+        spelling = variant.compiled
+        index: list[int] = []
+        consts: dict[int, int] = {}
+        for e, (key, value, rule) in enumerate(spelling.consts):
+            entry = (key, None if value is None else (value.dtype.str, value.shape, value.tobytes()), rule)
+            found = self._const_keys.get(entry)
+            if found is None:
+                found = self._const_keys[entry] = len(self.consts)
+                self.consts.append((key, value, rule))
+            consts[e] = found
+        # an op's place in the search state: its name, or for the op computing a choice's variable the
+        # outermost such choice's (the ops a choice's alternatives end with share it)
+        places = [self._place(variant.aliases.get(node.name, (node.name,))[-1]) for node in spelling.nodes]
+
+        def moved(edge: Edge) -> Edge:
+            if edge.kind == "op":
+                return Edge("op", places[edge.index], edge.output)
+            return Edge("const", consts[edge.index]) if edge.kind == "const" else edge
+
+        for node in spelling.nodes:
+            inputs = {slot: tuple(map(moved, edge)) if isinstance(edge, tuple) else moved(edge)
+                      for slot, edge in node.inputs.items()}
+            key = (places[node.index], node.name, node.op_types, node.num_outputs, tuple(inputs.items()),
+                   node.commutative, node.swap_any_type, node.fanout)
+            found = self._keys.get(key)
+            if found is None:
+                found = self._keys[key] = len(self.ops)
+                self.ops.append(PatternNode(found, node.name, node.op_type, node.op_types, node.num_outputs, inputs,
+                                            node.commutative, node.swap_any_type, fanout=node.fanout))
+                self.place.append(places[node.index])
+                self.within.append(variant.within.get(node.name))
+            index.append(found)
+        for node in spelling.nodes:  # the consumers an op's binding checks when they are bound before it
+            for consumer, slot, pos, out in node.consumers:
+                entry = (index[consumer], slot, pos, out)
+                if entry not in self.ops[index[node.index]].consumers:
+                    self.ops[index[node.index]].consumers.append(entry)
+        return index
+
+    def _place(self, name: str) -> int:
+        found = self._places.get(name)
+        if found is None:
+            found = self._places[name] = len(self.places)
+            self.places.append(name)
+        return found
+
+    def _tree(self, anchor: int) -> list[Branch]:
+        """The spellings' plans anchored at pattern op ``anchor``, merged: a spelling joins the last
+        branch of each level while its steps are the same, so the walk meets the spellings in order."""
+        skeleton = self.compiled.nodes
+        choices = [skeleton[st.node].name for st in self.plans[anchor] if skeleton[st.node].choice is not None]
+        name = skeleton[anchor].name
+        ranked = sorted(range(len(self.variants)), key=lambda v: _order(self.variants[v], choices))
+        roots: list[Branch] = []
+        for v in ranked:
+            variant, index = self.variants[v], self.index[v]
+            nodes = variant.compiled.nodes
+            ends = {choice: op for op, names in variant.aliases.items() for choice in names}
+            local = variant.compiled.by_name[ends.get(name, name)]
+            rank = [-1 if variant.groups.get(n.name) == name else
+                    1 + choices.index(variant.groups[n.name]) if n.name in variant.groups else 0 for n in nodes]
+            steps = plan(variant.compiled, local, rank=rank)
+            downs = {st.node for st in steps if st.kind == DOWN}
+            guards = tuple(g for g in variant.guards
+                           if not (g.fallback and variant.compiled.by_name[g.end] in downs))
+            level = roots
+            for st in steps:
+                moved = Step(st.kind, index[st.node], st.src_kind,
+                             self.place[index[st.src]] if st.src_kind == "op" else st.src, st.slot, st.pos, st.out)
+                if not (level and type(level[-1]) is Branch and level[-1].step == moved):
+                    level.append(Branch(moved))
+                level = level[-1].then
+            level.append(Leaf(v, guards))
+        return roots
 
     def choose_anchor(self, type_counts: Mapping[str, int]) -> int:
         """The pattern op whose accepted types are rarest among ``type_counts``; ties go to the last op."""
@@ -132,9 +221,24 @@ class Matcher:
             A :class:`Pattern` on success; on failure None, or a :class:`Failure` when tracing.
         """
         self.attempts += 1
-        search = Search(self, block, self.plans[anchor], trace, order, accept)
+        search = Search(self, block, trace, order, accept)
         if root_hint is not None:
             search.roots[0] = root_hint
-        if search.run(op):
+        if search.run(op, self.trees[anchor]):
             return search.result
         return search.failure if trace else None
+
+
+def _order(variant: Variant, choices: list[str]) -> tuple[int, ...]:
+    """Where a spelling comes among the others from an anchor: by the alternatives its choices took, in
+    the order the plan meets the choices (nested choices right after their own)."""
+    taken = list(variant.choices.items())
+    key: list[int] = []
+    for choice in choices:
+        start = next(i for i, (name, _) in enumerate(taken) if name == choice)
+        key.append(taken[start][1])
+        for name, k in taken[start + 1:]:
+            if name in choices:
+                break
+            key.append(k)
+    return tuple(key)

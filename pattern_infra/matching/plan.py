@@ -1,6 +1,6 @@
 """Search plans: their vocabulary (steps, the failure a tracing search reports, reading a binding's slots)
-and how a plan is made (:func:`plan`), for the search (:mod:`~pattern_infra.matching.search`) and its
-choices (:mod:`~pattern_infra.matching.choice_search`).
+and how a plan is made (:func:`plan`), for the matcher (:mod:`~pattern_infra.matching.matcher`), which
+merges the spellings' plans into a tree, and the search (:mod:`~pattern_infra.matching.search`).
 
 A plan (``Matcher.plans[anchor]``) is a list of :class:`Step`: the first binds the anchor, each further
 one reaches a pattern op *up* (the producer of a slot of an op already bound) or *down* (a consumer of
@@ -16,10 +16,10 @@ from typing import Any
 from coremltools.converters.mil.mil import Operation
 from coremltools.converters.mil.mil.var import InternalVar
 
-from ..language.graph import Choice, CompiledPattern, Edge, PatternNode, edge_positions
+from ..language.graph import CompiledPattern, Edge, PatternNode, edge_positions
 
 __all__ = ["DOWN", "UP", "Accept", "Failure", "Step", "input_value", "optional_const", "parts_meet_only_at_inputs",
-           "plan", "radii", "slot_value", "enterable", "entry_edge", "entry_types"]
+           "plan", "radii", "slot_value"]
 
 Accept = Callable[[Any], Any]
 """Offered each complete structural match (a :class:`~pattern_infra.language.pattern.Pattern`): ``True`` takes it; anything else continues the search (a
@@ -76,9 +76,9 @@ def slot_value(assign: list[dict[str, Any] | None], node: int, slot: str, pos: i
 
 
 
-def optional_const(compiled: CompiledPattern, edge: Edge | tuple[Edge, ...]) -> bool:
+def optional_const(consts: list[tuple[str, Any, Any]], edge: Edge | tuple[Edge, ...]) -> bool:
     """Whether ``edge`` is one constant slot of rule ``"any"`` (a wildcard slot: it may be absent)."""
-    return not isinstance(edge, tuple) and edge.kind == "const" and compiled.consts[edge.index][2].mode == "any"
+    return not isinstance(edge, tuple) and edge.kind == "const" and consts[edge.index][2].mode == "any"
 
 
 # -- planning: the order in which a search binds the pattern's ops ----------------------------------------
@@ -206,41 +206,3 @@ def parts_meet_only_at_inputs(compiled: CompiledPattern) -> bool:
                 if e.kind == "op":
                     part[find(node.index)] = find(e.index)
     return len({find(n) for n in range(len(part))}) > 1
-
-
-def enterable(choice: Choice, slot: str) -> bool:
-    """Whether a down-step into ``choice`` through ``slot`` can enter every alternative from the slot's
-    variable: every alternative reads the slot, by an op that can start a search (:func:`entry_edge`)."""
-    return entry_types(choice, slot) is not None
-
-
-def entry_types(choice: Choice, slot: str) -> list[frozenset[str]] | None:
-    """Per alternative, the op types of the op reading ``slot`` that a search entered from it binds
-    first (a nested choice: its alternatives' such types); None when not :func:`enterable`."""
-    if slot in choice.entries:
-        return choice.entries[slot]
-    types: list[frozenset[str]] | None = [] if slot in choice.full_slots else None
-    for alternative in choice.alternatives if types is not None else ():
-        entry = entry_edge(alternative.compiled, alternative.slots.index(slot))
-        if entry is None:
-            types = None
-            break
-        node = alternative.compiled.nodes[entry[0]]
-        inner = entry_types(node.choice, entry[1]) if node.choice is not None else [node.op_types]
-        types.append(frozenset().union(*inner))  # type: ignore[arg-type]
-    choice.entries[slot] = types
-    return types
-
-
-def entry_edge(compiled: CompiledPattern, root: int) -> tuple[int, str, int, int] | None:
-    """The first consumer of pattern input ``root`` a search may be entered by, as (node, slot, position,
-    root): not a fan-out op, not a tuple slot, and for a choice node a slot it can be entered through
-    (:func:`enterable`). None when there is none."""
-    for n, slot, pos in compiled.root_consumers[root]:
-        node = compiled.nodes[n]
-        if node.fanout or pos >= 0:
-            continue
-        if node.choice is not None and not enterable(node.choice, slot):
-            continue
-        return (n, slot, pos, root)
-    return None

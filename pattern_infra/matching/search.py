@@ -1,49 +1,84 @@
-"""The search: one anchored, backtracking walk of a plan (:class:`Search`), the only search engine.
+"""The search: one anchored, backtracking walk of a plan tree (:class:`Search`), the only search engine.
 
-The algorithm is described in :mod:`~pattern_infra.matching.matcher`, which runs it; a choice node is
-searched by :mod:`~pattern_infra.matching.choice_search`, which runs each alternative as a search of
-its own (:meth:`Search.sub_search`) and hands each sub-match back to the rest of this one (``take``).
-``explain`` runs the same search with ``trace=True``: a failure then records the nearest partial match.
+A pattern's spellings (:mod:`~pattern_infra.language.variants`) are plain patterns; per anchor, their
+plans are merged into one tree of steps (:class:`Branch`, built by :mod:`~pattern_infra.matching.matcher`),
+so what the spellings share is bound once and a choice costs a branch. The walk, from the anchor op:
+
+1. **A step** reaches one pattern op: *up* (the producer of a slot of an op bound: one candidate) or
+   *down* (each consumer of a variable bound, of an accepted type, not bound yet).
+2. **Binding an op** checks, before any recursion: op type, number of outputs, same block, not bound yet
+   (a match is injective); then each operand order the op allows (two for a commutative op); then every
+   data edge whose both ends are bound: inputs bound consistently, constants satisfying their rule,
+   producers and consumers the very same variables. Then the branch's next steps, in order.
+3. **Backtracking** undoes a failed branch's bindings (ops, operand orders, inputs).
+4. **A leaf** is a complete spelling (:class:`Leaf`): outputs of non-final ops have exactly the
+   pattern's uses and are not block outputs; no input and no constant slot is computed inside the match;
+   the longest-spelling guards hold. Then ``accept`` (the user's constraints, the transform) decides:
+   anything but ``True`` backtracks, and the walk goes on to the next match at the same anchor.
+
+``explain`` walks with ``trace=True``: each failure records how far it got, and the deepest is kept.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
 from typing import Any
 
 from coremltools.converters.mil.mil import Block, Operation, Var
 
-from . import choice_search
-from ..language.graph import COMMUTATIVE_OPS, Alternative, Edge, PatternNode
+from ..language.graph import COMMUTATIVE_OPS, Choice, Edge, PatternNode
 from ..language.pattern import Pattern
-from .binding import SubMatch, build_pattern
-from .plan import UP, Accept, Failure, Step, enterable, input_value, optional_const, slot_value
+from ..language.variants import Guard
+from .binding import build_pattern
+from .plan import UP, Accept, Failure, Step, input_value, optional_const, slot_value
 
-__all__ = ["Search"]
+__all__ = ["Branch", "Leaf", "Search", "candidates_below"]
+
+
+@dataclass
+class Leaf:
+    """Where the plan of one spelling ends."""
+
+    variant: int
+    """Index of the spelling in ``Matcher.variants``."""
+    guards: tuple[Guard, ...]
+    """Its longest-spelling guards that apply from this anchor."""
+
+
+@dataclass
+class Branch:
+    """One step of the plan tree, followed by the steps (or leaves) of the spellings that share it."""
+
+    step: Step
+    then: list[Branch | Leaf] = field(default_factory=list)
 
 
 class Search:
-    """State of one anchored search; undone on backtracking."""
+    """State of one anchored walk; undone on backtracking."""
 
-    __slots__ = ("m", "block", "plan", "trace", "ops", "assign", "roots", "used", "failure", "depth",
-                 "order", "accept", "result", "subs", "take")
+    __slots__ = ("m", "block", "trace", "ops", "assign", "which", "roots", "used", "failure", "depth", "order",
+                 "accept", "result")
 
     def __init__(
         self,
         matcher: Any,
         block: Block,
-        plan: list[Step],
         trace: bool,
         order: Callable[[list[Operation]], list[Operation]] | None = None,
         accept: Accept | None = None,
     ) -> None:
-        n = len(matcher.nodes)
+        n = len(matcher.places)
         self.m = matcher
+        """The :class:`~pattern_infra.matching.matcher.Matcher` (its ops, constants, spellings, counters)."""
         self.block = block
-        self.plan = plan
         self.trace = trace
-        self.ops: list[Operation | None] = [None] * n
+        self.ops: list[Any] = [None] * n
+        """Per place of the search state, the program op bound (a list for a fan-out op)."""
         self.assign: list[dict[str, Any] | None] = [None] * n
+        """Per place, the bound op's operands as assigned (after any swap)."""
+        self.which: list[int] = [-1] * n
+        """Per place, the pattern op (of ``Matcher.ops``) bound there."""
         self.roots: list[Var | None] = [None] * len(matcher.compiled.root_names)
         self.used: dict[int, int] = {}
         self.failure: Failure | None = None
@@ -52,45 +87,41 @@ class Search:
         self.accept = accept
         self.result: Pattern | None = None
         """The match taken, once the search succeeded."""
-        self.subs: list[SubMatch | None] = [None] * n
-        """Per pattern op, the sub-match of a choice node (None elsewhere)."""
-        self.take: Callable[[Any], Any] | None = None
-        """Set for an alternative's search (:meth:`sub_search`): called with each complete match's state
-        instead of ``accept``; a truthy result ends the search."""
 
     def fail(self, node: int, reason: str | Callable[[], str]) -> bool:
         if self.trace and (self.failure is None or self.depth > self.failure.bound):
+            within = self.m.within[node]
             self.failure = Failure(
                 bound=self.depth,
-                node=self.m.nodes[node].name,
-                reason=reason() if callable(reason) else reason,
-                ops={self.m.nodes[i].name: o.name for i, o in enumerate(self.ops) if o is not None},
+                node=self.m.ops[node].name,
+                reason=(reason() if callable(reason) else reason) + (
+                    f" (alternative {within[1]} of {within[0]!r})" if within else ""),
+                ops={self.m.ops[self.which[i]].name: _name(o) for i, o in enumerate(self.ops) if o is not None},
             )
         return False
 
-    def run(self, anchor_op: Operation) -> bool:
-        return self.bind(self.plan[0].node, anchor_op, 0)
+    def run(self, anchor_op: Operation, tree: list[Branch]) -> bool:
+        return any(self.bind(branch.step.node, anchor_op, branch) for branch in tree)
 
-    def run_entered(self, root: int, var: Var) -> bool:
-        """Runs a plan entered from root ``root`` (``Matcher.root_plans``) bound to ``var``."""
-        self.roots[root] = var
-        return self.step(0)
+    def next(self, branch: Branch) -> bool:
+        for item in branch.then:
+            if self.leaf(item) if type(item) is Leaf else self.step(item):  # type: ignore[arg-type]
+                return True
+        return False
 
-    def step(self, i: int) -> bool:
-        if i == len(self.plan):
-            return self.final_checks()
-        st = self.plan[i]
+    def step(self, branch: Branch) -> bool:
+        st = branch.step
         if st.kind == UP:
-            var = self.slot_var(st.src, st.slot, st.pos)
+            var = slot_value(self.assign, st.src, st.slot, st.pos)
             producer = var.op if var is not None else None
             if producer is None:
-                return self.fail(st.node, lambda: f"operand {st.slot} of {self.m.nodes[st.src].name} "
+                return self.fail(st.node, lambda: f"operand {st.slot} of {self.m.ops[self.which[st.src]].name} "
                                  f"is a graph input, not the output of an op")
             outs = producer.outputs
             if st.out >= len(outs) or outs[st.out] is not var:
-                return self.fail(st.node, lambda: f"operand {st.slot} of {self.m.nodes[st.src].name} "
+                return self.fail(st.node, lambda: f"operand {st.slot} of {self.m.ops[self.which[st.src]].name} "
                                  f"is not output {st.out} of {producer.name}")
-            return self.bind(st.node, producer, i)
+            return self.bind(st.node, producer, branch)
         if st.src_kind == "root":
             var = self.roots[st.src]
         else:
@@ -98,33 +129,25 @@ class Search:
             var = src_op.outputs[st.out] if src_op is not None else None
         if var is None:
             return False
-        if self.m.nodes[st.node].fanout:
-            return self.bind_fanout(st.node, var, i)
+        target = self.m.ops[st.node]
+        if target.fanout:
+            return self.bind_fanout(st.node, var, branch)
         tried = False
-        target = self.m.nodes[st.node]
-        if target.choice is not None and st.pos < 0 and enterable(target.choice, st.slot):
-            return self.enter_choice(st.node, st.slot, var, i)
-        candidates = (choice_search.candidates_below(var, target.choice) if target.choice is not None
-                      else dict.fromkeys(var.child_ops))
-        for consumer in candidates:
+        for consumer in dict.fromkeys(var.child_ops):
             if consumer.op_type in target.op_types and id(consumer) not in self.used:
                 tried = True
-                if self.bind(st.node, consumer, i):
+                if self.bind(st.node, consumer, branch):
                     return True
         if not tried:
-            return self.fail(st.node, lambda: f"no unmatched consumer of {var.name} has type "
-                             f"{self.m.nodes[st.node].op_type_label}")
+            return self.fail(st.node, lambda: f"no unmatched consumer of {var.name} has type {target.op_type_label}")
         return False
 
-    def slot_var(self, node: int, slot: str, pos: int) -> Var | None:
-        return slot_value(self.assign, node, slot, pos)
-
-    def bind(self, n: int, op: Operation, i: int) -> bool:
-        self.m.bind_attempts += 1
-        node = self.m.nodes[n]
+    def bind(self, n: int, op: Operation, branch: Branch) -> bool:
+        node = self.m.ops[n]
         if op.op_type not in node.op_types:
             return self.fail(n, lambda: f"op type differs at {node.name}: pattern wants "
                              f"{node.op_type_label}, program has {op.op_type} ({op.name})")
+        self.m.bind_attempts += 1
         if len(op.outputs) != node.num_outputs:
             return self.fail(n, lambda: f"{op.name} has {len(op.outputs)} outputs, pattern op "
                              f"{node.name} has {node.num_outputs}")
@@ -132,92 +155,28 @@ class Search:
             return self.fail(n, lambda: f"{op.name} lies in another block")
         if id(op) in self.used:
             return self.fail(n, lambda: f"{op.name} is already matched by another pattern op")
-        if node.choice is not None:
-            return self.bind_choice(n, op, i)
+        place = self.m.place[n]
         for assignment in self.assignments(node, op):
             saved_roots = list(self.roots)
             if self.check_edges(node, op, assignment):
-                self.ops[n] = op
-                self.assign[n] = assignment
+                self.ops[place] = op
+                self.assign[place] = assignment
+                self.which[place] = n
                 self.used[id(op)] = n
                 self.depth += 1
-                if self.step(i + 1):
+                if self.next(branch):
                     return True
                 self.depth -= 1
                 del self.used[id(op)]
-                self.ops[n] = None
-                self.assign[n] = None
+                self.ops[place] = None
+                self.assign[place] = None
+                self.which[place] = -1
             self.roots = saved_roots
         return False
 
-    def bind_choice(self, n: int, op: Operation, i: int) -> bool:
-        """Binds choice node ``n`` to ``op``: each complete match of each alternative ending at ``op``
-        gives the node's slots, and the search goes on with them the moment it is found
-        (:func:`~pattern_infra.matching.choice_search.choice_matches` calls :meth:`bind_sub` from inside the
-        alternative's search: no alternative is searched further than the first match taken needs)."""
-        node = self.m.nodes[n]
-        failures: list[str] | None = [] if self.trace else None
-        tried = []
-
-        def take(sub: SubMatch) -> bool:
-            tried.append(sub)
-            return self.bind_sub(n, op, sub, i)
-
-        if choice_search.choice_matches(self, node.choice, op, take, failures, maximal=node.is_final):
-            return True
-        if not tried:
-            return self.fail(n, lambda: f"tried {len(node.choice.alternatives)} alternatives for "
-                             f"{node.name!r}: " + "; ".join(failures or []))
-        return False
-
-    def enter_choice(self, n: int, slot: str, var: Var, i: int) -> bool:
-        """A down-step into choice node ``n`` through ``slot``, bound to ``var``: each alternative is
-        searched from ``var`` (:func:`~pattern_infra.matching.choice_search.entered_matches`), so only the ops below it
-        that an alternative reaches are ever bound; each complete sub-match binds the node to its end op
-        and the search goes on from it, as in :meth:`bind_choice`."""
-        node = self.m.nodes[n]
-        failures: list[str] | None = [] if self.trace else None
-        tried = []
-
-        def take(sub: SubMatch) -> bool:
-            tried.append(sub)
-            return self.bind_sub(n, sub.end, sub, i)
-
-        if choice_search.entered_matches(self, node.choice, slot, var, take, failures, maximal=node.is_final):
-            return True
-        if not tried:
-            return self.fail(n, lambda: f"tried {len(node.choice.alternatives)} alternatives for "
-                             f"{node.name!r} from {var.name}: " + "; ".join(failures or []))
-        return False
-
-    def bind_sub(self, n: int, op: Operation, sub: SubMatch, i: int) -> bool:
-        """Binds choice node ``n`` to ``op`` with the sub-match ``sub`` and goes on with step ``i + 1``."""
-        node = self.m.nodes[n]
-        if any(id(o) in self.used for o in sub.ops):
-            return self.fail(n, lambda: f"an op of alternative {sub.alternative} of {node.name!r} is already "
-                             f"matched by another pattern op")
-        saved_roots = list(self.roots)
-        if self.check_edges(node, op, sub.slots):
-            self.ops[n] = op
-            self.assign[n] = sub.slots
-            self.subs[n] = sub
-            for o in sub.ops:
-                self.used[id(o)] = n
-            self.depth += 1
-            if self.step(i + 1):
-                return True
-            self.depth -= 1
-            for o in sub.ops:
-                del self.used[id(o)]
-            self.ops[n] = None
-            self.assign[n] = None
-            self.subs[n] = None
-        self.roots = saved_roots
-        return False
-
-    def bind_fanout(self, n: int, var: Var, i: int) -> bool:
-        """Binds node ``n`` to *all* consumers of ``var``; each must match the node on its own."""
-        node = self.m.nodes[n]
+    def bind_fanout(self, n: int, var: Var, branch: Branch) -> bool:
+        """Binds op ``n`` to *all* consumers of ``var``; each must match the op on its own."""
+        node = self.m.ops[n]
         members = list(dict.fromkeys(var.child_ops))
         saved_roots = list(self.roots)
         assigned: list[dict[str, Any]] = []
@@ -238,18 +197,17 @@ class Search:
             assigned.append(ok)
         if not members:
             return self.fail(n, lambda: f"fan-out {node.name}: {var.name} has no consumer")
-        self.ops[n] = members  # type: ignore[assignment]
-        self.assign[n] = assigned[0]
+        place = self.m.place[n]
+        self.ops[place], self.assign[place], self.which[place] = members, assigned[0], n
         for op in members:
             self.used[id(op)] = n
         self.depth += 1
-        if self.step(i + 1):
+        if self.next(branch):
             return True
         self.depth -= 1
         for op in members:
             del self.used[id(op)]
-        self.ops[n] = None
-        self.assign[n] = None
+        self.ops[place], self.assign[place], self.which[place] = None, None, -1
         self.roots = saved_roots
         return False
 
@@ -264,7 +222,7 @@ class Search:
         for slot, edge in node.inputs.items():
             value = input_value(op, slot)
             if value is None:
-                if optional_const(self.m.compiled, edge) and op.op_type != node.op_type:
+                if optional_const(self.m.consts, edge) and op.op_type != node.op_type:
                     continue
                 self.fail(node.index, lambda: f"{op.name} has no operand {slot!r}")
                 return
@@ -276,19 +234,9 @@ class Search:
         swapped = dict(values)
         swapped["x"], swapped["y"] = values["y"], values["x"]
         orders = [values, swapped]
-        if self._const_fit(node, swapped) > self._const_fit(node, values):
+        if _const_fit(node, swapped) > _const_fit(node, values):
             orders.reverse()
         yield from orders
-
-    def _const_fit(self, node: PatternNode, assignment: dict[str, Any]) -> int:
-        """How many of x/y get a constant exactly where the pattern has a constant."""
-        fit = 0
-        for slot in ("x", "y"):
-            edge = node.inputs[slot]
-            is_const_slot = isinstance(edge, Edge) and edge.kind == "const"
-            producer = assignment[slot].op
-            fit += is_const_slot == (producer is not None and producer.op_type == "const")
-        return fit
 
     def check_edges(self, node: PatternNode, op: Operation, assignment: dict[str, Any]) -> bool:
         for slot, edge in node.inputs.items():
@@ -299,17 +247,18 @@ class Search:
                 if not isinstance(value, (list, tuple)) or len(value) != len(edge):
                     return self.fail(node.index, lambda: f"operand slot differs at {node.name}.{slot}: "
                                      f"pattern has {len(edge)} values")
-                for pos, (e, v) in enumerate(zip(edge, value)):
+                for e, v in zip(edge, value):
                     if not self.check_edge(node, slot, e, v):
                         return False
             elif isinstance(value, (list, tuple)) or not self.check_edge(node, slot, edge, value):
                 return False
         for consumer, slot, pos, out in node.consumers:
-            if self.ops[consumer] is not None:
-                var = self.slot_var(consumer, slot, pos)
+            place = self.m.place[consumer]
+            if self.which[place] == consumer:
+                var = slot_value(self.assign, place, slot, pos)
                 if var is not op.outputs[out]:
                     return self.fail(node.index, lambda: f"operand slot differs: "
-                                     f"{self.m.nodes[consumer].name}.{slot} does not read {op.name}")
+                                     f"{self.m.ops[consumer].name}.{slot} does not read {op.name}")
         return True
 
     def check_edge(self, node: PatternNode, slot: str, edge: Edge, var: Var) -> bool:
@@ -324,7 +273,7 @@ class Search:
                                  f"is {bound.name}")
             return True
         if edge.kind == "const":
-            _, expected, rule = self.m.compiled.consts[edge.index]
+            _, expected, rule = self.m.consts[edge.index]
             if rule.mode == "any":
                 return True
             reason = rule.accepts(var, expected)
@@ -337,79 +286,105 @@ class Search:
                              f"{var.name} is not the output of {producer.name}")
         return True
 
-    def structure_ok(self) -> bool:
-        """The checks of a complete binding (uses of intermediates, roots and constants not computed
-        inside the match), before the match is built and offered to ``accept``."""
-        for node in self.m.nodes:
-            if node.is_final or node.fanout:
-                continue
-            op = self.ops[node.index]
-            uses = list(node.output_uses)
-            for consumer, _, _, out in node.consumers:
-                members = self.ops[consumer]
-                if isinstance(members, list):
-                    uses[out] += len(members) - 1
-            for j, var in enumerate(op.outputs):
-                if var.consuming_blocks:
-                    return self.fail(node.index, lambda: f"intermediate {var.name} of {node.name} is "
-                                     f"a block output")
-                if len(var.child_ops) != uses[j]:
-                    return self.fail(node.index, lambda: f"extra consumer of intermediate {var.name} "
-                                     f"({node.name}): used {len(var.child_ops)} times, the pattern "
-                                     f"uses it {uses[j]} times")
-        for r, var in enumerate(self.roots):
-            if var is not None and var.op is not None and id(var.op) in self.used:
-                return self.fail(0, lambda: f"input {self.m.compiled.root_names[r]!r} is bound to "
-                                 f"{var.name}, which the match itself computes")
-        for n, slot, pos in self.m.compiled.const_slots:
-            var = self.slot_var(n, slot, pos)
-            if var is not None and var.op is not None and id(var.op) in self.used:
-                return self.fail(n, lambda: f"constant slot {self.m.nodes[n].name}.{slot} is wired "
-                                 f"from inside the match ({var.name})")
-        if self.m.compiled.has_choices and not choice_search.subs_final_ok(self.ops, self.subs):
-            return self.fail(0, "a constant slot of an alternative is wired from inside the match")
-        return True
-
-    def final_checks(self) -> bool:
-        if not self.structure_ok():
+    def leaf(self, leaf: Leaf) -> bool:
+        """A complete spelling: its final checks, its guards, then ``accept``."""
+        variant = self.m.variants[leaf.variant]
+        index = self.m.index[leaf.variant]
+        ops = [self.ops[p] for p in self.m.state[leaf.variant]]
+        assign = [self.assign[p] for p in self.m.state[leaf.variant]]
+        if not self.structure_ok(variant.compiled, index, ops, assign):
             return False
-        if self.take is not None:  # an alternative's search: the rest of the outer search decides
-            self.result = self.take((list(self.ops), list(self.assign), list(self.roots), list(self.subs)))
-            return bool(self.result)
-        pattern = build_pattern(self.m.compiled, self.block, self.ops, self.assign, self.roots, self.order, self.subs)
+        for guard in leaf.guards:
+            if self.taken_further(guard, ops[variant.compiled.by_name[guard.end]]):
+                return self.fail(index[variant.compiled.by_name[guard.end]],
+                                 f"an earlier alternative of {guard.choice.name!r} matches further down")
+        pattern = build_pattern(variant, self.block, ops, assign, self.roots, self.order)
         if self.accept is not None:
             verdict = self.accept(pattern)
             if verdict is not True:
-                last = self.m.compiled.final_nodes[-1]
+                last = index[variant.compiled.final_nodes[-1]]
                 return self.fail(last, verdict if isinstance(verdict, str) else "the match was not taken")
         self.result = pattern
         return True
 
-    def sub_search(self, alternative: Alternative, trace: bool, take: Callable[[Any], Any],
-                   op: Operation | None = None, entry: tuple[int, Var] | None = None) -> Search:
-        """Searches ``alternative`` of a choice in this search's block, anchored at its last op bound to
-        ``op`` or entered from ``entry`` (root index, variable), calling ``take`` with each complete
-        match's state (a truthy result ends it, kept as ``.result``). Its bind attempts are counted in
-        this search's matcher, but for those made while ``take`` runs (the rest of this search)."""
-        matcher = self.m.alternative_matcher(alternative)
-        plan = matcher.plans[alternative.compiled.final_nodes[0]] if entry is None else matcher.root_plans[entry[0]]
-        search = Search(matcher, self.block, plan, trace)
-        outer, before = self.m, matcher.bind_attempts
+    def structure_ok(self, compiled: Any, index: list[int], ops: list[Any], assign: list[Any]) -> bool:
+        """The checks of a complete binding of one spelling (uses of intermediates, inputs and constants
+        not computed inside the match), before the match is built."""
+        for node in compiled.nodes:
+            if node.is_final or node.fanout:
+                continue
+            op = ops[node.index]
+            uses = list(node.output_uses)
+            for consumer, _, _, out in node.consumers:
+                if isinstance(ops[consumer], list):
+                    uses[out] += len(ops[consumer]) - 1
+            for j, var in enumerate(op.outputs):
+                if var.consuming_blocks:
+                    return self.fail(index[node.index], lambda: f"intermediate {var.name} of {node.name} is "
+                                     f"a block output")
+                if len(var.child_ops) != uses[j]:
+                    return self.fail(index[node.index], lambda: f"extra consumer of intermediate {var.name} "
+                                     f"({node.name}): used {len(var.child_ops)} times, the pattern uses it "
+                                     f"{uses[j]} times")
+        for r, var in enumerate(self.roots):
+            if var is not None and var.op is not None and id(var.op) in self.used:
+                return self.fail(index[0], lambda: f"input {compiled.root_names[r]!r} is bound to {var.name}, "
+                                 f"which the match itself computes")
+        for n, slot, pos in compiled.const_slots:
+            var = slot_value(assign, n, slot, pos)
+            if var is not None and var.op is not None and id(var.op) in self.used:
+                return self.fail(index[n], lambda: f"constant slot {compiled.nodes[n].name}.{slot} is wired "
+                                 f"from inside the match ({var.name})")
+        return True
 
-        def counted(state: tuple[list, list, list, list]) -> Any:
-            nonlocal before
-            outer.bind_attempts += matcher.bind_attempts - before
-            try:
-                return take(state)
-            finally:
+    def taken_further(self, guard: Guard, op: Operation) -> bool:
+        """Whether an alternative of ``guard.choice`` before the one taken matches at an op below ``op``
+        with ``op`` inside (the longest spelling wins)."""
+        choice = guard.choice
+        for below in candidates_below(op.outputs[0], choice):
+            for earlier in choice.alternatives[: guard.alternative]:
+                matcher = self.m.alternative_matcher(earlier)
+                end = earlier.compiled.final_nodes[0]
+                if below.op_type not in earlier.compiled.nodes[end].op_types:
+                    continue
                 before = matcher.bind_attempts
+                found = matcher.match_at(below, self.block, end, accept=lambda p: op in p.op_set)
+                self.m.bind_attempts += matcher.bind_attempts - before
+                if found is not None:
+                    return True
+        return False
 
-        search.take = counted
-        try:
-            if entry is None:
-                search.run(op)
-            else:
-                search.run_entered(*entry)
-        finally:
-            outer.bind_attempts += matcher.bind_attempts - before
-        return search
+
+def candidates_below(var: Var, choice: Choice) -> list[Operation]:
+    """Ops that may compute a choice's variable from ``var``: every op at most ``choice.depth`` consumer
+    steps below ``var`` whose type an alternative ends with, breadth first, each once."""
+    seen: dict[int, Operation] = {}
+    frontier = [var]
+    out: list[Operation] = []
+    for _ in range(choice.depth):
+        next_vars: list[Var] = []
+        for v in frontier:
+            for op in v.child_ops:
+                if id(op) in seen:
+                    continue
+                seen[id(op)] = op
+                if op.op_type in choice.output_types:
+                    out.append(op)
+                next_vars.extend(op.outputs)
+        frontier = next_vars
+    return out
+
+
+def _const_fit(node: PatternNode, assignment: dict[str, Any]) -> int:
+    """How many of x/y get a constant exactly where the pattern has a constant."""
+    fit = 0
+    for slot in ("x", "y"):
+        edge = node.inputs[slot]
+        is_const_slot = isinstance(edge, Edge) and edge.kind == "const"
+        producer = assignment[slot].op
+        fit += is_const_slot == (producer is not None and producer.op_type == "const")
+    return fit
+
+
+def _name(op: Any) -> str:
+    return "[" + ", ".join(o.name for o in op) + "]" if isinstance(op, list) else op.name

@@ -118,7 +118,7 @@ class GenericSweep(AbstractGraphPass):
 
     def apply(self, prog: Program) -> None:
         """Applies every pass of the sweep to ``prog``, in order; each run of consecutive generic passes
-        (with their followers) through :func:`~pattern_infra.pipeline.container.run_together`."""
+        (with their followers) through :func:`~pattern_infra.passes.container.run_together`."""
         run: list[PassContainer] = []
         for step in [*self.steps, None]:
             if isinstance(step, PassContainer):

@@ -3,7 +3,7 @@ runs, and the log of its runs.
 
 A :class:`PassContainer` is a real coremltools graph pass (an ``AbstractGraphPass``) holding one or more
 sub-passes, stored in coremltools' ``PASS_REGISTRY`` under ``namespace::pass_name`` (see
-:mod:`pattern_infra.pipeline.registry`). When the id names one of coremltools' own passes, the container decides
+:mod:`pattern_infra.passes.registry`). When the id names one of coremltools' own passes, the container decides
 *each time it runs*: with ``ENABLE_EXPERIMENTAL_PASSES=1`` in the environment at that moment, the generic
 sub-passes run; otherwise coremltools' own pass runs, with the same options. A generic pass under a new id
 always runs when a pipeline names it.
@@ -201,7 +201,7 @@ class PassContainer(AbstractGraphPass):
     def apply_callable(self, prog: Program, sub: Callable[[Program], Any]) -> None:
         """Runs a seed-style sub-pass (a callable taking the program), then validates the program:
         the driver's per-rewrite checks do not see what such a callable changes. With ``validate``
-        False (a plain graph pass, :func:`~pattern_infra.pipeline.registry.register_graph_pass`) the program is
+        False (a plain graph pass, :func:`~pattern_infra.passes.registry.register_graph_pass`) the program is
         left to the pipeline's own validation after the entry, as for coremltools' passes."""
         sub(prog)
         if self.validate:

@@ -1,9 +1,9 @@
 """Registering generic passes: ``register_generic_pass``, pass ids and ``run_after`` followers.
 
-A generic pass is a :class:`~pattern_infra.pipeline.container.PassContainer` stored in coremltools'
+A generic pass is a :class:`~pattern_infra.passes.container.PassContainer` stored in coremltools'
 ``PASS_REGISTRY`` under ``namespace::pass_name``; calls with the same id add sub-passes to it. An id of
 coremltools' own pass makes the container stand in for that pass under the override (see
-:mod:`pattern_infra.pipeline.container`); an id in coremltools' namespaces that names no pass of coremltools is
+:mod:`pattern_infra.passes.container`); an id in coremltools' namespaces that names no pass of coremltools is
 refused (it would be a pass no pipeline runs).
 """
 
