@@ -1,11 +1,8 @@
-"""Search plans: their vocabulary (steps, the failure a tracing search reports, reading a binding's slots)
-and how a plan is made (:func:`plan`), for the matcher (:mod:`~pattern_infra.matching.matcher`), which
-merges the spellings' plans into a tree, and the search (:mod:`~pattern_infra.matching.search`).
-
-A plan (``Matcher.plans[anchor]``) is a list of :class:`Step`: the first binds the anchor, each further
-one reaches a pattern op *up* (the producer of a slot of an op already bound) or *down* (a consumer of
-a variable already bound). The search walks it.
-"""
+"""Search plans: a list of :class:`Step` (:func:`plan`), the first binding the anchor, each further one
+reaching a pattern op *up* (the producer of a slot of an op already bound) or *down* (a consumer of a
+variable already bound); the matcher (:mod:`~pattern_infra.matching.matcher`) merges the spellings'
+plans into a tree, the search (:mod:`~pattern_infra.matching.search`) walks it and reports a
+:class:`Failure` when tracing."""
 
 from __future__ import annotations
 
@@ -13,13 +10,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from coremltools.converters.mil.mil import Operation
-from coremltools.converters.mil.mil.var import InternalVar
+from ..language.graph import CompiledPattern, PatternNode, edge_positions
 
-from ..language.graph import CompiledPattern, Edge, PatternNode, edge_positions
-
-__all__ = ["DOWN", "UP", "Accept", "Failure", "Step", "input_value", "optional_const", "parts_meet_only_at_inputs",
-           "plan", "radii", "slot_value"]
+__all__ = ["DOWN", "UP", "Accept", "Failure", "Step", "parts_meet_only_at_inputs", "plan", "radii"]
 
 Accept = Callable[[Any], Any]
 """Offered each complete structural match (a :class:`~pattern_infra.language.pattern.Pattern`): ``True`` takes it; anything else continues the search (a
@@ -57,51 +50,17 @@ class Failure:
     """Pattern op name to the program op name bound at that moment."""
 
 
-def input_value(op: Operation, slot: str) -> Any:
-    """The variable ``op`` reads at ``slot``, or None (absent, or an internal variable)."""
-    value = op._input_vars.get(slot)  # read-only use of the private map: op.inputs copies it
-    if value is None or isinstance(value, InternalVar):
-        return None
-    return value
-
-
-def slot_value(assign: list[dict[str, Any] | None], node: int, slot: str, pos: int) -> Any:
-    assigned = assign[node]
-    if assigned is None:
-        return None
-    value = assigned.get(slot)
-    if pos >= 0:
-        return value[pos] if isinstance(value, (list, tuple)) and pos < len(value) else None
-    return value
-
-
-
-def optional_const(consts: list[tuple[str, Any, Any]], edge: Edge | tuple[Edge, ...]) -> bool:
-    """Whether ``edge`` is one constant slot of rule ``"any"`` (a wildcard slot: it may be absent)."""
-    return not isinstance(edge, tuple) and edge.kind == "const" and consts[edge.index][2].mode == "any"
-
-
-# -- planning: the order in which a search binds the pattern's ops ----------------------------------------
-
-
-def plan(compiled: CompiledPattern, anchor: int, entry: tuple[int, str, int, int] | None = None,
-         rank: list[int] | None = None) -> list[Step]:
+def plan(compiled: CompiledPattern, anchor: int, rank: list[int] | None = None) -> list[Step]:
     """The search order anchored at pattern op ``anchor``: each further op reached *up* (the producer of
     a slot of an op placed) or *down* (a consumer of a variable bound), up-steps first, and ops of a
     lower ``rank`` before any of a higher one (by default choice nodes last, so a search failing on the
-    plain ops never searches the alternatives). With ``entry`` (node, slot, position, root), entered
-    instead from the root's variable by a down-step to that node's slot."""
+    plain ops never searches the alternatives)."""
     nodes = compiled.nodes
     rank = rank if rank is not None else [int(node.choice is not None) for node in nodes]
     levels = sorted(set(rank))
     placed = {anchor}
     roots_bound: set[int] = set()
-    if entry is None:
-        steps = [Step(UP, anchor, src_kind="anchor")]
-    else:
-        _, slot, pos, root = entry
-        steps = [Step(DOWN, anchor, "root", root, slot, pos)]
-        roots_bound.add(root)
+    steps = [Step(UP, anchor, src_kind="anchor")]
 
     def note_roots(n: int) -> None:
         choice = nodes[n].choice

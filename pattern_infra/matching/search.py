@@ -27,13 +27,14 @@ from typing import Any
 
 from coremltools.converters.mil.mil import Block, Operation, Var
 
+from coremltools.converters.mil.mil.var import InternalVar
+
 from ..language.graph import COMMUTATIVE_OPS, Choice, Edge, PatternNode
 from ..language.pattern import Pattern
-from ..language.variants import Guard
-from .binding import build_pattern
-from .plan import UP, Accept, Failure, Step, input_value, optional_const, slot_value
+from ..language.variants import Guard, Variant
+from .plan import UP, Accept, Failure, Step
 
-__all__ = ["Branch", "Leaf", "Search", "candidates_below"]
+__all__ = ["Branch", "Leaf", "Search", "build_pattern", "candidates_below"]
 
 
 @dataclass
@@ -388,3 +389,68 @@ def _const_fit(node: PatternNode, assignment: dict[str, Any]) -> int:
 
 def _name(op: Any) -> str:
     return "[" + ", ".join(o.name for o in op) + "]" if isinstance(op, list) else op.name
+
+
+def build_pattern(
+    variant: Variant,
+    block: Block,
+    ops: list[Any],
+    assign: list[dict[str, Any] | None],
+    roots: list[Var | None],
+    order: Callable[[list[Operation]], list[Operation]] | None,
+) -> Pattern:
+    """The :class:`Pattern` of a complete binding.
+
+    Args:
+        variant: The spelling matched.
+        block: The block searched.
+        ops: Per op of the spelling, the bound program op (a list for a fan-out op).
+        assign: Per op of the spelling, its operands as assigned (after any x/y swap).
+        roots: Per pattern input, the bound program variable (None where the spelling reads none).
+        order: Sorts ops into program order, for ``Pattern.op_list``.
+    """
+    compiled = variant.compiled
+    by_name: dict[str, Any] = {}
+    operands: dict[str, dict[str, Any]] = {}
+    for name, op, slots in zip(compiled.node_names, ops, assign):
+        by_name[name] = op
+        operands[name] = dict(slots)  # type: ignore[arg-type]
+        for choice in variant.aliases.get(name, ()):  # pattern.<choice>: the op computing its variable
+            by_name[choice] = op
+    consts: dict[str, Var] = {}
+    for (n, slot, pos), key, cname in zip(compiled.const_slots, compiled.const_keys, compiled.const_names):
+        var = slot_value(assign, n, slot, pos)
+        if var is not None:  # absent: a wildcard slot the matched alternative op type does not have
+            consts[key] = var
+            consts.setdefault(cname, var)
+    if any(type(op) is list for op in ops):  # a fan-out op: the constructor flattens its list
+        pattern = Pattern(compiled=compiled, ops=by_name, root_vars=list(roots), block=block, operands=operands,
+                          consts=consts, order=order)
+        pattern.choices = variant.choices
+        return pattern
+    return Pattern._of_search(compiled, block, by_name, list(roots), operands, consts, order, compiled.final_names,
+                              variant.choices)
+
+
+def input_value(op: Operation, slot: str) -> Any:
+    """The variable ``op`` reads at ``slot``, or None (absent, or an internal variable)."""
+    value = op._input_vars.get(slot)  # read-only use of the private map: op.inputs copies it
+    if value is None or isinstance(value, InternalVar):
+        return None
+    return value
+
+
+def slot_value(assign: list[dict[str, Any] | None], node: int, slot: str, pos: int) -> Any:
+    assigned = assign[node]
+    if assigned is None:
+        return None
+    value = assigned.get(slot)
+    if pos >= 0:
+        return value[pos] if isinstance(value, (list, tuple)) and pos < len(value) else None
+    return value
+
+
+
+def optional_const(consts: list[tuple[str, Any, Any]], edge: Edge | tuple[Edge, ...]) -> bool:
+    """Whether ``edge`` is one constant slot of rule ``"any"`` (a wildcard slot: it may be absent)."""
+    return not isinstance(edge, tuple) and edge.kind == "const" and consts[edge.index][2].mode == "any"
