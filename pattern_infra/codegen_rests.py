@@ -94,7 +94,7 @@ INLINED_LINES = 2500
 """A rest function is written into its call sites instead of called (:func:`resolve_rests`) when its
 body, times its call sites, is at most this many lines: the 12-spelling RMSNorm's searches are written
 whole (about 2,000 lines each); the registered passes' 486 searches hold 10% more text than with 600
-lines, 59% more than with none (measured in ``docs/ALTERNATIVES.md``)."""
+lines, 59% more than with none (alternatives: ``docs/LANGUAGE.md``; their cost: ``docs/BENCHMARKS.md``)."""
 
 _FREE = re.compile(r"FREE\((\w+)\)")
 _WORD = re.compile(r"\w+")
