@@ -4,7 +4,8 @@ README.md and CHANGELOG.md live at the repository's root, where GitHub shows the
 ``index.md`` and ``changelog.md`` with their links rewritten (``docs/X.md`` -> ``X.md``). The API page
 lists every name of ``pattern_infra.__all__`` as ``pattern_infra.<name>``, read from the package's
 ``__init__.py`` without importing it (names imported on first use are documented where ``_ON_USE``
-says they live), so the page follows the package as its modules move.
+says they live, and a name that is also a submodule's where it is imported from), so the page follows
+the package as its modules move.
 """
 
 from __future__ import annotations
@@ -38,15 +39,30 @@ def _literal(tree: ast.Module, name: str) -> Any:
     raise LookupError(f"pattern_infra/__init__.py has no literal {name}")
 
 
+def _shadowed(tree: ast.Module) -> dict[str, str]:
+    """Names imported from a submodule that share their name with another submodule (``explain`` from
+    ``explain.py``): ``pattern_infra.<name>`` would name the module, so these are documented at their source."""
+    package = ROOT / "pattern_infra"
+    shadowed = {}
+    for node in tree.body:
+        if isinstance(node, ast.ImportFrom) and node.level == 1 and node.module:
+            for alias in node.names:
+                name = alias.asname or alias.name
+                if (package / f"{name}.py").exists() or (package / name).is_dir():
+                    shadowed[name] = f"{node.module}.{alias.name}"
+    return shadowed
+
+
 def api_page() -> str:
     """The API reference: one mkdocstrings entry per name of ``pattern_infra.__all__``."""
     tree = ast.parse((ROOT / "pattern_infra" / "__init__.py").read_text())
-    names, on_use = _literal(tree, "__all__"), _literal(tree, "_ON_USE")
+    on_use = {name: f"{module}.{name}" for name, module in _literal(tree, "_ON_USE").items()}
+    names, at_source = _literal(tree, "__all__"), {**on_use, **_shadowed(tree)}
     lines = ["# API reference", "",
              "The public names of `pattern_infra` (`from pattern_infra import <name>`), rendered from their "
              "docstrings.", ""]
     for name in sorted(names, key=str.lower):
-        path = f"pattern_infra.{on_use[name]}.{name}" if name in on_use else f"pattern_infra.{name}"
+        path = f"pattern_infra.{at_source.get(name, name)}"
         lines += [f"::: {path}", ""]
     return "\n".join(lines)
 
