@@ -5,7 +5,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
 .DEFAULT_GOAL := help
-.PHONY: help venv demo test bench bench-llm fuzz models coremltools-suite layernorm-shadow examples clean
+.PHONY: help venv demo test bench bench-llm fuzz models coremltools-suite layernorm-shadow examples docs docs-images clean
 
 help: ## List the targets
 	@grep -E '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-18s %s\n", $$1, $$2}'
@@ -33,9 +33,9 @@ bench-llm: $(STAMP) ## Whole conversion at LLM size (10k-100k ops): override off
 fuzz: $(STAMP) ## Long fuzzing: random programs through every generic pass, and against a brute-force matcher
 	FUZZ_EXAMPLES=$${FUZZ_EXAMPLES:-20000} $(PY) -m pytest -q tests/test_fuzz.py tests/test_brute_force.py -p no:cacheprovider --hypothesis-show-statistics
 
-models: $(STAMP) ## Real-model tables (hand-written and transformers zoos), then the slow zoo tests
+models: $(STAMP) ## Real-model tables (hand-written and transformers zoos), then the slow zoo tests and the slow doc snippets
 	$(PY) examples/real_models.py
-	$(PY) -m pytest -q --run-slow tests/test_hf_models.py tests/test_real_models.py
+	$(PY) -m pytest -q --run-slow tests/test_hf_models.py tests/test_real_models.py tests/test_docs_snippets.py
 
 coremltools-suite: $(STAMP) ## Run coremltools' own tests of the replaced passes against our passes
 	$(PY) -m pytest -q tests/coremltools_suite
@@ -48,5 +48,24 @@ layernorm-shadow: $(STAMP) ## Layer-norm tests, coremltools' suite and model tab
 examples: $(STAMP) ## Run every example script
 	@set -e; for f in examples/[0-9]*.py; do echo "== $$f"; $(PY) $$f; done
 
-clean: ## Remove the virtual environment and caches
-	rm -rf $(VENV) .pytest_cache .hypothesis bench/out
+$(VENV)/.docs-installed: $(STAMP)
+	$(PY) -m pip install -q -e ".[docs]"
+	touch $@
+
+docs: $(VENV)/.docs-installed ## Build the documentation site into site/ (mkdocs --strict: any warning, a broken link, fails)
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict
+
+docs-images: $(STAMP) ## Redraw docs/report.png from the current code (headless chromium); copy make bench's plot to docs/
+	@command -v chromium >/dev/null || { echo "make docs-images needs chromium (apt-get install chromium)"; exit 1; }
+	rm -rf build/docs-images && mkdir -p build/docs-images
+	$(PY) examples/save_zoo_model.py prenorm_transformer build/docs-images/transformer.mlpackage
+	$(VENV)/bin/mil-patterns report build/docs-images/transformer.mlpackage --html build/docs-images/report --no-progress
+	chromium --headless --no-sandbox --disable-gpu --no-first-run --disable-background-networking \
+		--user-data-dir=$(CURDIR)/build/docs-images/profile --window-size=1100,1400 --hide-scrollbars \
+		--screenshot=$(CURDIR)/docs/report.png file://$(CURDIR)/build/docs-images/report/index.html
+	@if [ -f bench/out/scaling.png ]; then cp bench/out/scaling.png docs/scaling.png; echo "copied bench/out/scaling.png"; \
+	else echo "docs/scaling.png unchanged: make bench writes bench/out/scaling.png"; fi
+	@echo "docs/llm_scaling.png is written by make bench-llm itself"
+
+clean: ## Remove the virtual environment, caches and built docs
+	rm -rf $(VENV) .pytest_cache .hypothesis bench/out site build/docs-images

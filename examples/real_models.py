@@ -1,4 +1,4 @@
-"""`make models`: every zoo model converted with and without our passes; prints the README's tables.
+"""`make models`: every zoo model converted with and without our passes; prints the tables of docs/MODELS.md.
 
 First the hand-written zoo (``pattern_infra.testing.models``, iOS16), then the ``transformers`` zoo
 (``pattern_infra.testing.hf_models``) at iOS17 and iOS18, each followed by the op types whose count the

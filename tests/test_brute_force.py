@@ -1,8 +1,8 @@
 """The matcher and the driver against a brute-force matcher on random programs (issue #12).
 
-The brute force reads the rules of README section 3 directly: it tries *every* injective map from the
-pattern's ops to the program's ops of an accepted type, every operand order a commutative program op
-allows, and keeps the maps where
+The brute force reads the rules of the README's "What a match guarantees" directly: it tries *every*
+injective map from the pattern's ops to the program's ops of an accepted type, every operand order a
+commutative program op allows, and keeps the maps where
 
 * every data edge holds (a pattern edge between two ops is the very same program variable; a pattern
   input binds one variable, consistently; two pattern inputs may bind the same variable, and an input
@@ -192,15 +192,15 @@ def _operand_orders(compiled: CompiledPattern, node_index: int, op: Operation) -
     if any(v is None for v in values.values()):
         return []
     orders = [values]
-    # README section 3, not the compiled flags: either slot of a commutative *program* op (the patterns
-    # here keep the default commutative=True)
+    # the README's "What a match guarantees", not the compiled flags: either slot of a commutative
+    # *program* op (the patterns here keep the default commutative=True)
     if "x" in values and "y" in values and op.op_type in COMMUTATIVE_OPS and values["x"] is not values["y"]:
         orders.append({**values, "x": values["y"], "y": values["x"]})
     return orders
 
 
 def brute_force(compiled: CompiledPattern, prog: Program, constraint: Callable[[Any], Any] | None) -> set[frozenset[str]]:
-    """Every set of program ops (by name) forming a match the rules of README section 3 allow.
+    """Every set of program ops (by name) forming a match the README's "What a match guarantees" allows.
 
     A constraint sees the match as ``find_matches`` builds it; the brute force asks it through
     ``find_matches`` on the same program restricted to the candidate set, so it needs none of its own.

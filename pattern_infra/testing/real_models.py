@@ -3,7 +3,7 @@
 Two zoos: :data:`pattern_infra.testing.models.ZOO` (modules written the way model libraries write them)
 and :data:`pattern_infra.testing.hf_models.HF_ZOO` (the ``transformers`` classes themselves, tiny random
 configs). Each model is exported once and converted for every requested deployment target, override off
-and on. Used by ``make models`` (the tables in the README) and by ``tests/test_real_models.py``.
+and on. Used by ``make models`` (the tables of docs/MODELS.md) and by ``tests/test_real_models.py``.
 """
 
 from __future__ import annotations
