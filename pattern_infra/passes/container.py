@@ -280,17 +280,13 @@ def run_together(prog: Program, containers: list[PassContainer], pass_name: str)
 
 
 def _segments(
-    plan: list[tuple[PassContainer, SubPass | Callable[[Program], Any]]],
+    plan: list[tuple[PassContainer, SubPass | Callable[[Program], Any]]]
 ) -> Iterator[list[tuple[PassContainer, Any]]]:
     """Runs of consecutive structured sub-passes sharing a ``validate`` setting; a callable alone."""
     segment: list[tuple[PassContainer, Any]] = []
     for container, sub in plan:
-        joins = (
-            isinstance(sub, SubPass)
-            and segment
-            and isinstance(segment[0][1], SubPass)
-            and segment[0][0].validate == container.validate
-        )
+        joins = (isinstance(sub, SubPass) and segment and isinstance(segment[0][1], SubPass)
+                 and segment[0][0].validate == container.validate)
         if segment and not joins:
             yield segment
             segment = []
