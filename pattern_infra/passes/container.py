@@ -1,17 +1,13 @@
-"""A generic pass as coremltools sees it: :class:`PassContainer`, the override that decides whether it
-runs, and the log of its runs.
+"""A generic pass as coremltools sees it: :class:`PassContainer`, the override, and the log of runs.
 
-A :class:`PassContainer` is a real coremltools graph pass (an ``AbstractGraphPass``) holding one or more
-sub-passes, stored in coremltools' ``PASS_REGISTRY`` under ``namespace::pass_name`` (see
-:mod:`pattern_infra.passes.registry`). When the id names one of coremltools' own passes, the container decides
-*each time it runs*: with ``ENABLE_EXPERIMENTAL_PASSES=1`` in the environment at that moment, the generic
-sub-passes run; otherwise coremltools' own pass runs, with the same options. A generic pass under a new id
-always runs when a pipeline names it.
+A :class:`PassContainer` is a coremltools graph pass holding sub-passes, stored in ``PASS_REGISTRY``
+under ``namespace::pass_name``. Under the id of one of coremltools' own passes it decides *each time it
+runs*: with ``ENABLE_EXPERIMENTAL_PASSES=1`` in the environment then, the generic sub-passes run;
+otherwise coremltools' pass runs, with the same options. Under a new id it always runs.
 
-Owns also :func:`run_together`: several passes' sub-passes in one driver run (one walk and index of the
-program, one journal), each pass reaching its fixpoint before the next, each rewrite in its own pass's
-scope, each pass's counters kept apart. A pass with ``run_after`` followers runs with them that way, and
-``pipeline()``'s sweeps use it for runs of generic passes.
+:func:`run_together` applies several passes in one driver run (one walk and index of the program, one
+journal), as if one by one: each pass reaches its fixpoint before the next, each rewrite is in its own
+pass's scope, each pass keeps its counters.
 """
 
 from __future__ import annotations
@@ -42,7 +38,6 @@ ENV_VAR = "ENABLE_EXPERIMENTAL_PASSES"
 _RUN_LOG: list[tuple[str, bool, PassStats]] = []
 _RUN_LOG_LIMIT = 10_000
 
-
 _ON = ("1", "true", "yes", "on")
 _OFF = ("", "0", "false", "no", "off")
 _warned_values: set[str] = set()
@@ -51,9 +46,8 @@ _warned_values: set[str] = set()
 def override_enabled() -> bool:
     """Whether generic passes replace coremltools' passes right now (``ENABLE_EXPERIMENTAL_PASSES=1``).
 
-    ``1`` (also ``true``, ``yes``, ``on``, any case) turns the override on; unset, empty, ``0`` (also
-    ``false``, ``no``, ``off``) leaves it off. Any other value leaves it off with a ``RuntimeWarning``
-    naming the accepted values (once per value), so a typo is never silently "off".
+    ``1``, ``true``, ``yes``, ``on`` (any case) turn it on; unset, empty, ``0``, ``false``, ``no``,
+    ``off`` leave it off; any other value leaves it off with a ``RuntimeWarning`` (once per value).
     """
     value = os.environ.get(ENV_VAR)
     if value is None:
@@ -77,11 +71,8 @@ def override_enabled() -> bool:
 
 @contextlib.contextmanager
 def override(enabled: bool = True) -> Iterator[None]:
-    """Sets ``ENABLE_EXPERIMENTAL_PASSES`` for the duration of the ``with`` block.
-
-    The variable is ``"1"`` when ``enabled`` and absent otherwise; its previous value (or absence) is
-    restored on exit, also when the block raises.
-    """
+    """Sets ``ENABLE_EXPERIMENTAL_PASSES`` to ``"1"`` (``enabled``) or unsets it for the ``with`` block;
+    its previous value (or absence) is restored on exit, also when the block raises."""
     previous = os.environ.get(ENV_VAR)
     if enabled:
         os.environ[ENV_VAR] = "1"
@@ -98,9 +89,7 @@ def override(enabled: bool = True) -> Iterator[None]:
 
 def run_log(clear: bool = False) -> list[tuple[str, bool, PassStats]]:
     """Runs of generic passes since the log was last cleared: (pass id, generic?, stats of the run).
-
-    After a ``coremltools.convert`` this tells which passes changed the program: those with
-    ``stats.rewrites > 0``.
+    After a ``coremltools.convert``, the passes that changed the program have ``stats.rewrites > 0``.
 
     Args:
         clear: Empty the log after reading it.
@@ -114,11 +103,9 @@ def run_log(clear: bool = False) -> list[tuple[str, bool, PassStats]]:
 class PassContainer(AbstractGraphPass):
     """A coremltools graph pass made of generic sub-passes (the design document's ``PassContainer``).
 
-    Sub-passes run in order of priority (higher first), then registration order; ``order`` shows it.
-    Each sub-pass is applied to every block, nested blocks included. After each rewrite, the ops it
-    created or rewired are validated (coremltools' ``Block.validate`` invariants, linear in what
-    changed; ``container.validate = "full"`` validates the whole program after each sub-pass that
-    rewrote); an inconsistency restores the program and raises ``PassExecutionError``.
+    Sub-passes run in order of priority (higher first), then registration order (``order``), on every
+    block. What each rewrite changed is validated (see :attr:`validate`); an inconsistency restores the
+    program and raises ``PassExecutionError``.
     """
 
     def __init__(self, pass_name: str, namespace: str = "", replaces: type | None = None) -> None:
@@ -140,13 +127,11 @@ class PassContainer(AbstractGraphPass):
         """``True`` validates what each rewrite changed, right after it; ``"full"`` the whole program
         after each sub-pass that rewrote; ``False`` neither."""
         self.followers: list[PassContainer] = []
-        """Generic passes registered with ``run_after`` this pass id: run right after it, override on."""
+        """Generic passes registered with ``run_after`` this pass: run right after it, override on."""
         self._options: list[PassOption] | None = None
         self._declared_options: dict[str, Any] = {}
         self.options: dict[str, Any] = {}
         """Option values in effect: the declared defaults, overridden by the pipeline's options."""
-
-    # -- design-document API ------------------------------------------------------------------------
 
     def add(self, pass_function: SubPass | Callable[[Program], Any]) -> None:
         """Adds a sub-pass: a :class:`SubPass`, or any callable taking a program (seed style)."""
@@ -171,16 +156,14 @@ class PassContainer(AbstractGraphPass):
         if not followers:
             self.run_alone(prog)
             return
-        # With its followers: one driver run (one walk and index of the program instead of one per
-        # follower); each follower's options reset as the pipeline resets a pass's. Their rewrites are
-        # validated as they happen; the pipeline validates the whole program once this pass returns.
+        # With its followers, in one driver run; their options reset as the pipeline resets a pass's.
         for follower in followers:
             follower.set_options(None)
         run_together(prog, [self, *followers], self.pass_id)
 
     def run_alone(self, prog: Program) -> None:
-        """Runs the generic sub-passes under coremltools' graph-pass scope (as the pipeline runs a pass),
-        whatever the override says, and without the passes that follow this one (``run_after``)."""
+        """Runs the generic sub-passes in the pass's graph-pass scope, whatever the override says, and
+        without its ``run_after`` followers."""
         with mb.scope(_scope_of(self)):
             self.apply(prog)
 
@@ -199,10 +182,8 @@ class PassContainer(AbstractGraphPass):
         self.record(stats)
 
     def apply_callable(self, prog: Program, sub: Callable[[Program], Any]) -> None:
-        """Runs a seed-style sub-pass (a callable taking the program), then validates the program:
-        the driver's per-rewrite checks do not see what such a callable changes. With ``validate``
-        False (a plain graph pass, :func:`~pattern_infra.passes.registry.register_graph_pass`) the program is
-        left to the pipeline's own validation after the entry, as for coremltools' passes."""
+        """Runs a seed-style sub-pass (a callable taking the program), then validates the program unless
+        ``validate`` is False (a plain graph pass: the pipeline validates after the entry)."""
         sub(prog)
         if self.validate:
             prog.validate()
@@ -215,11 +196,8 @@ class PassContainer(AbstractGraphPass):
         logger.debug("%s: %s", self.pass_id, stats)
 
     def set_options(self, pass_options: list[PassOption] | None = None) -> None:
-        """Receives a pipeline's options for this pass (``None`` clears them).
-
-        Options go to coremltools' pass when it runs instead; for the generic pass, an option must be
-        declared at registration (``options=``), otherwise ``NotImplementedError`` as in coremltools.
-        """
+        """Receives a pipeline's options for this pass (``None`` clears them); they go to coremltools' pass
+        when it runs instead. The generic pass raises ``NotImplementedError`` for an undeclared option."""
         self._options = list(pass_options) if pass_options else None
         self.options = dict(self._declared_options)
         for option in self._options or []:
@@ -249,8 +227,6 @@ class PassContainer(AbstractGraphPass):
     def __repr__(self) -> str:
         return f"PassContainer({self.pass_id!r}, {len(self.passes)} sub-passes)"
 
-    # -- extensions ---------------------------------------------------------------------------------
-
     @property
     def pass_id(self) -> str:
         """``namespace::pass_name``."""
@@ -262,10 +238,8 @@ class PassContainer(AbstractGraphPass):
         return [p.name if isinstance(p, SubPass) else getattr(p, "__name__", repr(p)) for p in self.passes]
 
     def _sort(self) -> None:
-        keyed = list(enumerate(self.passes))
-        keyed.sort(key=lambda item: (-(item[1].priority if isinstance(item[1], SubPass) else 0), item[0]))
-        self.passes = [p for _, p in keyed]
-
+        """Higher priority first; the sort is stable, so equal priorities keep registration order."""
+        self.passes = sorted(self.passes, key=lambda p: -(p.priority if isinstance(p, SubPass) else 0))
 
 
 def with_followers(container: PassContainer) -> list[PassContainer]:
@@ -278,9 +252,8 @@ def with_followers(container: PassContainer) -> list[PassContainer]:
 
 def run_together(prog: Program, containers: list[PassContainer], pass_name: str) -> PassStats:
     """Applies the generic passes ``containers`` to ``prog``, in order, as if one by one, in as few driver
-    runs as possible: consecutive sub-passes share one (a seed-style callable sub-pass, or a change of
-    ``validate`` setting, splits a run). Each pass's options stay as they are set; each rewrite runs in
-    its own pass's scope; each pass's counters go to it and to :func:`run_log`.
+    runs as possible (a callable sub-pass, or a change of ``validate``, splits a run). Options stay as
+    set; each rewrite runs in its own pass's scope; each pass's counters go to it and to :func:`run_log`.
 
     Args:
         pass_name: For messages about the run as a whole (a sweep's id).
@@ -307,17 +280,13 @@ def run_together(prog: Program, containers: list[PassContainer], pass_name: str)
 
 
 def _segments(
-    plan: list[tuple[PassContainer, SubPass | Callable[[Program], Any]]],
+    plan: list[tuple[PassContainer, SubPass | Callable[[Program], Any]]]
 ) -> Iterator[list[tuple[PassContainer, Any]]]:
     """Runs of consecutive structured sub-passes sharing a ``validate`` setting; a callable alone."""
     segment: list[tuple[PassContainer, Any]] = []
     for container, sub in plan:
-        joins = (
-            isinstance(sub, SubPass)
-            and segment
-            and isinstance(segment[0][1], SubPass)
-            and segment[0][0].validate == container.validate
-        )
+        joins = (isinstance(sub, SubPass) and segment and isinstance(segment[0][1], SubPass)
+                 and segment[0][0].validate == container.validate)
         if segment and not joins:
             yield segment
             segment = []
@@ -328,8 +297,7 @@ def _segments(
 
 @contextlib.contextmanager
 def _scoped_transforms(segment: list[tuple[PassContainer, SubPass]]) -> Iterator[None]:
-    """Runs each sub-pass's transform inside its pass's graph-pass scope, as ``PassContainer.__call__``
-    does for the whole pass: the ops a rewrite creates carry the same scope as pass by pass."""
+    """Runs each sub-pass's transform inside its pass's graph-pass scope, as when the pass runs alone."""
     saved: dict[int, tuple[SubPass, Any]] = {}
     for container, sub in segment:
         if id(sub) in saved:
@@ -358,8 +326,7 @@ def _in_scope(transform: Callable[[Any], Any], scope: ScopeInfo) -> Callable[[An
 
 def _record_per_pass(segment: list[tuple[PassContainer, SubPass]], before: dict[int, PassStats]) -> None:
     """Each pass's share of a run, into its counters and ``run_log()``: one entry per pass, even when
-    the sweep runs it twice (``fuse_conv_scale`` and two others appear twice in a row of the default
-    pipeline)."""
+    the sweep runs it twice in a row."""
     subs_of: dict[int, tuple[PassContainer, dict[int, SubPass]]] = {}
     for container, sub in segment:
         subs_of.setdefault(id(container), (container, {}))[1][id(sub)] = sub

@@ -1,10 +1,8 @@
 """Registering generic passes: ``register_generic_pass``, pass ids and ``run_after`` followers.
 
-A generic pass is a :class:`~pattern_infra.passes.container.PassContainer` stored in coremltools'
-``PASS_REGISTRY`` under ``namespace::pass_name``; calls with the same id add sub-passes to it. An id of
-coremltools' own pass makes the container stand in for that pass under the override (see
-:mod:`pattern_infra.passes.container`); an id in coremltools' namespaces that names no pass of coremltools is
-refused (it would be a pass no pipeline runs).
+Calls with the same ``namespace::pass_name`` add sub-passes to one :class:`PassContainer` in
+``PASS_REGISTRY``. An id in coremltools' namespaces that names no pass of coremltools is refused (no
+pipeline would run it).
 """
 
 from __future__ import annotations
@@ -69,7 +67,7 @@ def coremltools_namespaces() -> list[str]:
 
 
 def _coremltools_ids(namespace: str | None = None) -> list[str]:
-    """Ids of coremltools' own passes (the classes in its registry, also those a generic pass replaces)."""
+    """Ids of coremltools' own passes (also those a generic pass replaces)."""
     ids = []
     for pass_id, value in PASS_REGISTRY.passes.items():
         own = value.replaces is not None if isinstance(value, PassContainer) else isinstance(value, type)
@@ -170,12 +168,9 @@ def register_graph_pass(
 ) -> PassContainer:
     """Registers a plain graph pass (a function rewriting a whole program) under ``namespace::pass_name``.
 
-    For passes that are not patterns (a reorder of a whole block, a walk over every op); the container
-    behaves as for a pattern pass: under a coremltools id it replaces coremltools' pass only while
-    ``ENABLE_EXPERIMENTAL_PASSES=1``, and :func:`~pattern_infra.pipeline` puts it in its sweeps. The
-    function runs inside the pass's graph-pass scope, like coremltools' passes; the program is not
-    validated after it by the container (``validate = False``): the pipeline validates after the
-    entry, as it does after coremltools' own pass.
+    For passes that are not patterns. The container behaves as for a pattern pass (the override,
+    :func:`~pattern_infra.pipeline`'s sweeps); the function runs in the pass's graph-pass scope and the
+    program is validated by the pipeline after the entry, as after coremltools' passes.
 
     Args:
         apply: ``f(prog)``, changing ``prog`` in place.

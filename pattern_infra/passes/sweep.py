@@ -1,19 +1,10 @@
 """Runs of passes as single pipeline entries: :func:`pipeline`, for ``coremltools.convert``.
 
-coremltools' ``PassPipelineManager.apply_pipeline`` validates the whole program after every entry of a
-pipeline: 112 validations in a ``convert`` to mlprogram, nearly half of its CPU time at 10k-50k ops. In the
-default pipeline with the override on, 22 of the entries are generic passes, in 7 runs of consecutive
-ones. :func:`pipeline` returns the default pipeline with runs of passes replaced by one
-:class:`GenericSweep` entry each: either every run of consecutive generic passes (``group="generic"``:
-their sub-passes, ``run_after`` followers included, applied in one
-:func:`~pattern_infra.rewriting.driver.run_subpasses` call, one walk and index of the program, one undo journal,
-one validation), or, by default, every run of passes between the entries ``convert`` itself must find
-by id (``group="all"``: coremltools' passes inside a sweep run back to back, the program validated once
-after the sweep). Every rewrite of ours is still validated as it happens (the driver's own check).
-
-The result is the same program as the pass-by-pass pipeline with the override on: the passes run in
-the same order, and each rewrite's ops carry the scope of the pass they belong to. Each generic pass's
-counters and ``run_log()`` entry are kept per pass, as when it runs alone.
+coremltools validates the whole program after every entry of a pipeline. :func:`pipeline` returns a
+pipeline whose runs of passes are one :class:`GenericSweep` entry each, validated once; every rewrite of
+ours is still validated as it happens. The result is the same program as the pass-by-pass pipeline with
+the override on: the same passes in the same order, each rewrite's ops in its own pass's scope, each
+generic pass's counters and ``run_log()`` entry kept per pass.
 """
 
 from __future__ import annotations
@@ -43,13 +34,10 @@ SWEEP_NAMESPACE = "pattern_infra"
 class GenericSweep(AbstractGraphPass):
     """A graph pass applying several passes in one pipeline entry, in the order given.
 
-    Consecutive generic passes run as one :func:`~pattern_infra.rewriting.driver.run_subpasses` call (their
-    ``run_after`` followers right after them); any other pass id runs as coremltools' pipeline runs it
-    (``PASS_REGISTRY[id]``, its options set), without a whole-program validation after it: the pipeline
-    validates once the sweep returns. After ``common::dead_code_elimination`` the sweep checks, as
-    coremltools' pipeline does, that no op lost its essential scopes. Unlike a :class:`PassContainer`
-    replacing a coremltools pass, a sweep runs the generic sub-passes whatever
-    ``ENABLE_EXPERIMENTAL_PASSES`` says: choosing :func:`pipeline` is choosing them.
+    Consecutive generic passes (with their ``run_after`` followers) run in one driver run; any other
+    pass runs as coremltools' pipeline runs it, without a whole-program validation after it (after
+    ``common::dead_code_elimination``, the scopes are checked as the pipeline does). A sweep runs the
+    generic passes whatever ``ENABLE_EXPERIMENTAL_PASSES`` says: choosing :func:`pipeline` is choosing them.
     """
 
     def __init__(self, pass_ids: Sequence[str], options: Mapping[str, list[PassOption]] | None = None) -> None:
@@ -65,7 +53,7 @@ class GenericSweep(AbstractGraphPass):
         """
         options = dict(options or {})
         self.steps: list[PassContainer | str] = []
-        """Each pass: the generic pass itself, or the id of a pass to look up when it runs."""
+        """Each pass: the generic pass, or the id of a pass to look up when it runs."""
         for pass_id in pass_ids:
             entry = PASS_REGISTRY.passes.get(pass_id)
             if entry is None:
@@ -91,8 +79,7 @@ class GenericSweep(AbstractGraphPass):
 
     @property
     def pass_id(self) -> str:
-        """The id :func:`pipeline` registers this sweep under: its first and last passes and a digest
-        of all of them (two sweeps with the same passes share it)."""
+        """The id :func:`pipeline` registers this sweep under: its first and last passes and a digest."""
         names = [i.split("::", 1)[-1] for i in self.pass_ids]
         digest = hashlib.sha1(repr((self.pass_ids, sorted(self.options.items(), key=str))).encode()).hexdigest()
         span = names[0] if len(names) == 1 else f"{names[0]}..{names[-1]}"
@@ -111,14 +98,12 @@ class GenericSweep(AbstractGraphPass):
             )
 
     def __call__(self, prog: Program) -> None:
-        """Runs :meth:`apply` outside any scope of its own (``AbstractGraphPass.__call__`` would open
-        one for the sweep): each op created carries its own pass's scope only."""
+        """Runs :meth:`apply` outside any scope of its own: each op created carries its own pass's scope."""
         if not getattr(prog, "skip_all_passes", False):
             self.apply(prog)
 
     def apply(self, prog: Program) -> None:
-        """Applies every pass of the sweep to ``prog``, in order; each run of consecutive generic passes
-        (with their followers) through :func:`~pattern_infra.passes.container.run_together`."""
+        """Applies every pass of the sweep to ``prog``, in order (generic ones: ``run_together``)."""
         run: list[PassContainer] = []
         for step in [*self.steps, None]:
             if isinstance(step, PassContainer):
@@ -154,24 +139,18 @@ def pipeline(base: PassPipeline | None = None, *, group: Grouping = "all") -> Pa
     """A copy of a coremltools pipeline in which runs of passes are single entries (sweeps).
 
     Pass the result to ``coremltools.convert(..., pass_pipeline=pattern_infra.pipeline())``. It gives
-    the same program as ``base`` with ``ENABLE_EXPERIMENTAL_PASSES=1``: the same passes in the same
-    order (each run of generic passes applied in one sweep), with fewer whole-program validations
-    (coremltools validates after every entry: nearly half of a conversion's CPU time). The generic passes
-    of the sweeps run whatever the variable says; the variable still decides for generic passes outside
-    them (the backend's ``mil_backend::fuse_activation_silu`` and ``fuse_pow2_sqrt``, which ``convert``
-    runs after the main pipeline). Call it once per conversion: ``convert`` edits the pipeline it gets.
+    the same program as ``base`` with ``ENABLE_EXPERIMENTAL_PASSES=1``, with fewer whole-program
+    validations. The generic passes of the sweeps run whatever the variable says; it still decides for
+    those outside them (the backend's passes, which ``convert`` runs after the main pipeline). Call it
+    once per conversion: ``convert`` edits the pipeline it gets.
 
     Args:
         base: The pipeline to copy (default: ``PassPipeline.DEFAULT``).
         group: ``"all"`` (default): every run of passes between the entries ``convert`` must find by id
-            is one entry: ``add_fp16_cast`` and ``add_int16_cast`` (``convert`` removes them or sets
-            their options), and one entry of each pass the frontend and backend pipelines share with
-            ``base`` (``convert`` drops those from the other pipelines when the main one lacks them;
-            generic ones too, ``const_elimination`` and ``dead_code_elimination``, whose own entries
-            then follow ``ENABLE_EXPERIMENTAL_PASSES``).
-            The program is validated after each entry and each rewrite of ours, not after each of
-            coremltools' passes inside a sweep. ``"generic"``: only runs of consecutive generic passes
-            are grouped; coremltools' passes keep their entries and their validations.
+            is one entry (those are ``add_fp16_cast``, ``add_int16_cast`` and one entry of each pass
+            the frontend and backend pipelines share with ``base``, which then follows
+            ``ENABLE_EXPERIMENTAL_PASSES``). ``"generic"``: only runs of consecutive generic passes are
+            grouped; coremltools' passes keep their entries and their validations.
 
     Returns:
         A new ``PassPipeline`` named ``"pattern_infra"``.
@@ -217,7 +196,7 @@ _EDITED_BY_CONVERT = ("common::add_fp16_cast", "common::add_int16_cast")
 
 def _ids_convert_looks_up(base: PassPipeline) -> set[str]:
     """Pass ids of ``base`` that ``convert`` looks for in the main pipeline: the two it edits, and those
-    of the frontend and backend pipelines (it removes from them what the main pipeline lacks)."""
+    of the frontend and backend pipelines."""
     ids = set(_EDITED_BY_CONVERT)
     for name in PassPipeline.list_available_pipelines():
         if name.startswith(("frontend_", "backend_")):

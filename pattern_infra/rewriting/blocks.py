@@ -1,10 +1,7 @@
 """The blocks of a program, and an index of each block's ops by type kept current while a pass runs.
 
-Owns: listing blocks (outer first), :class:`BlockIndex` (ops by type and their counts, the op list
-observed so that inserted and removed ops are recorded, program order of a set of ops), and
-:meth:`BlockIndex.tries`, the one loop that runs a search at anchor candidates: the driver's sweeps,
-``find_matches``, ``explain`` and ``fuse_one_block`` all go through it; and :func:`flat_inputs`, the
-variables an op reads.
+:meth:`BlockIndex.tries` is the one loop that runs a search at anchor candidates: the driver's sweeps,
+``find_matches``, ``explain`` and ``fuse_one_block`` all go through it.
 """
 
 from __future__ import annotations
@@ -24,7 +21,7 @@ __all__ = ["BlockIndex", "LazyBlockContext", "anchored_blocks", "flat_inputs", "
 
 def flat_inputs(op: Operation) -> list[Var]:
     """The variables ``op`` reads, one entry per use, tuple and list operands flattened, internal
-    variables left out (``Operation.get_flattened_inputs`` without its dictionary copy)."""
+    variables left out (``Operation.get_flattened_inputs`` without its copy)."""
     flat: list[Var] = []
     for value in op._input_vars.values():
         if type(value) is Var:
@@ -44,7 +41,7 @@ def iter_blocks(prog: Program) -> Iterator[Block]:
 
 def anchored_blocks(prog: Program, matcher: Matcher) -> Iterator[tuple[BlockIndex, int, list[Operation]]]:
     """Each block of ``prog`` that may hold a match, freshly indexed, with its anchor and candidates
-    (:meth:`BlockIndex.anchor_candidates`), outer blocks first: for searches outside a pass's run."""
+    (:meth:`BlockIndex.anchor_candidates`), outer blocks first: for searches outside a pass."""
     for block in iter_blocks(prog):
         index = BlockIndex(block)
         found = index.anchor_candidates(matcher)
@@ -82,13 +79,10 @@ class BlockIndex:
             else:
                 same.append(op)
         self.counts = Counter({t: len(v) for t, v in by_type.items()})
-        self.inserted: list[Operation] = []
-        """Ops inserted into the block while observed, in insertion order."""
-        self.removed: list[Operation] = []
-        """Ops removed from the block while observed, in removal order."""
+        self.inserted: list[Operation] = []  # while observed, in order
+        self.removed: list[Operation] = []  # while observed, in order
         self._position: dict[int, float] | None = None
-        self.observed = False
-        """Whether insertions and removals are being recorded (the op list could be observed)."""
+        self.observed = False  # whether insertions and removals are being recorded
 
     def observe(self) -> None:
         """Records ops inserted into and removed from the block, until ``release``."""
@@ -133,9 +127,7 @@ class BlockIndex:
     ) -> Iterator[Any]:
         """The anchor loop: runs ``matcher.match_at`` at each of ``ops`` still in the block, as pattern op
         ``anchor``, offering each structural match to ``accept``; yields what each search returned.
-
-        ``options`` go to ``match_at`` (``trace``). Ops a rewrite removed while the loop ran are skipped.
-        """
+        ``options`` go to ``match_at``."""
         block = self.block
         match_at = matcher.match_at
         order = self.order
@@ -144,11 +136,8 @@ class BlockIndex:
                 yield match_at(op, block, anchor, order=order, accept=accept, **options)
 
     def anchor_candidates(self, matcher: Matcher) -> tuple[int, list[Operation]] | None:
-        """The anchor for ``matcher`` in this block and the ops of its type(s), in program order.
-
-        None when some pattern op has no op of its type(s) in the block: nothing can match (the cheap
-        rejection, before any search).
-        """
+        """The anchor for ``matcher`` in this block and the ops of its type(s), in program order; None
+        when some pattern op has no op of its type(s) in the block (the cheap rejection)."""
         if not self.possible(matcher):
             return None
         anchor = matcher.choose_anchor(self.counts)
@@ -159,21 +148,11 @@ class BlockIndex:
     def possible(self, matcher: Matcher) -> bool:
         """Whether the block has an op of every pattern op's type(s) (else nothing can match)."""
         counts = self.counts
-        for types in matcher.type_groups:
-            for op_type in types:
-                if counts.get(op_type, 0) > 0:
-                    break
-            else:
-                return False
-        return True
+        return all(any(counts.get(op_type, 0) > 0 for op_type in types) for types in matcher.type_groups)
 
     def order(self, ops: list[Operation]) -> list[Operation]:
-        """Sorts ``ops`` of this block into program order; ops no longer in the block go last.
-
-        The block is indexed on the first call; ops inserted later get a position between their
-        neighbours' (see ``_place``), so the index is rebuilt only when an op was inserted while the
-        block was not observed.
-        """
+        """Sorts ``ops`` of this block into program order; ops no longer in the block go last. The
+        positions are indexed on demand, and inserted ops placed between their neighbours (``_place``)."""
         position = self._position
         block = self.block
         if position is None or any(id(op) not in position and op.enclosing_block is block for op in ops):
@@ -214,12 +193,9 @@ def is_live(block: Block) -> bool:
 class LazyBlockContext:
     """``with block:`` entered on demand, for one sweep.
 
-    A function's own block, once entered, stays entered until the run ends (``run.close()``): every
-    exit walks the whole block (coremltools propagates non-replaceable variables), so a pass whose
-    sub-passes all rewrite pays for it once. A nested block is entered for one sweep at a time, above it.
-    ``run`` (the driver's run of a pass) holds ``open_block``, the function block kept open, and has
-    ``close()`` (leaves it) and ``keep_block(block)`` (called before a block is left: the journal saves
-    what ``Block.__exit__`` rewrites).
+    A function's block, once entered, stays entered until ``run.close()``: every exit walks the whole
+    block, so a pass pays for it once. A nested block is entered for one sweep. ``run`` (the driver's
+    run) holds ``open_block`` and has ``close()`` and ``keep_block(block)`` (called before a block is left).
     """
 
     def __init__(self, run: Any, block: Block) -> None:

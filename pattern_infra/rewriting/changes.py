@@ -1,10 +1,5 @@
-"""What a pass's rewrites changed: where to look again, and what to validate.
-
-Owns: :class:`Changes` (the ops created, removed and rewired, in order; their seeds per block; the
-log by type the other sub-passes revisit), :meth:`Changes.validate` with :func:`check_op` (coremltools'
-``Block.validate`` invariants on the changed ops only), and :func:`revisit_candidates` with :func:`near`
-(the anchor candidates a round of rewrites may have made matchable).
-"""
+"""What a pass's rewrites changed: where to look again (:func:`revisit_candidates`), and what to
+validate (:meth:`Changes.validate`, coremltools' ``Block.validate`` invariants on the changed ops only)."""
 
 from __future__ import annotations
 
@@ -20,36 +15,30 @@ __all__ = ["Changes", "check_op", "near", "revisit_candidates"]
 
 @dataclass
 class Changes:
-    """The ops a sub-pass's rewrites created, removed and rewired, in the order they happened.
-
-    Only these can take part in a match that did not exist before (see :func:`revisit_candidates`), and only
-    these can break the block's invariants (see :meth:`validate`).
-    """
+    """The ops a sub-pass's rewrites created, removed and rewired, in order: only these can take part in
+    a new match (:func:`revisit_candidates`) or break the block's invariants (:meth:`validate`)."""
 
     created: list[Operation] = field(default_factory=list)
-    """Ops inserted into the block by the transforms."""
+    """Ops inserted by the transforms."""
     rewired: list[Operation] = field(default_factory=list)
     """Ops outside the matches that read a match output before the transform (their inputs moved)."""
     removed_by_transforms: list[Operation] = field(default_factory=list)
-    """Ops a transform took out of the block itself; the others went through :func:`remove_dead_ops`,
-    which unlists them from their inputs' users (``Var.remove_child_op``) or raises."""
+    """Ops a transform removed itself (not through :func:`remove_dead_ops`)."""
     checked: tuple[int, int, int] = (0, 0, 0)
     """How many of ``removed_by_transforms``, ``created`` and ``rewired`` :meth:`validate` has checked."""
     log: dict[str, list[Operation]] | None = None
-    """The run's log of changed ops by type, shared by the sub-passes (see :attr:`_Run.log`); None when
-    the run has no other sub-pass to revisit them."""
+    """The run's log of changed ops by type, shared by the sub-passes (None: no other sub-pass)."""
     seeds: dict[int, list[Operation]] = field(default_factory=dict)
-    """Per block (by id), ops whose surroundings changed and whose type the pattern has: created and
-    rewired ops, and the producers of the inputs of removed ops (they lost a consumer), whatever block
-    they lie in. Collected right after each rewrite, while its ops are in the cache."""
+    """Per block (by id), ops of the pattern's types whose surroundings changed: created and rewired
+    ops, and the producers of removed ops' inputs, in any block."""
 
     def take(self, block: Block) -> list[Operation]:
         """The seeds of ``block`` recorded so far, which are then forgotten."""
         return self.seeds.pop(id(block), [])
 
     def pending(self, blocks: list[Block]) -> list[Block]:
-        """The blocks among ``blocks`` (in that order) with seeds to revisit. Seeds in blocks that are not
-        among them (created by a transform) are dropped: the next run of the pass searches those."""
+        """The blocks among ``blocks`` (in that order) with seeds to revisit; seeds in other blocks (created
+        by a transform) are dropped: the next run of the pass searches those."""
         seeds = self.seeds
         if not seeds:
             return []
@@ -77,9 +66,8 @@ class Changes:
         removed_by_transform: list[Operation],
         rewired: list[Operation],
     ) -> None:
-        """Adds one rewrite's changes to the lists, and their seeds (of every type when ``types`` is
-        None). ``dead``: the matched ops the framework removed, each with the variables it read (as
-        :func:`remove_dead` listed them); ``removed_by_transform``: the ops the transform removed."""
+        """Adds one rewrite's changes, and their seeds (of every type when ``types`` is None). ``dead``:
+        the matched ops the framework removed, each with the variables it read (:func:`remove_dead`)."""
         self.created += created
         self.rewired += rewired
         removed_inputs = [inputs for _, inputs in dead]
@@ -114,15 +102,11 @@ class Changes:
                 self.seed(op)
 
     def validate(self) -> None:
-        """Block.validate's invariants, where the rewrites could have broken them.
+        """Checks Block.validate's invariants on the changes recorded since the last call.
 
         A removed op is no longer listed as a user of its inputs; every created or rewired op still in
         its block is listed by each variable it reads as often as it reads it, its outputs' users are
-        all in a block, and the blocks its outputs claim to be returned by do return them. Linear in
-        the size of the changes.
-
-        Only the changes recorded since the last call are checked: the driver calls this right after
-        each rewrite, while its ops are still in the cache.
+        all in a block, and the blocks its outputs claim to be returned by do return them.
 
         Raises:
             ValueError: An invariant does not hold (the caller restores the program).
@@ -142,25 +126,18 @@ class Changes:
                     check_op(op)
 
 
-
 def revisit_candidates(
     seeds: list[Operation], block: Block, matcher: Matcher, anchor: int
 ) -> tuple[list[Operation], list[tuple[Operation, int]]]:
     """The anchor candidates a round of rewrites may have made matchable.
 
-    A match that did not exist before the round contains an op whose inputs or whose outputs' users
-    changed: a created op, a rewired op, or the producer of a removed op's input. Only those of the
-    pattern's op types can be in a match (:attr:`Changes.seeds`), so when there is none (a GELU fusion
-    creates a ``gelu`` and rewires a ``relu``), nothing is revisited. A pattern with a fan-out node also
-    depends on the users of a variable it does not capture, so for it every changed op is a seed,
-    whatever its type.
+    A new match contains a seed (:attr:`Changes.seeds`): an op of the pattern's types whose inputs or
+    outputs' users changed (for a fan-out pattern, any changed op). No seed, no revisit.
 
     Returns:
-        The anchor-type ops within the anchor's radius of a seed (the walk does not go through
-        constants, which may feed thousands of ops); and, for a pattern whose parts may meet only at a
-        pattern input (:attr:`Matcher.joins_through_roots`), each seed paired with every other pattern
-        op of its type, to be tried as that op's anchor: a match through a shared constant contains a
-        seed, and the search from it reaches the other parts.
+        The anchor-type ops within the anchor's radius of a seed (not walking through constants); and,
+        for a pattern whose parts may meet only at a pattern input (:attr:`Matcher.joins_through_roots`),
+        each seed paired with every other pattern op of its type, to be tried as that op's anchor.
     """
     seeds = [op for op in dict.fromkeys(seeds) if op.enclosing_block is block]
     if not seeds:
@@ -193,10 +170,8 @@ def check_op(op: Operation) -> None:
                 raise ValueError(f"{var.name} claims to be an output of {consumer_block.name}")
 
 
-
 def near(seeds: list[Operation], block: Block, anchor_types: frozenset[str], radius: int) -> list[Operation]:
-    """Anchor candidates within ``radius`` producer/consumer steps of a seed op, in no set order
-    but deterministic (discovery order)."""
+    """Anchor candidates within ``radius`` producer/consumer steps of a seed op, in discovery order."""
     seen: dict[int, Operation] = {}
     frontier = list(dict.fromkeys(seeds))
     for op in frontier:
@@ -222,5 +197,3 @@ def near(seeds: list[Operation], block: Block, anchor_types: frozenset[str], rad
         if not frontier:
             break
     return [op for op in seen.values() if op.op_type in anchor_types and op.enclosing_block is block]
-
-

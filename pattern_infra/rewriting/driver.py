@@ -1,53 +1,26 @@
 """Apply compiled patterns to a program in time linear in its size, and lose nothing on failure.
 
-Owns the run of a pass: the worklist of blocks and sub-passes, the sweep and its revisits, offering each
-match to the constraints and the transform, the undo journal's opening and the errors. What it uses:
-:mod:`~pattern_infra.rewriting.blocks` (the block index and the anchor loop), :mod:`~pattern_infra.rewriting.changes` (what
-rewrites changed: seeds and validation), :mod:`~pattern_infra.rewriting.removal` (dead matched ops),
-:mod:`~pattern_infra.rewriting.journal` (undo).
+How ``run_subpasses`` runs a group of sub-passes:
 
-How a group of sub-passes runs on a program (``run_subpasses``):
-
-1. Every block, nested ones included, is listed once, and its ops are indexed by type once. The block's
-   op list is observed for the duration of the pass: ops inserted by transforms join the index as they
-   are inserted (later sub-passes see them without a rescan), and every insertion and removal is
-   recorded.
-2. For each sub-pass, in order, and each block: the anchor is the pattern op whose type is rarest in the
-   block, and only ops of that type are tried. Each structural match is offered, inside the search, to
-   the user's constraints and then the transform (:func:`_offer`); a match they turn down lets the search
-   go on to the next structural match at the same anchor op. The matched ops left without users are
-   removed together (consumers first, in the pattern's order reversed), unlinked directly rather than
-   through ``Block.remove_ops``, whose checks the dead-op test has already made (see
-   :func:`remove_dead_ops`). What the rewrite did is recorded as :class:`Changes`: the ops created, the
-   ops removed, and the ops outside the match whose inputs were redirected.
-3. Nothing is rescanned from the start. A match that did not exist before a round of rewrites contains
-   an op whose inputs or whose outputs' users changed: a created op, a redirected op, or the producer of
-   a removed op's input, in whatever block it lies. Only those of the pattern's op types can be part of
-   a match; when there are some, the anchor candidates within the pattern's radius of them (the anchor's
-   eccentricity in the pattern graph, plus one hop) are tried again, and, for a pattern whose parts meet
-   only at a pattern input, each such op as every pattern op of its type; blocks are revisited until no
-   block has anything left (an inner rewrite may free an outer match). A GELU fusion creates a ``gelu``
-   and redirects a ``relu``: no revisit at all. A pass still rewriting after ``max_iterations`` rounds
-   re-creates its own pattern: :class:`FixpointError`. Every change is also logged by op type for the
-   other sub-passes: after the last one, each revisits what the later ones changed
-   (:func:`_revisit_earlier`), until a round rewrites nothing, so the pass ends at a fixpoint.
-4. The first time a transform is about to run, an undo journal opens (:mod:`pattern_infra.rewriting.journal`):
-   from then on, the first change to an op or variable saves its state, copy-on-write, and every op
-   of a match, and every user of its outputs, is saved before its transform runs. If a constraint or
-   transform raises, or the validation after a rewrite (after a sub-pass, with ``"full"``) finds the
-   program inconsistent, the program is restored from it, identical to what it was before the pass,
-   and :class:`PassExecutionError` names the pass, the pattern and (for a callback) the matched ops.
-   The validation checks coremltools' ``Block.validate`` invariants on the recorded changes only
-   (see :meth:`Changes.validate`).
-5. A block's builder context (``with block:``) is entered only when a rewrite needs it, and a
-   function's block stays entered for the rest of the run; cyclic GC is paused during the run. A
-   sub-pass whose op types are not all present in some block costs one check per block.
+1. Every block, nested ones included, is listed once and its ops indexed by type (:mod:`.blocks`);
+   the op list is observed for the run, so inserted ops join the index and changes are recorded.
+2. Per sub-pass and block, only ops of the rarest pattern op type are tried as anchors. Each match is
+   offered, inside the search, to the constraints then the transform (:func:`_offer`); one they turn
+   down lets the search go on. Matched ops left unused are removed (:mod:`.removal`).
+3. Nothing is rescanned: only anchor candidates near what a rewrite changed are tried again
+   (:mod:`.changes`); past ``max_iterations`` rounds, :class:`FixpointError`. Each sub-pass then
+   revisits what the later ones changed (:func:`_revisit_earlier`) until a round rewrites nothing.
+4. An undo journal (:mod:`.journal`) opens before the first transform. If a callback raises or a
+   validation fails, the program is restored as it was and :class:`PassExecutionError` says why.
+5. A block's builder context is entered only when a rewrite needs it; cyclic GC is paused for the run.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
+from itertools import groupby
+from operator import itemgetter
 from typing import Any
 
 from coremltools.converters.mil.mil import Block, Operation, Program
@@ -63,35 +36,28 @@ from .subpass import PassStats, SubPass, constraint_verdict
 
 __all__ = ["run_subpasses"]
 
+_RESTORED = "The program was restored to its state before the pass."
 
 
 class _Run:
     """One application of a group of sub-passes to a program."""
 
     def __init__(self, prog: Program, pass_name: str, validate: bool | str) -> None:
-        self.prog = prog
-        self.pass_name = pass_name
-        self.validate = validate
-        self.journal: Journal | None = None
-        """Opened before the first transform runs (see :mod:`pattern_infra.rewriting.journal`)."""
+        self.prog, self.pass_name, self.validate = prog, pass_name, validate
+        self.journal: Journal | None = None  # opened before the first transform runs
         walked = list(walk_blocks(prog))
         self.blocks: list[Block] = [block for block, _ in walked]
-        """Every block, listed once at the start (nothing changes before the journal opens)."""
         self.ops_at_start: dict[int, list[Operation]] = {id(block): ops for block, ops in walked}
-        """Each block's ops as listed at the start, for its index while nothing has been rewritten."""
+        """Each block's ops at the start, for its index while nothing has been rewritten."""
         self.states: dict[int, BlockIndex] = {}
         self.log: dict[str, list[Operation]] | None = None
-        """Every op a rewrite of any sub-pass created, rewired or left with fewer users, by type: what
-        the other sub-passes of its pass revisit (:func:`_revisit_earlier`). None while the sub-passes
-        running have no other to revisit their changes."""
-        self.changes = Changes()
-        """What the current sub-pass's rewrites did, for the revisits and the validation."""
-        self.rounds: dict[int, int] = {}
-        """Per block (by id), the rounds the current sub-pass has swept it: the fixpoint cap."""
+        """Ops the rewrites changed, by type, for the other sub-passes to revisit (None: no other one)."""
+        self.changes = Changes()  # what the current sub-pass's rewrites did
+        self.rounds: dict[int, int] = {}  # per block id, the current sub-pass's sweeps: the fixpoint cap
         self.open_block: Block | None = None
 
     def close(self) -> None:
-        """Leaves the function block kept open by :class:`~pattern_infra.rewriting.blocks.LazyBlockContext`, if any."""
+        """Leaves the function block kept open by :class:`LazyBlockContext`, if any."""
         if self.open_block is not None:
             block, self.open_block = self.open_block, None
             self.keep_block(block)
@@ -107,42 +73,33 @@ class _Run:
             self.journal.keep_block(block)
 
     def state(self, block: Block) -> BlockIndex:
+        """The index of ``block``, made on first use."""
         st = self.states.get(id(block))
         if st is None:
             ops = self.ops_at_start.get(id(block)) if self.journal is None else None
-            st = BlockIndex(block, ops)
-            self.states[id(block)] = st
+            st = self.states[id(block)] = BlockIndex(block, ops)
         return st
 
     def fail(self, sub: SubPass, what: str, match: Pattern, exc: BaseException) -> PassExecutionError:
-        restored = self.restore()  # first: the message names the ops as they are again, not as renamed
+        """Restores the program (first: the message names the ops as they were); the error for a callback."""
+        note = _RESTORED if self.restore() else "The program had not been changed yet."
         ops = ", ".join(f"{op.name} ({op.op_type})" for op in match.op_list())
-        note = (
-            "The program was restored to its state before the pass."
-            if restored
-            else "The program had not been changed yet."
-        )
-        return PassExecutionError(
-            f"Pass {self.pass_name!r}, pattern {sub.name!r}: {what} raised "
-            f"{type(exc).__name__}: {exc}, on the match [{ops}]. {note}"
-        )
+        return PassExecutionError(f"Pass {self.pass_name!r}, pattern {sub.name!r}: {what} raised "
+                                  f"{type(exc).__name__}: {exc}, on the match [{ops}]. {note}")
 
     def refuse(self, sub: SubPass, match: Pattern, problem: str, fix: str) -> PassExecutionError:
         """Restores the program; the error for a transform that broke the rules without raising."""
-        restored = self.restore()
+        note = f" {_RESTORED}" if self.restore() else ""
         ops = ", ".join(f"{op.name} ({op.op_type})" for op in match.op_list())
-        note = " The program was restored to its state before the pass." if restored else ""
-        return PassExecutionError(
-            f"Pass {self.pass_name!r}, pattern {sub.name!r}: on the match [{ops}], transform_pattern "
-            f"{problem}. {fix}{note}"
-        )
+        return PassExecutionError(f"Pass {self.pass_name!r}, pattern {sub.name!r}: on the match [{ops}], "
+                                  f"transform_pattern {problem}. {fix}{note}")
 
     def restore(self) -> bool:
+        """Puts the program back as it was before the pass; False if nothing had been changed."""
         self.release()
-        if self.journal is None:
-            return False
-        self.journal.restore()
-        return True
+        if self.journal is not None:
+            self.journal.restore()
+        return self.journal is not None
 
     def release(self) -> None:
         for st in self.states.values():
@@ -154,11 +111,7 @@ class _Run:
 
 
 def run_subpasses(
-    prog: Program,
-    subpasses: list[SubPass],
-    pass_name: str,
-    *,
-    validate: bool | str = True,
+    prog: Program, subpasses: list[SubPass], pass_name: str, *, validate: bool | str = True,
     passes: Sequence[str] | None = None,
 ) -> PassStats:
     """Applies each sub-pass, in order, to every block of ``prog``.
@@ -167,14 +120,10 @@ def run_subpasses(
         prog: The program, changed in place.
         subpasses: The sub-passes, already in run order.
         pass_name: Pass id, for messages and traces.
-        validate: ``True`` checks the invariants of coremltools' ``Block.validate`` on the ops each
-            rewrite created or rewired, right after it (linear in what changed); ``"full"`` validates
-            the whole program after each sub-pass that rewrote; ``False`` skips it. coremltools'
-            pipeline validates the whole program after every pass anyway.
-        passes: For several passes applied in one call, the id of the pass each sub-pass belongs to
-            (consecutive sub-passes of one pass share it; messages and traces name it). Each pass
-            reaches its own fixpoint (its sub-passes revisit each other's changes) before the next one
-            starts, as when they run one by one. None: all sub-passes form the pass ``pass_name``.
+        validate: ``True`` checks ``Block.validate``'s invariants on what each rewrite changed;
+            ``"full"`` validates the program after each sub-pass that rewrote; ``False`` neither.
+        passes: The pass id of each sub-pass, to run several passes in one call, each reaching its
+            fixpoint before the next starts. None: all sub-passes form the pass ``pass_name``.
 
     Returns:
         The counters of this run, summed over the sub-passes.
@@ -193,17 +142,16 @@ def run_subpasses(
 def _run_groups(run: _Run, groups: list[tuple[str, list[SubPass]]], total: PassStats) -> None:
     """The body of :func:`run_subpasses`: each pass's sub-passes, then their revisits of each other."""
     try:
-        blocks = run.blocks
         for name, group in groups:
             run.pass_name = name
             seen: list[dict[str, int]] = []
             run.log = {} if len(group) > 1 else None
             run.changes.log = run.log
             for sub in group:
-                if any(run.state(block).possible(sub.matcher) for block in blocks):
+                if any(run.state(block).possible(sub.matcher) for block in run.blocks):
                     total.add(_apply(run, sub, first=True))
                 else:
-                    sub.stats.runs += 1  # no block holds every op type of the pattern: nothing to do
+                    sub.stats.runs += 1  # no block holds every op type of the pattern
                     total.runs += 1
                 if run.log is not None:
                     seen.append(run.log_position())
@@ -214,8 +162,7 @@ def _run_groups(run: _Run, groups: list[tuple[str, list[SubPass]]], total: PassS
     except Exception as exc:  # an error of coremltools' own while applying the rewrite
         run.restore()
         raise PassExecutionError(
-            f"Pass {run.pass_name!r} failed while rewriting: {type(exc).__name__}: {exc}. The program "
-            f"was restored to its state before the pass."
+            f"Pass {run.pass_name!r} failed while rewriting: {type(exc).__name__}: {exc}. {_RESTORED}"
         ) from exc
     finally:
         run.close_journal()  # first: leaving the function block rewrites every variable of it
@@ -224,29 +171,18 @@ def _run_groups(run: _Run, groups: list[tuple[str, list[SubPass]]], total: PassS
         run.journal = None  # its saved states are freed here, by reference counting
 
 
-def _groups(
-    subpasses: list[SubPass], pass_name: str, passes: Sequence[str] | None
-) -> list[tuple[str, list[SubPass]]]:
+def _groups(subpasses: list[SubPass], pass_name: str, passes: Sequence[str] | None) -> list[tuple[str, list[SubPass]]]:
     """The sub-passes cut into runs of one pass each, with its id (see ``run_subpasses``' ``passes``)."""
     if passes is None:
         return [(pass_name, subpasses)] if subpasses else []
     if len(passes) != len(subpasses):
         raise ValueError(f"passes names {len(passes)} sub-passes, but {len(subpasses)} were given")
-    groups: list[tuple[str, list[SubPass]]] = []
-    for i, sub in enumerate(subpasses):
-        if i == 0 or passes[i] != passes[i - 1]:
-            groups.append((passes[i], []))
-        groups[-1][1].append(sub)
-    return groups
+    return [(name, [sub for _, sub in run]) for name, run in groupby(zip(passes, subpasses), key=itemgetter(0))]
 
 
 def _apply(run: _Run, sub: SubPass, *, first: bool) -> PassStats:
-    """One sub-pass over the program: every block (``first``), or the blocks with seeds to revisit.
-
-    A rewrite may free a match in another block (an inner rewrite drops a use of an outer variable; an
-    outer one rewires ops of an inner block): those blocks are swept again, from what changed in them,
-    until no block has anything left to revisit.
-    """
+    """One sub-pass over every block (``first``) or the blocks with seeds, until none has seeds left
+    (a rewrite may free a match in another block)."""
     blocks = run.blocks
     stats = PassStats(runs=1 if first else 0)
     start = time.perf_counter()
@@ -273,12 +209,8 @@ def _apply(run: _Run, sub: SubPass, *, first: bool) -> PassStats:
 
 
 def _revisit_earlier(run: _Run, subpasses: list[SubPass], seen: list[dict[str, int]], total: PassStats) -> None:
-    """Lets each sub-pass revisit what the others changed after it ran, until a round rewrites nothing.
-
-    A later sub-pass's rewrite may create or free a match of an earlier one; every rewrite's changed ops
-    are logged by type (:attr:`_Run.log`), and each sub-pass takes the ones of its types it has not seen.
-    Costs a dictionary lookup per sub-pass and type when the rewrites touched none of its types.
-    """
+    """Lets each sub-pass revisit the logged ops of its types the others changed after it ran, until a
+    round rewrites nothing."""
     limit = max(sub.max_iterations for sub in subpasses)
     for _ in range(limit):
         rewrites = total.rewrites
@@ -298,23 +230,15 @@ def _revisit_earlier(run: _Run, subpasses: list[SubPass], seen: list[dict[str, i
     run.restore()
     raise FixpointError(
         f"Pass {run.pass_name!r}: its sub-passes kept re-creating each other's patterns for {limit} rounds "
-        f"({', '.join(sub.name for sub in subpasses)}); make each replacement differ from the other patterns. "
-        f"The program was restored to its state before the pass."
+        f"({', '.join(sub.name for sub in subpasses)}); make each replacement differ from the other "
+        f"patterns. {_RESTORED}"
     )
 
 
-def _sweep(
-    run: _Run, sub: SubPass, st: BlockIndex, stats: PassStats, context: LazyBlockContext, *, first: bool
-) -> None:
-    """One sub-pass over one block, then over what its rewrites touched, until nothing changes there.
-
-    ``first``: the first round tries every anchor candidate of the block; otherwise the block is
-    revisited from the seeds other blocks' rewrites left in it. Each match found is offered to the
-    constraints and the transform *inside* the search (:func:`_offer`): one they turn down lets the search
-    go on to the next structural match at the same anchor op. ``context`` enters the block's builder
-    context before the first transform only, so sub-passes that rewrite nothing never pay for it (see
-    :class:`LazyBlockContext`).
-    """
+def _sweep(run: _Run, sub: SubPass, st: BlockIndex, stats: PassStats, context: LazyBlockContext, *,
+           first: bool) -> None:
+    """One sub-pass over one block (every anchor candidate if ``first``, else from the block's seeds),
+    then over what its rewrites touched, until nothing changes there."""
     matcher = sub.matcher
     block = st.block
     if first:
@@ -344,7 +268,7 @@ def _sweep(
                     f"Pass {run.pass_name!r}, pattern {sub.name!r}: still rewriting after "
                     f"{sub.max_iterations} rounds (last match: [{ops}]). Its transform re-creates the "
                     f"pattern it replaces; make the replacement differ from the pattern, or raise "
-                    f"max_iterations. The program was restored to its state before the pass."
+                    f"max_iterations. {_RESTORED}"
                 )
             for _ in tries(matcher, anchor, candidates, accept):
                 attempts += 1
@@ -356,14 +280,10 @@ def _sweep(
         stats.attempts += attempts
 
 
-def _offer(
-    run: _Run, sub: SubPass, st: BlockIndex, stats: PassStats, context: LazyBlockContext
-) -> tuple[Callable[[Pattern], Any], list[Pattern]]:
-    """The ``accept`` of the driver's searches in one block: constraints, then the transform.
-
-    Returns:
-        The function, and a list that holds the last match rewritten (for the fixpoint message).
-    """
+def _offer(run: _Run, sub: SubPass, st: BlockIndex, stats: PassStats,
+           context: LazyBlockContext) -> tuple[Callable[[Pattern], Any], list[Pattern]]:
+    """The ``accept`` of the driver's searches in one block (constraints, then the transform), and a list
+    holding the last match rewritten (for the fixpoint message)."""
     constraints = sub.var_constraints
     last: list[Pattern] = []
 
@@ -389,10 +309,8 @@ def _offer(
 def _inconsistent(run: _Run, sub: SubPass, exc: Exception) -> PassExecutionError:
     """Restores the program; the error for a validation that failed after ``sub``'s rewrites."""
     run.restore()
-    return PassExecutionError(
-        f"Pass {run.pass_name!r}, pattern {sub.name!r}: the program is inconsistent after its rewrites: "
-        f"{exc}. The program was restored to its state before the pass."
-    )
+    return PassExecutionError(f"Pass {run.pass_name!r}, pattern {sub.name!r}: the program is inconsistent after "
+                              f"its rewrites: {exc}. {_RESTORED}")
 
 
 def _rejection(run: _Run, sub: SubPass, match: Pattern) -> str | None:
@@ -405,10 +323,9 @@ def _rejection(run: _Run, sub: SubPass, match: Pattern) -> str | None:
 def _rewrite(run: _Run, sub: SubPass, st: BlockIndex, match: Pattern) -> bool:
     """Runs the transform and removes the matched ops it left dead; False if it declined.
 
-    A transform declines by returning False before changing anything. One that returns anything else
-    must have rewritten the match: a transform that inserted and removed nothing (the framework's removal
-    of dead matched ops included), or that only built ops nothing uses while every matched op stayed, is
-    an error naming the missing ``replace_output`` (it would otherwise be retried until the fixpoint cap).
+    A transform declines by returning False before changing anything. Any other result must come with a
+    rewrite: inserting and removing nothing, or only building unused ops while every matched op stays,
+    is an error naming the missing ``replace_output`` (it would be retried until the fixpoint cap).
     """
     if run.journal is None:
         run.journal = Journal(run.blocks, run.ops_at_start)  # nothing was rewritten before
@@ -454,20 +371,18 @@ def _rewrite(run: _Run, sub: SubPass, st: BlockIndex, match: Pattern) -> bool:
             run.changes.validate()
         except Exception as exc:
             raise _inconsistent(run, sub, exc) from exc
-    if rewrite_listeners:  # a trace is open (pattern_infra.trace): one test of an empty list otherwise
+    if rewrite_listeners:  # a trace is open (pattern_infra.trace)
         for listener in rewrite_listeners:
             listener(run.prog, run.pass_name, sub.name, block, match.op_list(), created, st.removed[n_removed:])
     return True
 
 
 rewrite_listeners: list[Callable[..., None]] = []
-"""Called after each rewrite with (program, pass id, pattern name, block, matched ops, created ops, removed
-ops); :func:`pattern_infra.trace` registers one while a trace is open."""
+"""Called after each rewrite with (program, pass id, pattern name, block, matched ops, created ops,
+removed ops): :func:`pattern_infra.trace` registers one while a trace is open."""
 
-_REPLACE_OUTPUT = (
-    "Call pattern.replace_output(new_var) (or replace_outputs) to redirect the match's users to the "
-    "replacement; the framework then removes the matched ops."
-)
+_REPLACE_OUTPUT = ("Call pattern.replace_output(new_var) (or replace_outputs) to redirect the match's users to "
+                   "the replacement; the framework then removes the matched ops.")
 
 
 def _used(ops: list[Operation]) -> bool:
@@ -477,9 +392,7 @@ def _used(ops: list[Operation]) -> bool:
 
 def _changed_structure(st: BlockIndex, n_inserted: int, n_removed: int, before: int) -> bool:
     """Whether ops were inserted into or removed from ``st``'s block since the counts were taken
-    (``before``: the op count, for a block whose op list cannot be observed; else -1)."""
+    (``before``: the op count of an unobserved block, else -1)."""
     if len(st.inserted) != n_inserted or len(st.removed) != n_removed:
         return True
     return before >= 0 and len(st.block.operations) != before
-
-

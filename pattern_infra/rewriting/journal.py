@@ -1,57 +1,22 @@
 """Undo journal: puts a program back as it was before a pass, copying only what the pass changes.
 
-A pass that fails must leave the program as it was. Copying every op and variable up front costs a
-walk over the whole program (cold memory, about a microsecond per object) for every pass that rewrites
-anything. The journal copies *on write* instead, at the level of MIL objects:
+On opening, it saves every block's fields and op list and starts observing the MIL API on its thread.
+The first change to an existing variable or op then saves that object's state (containers copied one
+level deep), while it is hot in the cache; a variable gaining or losing a user saves only its user list.
+``restore()`` writes the saved states back (whole objects first, then the older user lists), then the
+blocks. Objects created during the pass are never saved: once the touched objects are back, nothing in
+the program reaches them.
 
-1. When it opens, it saves what is small and shared: every block's fields and op list (a list of
-   references), and it starts observing the MIL API on the thread that opened it.
-2. The first change to an existing variable or op saves that object's state (a shallow copy of its
-   fields, with its consumer list, input map and output bookkeeping copied one level deep). The object
-   is hot in the cache at that moment: the transform is about to touch it anyway. The most frequent
-   change, a variable gaining or losing a user (``add_child_op`` / ``remove_child_op``, twice per
-   removed op), saves only the user list; a later change of anything else saves the whole variable.
-3. ``restore()`` writes every saved state back (whole objects first, then the user lists saved before
-   them, which are older), then the blocks' fields and op lists. Objects created
-   during the pass are never saved (a new op is recognised by having no outputs yet when its
-   constructor sets its inputs, and the variables it then creates are marked as new) and stay as they
-   are: once the blocks and the objects the pass touched
-   are back, nothing in the program reaches them.
+The changes seen are those coremltools 9.0's MIL makes through the methods it hooks while a journal is
+open (:data:`_HOOKS`). ``Block.__exit__``, which recomputes ``nonreplaceable_vars_upstream`` of the
+block's variables, is not hooked: the driver calls :meth:`Journal.keep_block` before leaving a nested
+block and closes the journal before leaving a function's block. Plain attribute assignments are not
+hooked (the builder makes dozens per new op), so a transform's writes by hand are not undone, except
+renames (``op.name = ...``): :meth:`Journal.keep_match` saves a match's names before its transform. The
+driver's removal of dead ops bypasses the hooks and records itself (:meth:`Journal.unlinked`).
 
-Which changes are seen. coremltools 9.0's MIL changes existing objects only through these methods,
-and the journal hooks each one (class-level, while a journal is open):
-
-* ``Var.add_child_op`` / ``remove_child_op`` / ``set_name``, and the setter of ``Var.scopes`` (which
-  writes its producer op);
-* ``Operation._validate_and_set_inputs`` (an op's input map and its input attributes, from
-  ``set_inputs``) and ``Operation.type_value_inference`` (re-inferred output types, values and
-  ``nonreplaceable_vars_upstream``);
-* ``Block.set_outputs`` / ``Block.replace_block_output_var`` (``consuming_blocks`` of the variables
-  involved, and an output's name) and ``Block.remove_ops`` (``enclosing_block`` of the removed ops).
-
-The one other change, ``Block.__exit__`` recomputing ``nonreplaceable_vars_upstream`` of every variable
-of the block, is not hooked (a new variable's constructor sets it too, and hooking it costs an exception
-per new variable); the driver calls :meth:`Journal.keep_block` before it leaves a nested block, and
-closes the journal before it leaves a function's block.
-
-Plain attribute assignments are not hooked (the builder makes dozens per new op; hooking them costs more
-than it saves), so what a transform writes by hand (``op._input_vars[...] = v``, ``var._child_ops.append``,
-``op.enclosing_block = ...``) is not undone. One by-hand write is common, coremltools' own passes make
-it: a rename, ``op.name = ...`` or ``var.name = ...``. The driver saves the names of every op of a match
-and of their outputs before the transform runs (:meth:`Journal.keep_match`, one attribute read each),
-so those renames are undone (elsewhere, rename variables with ``Var.set_name``).
-
-The driver's own removal of dead matched ops (``removal.unlink``) bypasses the hooked methods for speed
-and records what it does with :meth:`Journal.unlinked`: the op's block, and the user lists of its inputs.
-Neither it nor the hooks copy an op's fields unless a hooked method changes the op.
-
-The hooks never read an op's ``__dict__`` unless they save the op: CPython 3.11 keeps an instance's
-attributes inline until its ``__dict__`` is first asked for, and attribute reads on an op whose dict was
-materialised stay about 40% slower for the rest of the op's life (in every later pass too). Ops created
-during the pass are recognised by ``_output_vars`` still being None.
-
-Hooks only record for the thread that opened the journal; other threads run coremltools unchanged
-(apart from one dictionary lookup per hooked call).
+The hooks never read an op's ``__dict__`` unless they save it: CPython keeps attributes inline until
+``__dict__`` is asked for, and reads on an op whose dict was materialised stay slower for good.
 """
 
 from __future__ import annotations
@@ -66,83 +31,54 @@ from coremltools.converters.mil.mil import Block, Operation, Var
 from coremltools.converters.mil.mil.utils import CacheDoublyLinkedList
 from coremltools.converters.mil.mil.var import InternalVar
 
-
 __all__ = ["Journal", "journals_on_this_thread"]
 
 _get_ident = threading.get_ident
 _object_setattr = object.__setattr__
 
-_ACTIVE: dict[int, list[Journal]] = {}
-"""Thread id to the journals open on it, innermost last."""
+_ACTIVE: dict[int, list[Journal]] = {}  # thread id to the journals open on it, innermost last
 _LOCK = threading.Lock()
 _originals: dict[tuple[type, str], Any] = {}
-"""(class, attribute) to what the class itself defined there before the hooks (``_ABSENT`` if
-nothing): put back when the last journal closes."""
+"""(class, attribute) to what the class itself defined there before the hooks (``_ABSENT``: nothing)."""
 _ABSENT = object()
 
 _VAR_SLOTS: tuple[str, ...] = tuple(
-    name for name in Var.__slots__ if name not in ("_child_ops", "consuming_blocks", "_nonreplaceable_vars_upstream")
-)
+    n for n in Var.__slots__ if n not in ("_child_ops", "consuming_blocks", "_nonreplaceable_vars_upstream"))
 _var_slots = operator.attrgetter(*_VAR_SLOTS)
 _CONTAINERS = (list, dict, set)
 
 
 def journals_on_this_thread() -> list[Journal]:
-    """The journals open on this thread, innermost last (empty when none): for a change made without
-    the hooked methods, which must be recorded in each (see :meth:`Journal.unlinked`)."""
+    """The journals open on this thread, innermost last: each must record a change made without the
+    hooked methods (see :meth:`Journal.unlinked`)."""
     return _ACTIVE.get(_get_ident()) or []
 
 
-def _var_state(var: Var) -> tuple[Var, tuple[Any, ...], list[Any], list[Any] | None, set[Any] | None]:
-    """A variable's slots, with its user list copied; its output relations and upstream set too when
-    they are not empty (they nearly always are: None stands for empty)."""
-    blocks = var.consuming_blocks
-    upstream = var._nonreplaceable_vars_upstream
-    return (
-        var,
-        _var_slots(var),
-        var._child_ops.copy(),
-        blocks.copy() if blocks else None,
-        upstream.copy() if upstream else None,
-    )
-
-
 class Journal:
-    """Saved states of the blocks, ops and variables a pass touched; see the module docstring.
+    """Saved states of the blocks, ops and variables a pass touched (see the module docstring).
 
-    Use as a context manager around the pass (or call :meth:`close`); :meth:`restore` before closing
-    puts the program back.
-    """
+    A context manager (or call :meth:`close`); :meth:`restore` before closing puts the program back."""
 
     def __init__(self, blocks: Iterable[Block], op_lists: Mapping[int, list[Operation]] | None = None) -> None:
-        """``op_lists``: block id to the block's ops in program order, where the caller has them (the
-        lists are kept, not copied: they must not change afterwards)."""
+        """``op_lists``: block id to the block's ops in program order, where the caller has them (kept,
+        not copied: they must not change afterwards)."""
         self.thread = _get_ident()
-        self.saved: set[Any] = set()
-        """The objects whose state is saved (or that were created after the journal opened). Held
-        as objects, not ids: MIL's ops and variables hash by identity, and a membership test then
-        needs neither a new int per ``id()`` nor a second memory read to compare it."""
-        self.users_saved: set[Var] = set()
-        """The variables whose user list alone is saved (in :attr:`users`)."""
+        self.saved: set[Any] = set()  # objects saved, or created since it opened (they hash by identity)
+        self.users_saved: set[Var] = set()  # variables whose user list alone is saved (in users)
+        # Flat lists, no tuple per entry: (variable, user list); (op, fields, input map);
+        # (op unlinked before anything saved it, its block); (match op or variable, its name).
         self.users: list[Any] = []
-        """Flat: a variable, then its user list as saved, and so on (no tuple per entry)."""
         self.ops: list[Any] = []
-        """Flat: an op, its fields as saved, its input map as saved, and so on."""
         self.vars: list[tuple[Var, tuple[Any, ...], list[Any], list[Any] | None, set[Any] | None]] = []
         self.others: list[tuple[Any, dict[str, Any]]] = []
         self.enclosing: list[Any] = []
-        """Flat: an op the driver unlinked before anything else saved it, then its block."""
         self.names: list[Any] = []
-        """Flat: an op or variable of a match, then its name before the transform ran."""
         listed = op_lists or {}
         self.blocks: list[tuple[Block, list[Operation], dict[str, Any]]] = [
             (block, listed.get(id(block)) or list(block.operations), _fields(block, skip=("operations",)))
-            for block in blocks
-        ]
+            for block in blocks]
         self.closed = False
         _open(self)
-
-    # -- saving ---------------------------------------------------------------------------------------
 
     def keep_op(self, op: Operation) -> None:
         """Saves ``op``'s state, unless it is saved already."""
@@ -167,8 +103,10 @@ class Journal:
                 return  # a constant's value the builder just made (or one nothing reads): unreachable
             self.others.append((var, _fields(var)))
             return
-        try:
-            self.vars.append(_var_state(var))
+        try:  # its slots, and copies of its users, output relations and upstream set (None: empty)
+            blocks, upstream = var.consuming_blocks, var._nonreplaceable_vars_upstream
+            self.vars.append((var, _var_slots(var), var._child_ops.copy(), blocks.copy() if blocks else None,
+                              upstream.copy() if upstream else None))
         except AttributeError:
             pass  # a variable under construction: created after the journal opened
 
@@ -183,16 +121,14 @@ class Journal:
         self.users += (var, var._child_ops.copy())
 
     def keep_block(self, block: Block) -> None:
-        """Saves every variable of ``block`` and of the blocks nested in it: leaving a block's builder
-        context (``Block.__exit__``) recomputes their ``nonreplaceable_vars_upstream``."""
+        """Saves every variable of ``block`` and its nested blocks, which ``Block.__exit__`` rewrites."""
         for var in _block_vars(block):
             if var not in self.saved:
                 self.keep_var(var)
 
     def keep_match(self, ops: Iterable[Operation]) -> None:
-        """Saves the names of a match's ops and of their outputs, which transforms (coremltools' own
-        passes too) sometimes write by hand (``op.name = ...``, ``var.name = ...``); every other change
-        to them goes through the hooks. The ops' other fields are not copied (see the module docstring)."""
+        """Saves the names of a match's ops and of their outputs, which transforms may write by hand
+        (``op.name = ...``); every other change to them goes through the hooks."""
         saved, names = self.saved, self.names
         for op in ops:
             if op not in saved:
@@ -202,18 +138,14 @@ class Journal:
                     names += (var, var.name)
 
     def unlinked(self, block: Block, removal: list[tuple[Operation, list[Var]]]) -> None:
-        """Records that the driver is about to take each op of ``removal`` out of ``block`` directly
-        (``enclosing_block`` set to None, the op removed from the user list of each variable listed with
-        it), without the hooked methods: one call per removal, not one hooked call per input."""
+        """Records that the driver is about to take each op of ``removal`` out of ``block`` without the
+        hooked methods (``enclosing_block`` set to None, the op taken off its inputs' user lists)."""
         saved, enclosing, keep_users = self.saved, self.enclosing, self.keep_users
         for op, inputs in removal:
             if op not in saved:
-                enclosing.append(op)
-                enclosing.append(block)
+                enclosing += (op, block)
             for var in inputs:
                 keep_users(var)
-
-    # -- restoring ------------------------------------------------------------------------------------
 
     def restore(self) -> None:
         """Puts every saved op, variable and block back as it was when the journal opened."""
@@ -231,16 +163,12 @@ class Journal:
             _object_setattr(var, "_nonreplaceable_vars_upstream", upstream.copy() if upstream else set())
         for obj, saved in self.others:
             _set_fields(obj, saved)
-        # Recorded only for objects not saved whole at the time, so older than any whole state saved
-        # since: applied after those.
-        enclosing = self.enclosing
-        for op, block in zip(enclosing[0::2], enclosing[1::2]):
+        # Recorded only for objects not saved whole at the time, so older: applied after those.
+        for op, block in zip(self.enclosing[0::2], self.enclosing[1::2]):
             op.enclosing_block = block
-        names = self.names
-        for obj, name in zip(names[0::2], names[1::2]):
+        for obj, name in zip(self.names[0::2], self.names[1::2]):
             _object_setattr(obj, "name", name)
-        saved_users = self.users
-        for var, users in zip(saved_users[0::2], saved_users[1::2]):
+        for var, users in zip(self.users[0::2], self.users[1::2]):
             _object_setattr(var, "_child_ops", users.copy())
         for block, ops, saved in self.blocks:
             _set_fields(block, saved)
@@ -259,9 +187,7 @@ class Journal:
         self.close()
 
 
-# -- the hooks ----------------------------------------------------------------------------------------
-# Each hook has the hooked method's exact signature and does one dictionary lookup before calling it:
-# they run dozens of times per rewrite (``remove_child_op`` once per input of every removed op).
+# Each hook has the hooked method's exact signature and does one dictionary lookup (dozens per rewrite).
 
 
 def _hook_add_child_op(original: Callable[..., Any]) -> Callable[..., Any]:
@@ -272,7 +198,6 @@ def _hook_add_child_op(original: Callable[..., Any]) -> Callable[..., Any]:
                 if self not in journal.saved:
                     journal.keep_users(self)
         return original(self, new_op)
-
     return add_child_op
 
 
@@ -284,7 +209,6 @@ def _hook_remove_child_op(original: Callable[..., Any]) -> Callable[..., Any]:
                 if self not in journal.saved:
                     journal.keep_users(self)
         return original(self, target_op, no_check)
-
     return remove_child_op
 
 
@@ -295,7 +219,6 @@ def _hook_set_name(original: Callable[..., Any]) -> Callable[..., Any]:
             for journal in journals:
                 journal.keep_var(self)
         return original(self, name)
-
     return set_name
 
 
@@ -309,7 +232,6 @@ def _hook_scopes(prop: property) -> property:
             for journal in journals:
                 journal.keep_op(self.op)
         setter(self, scopes)  # type: ignore[misc]
-
     return property(prop.fget, set_scopes, prop.fdel, prop.__doc__)
 
 
@@ -321,7 +243,6 @@ def _hook_set_inputs(original: Callable[..., Any]) -> Callable[..., Any]:
                 if self not in journal.saved:
                     journal.keep_op(self)
         return original(self, input_kvs, no_check_var_types)
-
     return _validate_and_set_inputs
 
 
@@ -344,7 +265,6 @@ def _hook_type_value_inference(original: Callable[..., Any]) -> Callable[..., An
                     if var not in journal.saved:
                         journal.keep_var(var)
         return original(self, overwrite_output)
-
     return type_value_inference
 
 
@@ -363,20 +283,17 @@ def _hook_set_outputs(original: Callable[..., Any]) -> Callable[..., Any]:
         if journals:
             _keep_vars_of(journals, list(self._outputs) + list(outputs))
         return original(self, outputs)
-
     return set_outputs
 
 
 def _hook_replace_block_output_var(original: Callable[..., Any]) -> Callable[..., Any]:
-    """Changes ``consuming_blocks`` (and a function output's name) of both variables in place, when
-    ``old_var`` is an output of the block."""
+    """Changes ``consuming_blocks`` (and an output's name) of both variables, when ``old_var`` is an output."""
 
     def replace_block_output_var(self: Block, old_var: Var, new_var: Var) -> Any:
         journals = _ACTIVE.get(_get_ident())
         if journals and old_var in self._outputs:
             _keep_vars_of(journals, (old_var, new_var))
         return original(self, old_var, new_var)
-
     return replace_block_output_var
 
 
@@ -391,7 +308,6 @@ def _hook_remove_ops(original: Callable[..., Any]) -> Callable[..., Any]:
                     if op not in journal.saved:
                         journal.keep_op(op)
         return original(self, ops_to_remove)
-
     return remove_ops
 
 
@@ -406,9 +322,8 @@ _HOOKS: list[tuple[type, str, Callable[[Any], Any]]] = [
     (Block, "replace_block_output_var", _hook_replace_block_output_var),
     (Block, "remove_ops", _hook_remove_ops),
 ]
-"""(class, attribute, hook factory taking the attribute as the class defines it): every way
-coremltools 9.0's MIL changes an existing variable, op or output relation during a rewrite (see the
-module docstring)."""
+"""(class, attribute, hook factory taking the attribute as defined): every way coremltools 9.0's MIL
+changes an existing variable, op or output relation."""
 
 
 def _open(journal: Journal) -> None:
@@ -451,9 +366,6 @@ def _block_vars(block: Block) -> Iterable[Any]:
             yield from _block_vars(inner)
 
 
-# -- generic field copies (blocks and unusual variable kinds) ----------------------------------------
-
-
 @functools.cache
 def _slot_names(cls: type) -> tuple[str, ...]:
     names: list[str] = []
@@ -463,23 +375,19 @@ def _slot_names(cls: type) -> tuple[str, ...]:
     return tuple(n for n in names if n != "__dict__")
 
 
-_MISSING = object()
+def _copied(value: Any) -> Any:
+    """``value``, a copy if it is a container."""
+    return value.copy() if isinstance(value, _CONTAINERS) else value
 
 
 def _fields(obj: Any, skip: tuple[str, ...] = ()) -> dict[str, Any]:
     """Every attribute of ``obj`` (dict and slots), containers copied one level deep."""
-    saved: dict[str, Any] = {}
-    state = getattr(obj, "__dict__", None)
-    if state is not None:
-        for key, value in state.items():
-            saved[key] = value.copy() if isinstance(value, _CONTAINERS) else value
+    state = dict(getattr(obj, "__dict__", None) or {})
     for key in _slot_names(type(obj)):
-        value = getattr(obj, key, _MISSING)
-        if value is not _MISSING:
-            saved[key] = value.copy() if isinstance(value, _CONTAINERS) else value
-    for key in skip:
-        saved.pop(key, None)
-    return saved
+        value = getattr(obj, key, _ABSENT)
+        if value is not _ABSENT:
+            state[key] = value
+    return {key: _copied(value) for key, value in state.items() if key not in skip}
 
 
 def _set_fields(obj: Any, saved: dict[str, Any]) -> None:
@@ -487,4 +395,4 @@ def _set_fields(obj: Any, saved: dict[str, Any]) -> None:
         for key in [k for k in vars(obj) if k not in saved and k != "operations"]:
             del vars(obj)[key]
     for key, value in saved.items():
-        _object_setattr(obj, key, value.copy() if isinstance(value, _CONTAINERS) else value)
+        _object_setattr(obj, key, _copied(value))

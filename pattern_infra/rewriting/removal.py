@@ -1,8 +1,4 @@
-"""Dead-op removal: the matched ops a transform left without users go, without ``Block.remove_ops``' copies.
-
-Owns: :func:`remove_dead_ops` (public: transforms and ``fuse_one_block`` use it), :func:`remove_dead` (the
-same, with each op's inputs, for the driver's change record) and :func:`unlink`.
-"""
+"""Dead-op removal: the matched ops a transform left without users go, without ``Block.remove_ops``' copies."""
 
 from __future__ import annotations
 
@@ -20,12 +16,10 @@ __all__ = ["remove_dead", "remove_dead_ops", "unlink"]
 def remove_dead_ops(match: Pattern) -> list[Operation]:
     """Removes the matched ops still in the block whose outputs nothing uses.
 
-    This is what lets a transform only build the replacement and redirect the outputs: the framework
-    deletes what the replacement made dead. The ops are visited consumers first (the pattern's own
-    order, reversed), so a chain of matched ops dies in one visit. An op is dead when no output is a
-    block output (``consuming_blocks``) or read by an op outside the dead ones: what
-    ``Block.remove_ops`` checks, so the ops are then unlinked directly (:func:`unlink`), the same end
-    state as ``Block.remove_ops`` at about two thirds of its cost.
+    This lets a transform only build the replacement and redirect the outputs. The ops are visited
+    consumers first, so a chain of matched ops dies in one visit. An op is dead when no output is a
+    block output or read by an op outside the dead ones: what ``Block.remove_ops`` checks, so they are
+    then unlinked directly (:func:`unlink`), with the same end state.
 
     Returns:
         The removed ops.
@@ -52,11 +46,9 @@ def remove_dead(match: Pattern) -> list[tuple[Operation, list[Var]]]:
 
 def unlink(block: Block, ops: list[Operation]) -> list[tuple[Operation, list[Var]]]:
     """Takes ``ops``, dead ops of ``block`` (no output used outside ``ops``, none a block output), out of
-    the block: what ``Block.remove_ops`` does to them, without its checks, which ``remove_dead_ops`` made
-    already, and without its copies (``get_flattened_inputs``, ``set(ops)``): about a third of its cost.
-    Ops with nested blocks or internal inputs, and a block whose op list is not coremltools' linked list,
-    go through ``Block.remove_ops``. Each open journal records the removal (:meth:`Journal.unlinked`:
-    the op's block and its inputs' user lists), since the hooked ``Var.remove_child_op`` is bypassed."""
+    the block: ``Block.remove_ops`` without its checks (``remove_dead_ops`` made them) and its copies.
+    Ops with nested blocks or internal inputs, or a block whose op list is not coremltools' linked list,
+    go through ``Block.remove_ops``. Each open journal records the removal (:meth:`Journal.unlinked`)."""
     removal = [(op, flat_inputs(op)) for op in ops]
     ops_list = block.operations
     if type(ops_list) is not CacheDoublyLinkedList and not isinstance(ops_list, CacheDoublyLinkedList):
@@ -78,5 +70,3 @@ def unlink(block: Block, ops: list[Operation]) -> list[tuple[Operation, list[Var
         for var in inputs:
             var._child_ops.remove(op)
     return removal
-
-

@@ -74,7 +74,6 @@ class SubPass:
     """Cumulative counters."""
     matcher: Matcher = field(init=False)
     """The search for :attr:`compiled`."""
-
     seed_types: frozenset[str] | None = field(init=False)
     """The op types a revisit starts from (the pattern's), or None for every type (fan-out patterns)."""
 
@@ -89,13 +88,11 @@ class SubPass:
         return self.compiled.name
 
 
-
-
 def constraint_verdict(result: Any) -> str | None:
     """What a ``var_constraints`` result says: None to accept, else the reason for turning the match down.
 
-    A constraint accepts with any true value; it refuses with a false value (``False``, ``None``), with a
-    ``(False, "reason")`` pair, or with a string, which is the reason itself (``"rank 3, not 2"``).
+    A constraint accepts with any true value; it refuses with a false value, a ``(False, "reason")`` pair,
+    or a string, which is the reason itself (``"rank 3, not 2"``).
     """
     if isinstance(result, tuple) and len(result) == 2 and isinstance(result[1], str):
         if result[0]:
@@ -104,5 +101,3 @@ def constraint_verdict(result: Any) -> str | None:
     if isinstance(result, str):
         return f"constraint returned False: {result}" if result else "constraint returned False"
     return None if result else "constraint returned False"
-
-
