@@ -80,9 +80,9 @@ def optional_fanout(x0):
 
 @mb.program(input_specs=[mb.TensorSpec(shape=S), mb.TensorSpec(shape=S)])
 def equivalence_fanout_outputs(x0, x1):
-    """equivalences x fan-out x several inputs and outputs x commutativity."""
-    a = mb.add(x=x0, y=x1, name="a")
-    return mb.sub(x=a, y=2.0, name="s"), mb.relu(x=x1, name="f")
+    """equivalences x fan-out x several inputs x commutativity x constant rule."""
+    s = mb.sub(x=mb.add(x=x0, y=x1, name="a"), y=2.0, name="s")
+    return mb.relu(x=s, name="f")
 
 
 PATTERNS: dict[str, tuple[Any, dict[str, Any]]] = {
@@ -93,7 +93,8 @@ PATTERNS: dict[str, tuple[Any, dict[str, Any]]] = {
     "choice_then_fanout": (choice_then_fanout, {"fanout": ["f"]}),
     "optional_two_inputs": (optional_two_inputs, {"equivalences": ["add_const"]}),
     "optional_fanout": (optional_fanout, {"fanout": ["f"], "constants": "value"}),
-    "equivalence_fanout_outputs": (equivalence_fanout_outputs, {"equivalences": ["sub_const"], "fanout": ["f"]}),
+    "equivalence_fanout_outputs": (equivalence_fanout_outputs, {"equivalences": ["sub_const"], "fanout": ["f"],
+                                                                 "constants": "value"}),
 }
 
 FEATURES = {
