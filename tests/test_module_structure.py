@@ -117,3 +117,15 @@ def test_no_module_is_over_500_lines():
         if (n := len(path.read_text().splitlines())) > 500 and str(path.relative_to(PACKAGE)) not in LONG_MODULES
     }
     assert long == {}
+
+
+def test_no_module_generates_or_executes_code():
+    """One search engine, written as Python: nothing in the package calls ``exec``, ``eval`` or the
+    built-in ``compile``."""
+    calls = [
+        f"{path.relative_to(PACKAGE.parent)}:{node.lineno} calls {node.func.id}"
+        for path in PACKAGE.rglob("*.py")
+        for node in ast.walk(ast.parse(path.read_text()))
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in {"exec", "eval", "compile"}
+    ]
+    assert calls == []

@@ -70,8 +70,7 @@ class Search:
         accept: Accept | None = None,
     ) -> None:
         n = len(matcher.places)
-        self.m = matcher
-        """The :class:`~pattern_infra.matching.matcher.Matcher` (its ops, constants, spellings, counters)."""
+        self.m = matcher  # the Matcher: its ops, constants, spellings, plan trees and counters
         self.block = block
         self.trace = trace
         self.ops: list[Any] = [None] * n
@@ -86,8 +85,7 @@ class Search:
         self.depth = 0
         self.order = order
         self.accept = accept
-        self.result: Pattern | None = None
-        """The match taken, once the search succeeded."""
+        self.result: Pattern | None = None  # the match taken, once the search succeeded
 
     def fail(self, node: int, reason: str | Callable[[], str]) -> bool:
         if self.trace and (self.failure is None or self.depth > self.failure.bound):
@@ -388,7 +386,7 @@ def _const_fit(node: PatternNode, assignment: dict[str, Any]) -> int:
 
 
 def _name(op: Any) -> str:
-    return "[" + ", ".join(o.name for o in op) + "]" if isinstance(op, list) else op.name
+    return f"[{', '.join(o.name for o in op)}]" if isinstance(op, list) else op.name
 
 
 def build_pattern(
@@ -399,16 +397,9 @@ def build_pattern(
     roots: list[Var | None],
     order: Callable[[list[Operation]], list[Operation]] | None,
 ) -> Pattern:
-    """The :class:`Pattern` of a complete binding.
-
-    Args:
-        variant: The spelling matched.
-        block: The block searched.
-        ops: Per op of the spelling, the bound program op (a list for a fan-out op).
-        assign: Per op of the spelling, its operands as assigned (after any x/y swap).
-        roots: Per pattern input, the bound program variable (None where the spelling reads none).
-        order: Sorts ops into program order, for ``Pattern.op_list``.
-    """
+    """The :class:`Pattern` of a complete binding of ``variant``: ``ops`` and ``assign`` per op of the
+    spelling (a list for a fan-out op; operands after any swap), ``roots`` per pattern input (None where
+    the spelling reads none), ``order`` sorting ops into program order for ``Pattern.op_list``."""
     compiled = variant.compiled
     by_name: dict[str, Any] = {}
     operands: dict[str, dict[str, Any]] = {}
