@@ -104,4 +104,4 @@ def exp_spelling(x):
 ex.banner("4. explain: a spelling no alternative covers")
 report = explain(rms_norm, exp_spelling)
 print(report)
-ex.check("alternatives for" in str(report), "explain lists the alternatives it tried")
+ex.check("of 'normed')" in str(report), "explain names the alternative where the nearest miss failed")
