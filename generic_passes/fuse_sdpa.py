@@ -73,8 +73,9 @@ import math
 import numpy as np
 from coremltools import target
 from coremltools.converters.mil import Builder as mb
-from coremltools.converters.mil.mil import Block, Function, Operation, Program, Var
+from coremltools.converters.mil.mil import Operation, Program, Var
 
+from generic_passes._shape_proof import ShapeFacts, function_of
 from pattern_infra import Pattern, predicates, register_generic_pass
 
 __all__ = [
@@ -163,14 +164,9 @@ def attention_pattern(key_form: str, mask_form: str, scale_form: str = "scores")
     return attention
 
 
-def _function_of(block: Block) -> Function:
-    while not isinstance(block, Function):
-        block = block.outer_op.enclosing_block
-    return block
-
-
-def _shape(var: Var) -> tuple | None:
-    return None if var.shape is None else tuple(var.shape)
+def _shape(pattern: Pattern, var: Var) -> tuple | None:
+    """``var``'s dimensions, symbolic ones as what the program's shape ops prove them to be."""
+    return ShapeFacts.of(pattern.block).dims(var)
 
 
 def _normalized_perm(perm: Var, rank: int) -> list[int] | None:
@@ -193,9 +189,9 @@ def _key_perm(pattern: Pattern) -> list[int] | None:
 def _key_shape(pattern: Pattern) -> tuple | None:
     """Shape of K ``[*batch, S, E]`` as the op will see it."""
     if "key_t" in pattern.ops:
-        kt = _shape(pattern.key_t.outputs[0])
+        kt = _shape(pattern, pattern.key_t.outputs[0])
         return None if kt is None or len(kt) < 2 else kt[:-2] + (kt[-1], kt[-2])
-    return _shape(pattern.qk.y)
+    return _shape(pattern, pattern.qk.y)
 
 
 def _fits(mask: tuple, scores: tuple) -> bool:
@@ -213,7 +209,7 @@ def _scale_factor(pattern: Pattern, embed: int) -> float | None:
         if not predicates.is_constant(scale) or predicates.is_constexpr(scale):
             return None
         value = np.asarray(scale.val)
-        if value.size != 1 or _shape(pattern.scale.outputs[0]) != _shape(pattern.operand("scale", "x")):
+        if value.size != 1 or _shape(pattern, pattern.scale.outputs[0]) != _shape(pattern, pattern.operand("scale", "x")):
             return None
     factor = float(value.reshape(())) * math.sqrt(embed)
     if not factor > 0.0 or not math.isfinite(factor):
@@ -245,11 +241,11 @@ def _query(pattern: Pattern, before: Operation) -> Var:
 def _mask_fits(pattern: Pattern, scores: tuple) -> bool:
     if "mask_add" in pattern.ops:
         mask = pattern.operand("mask_add", "y")
-        out = _shape(pattern.mask_add.outputs[0])
+        out = _shape(pattern, pattern.mask_add.outputs[0])
         return (
             predicates.dtype_is(mask, "fp16", "fp32")
-            and _shape(mask) is not None
-            and _fits(_shape(mask), scores)
+            and _shape(pattern, mask) is not None
+            and _fits(_shape(pattern, mask), scores)
             and out == scores
         )
     if "mask_select" in pattern.ops:
@@ -261,7 +257,7 @@ def _mask_fits(pattern: Pattern, scores: tuple) -> bool:
             return False
         if predicates.is_constexpr(cond) or predicates.is_constexpr(fill):
             return False
-        if _shape(op.outputs[0]) != scores or not _fits(_shape(cond), scores):
+        if _shape(pattern, op.outputs[0]) != scores or not _fits(_shape(pattern, cond), scores):
             return False
         if not np.all(np.asarray(fill.val, dtype=np.float64) <= MASK_FILL_MAX):
             return False
@@ -273,7 +269,7 @@ def _mask_fits(pattern: Pattern, scores: tuple) -> bool:
 
 def sdpa_constraints(pattern: Pattern) -> bool:
     """iOS18+, the shapes and dtypes the op accepts, softmax on the last axis, scale and mask as above."""
-    opset = _function_of(pattern.block).opset_version
+    opset = function_of(pattern.block).opset_version
     if opset is None or opset < target.iOS18:
         return False
     qk, pv = pattern.qk, pattern.pv
@@ -282,12 +278,12 @@ def sdpa_constraints(pattern: Pattern) -> bool:
         return False
     if "key_t" in pattern.ops and _key_perm(pattern) is None:
         return False
-    q, key, v = _shape(qk.x), _key_shape(pattern), _shape(pv.y)
+    q, key, v = _shape(pattern, qk.x), _key_shape(pattern), _shape(pattern, pv.y)
     if q is None or key is None or v is None or not len(q) == len(key) == len(v) >= 3:
         return False
     if not q[:-2] == key[:-2] == v[:-2] or q[-1] != key[-1] or key[-2] != v[-2]:
         return False
-    if not isinstance(q[-1], (int, np.integer)):
+    if not q[-1].is_Integer:
         return False  # E must be known to compare the scale with 1/sqrt(E)
     operands = (qk.x, qk.y, pv.y)
     if len({var.dtype for var in operands}) != 1 or not predicates.dtype_is(qk.x, "fp16", "fp32"):
@@ -298,7 +294,7 @@ def sdpa_constraints(pattern: Pattern) -> bool:
     if factor is None:
         return False
     scores = q[:-1] + (key[-2],)
-    if _shape(qk.outputs[0]) != scores or not _mask_fits(pattern, scores):
+    if _shape(pattern, qk.outputs[0]) != scores or not _mask_fits(pattern, scores):
         return False
     pattern.add_attribute("query_factor", factor)
     return True

@@ -66,7 +66,8 @@ FOLDED = ["reshape", SDPA, "reshape", "relu"]
         ("none", FOLDED),
         ("const_bool", FOLDED),  # repeated at compile time
         ("const_row", FOLDED),  # [B, 1, 1, S] broadcasts as it is
-        ("float_shared", ["reshape", "tile", SDPA, "reshape", "relu"]),
+        # the runtime mask (a function input) repeated once, at the block's start, for every layer
+        ("float_shared", ["tile", "reshape", SDPA, "reshape", "relu"]),
         ("per_head", ["reshape", "reshape", SDPA, "reshape", "relu"]),
     ],
 )
