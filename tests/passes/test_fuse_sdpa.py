@@ -336,3 +336,43 @@ def test_fused_inside_a_nested_block():
         inputs = {"q": RNG.standard_normal((B, H, L, E)), "k": RNG.standard_normal((B, H, S, E)),
                   "v": RNG.standard_normal((B, H, S, E)), "flag": np.array([flag])}
         assert_programs_equivalent(prog, ours, inputs=inputs, rtol=1e-5)
+
+
+# -- flexible lengths: the attention step of a KV-cache decoder (pattern_infra.testing.cached_attention) --
+
+
+def _cached_inputs(heads: int, length: int, cache_len: int, other_len: int | None = None) -> dict[str, np.ndarray]:
+    from pattern_infra.testing.cached_attention import CACHE, HEAD_DIM, KV_HEADS
+
+    return {"q": RNG.standard_normal((1, heads, length, HEAD_DIM)),
+            "k_cache": RNG.standard_normal((1, KV_HEADS, CACHE, HEAD_DIM)),
+            "v_cache": RNG.standard_normal((1, KV_HEADS, CACHE, HEAD_DIM)),
+            "mask": RNG.standard_normal((1, 1, length, cache_len)),
+            "other": np.zeros((1, cache_len if other_len is None else other_len))}
+
+
+def test_flexible_cache_slice_fused_when_its_length_is_proven_the_mask_s():
+    """Keys: the cache sliced to ``end = shape(mask)[3]``, repeated by a tile of run-time reps and reshaped
+    to ``[1, H, -1, E]``, each with fresh symbols; proven equal to the mask's length ``S`` from the slice
+    (``0 <= 0 <= S <= 15 <= 16``: the declared range), the reps (``S / S``) and the reshape."""
+    from pattern_infra.testing.cached_attention import cached_attention
+
+    prog = cached_attention()
+    ours = run_pass(PASS, prog)
+    assert SDPA in op_types(ours) and "softmax" not in op_types(ours) and "matmul" not in op_types(ours)
+    for length, cache_len in ((3, 5), (1, 6), (15, 15)):
+        assert_programs_equivalent(prog, ours, inputs=_cached_inputs(4, length, cache_len), rtol=1e-5)
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [{"bounded": False}, {"mask_length": "other"}],
+    ids=["slice_end_not_proven_within_the_cache", "mask_of_a_different_length"],
+)
+def test_flexible_near_misses_left_alone(kwargs):
+    """Without declared ranges ``S <= 16`` is not proven (the slice may clamp); with the keys sliced to
+    another input's length, the mask's ``S`` and the keys' length are different symbols, never equal."""
+    from pattern_infra.testing.cached_attention import cached_attention
+
+    prog = cached_attention(**kwargs)
+    assert op_types(run_pass(PASS, prog)) == op_types(prog)
