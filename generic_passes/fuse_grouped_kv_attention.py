@@ -19,20 +19,48 @@ is kept; a mask shared by the heads (``[.., 1, L, S]``) is repeated ``G`` times 
 per-head mask (``[.., H, L, S]``) is reshaped to ``[.., Hkv, G*L, S]``. Every row is computed with the
 same arithmetic as before: the rewrite is exact (checked with the evaluator), and K/V are never copied.
 
-Pattern (``k``, ``v`` of shape ``[B, Hkv, S, E]``; the three ops of ``repeat_kv`` on each)::
+Patterns (``k``, ``v`` of shape ``[B, Hkv, S, E]``)::
+
+    Grouped form (repeat_kv: expand_dims -> tile -> reshape on each of K and V):
 
     k --> expand_dims(axes=[2]) --> tile(reps=[1, 1, G, 1, 1]) --> reshape([B, H, S, E]) --|
     v --> expand_dims(axes=[2]) --> tile(reps=[1, 1, G, 1, 1]) --> reshape([B, H, S, Ev]) -|
     q ------------------------------------------------------------------------------> scaled_dot_product_attention --> y
                                                                           [attn_mask] --^
 
-becomes::
+    Multi-query form (Falcon: one K/V head, Hkv = 1, expanded to the H query heads; G = H):
+
+    k --> tile(reps=[1, H, 1, 1]) --|
+    v --> tile(reps=[1, H, 1, 1]) --|
+    q ----------------------------> scaled_dot_product_attention --> y
+
+    Run-time reps (either form, a flexible-shape conversion: coremltools broadcasts to a symbolic shape):
+
+    x --> shape --> select(cond=equal(target, -1), a=., b=target) --> real_div(., shape(x)) --> tile.reps
+
+all become::
 
     q --> reshape([B, Hkv, G*L, E]) --> scaled_dot_product_attention(., k, v, [M']) --> reshape([B, H, L, Ev]) --> y
 
 7 ops become 3 (4 when a runtime mask shared by the heads needs its ``tile``; a constant mask is
-repeated at compile time). Shapes must be static (the reshapes name every dimension); a per-head mask
-without a query axis (``[.., H, 1, S]``) that is not a constant is left alone.
+repeated at compile time); with run-time reps, 13 become 3. A ``tile`` of ``Hkv > 1`` heads by ``[1, G,
+1, 1]`` is not repeat_kv (it orders the heads ``k0, k1, k0, k1, ...``: query head ``h`` reads K/V head
+``h % Hkv``, not ``h // G``) and is left alone, as is a per-head mask without a query axis (``[.., H, 1,
+S]``) that is not a constant.
+
+Proof of the reps and sizes. The reps must be proven ``[1, 1, G, 1, 1]`` (``[1, H, 1, 1]``) and the
+reshape ``[B, Hkv * G, S, E]``, from constants or from the program's shape ops
+(:mod:`generic_passes._shape_proof`: ``target = concat([1, Hkv, G, gather(shape(mask), 3), E])`` and ``x``
+the cache sliced to that same length give ``S / S = 1``; a target naming another length is not proven).
+``B``, ``H``, ``E`` and ``Ev`` must be integers; the query length ``L`` may be symbolic: the reshapes then
+write ``-1`` for it, the one size they leave to the run time.
+
+Decision on the mask of a flexible decoder. The causal mask ``[1, 1, L, S]`` is a function input, shared by
+every layer, and folded query rows need it ``G`` times (``tile(mask, [1, 1, G, 1])``): no MIL op reads a
+mask broadcast over the folded rows (``scaled_dot_product_attention`` needs the batch dims of Q, K and V
+equal, so the ``G`` axis cannot stay apart). The tile is made once, at the start of the function, and
+every folded attention of the function reads it: one ``tile`` of ``G * L * S`` elements per call where
+repeat_kv made two of ``G * S * E`` per layer.
 
 Runs right after ``generic::fuse_sdpa`` (which makes the ``scaled_dot_product_attention``), override on.
 """

@@ -57,6 +57,22 @@ the first ``matmul``: ``(q * c) @ K^T`` is ``c * (Q @ K^T)`` up to where the pro
 reassociation the power-of-two folding below makes exactly; the sixteen patterns above are registered
 again in that form.
 
+Flexible lengths. The shapes above are compared dimension by dimension, and a symbolic dimension is
+what the program's shape ops prove it to be (:mod:`generic_passes._shape_proof`), never a symbol taken
+for another. In a KV-cache decoder converted with flexible query and cache lengths (``L``, ``S``), the
+keys are the cache sliced up to ``end = gather(shape(mask), 3)``, repeated and reshaped, and every op
+on the way gives its output fresh symbols::
+
+    mask [1, 1, L, S] --> shape --> gather(3) --> concat --> slice_by_index(cache, end=.) --> [1, Hkv, is96, E]
+        --> expand_dims --> tile(reps computed from shape(.)) --> reshape([1, H, -1, E]) --> [1, H, is97*.../32, E]
+    q [1, H, L, E] --> matmul(., keys, transpose_y=True) --> [1, H, L, is97*.../32] --> * c --> + mask --> ...
+
+The keys' length is proven ``S``, the mask's: the slice's length is ``end - 0 = S`` because ``0 <= S <= 15
+<= 16`` (the cache's size, and the range declared for ``S`` by the flexible input, which the runtime
+enforces: without a declared range the slice might be clamped, and the pass declines); the tile
+multiplies it by ``S / S = 1``; the reshape divides the element count by the other sizes. A mask whose
+length comes from elsewhere (another input's) stays a different symbol and is declined.
+
 ``* f`` appears only when the scale is folded into Q, the transpose only when the swapped ``perm`` is
 not the identity (then it replaces the old one). The op takes the name of the last ``matmul``'s output
 and is inserted before it (the only place where Q, K, V and the mask are all defined). coremltools has

@@ -42,7 +42,7 @@ def declare_ranges(prog: Program, bounds: dict[str, tuple[int, int]]) -> None:
     func = prog.functions["main"]
     declared = []
     for name, var in func.inputs.items():
-        shape = tuple(_range(d, bounds[str(d)]) if str(d) in bounds else int(d) for d in var.shape)
+        shape = tuple(_range(d, bounds[str(d)]) if str(d) in bounds else d for d in var.shape)
         declared.append(ct.TensorType(name=name, shape=shape, dtype=types.nptype_from_builtin(var.dtype)))
     func.set_input_types(tuple(declared))
 
