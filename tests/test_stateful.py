@@ -72,10 +72,6 @@ torch = pytest.importorskip("torch")
 from pattern_infra.testing import stateful  # noqa: E402  (needs torch)
 
 
-def _error(got: list[np.ndarray], want: list[np.ndarray]) -> float:
-    return max(float(np.max(np.abs(g - w)) / np.max(np.abs(w))) for g, w in zip(got, want, strict=True))
-
-
 def _counts(prog) -> dict[str, int]:
     counts = op_counts(prog)
     counts.pop("const", None)
@@ -111,19 +107,12 @@ def test_static_decode_step_fuses_with_the_state_ops_intact(static_step):
 @pytest.mark.parametrize("override", [False, True], ids=["off", "on"])
 def test_static_decode_step_equals_pytorch(decoder, static_step, override):
     """The step continues from PyTorch's cache after the prefill; logits and the new cache compared."""
-    prefill, step = stateful.decode_steps()[:2]
-    decoder.reset()
-    with torch.no_grad():
-        decoder(torch.from_numpy(prefill.input_ids).long(), torch.from_numpy(prefill.causal_mask))
-        state = {name: getattr(decoder, name).numpy().copy() for name in stateful.STATE_NAMES}
-        want = decoder(torch.from_numpy(step.input_ids).long(), torch.from_numpy(step.causal_mask)).numpy()
-        cache = {name: getattr(decoder, name).numpy().copy() for name in stateful.STATE_NAMES}
-    decoder.reset()
-    (got,) = evaluate(static_step[override], {"input_ids": step.input_ids, "causal_mask": step.causal_mask},
-                      state=state).values()
-    assert _error([got], [want]) < RTOL
-    for name in stateful.STATE_NAMES:
-        np.testing.assert_allclose(state[name], cache[name], rtol=RTOL, atol=1e-6)
+    steps = stateful.decode_steps()[:2]
+    state = stateful.torch_cache(decoder, steps[:1])
+    got = stateful.run_steps(static_step[override], steps[1:], state)
+    assert stateful.relative_error(got, stateful.torch_steps(decoder, steps)[1:]) < RTOL
+    for name, want in stateful.torch_cache(decoder, steps).items():
+        np.testing.assert_allclose(state[name], want, rtol=RTOL, atol=1e-6)
 
 
 @pytest.mark.slow
@@ -143,4 +132,4 @@ def test_flexible_decoder_fuses_and_equals_pytorch_over_prefill_and_two_decode_s
     steps = stateful.decode_steps()
     want = stateful.torch_steps(decoder, steps)
     for on_off in (False, True):
-        assert _error(stateful.run_steps(progs[on_off], steps), want) < RTOL
+        assert stateful.relative_error(stateful.run_steps(progs[on_off], steps), want) < RTOL

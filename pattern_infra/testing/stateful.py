@@ -20,7 +20,8 @@ for ``L`` and ``S``: one program serves the prefill and every decode step) or st
 shapes; :func:`convert_decoder` converts the export with the two states (fp16, the only state dtype
 Core ML has). :func:`run_steps` runs a converted program over a prefill and decode steps with the
 reference evaluator, the state carried from call to call, and :func:`torch_steps` runs the module over
-the same steps; :func:`stateful_errors` compares the two.
+the same steps; :func:`measure` (``python -m pattern_infra.testing.stateful``) tables the op counts and
+errors of both variants with the override off and on.
 """
 
 from __future__ import annotations
@@ -42,8 +43,11 @@ __all__ = [
     "convert_decoder",
     "decode_steps",
     "export_decoder",
+    "measure",
+    "relative_error",
     "run_steps",
     "stateful_decoder",
+    "torch_cache",
     "torch_steps",
 ]
 
@@ -172,7 +176,7 @@ class Step:
     input_ids: np.ndarray
     """``[1, L]`` int32 token ids."""
     causal_mask: np.ndarray
-    """``[1, 1, L, S]`` float32 additive mask (0 where a query may look, -inf... -1e4 where not)."""
+    """``[1, 1, L, S]`` float32 additive mask: 0 where a query may look, -1e4 where it may not."""
 
 
 def _step(tokens: np.ndarray, past: int) -> Step:
@@ -242,18 +246,23 @@ def convert_decoder(exported: Any, *, override: bool, **convert_kwargs: Any) -> 
     return convert_exported_model(exported, override=override, states=states, **convert_kwargs)
 
 
-def run_steps(prog: Any, steps: Sequence[Step]) -> list[np.ndarray]:
-    """Runs a converted decoder over ``steps`` with the reference evaluator, from an empty cache.
+def run_steps(prog: Any, steps: Sequence[Step], state: dict[str, np.ndarray] | None = None) -> list[np.ndarray]:
+    """Runs a converted decoder over ``steps`` with the reference evaluator (float64).
 
-    The state is one mapping carried from call to call (:func:`~pattern_infra.verification.evaluator.
-    initial_state`), as an ``MLState`` is on a device; the evaluator computes in float64.
+    The state is one mapping carried from call to call, as an ``MLState`` is on a device.
+
+    Args:
+        prog: The converted program.
+        steps: The calls, in order.
+        state: The cache to start from (e.g. :func:`torch_cache`); by default empty
+            (:func:`~pattern_infra.verification.evaluator.initial_state`). It is updated in place.
 
     Returns:
         The logits of each step.
     """
     from ..verification.evaluator import evaluate, initial_state
 
-    state = initial_state(prog)
+    state = initial_state(prog) if state is None else state
     outputs = []
     for step in steps:
         result = evaluate(prog, {"input_ids": step.input_ids, "causal_mask": step.causal_mask}, state=state)
@@ -268,11 +277,77 @@ def torch_steps(module: StatefulDecoder, steps: Sequence[Step]) -> list[np.ndarr
     Returns:
         The logits of each step.
     """
+    return _torch_run(module, steps)[0]
+
+
+def torch_cache(module: StatefulDecoder, steps: Sequence[Step]) -> dict[str, np.ndarray]:
+    """The cache buffers after the PyTorch decoder ran ``steps`` from an empty cache (emptied again)."""
+    return _torch_run(module, steps)[1]
+
+
+def _torch_run(module: StatefulDecoder, steps: Sequence[Step]) -> tuple[list[np.ndarray], dict[str, np.ndarray]]:
     module.reset()
     outputs = []
     with torch.no_grad():
         for step in steps:
             logits = module(torch.from_numpy(step.input_ids).long(), torch.from_numpy(step.causal_mask))
             outputs.append(logits.numpy())
+        cache = {name: getattr(module, name).numpy().copy() for name in STATE_NAMES}
     module.reset()
-    return outputs
+    return outputs, cache
+
+
+def relative_error(got: Sequence[np.ndarray], want: Sequence[np.ndarray]) -> float:
+    """The largest ``max|got - want| / max|want|`` over the steps."""
+    return max(float(np.max(np.abs(g - w)) / np.max(np.abs(w))) for g, w in zip(got, want, strict=True))
+
+
+def measure(seed: int = 0) -> list[dict[str, Any]]:
+    """Converts the decoder flexible and static, override off and on; counts ops and measures the error.
+
+    The flexible program runs a prefill of 4 tokens and two decode steps from an empty cache; the static
+    one (exported at the first decode step's shapes) runs that decode step from the cache PyTorch left
+    after the prefill.
+
+    Returns:
+        One row per variant and override: ``variant``, ``override``, ``ops`` (without ``const``),
+        ``tile``, ``sdpa``, ``state_ops`` (``read_state``, ``coreml_update_state``, ``slice_update``) and
+        ``error`` (:func:`relative_error` against PyTorch).
+    """
+    from .convert import op_counts
+
+    module, steps = stateful_decoder(seed), decode_steps()
+    want = torch_steps(module, steps)
+    rows = []
+    for variant in ("flexible", "static"):
+        exported = export_decoder(module, flexible=variant == "flexible")
+        for override in (False, True):
+            prog = convert_decoder(exported, override=override)._mil_program
+            if variant == "flexible":
+                error = relative_error(run_steps(prog, steps), want)
+            else:
+                error = relative_error(run_steps(prog, steps[1:2], torch_cache(module, steps[:1])), want[1:2])
+            counts = op_counts(prog)
+            counts.pop("const", None)
+            rows.append({
+                "variant": variant, "override": override, "ops": sum(counts.values()), "tile": counts["tile"],
+                "sdpa": counts["scaled_dot_product_attention"],
+                "state_ops": tuple(counts[t] for t in ("read_state", "coreml_update_state", "slice_update")),
+                "error": error,
+            })
+    return rows
+
+
+def main() -> None:
+    """Prints :func:`measure` as a Markdown table (``python -m pattern_infra.testing.stateful``)."""
+    print("| variant | override | ops | tile | scaled_dot_product_attention | read_state / coreml_update_state / "
+          "slice_update | error against PyTorch |")
+    print("|---|---|---|---|---|---|---|")
+    for row in measure():
+        state_ops = " / ".join(str(n) for n in row["state_ops"])
+        print(f"| {row['variant']} | {'on' if row['override'] else 'off'} | {row['ops']} | {row['tile']} | "
+              f"{row['sdpa']} | {state_ops} | {row['error']:.1e} |")
+
+
+if __name__ == "__main__":
+    main()
