@@ -15,7 +15,7 @@ from pattern_infra.verification.verify import assert_programs_equivalent
 PASS = "generic::remove_unit_tile"
 
 
-def broadcast_update(target: str) -> Program:
+def broadcast_update(target: str = "own") -> Program:
     """``k`` broadcast, as coremltools' ``copy`` does, to ``target``: ``"own"`` (k's own shape, reps
     ``shape(k) / shape(k)``) or ``"slice"`` (a cache slice ``[S - L, S)``, of length L only if S >= L)."""
     length, cache_len = get_new_symbol(), get_new_symbol()
