@@ -145,7 +145,7 @@ def repeat_pattern(form: str, masked: bool, runtime_reps: bool = False) -> Progr
 
 
 def _is_int(dim: Any) -> bool:
-    return dim is not None and dim.is_Integer
+    return isinstance(dim, int) or bool(getattr(dim, "is_Integer", False))
 
 
 def _unrepeated(pattern: Pattern, name: str) -> Var:
@@ -195,6 +195,8 @@ def _new_mask(pattern: Pattern, mask: Var, q: tuple, hkv: int, groups: int) -> t
     if mh == 1 and ml == 1:
         return "keep", None
     if mh == 1 and facts.equal(ml, l):
+        if len(shape) != 4 and sum(not _is_int(d) for d in full) > 1:
+            return None  # the reshape to rank 4 could name only one size -1
         return "tile", None if value is None else np.tile(value.reshape(full), (1, 1, groups, 1))
     if not all(_is_int(d) for d in full + (l,)):
         return None

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 from coremltools.converters.mil import Builder as mb
-from coremltools.converters.mil.mil import Program, types
+from coremltools.converters.mil.mil import Program, get_new_symbol, types
 
 import generic_passes  # noqa: F401  (registers the passes)
 from pattern_infra.testing.convert import convert_torch, op_counts
@@ -263,3 +263,39 @@ def test_runtime_reps_not_proven_left_alone():
     prog = cached_attention(reps_length="other")
     ours = run_pass("generic::fuse_sdpa", prog, followers=True)
     assert op_types(ours) == op_types(prog)
+
+
+def flexible_grouped(mask_rank: int = 4) -> Program:
+    """repeat_kv with constant reps on K/V of a symbolic length ``S``, reshaped to ``[B, H, -1, E]``; Q of a
+    symbolic length ``L``; a runtime mask ``[1, 1, L, S]`` (``mask_rank`` 4) or ``[L, S]`` (2)."""
+    length, keys = get_new_symbol(), get_new_symbol()
+    mask_shape = (1, 1, length, keys) if mask_rank == 4 else (length, keys)
+    specs = [mb.TensorSpec(shape=(B, H, length, E)), mb.TensorSpec(shape=(B, HKV, keys, E)),
+             mb.TensorSpec(shape=(B, HKV, keys, EV)), mb.TensorSpec(shape=mask_shape)]
+
+    def repeat(t, last):
+        return mb.reshape(x=mb.tile(x=mb.expand_dims(x=t, axes=[2]), reps=[1, 1, G, 1, 1]), shape=[B, H, -1, last])
+
+    @mb.program(input_specs=specs, opset_version=ct.target.iOS18)
+    def prog(q, k, v, mask):
+        return mb.relu(x=mb.scaled_dot_product_attention(query=q, key=repeat(k, E), value=repeat(v, EV), attn_mask=mask))
+
+    return prog
+
+
+def test_flexible_lengths_folded_with_the_query_rows_left_to_the_run_time():
+    prog = flexible_grouped()
+    ours = run_pass(PASS, prog)
+    assert op_types(ours) == ["tile", "reshape", SDPA, "reshape", "relu"], op_types(ours)
+    (query,) = [op for op in ours.functions["main"].find_ops(op_type="reshape") if op.x.name == "q"]
+    assert list(query.shape.val) == [B, HKV, -1, E]
+    for length, keys in ((3, 5), (1, 7)):
+        inputs = {"q": RNG.standard_normal((B, H, length, E)), "k": RNG.standard_normal((B, HKV, keys, E)),
+                  "v": RNG.standard_normal((B, HKV, keys, EV)), "mask": RNG.standard_normal((1, 1, length, keys))}
+        assert_programs_equivalent(prog, ours, inputs=inputs, rtol=1e-12, atol=1e-12)
+
+
+def test_rank_2_mask_of_two_symbols_left_alone():
+    """Repeating it needs a reshape to rank 4 first, which can leave only one size to the run time."""
+    prog = flexible_grouped(mask_rank=2)
+    assert op_types(run_pass(PASS, prog)) == op_types(prog)
