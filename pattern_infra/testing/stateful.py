@@ -307,7 +307,8 @@ def measure(seed: int = 0) -> list[dict[str, Any]]:
 
     The flexible program runs a prefill of 4 tokens and two decode steps from an empty cache; the static
     one (exported at the first decode step's shapes) runs that decode step from the cache PyTorch left
-    after the prefill.
+    after the prefill. The flexible conversion's op counts depend on ``PYTHONHASHSEED`` (coremltools'
+    frontend picks the target of each cache update's broadcast in set order; ``docs/MODELS.md``).
 
     Returns:
         One row per variant and override: ``variant``, ``override``, ``ops`` (without ``const``),
