@@ -57,6 +57,20 @@ the first ``matmul``: ``(q * c) @ K^T`` is ``c * (Q @ K^T)`` up to where the pro
 reassociation the power-of-two folding below makes exactly; the sixteen patterns above are registered
 again in that form.
 
+Broadcast K and V (multi-query attention written out, Falcon's eager attention): one K/V head
+``[B, 1, S, E]`` against ``H`` query heads, which both ``matmul`` broadcast. The op needs equal batch
+dimensions, so K and V are tiled to them, which is what the broadcast computes (exact); the ``tile``
+reps are ``[1, H, 1, 1]``, the multi-query form ``generic::fuse_grouped_kv_attention`` folds away right
+after this pass (Q reshaped to ``[B, 1, H*L, E]``, K and V never repeated)::
+
+    q [B, H, L, E], k [B, 1, S, E] --> matmul(transpose_y=True) --> * c --> [mask] --> softmax --> matmul(., v [B, 1, S, Ev])
+
+    becomes    k --> tile([1, H, 1, 1]) --|
+               v --> tile([1, H, 1, 1]) --|--> scaled_dot_product_attention --> y      (then folded, G = H)
+               q -------------------------|
+
+Only a static dimension of 1 against a static one is broadcast; a symbolic one is declined.
+
 Flexible lengths. The shapes above are compared dimension by dimension, and a symbolic dimension is
 what the program's shape ops prove it to be (:mod:`generic_passes._shape_proof`), never a symbol taken
 for another. In a KV-cache decoder converted with flexible query and cache lengths (``L``, ``S``), the
@@ -297,7 +311,10 @@ def sdpa_constraints(pattern: Pattern) -> bool:
     q, key, v = _shape(pattern, qk.x), _key_shape(pattern), _shape(pattern, pv.y)
     if q is None or key is None or v is None or not len(q) == len(key) == len(v) >= 3:
         return False
-    if not q[:-2] == key[:-2] == v[:-2] or q[-1] != key[-1] or key[-2] != v[-2]:
+    if key[:-2] != v[:-2] or q[-1] != key[-1] or key[-2] != v[-2]:
+        return False
+    reps = _broadcast_reps(q[:-2], key[:-2])
+    if reps is None:
         return False
     if not q[-1].is_Integer:
         return False  # E must be known to compare the scale with 1/sqrt(E)
@@ -313,7 +330,22 @@ def sdpa_constraints(pattern: Pattern) -> bool:
     if _shape(pattern, qk.outputs[0]) != scores or not _mask_fits(pattern, scores):
         return False
     pattern.add_attribute("query_factor", factor)
+    pattern.add_attribute("kv_reps", reps)
     return True
+
+
+def _broadcast_reps(query_batch: tuple, kv_batch: tuple) -> list[int] | None:
+    """The reps that tile K and V to Q's batch dims: all ones when they are equal; ``q / 1`` where the
+    ``matmul`` broadcasts a K/V dim of 1 (a static one) over Q's; None when the matmul does not."""
+    reps = []
+    for qd, kd in zip(query_batch, kv_batch):
+        if qd == kd:
+            reps.append(1)
+        elif kd == 1 and qd.is_Integer:
+            reps.append(int(qd))
+        else:
+            return None
+    return reps
 
 
 def _np_float(var: Var) -> type:
@@ -344,7 +376,12 @@ def transform_sdpa(pattern: Pattern) -> None:
             mask = mb.const(val=np.logical_not(np.asarray(op.cond.val, dtype=bool)), name=f"{name}_mask",
                             before_op=pv)
     kwargs = {} if mask is None else {"attn_mask": mask}
-    fused = mb.scaled_dot_product_attention(query=query, key=key, value=pv.y, name=name, before_op=pv,
+    value = pv.y
+    if any(r != 1 for r in pattern.kv_reps):  # the matmuls' broadcast, made explicit: the op needs it
+        reps = [*pattern.kv_reps, 1, 1]
+        key = mb.tile(x=key, reps=reps, name=f"{name}_key_heads", before_op=pv)
+        value = mb.tile(x=value, reps=reps, name=f"{name}_value_heads", before_op=pv)
+    fused = mb.scaled_dot_product_attention(query=query, key=key, value=value, name=name, before_op=pv,
                                             **kwargs)
     pattern.replace_output(fused)
 
