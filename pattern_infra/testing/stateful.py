@@ -158,7 +158,7 @@ class StatefulDecoder(nn.Module):
         return layer.o_proj(out.transpose(1, 2).reshape(batch, length, -1))
 
     def reset(self) -> None:
-        """Empties the cache (zeros, as a new Core ML state from the conversion's zero buffers)."""
+        """Empties the cache: zeros, the state the evaluator starts from (``initial_state``)."""
         self.keyCache.zero_()
         self.valueCache.zero_()
 

@@ -210,10 +210,9 @@ def evaluate(
 
 
 def initial_state(prog: Any, *, function: str = "main") -> dict[str, np.ndarray]:
-    """Zeros for every state input of a function: the state a stateful model starts from.
+    """Zeros for every state input of a function: an empty KV cache.
 
-    Core ML's ``make_state()`` starts from the buffers' zeros that the conversion of a PyTorch model
-    with zero-initialised cache buffers (the usual KV cache) describes; pass other arrays to
+    A PyTorch decoder's cache buffers start as zeros (``torch.zeros``); pass other arrays to
     :func:`evaluate` to start elsewhere.
 
     Args:
