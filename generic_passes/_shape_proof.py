@@ -191,10 +191,12 @@ class ShapeFacts:
         dims = self.dims(op.x)
         if shape is None or dims is None or axis >= len(shape):
             return None
+        if any(s == 0 for s in shape):
+            return None  # 0 copies the input's size in some opsets: not read here
         if shape[axis] != -1:
             return shape[axis]
         others = [s for i, s in enumerate(shape) if i != axis]
-        if any(s == -1 or s == 0 for s in others):
+        if any(s == -1 for s in others):
             return None
         return sp.Mul(*dims) / sp.Mul(*others)
 
