@@ -57,6 +57,36 @@ the first ``matmul``: ``(q * c) @ K^T`` is ``c * (Q @ K^T)`` up to where the pro
 reassociation the power-of-two folding below makes exactly; the sixteen patterns above are registered
 again in that form.
 
+Broadcast K and V (multi-query attention written out, Falcon's eager attention): one K/V head
+``[B, 1, S, E]`` against ``H`` query heads, which both ``matmul`` broadcast. The op needs equal batch
+dimensions, so K and V are tiled to them, which is what the broadcast computes (exact); the ``tile``
+reps are ``[1, H, 1, 1]``, the multi-query form ``generic::fuse_grouped_kv_attention`` folds away right
+after this pass (Q reshaped to ``[B, 1, H*L, E]``, K and V never repeated)::
+
+    q [B, H, L, E], k [B, 1, S, E] --> matmul(transpose_y=True) --> * c --> [mask] --> softmax --> matmul(., v [B, 1, S, Ev])
+
+    becomes    k --> tile([1, H, 1, 1]) --|
+               v --> tile([1, H, 1, 1]) --|--> scaled_dot_product_attention --> y      (then folded, G = H)
+               q -------------------------|
+
+Only a static dimension of 1 against a static one is broadcast; a symbolic one is declined.
+
+Flexible lengths. The shapes above are compared dimension by dimension, and a symbolic dimension is
+what the program's shape ops prove it to be (:mod:`generic_passes._shape_proof`), never a symbol taken
+for another. In a KV-cache decoder converted with flexible query and cache lengths (``L``, ``S``), the
+keys are the cache sliced up to ``end = gather(shape(mask), 3)``, repeated and reshaped, and every op
+on the way gives its output fresh symbols::
+
+    mask [1, 1, L, S] --> shape --> gather(3) --> concat --> slice_by_index(cache, end=.) --> [1, Hkv, is96, E]
+        --> expand_dims --> tile(reps computed from shape(.)) --> reshape([1, H, -1, E]) --> [1, H, is97*.../32, E]
+    q [1, H, L, E] --> matmul(., keys, transpose_y=True) --> [1, H, L, is97*.../32] --> * c --> + mask --> ...
+
+The keys' length is proven ``S``, the mask's: the slice's length is ``end - 0 = S`` because ``0 <= S <= 15
+<= 16`` (the cache's size, and the range declared for ``S`` by the flexible input, which the runtime
+enforces: without a declared range the slice might be clamped, and the pass declines); the tile
+multiplies it by ``S / S = 1``; the reshape divides the element count by the other sizes. A mask whose
+length comes from elsewhere (another input's) stays a different symbol and is declined.
+
 ``* f`` appears only when the scale is folded into Q, the transpose only when the swapped ``perm`` is
 not the identity (then it replaces the old one). The op takes the name of the last ``matmul``'s output
 and is inserted before it (the only place where Q, K, V and the mask are all defined). coremltools has
@@ -73,8 +103,9 @@ import math
 import numpy as np
 from coremltools import target
 from coremltools.converters.mil import Builder as mb
-from coremltools.converters.mil.mil import Block, Function, Operation, Program, Var
+from coremltools.converters.mil.mil import Operation, Program, Var
 
+from generic_passes._shape_proof import ShapeFacts, function_of
 from pattern_infra import Pattern, predicates, register_generic_pass
 
 __all__ = [
@@ -163,14 +194,9 @@ def attention_pattern(key_form: str, mask_form: str, scale_form: str = "scores")
     return attention
 
 
-def _function_of(block: Block) -> Function:
-    while not isinstance(block, Function):
-        block = block.outer_op.enclosing_block
-    return block
-
-
-def _shape(var: Var) -> tuple | None:
-    return None if var.shape is None else tuple(var.shape)
+def _shape(pattern: Pattern, var: Var) -> tuple | None:
+    """``var``'s dimensions, symbolic ones as what the program's shape ops prove them to be."""
+    return ShapeFacts.of(pattern.block).dims(var)
 
 
 def _normalized_perm(perm: Var, rank: int) -> list[int] | None:
@@ -193,9 +219,9 @@ def _key_perm(pattern: Pattern) -> list[int] | None:
 def _key_shape(pattern: Pattern) -> tuple | None:
     """Shape of K ``[*batch, S, E]`` as the op will see it."""
     if "key_t" in pattern.ops:
-        kt = _shape(pattern.key_t.outputs[0])
+        kt = _shape(pattern, pattern.key_t.outputs[0])
         return None if kt is None or len(kt) < 2 else kt[:-2] + (kt[-1], kt[-2])
-    return _shape(pattern.qk.y)
+    return _shape(pattern, pattern.qk.y)
 
 
 def _fits(mask: tuple, scores: tuple) -> bool:
@@ -213,7 +239,7 @@ def _scale_factor(pattern: Pattern, embed: int) -> float | None:
         if not predicates.is_constant(scale) or predicates.is_constexpr(scale):
             return None
         value = np.asarray(scale.val)
-        if value.size != 1 or _shape(pattern.scale.outputs[0]) != _shape(pattern.operand("scale", "x")):
+        if value.size != 1 or _shape(pattern, pattern.scale.outputs[0]) != _shape(pattern, pattern.operand("scale", "x")):
             return None
     factor = float(value.reshape(())) * math.sqrt(embed)
     if not factor > 0.0 or not math.isfinite(factor):
@@ -245,11 +271,11 @@ def _query(pattern: Pattern, before: Operation) -> Var:
 def _mask_fits(pattern: Pattern, scores: tuple) -> bool:
     if "mask_add" in pattern.ops:
         mask = pattern.operand("mask_add", "y")
-        out = _shape(pattern.mask_add.outputs[0])
+        out = _shape(pattern, pattern.mask_add.outputs[0])
         return (
             predicates.dtype_is(mask, "fp16", "fp32")
-            and _shape(mask) is not None
-            and _fits(_shape(mask), scores)
+            and _shape(pattern, mask) is not None
+            and _fits(_shape(pattern, mask), scores)
             and out == scores
         )
     if "mask_select" in pattern.ops:
@@ -261,7 +287,7 @@ def _mask_fits(pattern: Pattern, scores: tuple) -> bool:
             return False
         if predicates.is_constexpr(cond) or predicates.is_constexpr(fill):
             return False
-        if _shape(op.outputs[0]) != scores or not _fits(_shape(cond), scores):
+        if _shape(pattern, op.outputs[0]) != scores or not _fits(_shape(pattern, cond), scores):
             return False
         if not np.all(np.asarray(fill.val, dtype=np.float64) <= MASK_FILL_MAX):
             return False
@@ -273,7 +299,7 @@ def _mask_fits(pattern: Pattern, scores: tuple) -> bool:
 
 def sdpa_constraints(pattern: Pattern) -> bool:
     """iOS18+, the shapes and dtypes the op accepts, softmax on the last axis, scale and mask as above."""
-    opset = _function_of(pattern.block).opset_version
+    opset = function_of(pattern.block).opset_version
     if opset is None or opset < target.iOS18:
         return False
     qk, pv = pattern.qk, pattern.pv
@@ -282,12 +308,15 @@ def sdpa_constraints(pattern: Pattern) -> bool:
         return False
     if "key_t" in pattern.ops and _key_perm(pattern) is None:
         return False
-    q, key, v = _shape(qk.x), _key_shape(pattern), _shape(pv.y)
+    q, key, v = _shape(pattern, qk.x), _key_shape(pattern), _shape(pattern, pv.y)
     if q is None or key is None or v is None or not len(q) == len(key) == len(v) >= 3:
         return False
-    if not q[:-2] == key[:-2] == v[:-2] or q[-1] != key[-1] or key[-2] != v[-2]:
+    if key[:-2] != v[:-2] or q[-1] != key[-1] or key[-2] != v[-2]:
         return False
-    if not isinstance(q[-1], (int, np.integer)):
+    reps = _broadcast_reps(q[:-2], key[:-2])
+    if reps is None:
+        return False
+    if not q[-1].is_Integer:
         return False  # E must be known to compare the scale with 1/sqrt(E)
     operands = (qk.x, qk.y, pv.y)
     if len({var.dtype for var in operands}) != 1 or not predicates.dtype_is(qk.x, "fp16", "fp32"):
@@ -298,10 +327,25 @@ def sdpa_constraints(pattern: Pattern) -> bool:
     if factor is None:
         return False
     scores = q[:-1] + (key[-2],)
-    if _shape(qk.outputs[0]) != scores or not _mask_fits(pattern, scores):
+    if _shape(pattern, qk.outputs[0]) != scores or not _mask_fits(pattern, scores):
         return False
     pattern.add_attribute("query_factor", factor)
+    pattern.add_attribute("kv_reps", reps)
     return True
+
+
+def _broadcast_reps(query_batch: tuple, kv_batch: tuple) -> list[int] | None:
+    """The reps that tile K and V to Q's batch dims: all ones when they are equal; ``q / 1`` where the
+    ``matmul`` broadcasts a K/V dim of 1 (a static one) over Q's; None when the matmul does not."""
+    reps = []
+    for qd, kd in zip(query_batch, kv_batch):
+        if qd == kd:
+            reps.append(1)
+        elif kd == 1 and qd.is_Integer:
+            reps.append(int(qd))
+        else:
+            return None
+    return reps
 
 
 def _np_float(var: Var) -> type:
@@ -332,7 +376,12 @@ def transform_sdpa(pattern: Pattern) -> None:
             mask = mb.const(val=np.logical_not(np.asarray(op.cond.val, dtype=bool)), name=f"{name}_mask",
                             before_op=pv)
     kwargs = {} if mask is None else {"attn_mask": mask}
-    fused = mb.scaled_dot_product_attention(query=query, key=key, value=pv.y, name=name, before_op=pv,
+    value = pv.y
+    if any(r != 1 for r in pattern.kv_reps):  # the matmuls' broadcast, made explicit: the op needs it
+        reps = [*pattern.kv_reps, 1, 1]
+        key = mb.tile(x=key, reps=reps, name=f"{name}_key_heads", before_op=pv)
+        value = mb.tile(x=value, reps=reps, name=f"{name}_value_heads", before_op=pv)
+    fused = mb.scaled_dot_product_attention(query=query, key=key, value=value, name=name, before_op=pv,
                                             **kwargs)
     pattern.replace_output(fused)
 

@@ -26,6 +26,13 @@ How a program runs:
    surfaces at the op that produced it.
 4. ``cond`` and ``while_loop`` evaluate their nested blocks with a scope that sees the enclosing
    values.
+5. State (iOS18 stateful models, ``coremltools.StateType``): a function input of state type is not
+   passed in ``inputs`` but held in a mutable mapping passed as ``state`` (name to array, start from
+   :func:`initial_state`), which is how the state outlives one call, as Core ML's ``MLState`` does.
+   ``read_state`` returns a copy of the value held; ``coreml_update_state`` stores its ``value`` there
+   (after the ops before it, in program order) and returns it. The values are held in the working
+   dtype: in float64 precision an fp16 state holds float64 values, as every fp16 ``cast`` is then the
+   identity.
 
 Precision:
 
@@ -67,6 +74,7 @@ __all__ = [
     "OpSemantics",
     "Precision",
     "evaluate",
+    "initial_state",
     "register_op_semantics",
     "supported_op_types",
     "unregister_op_semantics",
@@ -163,15 +171,19 @@ def evaluate(
     *,
     function: str = "main",
     precision: Precision = "float64",
+    state: dict[str, np.ndarray] | None = None,
 ) -> dict[str, np.ndarray]:
     """Run one function of a MIL program in numpy.
 
     Args:
         prog: A coremltools ``Program`` (from ``mb.program`` or ``ct.convert(...)._mil_program``).
-        inputs: One array per function input, keyed by input name. Values are converted to the
-            input's dtype (float64 for floating inputs in float64 precision).
+        inputs: One array per function input, keyed by input name, state inputs left out. Values are
+            converted to the input's dtype (float64 for floating inputs in float64 precision).
         function: Name of the function to run.
         precision: ``"float64"`` or ``"native"``; see the module docstring.
+        state: One array per state input of the function (from :func:`initial_state`, or from an
+            earlier call); ``coreml_update_state`` replaces the arrays in this mapping, so passing the
+            same mapping to the next call carries the state over.
 
     Returns:
         The function outputs keyed by output var name, in the function's output order (a var
@@ -191,10 +203,51 @@ def evaluate(
     func = prog.functions[function]
     runner = _Runner(precision)
     env: ChainMap[Any, Any] = ChainMap()
-    runner.bind_function_inputs(func, inputs, env)
+    runner.bind_function_inputs(func, inputs, env, {} if state is None else state)
     logger.debug("evaluating function '%s' (%d ops) in %s", function, len(func.operations), precision)
     values = runner.run_ops(func, env)
     return {var.name: value for var, value in zip(func.outputs, values)}
+
+
+def initial_state(prog: Any, *, function: str = "main") -> dict[str, np.ndarray]:
+    """Zeros for every state input of a function: an empty KV cache.
+
+    A PyTorch decoder's cache buffers start as zeros (``torch.zeros``); pass other arrays to
+    :func:`evaluate` to start elsewhere.
+
+    Args:
+        prog: A coremltools ``Program``.
+        function: Name of the function.
+
+    Returns:
+        State input name to a zero array of the wrapped tensor's shape and dtype (no state: empty).
+
+    Raises:
+        EvaluationError: Unknown function, or a state whose shape is not static.
+    """
+    if function not in prog.functions:
+        raise EvaluationError(f"The program has no function '{function}'; it has {sorted(prog.functions)}.")
+    zeros = {}
+    for name, var in prog.functions[function].inputs.items():
+        if not types.is_state(var.sym_type):
+            continue
+        wrapped = var.sym_type.wrapped_type()
+        shape = wrapped.get_shape()
+        if any(is_symbolic(d) for d in shape):
+            raise EvaluationError(f"State '{name}' has a symbolic shape {shape}; states must have static shapes.")
+        zeros[name] = np.zeros([int(d) for d in shape], dtype=types.nptype_from_builtin(wrapped.get_primitive()))
+    return zeros
+
+
+class _StateCell:
+    """What a state input is bound to while a function runs: its slot in the caller's mapping."""
+
+    __slots__ = ("name", "values", "var")
+
+    def __init__(self, name: str, values: dict[str, np.ndarray], var: Any) -> None:
+        self.name = name
+        self.values = values
+        self.var = var
 
 
 class OpContext:
@@ -320,16 +373,27 @@ class _Runner:
     # -- inputs -----------------------------------------------------------------------------------
 
     def bind_function_inputs(
-        self, func: Any, inputs: Mapping[str, Any], env: ChainMap[Any, Any]
+        self, func: Any, inputs: Mapping[str, Any], env: ChainMap[Any, Any], state: dict[str, np.ndarray]
     ) -> None:
-        declared = func.inputs
+        states = {name: var for name, var in func.inputs.items() if types.is_state(var.sym_type)}
+        declared = {name: var for name, var in func.inputs.items() if name not in states}
         missing = [name for name in declared if name not in inputs]
         unexpected = [name for name in inputs if name not in declared]
         if missing or unexpected:
             raise EvaluationError(
                 f"Inputs do not match the function signature {list(declared)}: "
-                f"missing {missing}, unexpected {unexpected}."
+                f"missing {missing}, unexpected {unexpected}"
+                + (f" (states {list(states)} go in state=, not in the inputs)." if states else ".")
             )
+        if missing_states := [name for name in states if name not in state]:
+            raise EvaluationError(
+                f"The function has state inputs {list(states)} and no value for {missing_states}: pass "
+                "state=initial_state(prog) for a new state, or the mapping an earlier call updated."
+            )
+        for name, var in states.items():
+            wrapped = var.sym_type.wrapped_type().get_shape()
+            _check_declared_shape(np.shape(state[name]), wrapped, f"state '{name}'")
+            env[var] = _StateCell(name, state, var)
         sizes: dict[str, int] = {}
         for name, var in declared.items():
             value = np.asarray(inputs[name])
@@ -1212,6 +1276,28 @@ def _slice_update(ctx: OpContext) -> np.ndarray:
     index, _ = _index_slices(ctx, out.shape)
     out[index] = ctx.array("update")
     return out
+
+
+def _state_cell(ctx: OpContext, name: str) -> _StateCell:
+    cell = ctx._runner.lookup(ctx.op.inputs[name], ctx._env)
+    if not isinstance(cell, _StateCell):
+        raise ctx.unsupported(f"input '{name}' is not a function's state input")
+    return cell
+
+
+@register_op_semantics("read_state")
+def _read_state(ctx: OpContext) -> np.ndarray:
+    cell = _state_cell(ctx, "input")
+    return np.array(cell.values[cell.name], dtype=ctx.out_dtype(), copy=True)
+
+
+@register_op_semantics("coreml_update_state")
+def _coreml_update_state(ctx: OpContext) -> np.ndarray:
+    cell = _state_cell(ctx, "state")
+    value = np.array(ctx.array("value"), copy=True)
+    _check_declared_shape(value.shape, cell.var.sym_type.wrapped_type().get_shape(), f"state '{cell.name}'")
+    cell.values[cell.name] = value
+    return value
 
 
 @register_op_semantics("slice_by_size")

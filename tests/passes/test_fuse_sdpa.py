@@ -234,14 +234,13 @@ def test_old_opset_declined(opset):
         {"extra": "scores_used"},
         {"extra": "probs_is_output"},
         {"axis": -2},  # softmax over the queries
-        {"kv_heads": 1},  # multi-query: matmul broadcasts K and V, the op does not
         {"mask_form": "add", "mask_shape": (B, 1, L, 1)},  # the op's mask must end with S
         {"mask_form": "select_input"},  # runtime bool mask: a fully masked row cannot be ruled out
         {"mask_form": "select", "mask": ROW_MASKED},
         {"mask_form": "select", "fill": -1e4},  # exact only for scores above -1e4 + 745: policy declines
         {"mask_form": "select_inverted", "mask": ROW_MASKED},
     ],
-    ids=["scores_used_elsewhere", "probs_block_output", "softmax_axis", "multi_query",
+    ids=["scores_used_elsewhere", "probs_block_output", "softmax_axis",
          "mask_last_dim_1", "runtime_bool_mask", "fully_masked_row", "small_fill",
          "inverted_all_masked"],
 )
@@ -336,3 +335,69 @@ def test_fused_inside_a_nested_block():
         inputs = {"q": RNG.standard_normal((B, H, L, E)), "k": RNG.standard_normal((B, H, S, E)),
                   "v": RNG.standard_normal((B, H, S, E)), "flag": np.array([flag])}
         assert_programs_equivalent(prog, ours, inputs=inputs, rtol=1e-5)
+
+
+# -- flexible lengths: the attention step of a KV-cache decoder (pattern_infra.testing.cached_attention) --
+
+
+def _cached_inputs(heads: int, length: int, cache_len: int, other_len: int | None = None) -> dict[str, np.ndarray]:
+    from pattern_infra.testing.cached_attention import CACHE, HEAD_DIM, KV_HEADS
+
+    return {"q": RNG.standard_normal((1, heads, length, HEAD_DIM)),
+            "k_cache": RNG.standard_normal((1, KV_HEADS, CACHE, HEAD_DIM)),
+            "v_cache": RNG.standard_normal((1, KV_HEADS, CACHE, HEAD_DIM)),
+            "mask": RNG.standard_normal((1, 1, length, cache_len)),
+            "other": np.zeros((1, cache_len if other_len is None else other_len))}
+
+
+def test_flexible_cache_slice_fused_when_its_length_is_proven_the_mask_s():
+    """Keys: the cache sliced to ``end = shape(mask)[3]``, repeated by a tile of run-time reps and reshaped
+    to ``[1, H, -1, E]``, each with fresh symbols; proven equal to the mask's length ``S`` from the slice
+    (``0 <= 0 <= S <= 15 <= 16``: the declared range), the reps (``S / S``) and the reshape."""
+    from pattern_infra.testing.cached_attention import cached_attention
+
+    prog = cached_attention()
+    ours = run_pass(PASS, prog)
+    assert SDPA in op_types(ours) and "softmax" not in op_types(ours) and "matmul" not in op_types(ours)
+    for length, cache_len in ((3, 5), (1, 6), (15, 15)):
+        assert_programs_equivalent(prog, ours, inputs=_cached_inputs(4, length, cache_len), rtol=1e-5)
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [{"bounded": False}, {"mask_length": "other"}],
+    ids=["slice_end_not_proven_within_the_cache", "mask_of_a_different_length"],
+)
+def test_flexible_near_misses_left_alone(kwargs):
+    """Without declared ranges ``S <= 16`` is not proven (the slice may clamp); with the keys sliced to
+    another input's length, the mask's ``S`` and the keys' length are different symbols, never equal."""
+    from pattern_infra.testing.cached_attention import cached_attention
+
+    prog = cached_attention(**kwargs)
+    assert op_types(run_pass(PASS, prog)) == op_types(prog)
+
+
+# -- one K/V head broadcast by the matmuls (multi-query attention written out, Falcon's eager path) ------
+
+
+@pytest.mark.parametrize("key_form", ["transpose", "merged", "transpose_y"])
+def test_broadcast_kv_tiled_for_the_op_then_folded_as_multi_query(key_form):
+    prog = attention(key_form, "select", kv_heads=1)
+    alone = run_pass(PASS, prog)
+    assert op_types(alone).count("tile") == 2 and SDPA in op_types(alone)  # the broadcast made explicit
+    assert_programs_equivalent(prog, alone, rtol=1e-5)
+    ours = run_pass(PASS, prog, followers=True)
+    assert "tile" not in op_types(ours) and op_types(ours)[-3:] == [SDPA, "reshape", "relu"], op_types(ours)
+    assert_programs_equivalent(prog, ours, rtol=1e-5)
+
+
+def test_broadcast_over_a_symbolic_head_count_left_alone():
+    specs = [mb.TensorSpec(shape=(B, get_new_symbol(), L, E)), mb.TensorSpec(shape=(B, 1, S, E)),
+             mb.TensorSpec(shape=(B, 1, S, EV))]
+
+    @mb.program(input_specs=specs, opset_version=ct.target.iOS18)
+    def prog(q, k, v):
+        scores = mb.mul(x=mb.matmul(x=q, y=k, transpose_y=True), y=np.float32(0.25))
+        return mb.relu(x=mb.matmul(x=mb.softmax(x=scores, axis=-1), y=v))
+
+    assert op_types(run_pass(PASS, prog)) == op_types(prog)
