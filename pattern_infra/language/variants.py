@@ -25,7 +25,7 @@ from typing import Any
 from coremltools.converters.mil.mil import Var
 
 from .choices import Record
-from .compiler import compile_spelling
+from .compiler import compile_spelling, renamed
 from .errors import PatternDefinitionError
 from .graph import Choice, CompiledPattern
 from .spelling import Spelling, spelling_of
@@ -115,11 +115,11 @@ def _expand(compiled: CompiledPattern) -> list[Variant]:
         variant = compile_spelling(compiled, combo.dropped, combo.renames)
         aliases: dict[str, tuple[str, ...]] = {}
         for choice, var in combo.ends:
-            end = _resolved(var, combo.renames).op.name
+            end = renamed(var, combo.renames).op.name
             aliases[end] = (*aliases.get(end, ()), choice)
         groups = {op.name: record.name for record in records if record.name in combo.chosen
                   for op in record.alternatives[combo.chosen[record.name]][0]}
-        guards = tuple(Guard(choice, k, _resolved(var, combo.renames).op.name, fallback)
+        guards = tuple(Guard(choice, k, renamed(var, combo.renames).op.name, fallback)
                        for choice, k, var, fallback in combo.guards)
         variants.append(Variant(variant, spelling_of(compiled, combo.chosen), aliases, groups, guards, combo.within))
     return variants
@@ -162,8 +162,3 @@ def _combos(level: CompiledPattern, records: list[Record]) -> list[_Combo]:
         combos = grown
     return combos
 
-
-def _resolved(var: Var, renames: dict[int, Var]) -> Any:
-    while id(var) in renames:
-        var = renames[id(var)]
-    return var
