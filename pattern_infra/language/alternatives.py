@@ -1,11 +1,9 @@
-"""A choice of a pattern, compiled: the ops of each ``one_of`` (:mod:`~pattern_infra.language.choices`)
-become one choice node whose alternatives are small compiled patterns.
+"""A choice of a pattern, compiled: the ops of each ``one_of`` become one choice node whose alternatives
+are small compiled patterns.
 
-The compiler (:mod:`~pattern_infra.language.compiler`) calls :func:`split` on the ops of one level: it
-checks the choice rules (names, reads across alternatives and from outside) and returns each
-alternative as a :class:`Region`, an op list the compiler reads as it reads a function; it compiles each
-region itself (nested choices included) and hands the results to :func:`choice_node`, which computes
-what the search needs (depth, slots, how often each slot is read) and stands in for the choice's ops.
+The compiler calls :func:`split` on the ops of one level, which checks the choice rules and returns each
+alternative as a :class:`Region` (read like a function); it compiles the regions and hands them to
+:func:`choice_node`, which computes depth, slots and reads and stands in for the choice's ops.
 """
 
 from __future__ import annotations
@@ -17,22 +15,22 @@ from coremltools.converters.mil.mil import Var
 
 from .choices import Record
 from .errors import PatternDefinitionError
-from .graph import Alternative, Choice, CompiledPattern
+from .graph import Alternative, Choice, CompiledPattern, edge_positions
 
 __all__ = ["ChoiceOp", "Region", "Split", "choice_node", "split"]
 
 
+@dataclass
 class Region:
     """The ops of one alternative, read by the compiler as if they were a function."""
 
-    def __init__(self, operations: list[Any], inputs: dict[str, Var], outputs: list[Var]) -> None:
-        self.operations = operations
-        self.inputs = inputs
-        self.outputs = outputs
+    operations: list[Any]
+    inputs: dict[str, Var]
+    outputs: list[Var]
 
 
 class ChoiceOp:
-    """Stands for a choice among the ops of its level while the compiler reads them (an op-like object)."""
+    """Stands for a choice among the ops of its level while the compiler reads them."""
 
     op_type = "one_of"
     blocks: tuple[()] = ()
@@ -78,8 +76,7 @@ def choice_node(found: Split, compiled: list[CompiledPattern], pattern_name: str
     """The level's ops with the choice's ops replaced by one :class:`ChoiceOp`, from its alternatives
     compiled (``compiled``, in order)."""
     record, inputs = found.record, found.inputs
-    alternatives = [Alternative(k, c, list(region.inputs), _label(c))
-                    for k, (c, region) in enumerate(zip(compiled, found.regions))]
+    alternatives = [Alternative(c, list(region.inputs), _label(c)) for c, region in zip(compiled, found.regions)]
     reads: dict[str, int] = {}
     for slot, var in inputs.items():
         if var.op is None or var.op.op_type == "const":
@@ -93,15 +90,13 @@ def choice_node(found: Split, compiled: list[CompiledPattern], pattern_name: str
                 f"one op)."
             )
         reads[slot] = per_alt[0]
-    full = frozenset(s for s in inputs if all(s in a.slots for a in alternatives))
     choice = Choice(
         name=record.name,
         alternatives=alternatives,
-        fallback=record.fallback,
         depth=max(_depth(a.compiled) for a in alternatives),
         output_types=frozenset(t for a in alternatives for n in a.compiled.final_nodes
                                for t in a.compiled.nodes[n].op_types),
-        full_slots=full,
+        full_slots=frozenset(s for s in inputs if all(s in a.slots for a in alternatives)),
         reads=reads,
         uses={slot: next(_uses(a.compiled, a.slots.index(slot)) for a in alternatives if slot in a.slots)
               for slot in inputs},
@@ -111,10 +106,7 @@ def choice_node(found: Split, compiled: list[CompiledPattern], pattern_name: str
 
 
 def _vars_read(op: Any) -> list[Var]:
-    out: list[Var] = []
-    for value in op.inputs.values():
-        out.extend(value if isinstance(value, (list, tuple)) else [value])
-    return out
+    return [v for value in op.inputs.values() for v in (value if isinstance(value, (list, tuple)) else [value])]
 
 
 def _check_outside_reads(record: Record, outside: list[Any], region: set[int], pattern_name: str) -> None:
@@ -134,7 +126,7 @@ def _regions(record: Record, outside: list[Any], pattern_name: str) -> tuple[lis
     outside_names = {op.name for op in outside if op.op_type != "const"}
     alt_region = [{id(op) for op in alt_ops} for alt_ops, _ in record.alternatives]
     external: list[list[Var]] = []
-    for k, (alt_ops, out) in enumerate(record.alternatives):
+    for k, (alt_ops, _) in enumerate(record.alternatives):
         reads: dict[int, Var] = {}
         for op in alt_ops:
             if op.op_type != "const" and op.name in outside_names:
@@ -172,10 +164,8 @@ def _regions(record: Record, outside: list[Any], pattern_name: str) -> tuple[lis
                 f"{record.name!r} but not by alternative(s) {missing}, so nothing would match it when "
                 f"those do. Build it inside the alternatives that read it."
             )
-    regions = []
-    for k, (alt_ops, out) in enumerate(record.alternatives):
-        regions.append(Region(list(alt_ops), {slots[id(v)]: v for v in external[k]}, [out]))
-    return regions, inputs
+    return [Region(list(alt_ops), {slots[id(v)]: v for v in external[k]}, [out])
+            for k, (alt_ops, out) in enumerate(record.alternatives)], inputs
 
 
 def _uses(compiled: CompiledPattern, root: int) -> int:
@@ -192,8 +182,7 @@ def _depth(compiled: CompiledPattern) -> int:
     depth: list[int] = []
     for node in compiled.nodes:
         own = node.choice.depth if node.choice is not None else 1
-        preds = [depth[e.index] for _, edge in node.inputs.items()
-                 for e in (edge if isinstance(edge, tuple) else (edge,)) if e.kind == "op"]
+        preds = [depth[e.index] for edge in node.inputs.values() for _, e in edge_positions(edge) if e.kind == "op"]
         depth.append(own + max(preds, default=0))
     return max(depth)
 
@@ -208,7 +197,7 @@ def _label(compiled: CompiledPattern) -> str:
             return "..."
         args = []
         for slot, edge in node.inputs.items():
-            for e in edge if isinstance(edge, tuple) else (edge,):
+            for _, e in edge_positions(edge):
                 if e.kind == "root":
                     args.append(compiled.root_names[e.index])
                 elif e.kind == "op":
