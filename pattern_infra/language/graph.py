@@ -38,8 +38,7 @@ class ConstRule:
     def __post_init__(self) -> None:
         if self.mode not in ("any", "const", "value"):
             raise PatternDefinitionError(
-                f"ConstRule mode {self.mode!r} is not one of 'any', 'const', 'value'."
-            )
+                f"ConstRule mode {self.mode!r} is not one of 'any', 'const', 'value'.")
 
     def accepts(self, var: Var, expected: np.ndarray | None) -> str | None:
         """Returns None when ``var`` satisfies the rule, else the reason it does not."""
@@ -157,20 +156,10 @@ class CompiledPattern:
         return tuple(key for key, _, _ in self.consts)
 
     @cached_property
-    def spellings(self) -> dict[frozenset[tuple[str, int]], Any]:
-        """The :class:`~.spelling.Spelling` of each spelling matched so far, by its choices."""
-        return {}
-
-    @cached_property
     def const_slots(self) -> list[tuple[int, str, int]]:
         """Where each constant use sits, in ``consts`` order: (node, slot, position or -1)."""
         return [(node.index, slot, pos) for node in self.nodes for slot, edge in node.inputs.items()
                 for pos, e in edge_positions(edge) if e.kind == "const"]
-
-    @cached_property
-    def has_choices(self) -> bool:
-        """Whether a node is a choice (``one_of``, ``optional``, ``equivalences=``)."""
-        return any(node.choice is not None for node in self.nodes)
 
     @cached_property
     def final_names(self) -> tuple[str, ...]:
