@@ -36,10 +36,7 @@ class ChoiceOp:
     blocks: tuple[()] = ()
 
     def __init__(self, name: str, inputs: dict[str, Var], output: Var, choice: Choice) -> None:
-        self.name = name
-        self.inputs = inputs
-        self.outputs = [output]
-        self.choice = choice
+        self.name, self.inputs, self.outputs, self.choice = name, inputs, [output], choice
 
 
 @dataclass
@@ -85,10 +82,8 @@ def choice_node(found: Split, compiled: list[CompiledPattern], pattern_name: str
         if len(set(per_alt)) > 1:
             raise PatternDefinitionError(
                 f"Pattern {pattern_name!r}: the alternatives of choice {record.name!r} read {var.name!r} a "
-                f"different number of times ({per_alt}), so whether it has a consumer outside the match "
-                f"would depend on the alternative. Read it the same number of times in each (e.g. through "
-                f"one op)."
-            )
+                f"different number of times ({per_alt}), so whether it has a consumer outside the match would "
+                "depend on the alternative. Read it the same number of times in each (e.g. through one op).")
         reads[slot] = per_alt[0]
     choice = Choice(
         name=record.name,
@@ -117,8 +112,7 @@ def _check_outside_reads(record: Record, outside: list[Any], region: set[int], p
                 raise PatternDefinitionError(
                     f"Pattern {pattern_name!r}: op {op.name!r} reads {var.name!r}, built inside choice "
                     f"{record.name!r}. Only the choice's own variable (what one_of returns) may be used "
-                    f"outside it; build the rest inside every alternative."
-                )
+                    f"outside it; build the rest inside every alternative.")
 
 
 def _regions(record: Record, outside: list[Any], pattern_name: str) -> tuple[list[Region], dict[str, Var]]:
@@ -133,8 +127,7 @@ def _regions(record: Record, outside: list[Any], pattern_name: str) -> tuple[lis
                 raise PatternDefinitionError(
                     f"Pattern {pattern_name!r}: op name {op.name!r} in alternative {k} of choice "
                     f"{record.name!r} is also used outside the choice. Alternatives of one choice may "
-                    f"share names; rename it so it differs from the ops outside."
-                )
+                    f"share names; rename it so it differs from the ops outside.")
             for var in _vars_read(op):
                 if var.op is not None and id(var.op) in alt_region[k]:
                     continue
@@ -143,39 +136,29 @@ def _regions(record: Record, outside: list[Any], pattern_name: str) -> tuple[lis
                     raise PatternDefinitionError(
                         f"Pattern {pattern_name!r}: alternative {k} of choice {record.name!r} reads "
                         f"{var.name!r}, built by alternative {other}. Alternatives are independent: "
-                        f"build it again inside alternative {k}."
-                    )
+                        f"build it again inside alternative {k}.")
                 reads.setdefault(id(var), var)
         external.append(list(reads.values()))
     slots: dict[int, str] = {}
     inputs: dict[str, Var] = {}
-    for reads in external:
-        for var in reads:
-            if id(var) not in slots:
-                slot = var.name if var.name.isidentifier() and var.name not in inputs else f"in{len(inputs)}"
-                slots[id(var)] = slot
-                inputs[slot] = var
+    for var in (var for reads in external for var in reads if id(var) not in slots):
+        slot = slots[id(var)] = var.name if var.name.isidentifier() and var.name not in inputs else f"in{len(inputs)}"
+        inputs[slot] = var
     for var in inputs.values():
-        is_op = var.op is not None and var.op.op_type != "const"
         missing = [k for k, reads in enumerate(external) if all(v is not var for v in reads)]
-        if is_op and missing:
+        if var.op is not None and var.op.op_type != "const" and missing:
             raise PatternDefinitionError(
                 f"Pattern {pattern_name!r}: op {var.op.name!r} is read by some alternatives of choice "
                 f"{record.name!r} but not by alternative(s) {missing}, so nothing would match it when "
-                f"those do. Build it inside the alternatives that read it."
-            )
+                f"those do. Build it inside the alternatives that read it.")
     return [Region(list(alt_ops), {slots[id(v)]: v for v in external[k]}, [out])
             for k, (alt_ops, out) in enumerate(record.alternatives)], inputs
 
 
 def _uses(compiled: CompiledPattern, root: int) -> int:
-    """How many times a match of ``compiled`` reads its input ``root`` (nested choices counted as their
-    alternatives read)."""
-    total = 0
-    for n, slot, _ in compiled.root_consumers[root]:
-        choice = compiled.nodes[n].choice
-        total += choice.reads_of(slot) if choice is not None else 1
-    return total
+    """How many times a match of ``compiled`` reads its input ``root``, through nested choices too."""
+    return sum(compiled.nodes[n].choice.reads_of(slot) if compiled.nodes[n].choice else 1
+               for n, slot, _ in compiled.root_consumers[root])
 
 
 def _depth(compiled: CompiledPattern) -> int:

@@ -101,18 +101,15 @@ def one_of(name: str, *alternatives: Callable[[], Var], fallback: bool = False) 
     if func is None:
         raise PatternDefinitionError(
             f"one_of({name!r}) must be called while an @mb.program pattern is built, inside the "
-            f"decorated function."
-        )
+            f"decorated function.")
     if not isinstance(name, str) or not name.isidentifier() or name.startswith("_"):
         raise PatternDefinitionError(
             f"one_of: the choice name {name!r} must be a Python identifier not starting with '_' (it "
-            f"is read as pattern.<name>)."
-        )
+            f"is read as pattern.<name>).")
     if len(alternatives) < 2 or not all(callable(a) for a in alternatives):
         raise PatternDefinitionError(
             f"one_of({name!r}) needs at least two alternatives, each a function of no argument building "
-            f"ops (e.g. lambda: mb.mul(x=x, y=x, name='sq')); got {len(alternatives)}."
-        )
+            f"ops (e.g. lambda: mb.mul(x=x, y=x, name='sq')); got {len(alternatives)}.")
     record = Record(name, [], fallback=fallback)
     if _ACTIVE:
         parent, k = _ACTIVE[-1]
@@ -134,8 +131,7 @@ def one_of(name: str, *alternatives: Callable[[], Var], fallback: bool = False) 
                 f"one_of({name!r}): alternative {k} returns {what}, which none of its own ops computes. "
                 f"Rule: every alternative produces the choice's variable with one of the ops it builds. "
                 f"Fix: return the output of the alternative's last op (e.g. lambda: mb.mul(x=x, y=x, "
-                f"name='sq')), not a pattern input, a constant or a variable built outside it."
-            )
+                f"name='sq')), not a pattern input, a constant or a variable built outside it.")
         record.alternatives.append((ops, out))
     return record.alternatives[0][1]
 

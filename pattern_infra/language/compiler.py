@@ -44,15 +44,11 @@ def _function_of(ops_arrangement: Any, pattern_name: str):
     if not isinstance(ops_arrangement, Program):
         raise PatternDefinitionError(
             f"Pattern {pattern_name!r} must be a MIL program built with @mb.program, got "
-            f"{type(ops_arrangement).__name__}. Decorate the pattern function with "
-            f"@mb.program(input_specs=[...])."
-        )
+            f"{type(ops_arrangement).__name__}. Decorate the pattern function with @mb.program(input_specs=[...]).")
     functions = ops_arrangement.functions
     if "main" not in functions or len(functions) != 1:
         raise PatternDefinitionError(
-            f"Pattern {pattern_name!r} must have exactly one function named 'main'; it has "
-            f"{sorted(functions)}."
-        )
+            f"Pattern {pattern_name!r} must have exactly one function named 'main'; it has {sorted(functions)}.")
     return functions["main"]
 
 
@@ -134,14 +130,12 @@ def _compile_graph(
         if op.blocks:
             raise PatternDefinitionError(
                 f"Pattern {pattern_name!r}: op {op.name!r} ({op.op_type}) has nested blocks; "
-                f"control flow cannot be part of a pattern. Match the ops around it instead."
-            )
+                f"control flow cannot be part of a pattern. Match the ops around it instead.")
     real_ops = [op for op in all_ops if op.op_type != "const"]
     if not real_ops:
         raise PatternDefinitionError(
             f"Pattern {pattern_name!r} has no op other than constants. A pattern needs at least one "
-            f"op to find, e.g. `return mb.relu(x=x, name='relu')`."
-        )
+            f"op to find, e.g. `return mb.relu(x=x, name='relu')`.")
     constants = options["constants"]
     default_rule = constants if isinstance(constants, ConstRule) else ConstRule(constants)
     rules = {k: (v if isinstance(v, ConstRule) else ConstRule(v)) for k, v in (options["const_rules"] or {}).items()}
@@ -156,25 +150,21 @@ def _compile_graph(
         if op.name in by_name:
             raise PatternDefinitionError(
                 f"Pattern {pattern_name!r}: two ops are named {op.name!r}. Give every op a unique "
-                f"`name=` argument."
-            )
+                f"`name=` argument.")
         if op.name in RESERVED_NAMES or op.name.startswith("_"):
             raise PatternDefinitionError(
                 f"Pattern {pattern_name!r}: op name {op.name!r} is reserved by Pattern (or private). "
-                f"Rename the op, e.g. name='{op.name.strip('_')}_op'."
-            )
+                f"Rename the op, e.g. name='{op.name.strip('_')}_op'.")
         if not op.name.isidentifier():
             raise PatternDefinitionError(
                 f"Pattern {pattern_name!r}: op name {op.name!r} is not a Python identifier, so "
-                f"`pattern.{op.name}` cannot read it. Use letters, digits and underscores."
-            )
+                f"`pattern.{op.name}` cannot read it. Use letters, digits and underscores.")
         by_name[op.name] = i
     for key in alternatives:
         if key not in everywhere:
             raise PatternDefinitionError(
                 f"Pattern {pattern_name!r}: alternatives name op {key!r}, which the pattern does not "
-                f"have. Pattern ops: {sorted(by_name)}."
-            )
+                f"have. Pattern ops: {sorted(by_name)}.")
     if isinstance(commutative, bool):
         # decided per matched program op: an op may swap when any type it accepts is commutative
         swappable = {op.name for op in real_ops
@@ -183,8 +173,7 @@ def _compile_graph(
         swappable = set(commutative)
         if swappable - everywhere:
             raise PatternDefinitionError(
-                f"Pattern {pattern_name!r}: commutative names unknown ops {sorted(swappable - everywhere)}."
-            )
+                f"Pattern {pattern_name!r}: commutative names unknown ops {sorted(swappable - everywhere)}.")
 
     root_vars: list[Var] = list(func.inputs.values())
     root_index = {id(v): i for i, v in enumerate(root_vars)}
@@ -208,8 +197,7 @@ def _compile_graph(
             return Edge("const", len(consts) - 1)
         raise PatternDefinitionError(
             f"Pattern {pattern_name!r}: input {slot!r} of op {op.name!r} comes from {var.name!r}, "
-            f"which is neither a pattern input, a pattern op nor a constant."
-        )
+            f"which is neither a pattern input, a pattern op nor a constant.")
 
     nodes: list[PatternNode] = []
     for i, op in enumerate(real_ops):
@@ -222,8 +210,7 @@ def _compile_graph(
         if op.op_type not in op_types:
             raise PatternDefinitionError(
                 f"Pattern {pattern_name!r}: alternatives for op {op.name!r} are {sorted(op_types)} "
-                f"but the op itself is {op.op_type!r}; include it."
-            )
+                f"but the op itself is {op.op_type!r}; include it.")
         can_swap = op.name in swappable and "x" in inputs and "y" in inputs
         choice = getattr(op, "choice", None)
         nodes.append(PatternNode(
@@ -238,8 +225,7 @@ def _compile_graph(
         raise PatternDefinitionError(
             f"Pattern {pattern_name!r}: const_rules name {sorted(unused_rules)}, which are not "
             f"constants of the pattern. Keys are '<op name>.<slot>' or a const op's name; constants: "
-            f"{sorted({k for k, _, _ in consts} | set(const_names))}."
-        )
+            f"{sorted({k for k, _, _ in consts} | set(const_names))}.")
 
     root_consumers: list[list[tuple[int, str, int]]] = [[] for _ in root_vars]
     for node in nodes:
@@ -255,8 +241,7 @@ def _compile_graph(
     if unused and renames is None:
         raise PatternDefinitionError(
             f"Pattern {pattern_name!r}: input {unused[0]!r} is used by no op. Remove it from input_specs, "
-            f"or use it."
-        )
+            f"or use it.")
 
     final_nodes = _final_nodes(pattern_name, [renamed(v, renames) for v in func.outputs], nodes, op_of_output)
     for idx in final_nodes:
@@ -285,8 +270,7 @@ def _collapse_choices(
         if names & fan:
             raise PatternDefinitionError(
                 f"Pattern {pattern_name!r}: fan-out op(s) {sorted(names & fan)} lie inside an alternative "
-                f"of a one_of choice; a fan-out op must be a last op outside every choice."
-            )
+                f"of a one_of choice; a fan-out op must be a last op outside every choice.")
         region_options = dict(
             options, fanout=(),
             commutative=commutative if isinstance(commutative, bool) else [c for c in commutative if c in names],
@@ -319,8 +303,7 @@ def _final_nodes(
         if id(out) not in op_of_output:
             raise PatternDefinitionError(
                 f"Pattern {pattern_name!r} returns {out.name!r}, which no pattern op computes. Return "
-                f"the output of the pattern's last op."
-            )
+                f"the output of the pattern's last op.")
         if op_of_output[id(out)][0] not in finals:
             finals.append(op_of_output[id(out)][0])
     stray = [n.name for n in nodes if not n.consumers and n.index not in finals]
@@ -329,8 +312,7 @@ def _final_nodes(
         raise PatternDefinitionError(
             f"Pattern {pattern_name!r} has more than one last op: {stray + last} have no consumer in "
             f"the pattern but only {last} is returned. A pattern has one last op; to match several "
-            f"outputs, return every one of them from the pattern program."
-        )
+            f"outputs, return every one of them from the pattern program.")
     return finals
 
 
@@ -339,25 +321,21 @@ def _mark_fanout(pattern_name: str, nodes: list[PatternNode], fanout: set[str], 
         if name not in by_name:
             raise PatternDefinitionError(
                 f"Pattern {pattern_name!r}: fanout names op {name!r}, which the pattern does not have. "
-                f"Pattern ops: {sorted(by_name)}."
-            )
+                f"Pattern ops: {sorted(by_name)}.")
         node = nodes[by_name[name]]
         if not node.is_final:
             raise PatternDefinitionError(
                 f"Pattern {pattern_name!r}: fan-out op {name!r} is consumed inside the pattern; a fan-out "
-                f"op stands for a set of ops and must be a last op (return it from the pattern)."
-            )
+                f"op stands for a set of ops and must be a last op (return it from the pattern).")
         sources = [e for edge in node.inputs.values() for _, e in edge_positions(edge) if e.kind != "const"]
         if len(sources) != 1:
             raise PatternDefinitionError(
                 f"Pattern {pattern_name!r}: fan-out op {name!r} must read exactly one pattern input or "
-                f"pattern op output (the variable whose consumers it captures); it reads {len(sources)}."
-            )
+                f"pattern op output (the variable whose consumers it captures); it reads {len(sources)}.")
         node.fanout = True
     if nodes and all(n.fanout for n in nodes):
         raise PatternDefinitionError(
-            f"Pattern {pattern_name!r}: every op is a fan-out op; the pattern needs one ordinary op."
-        )
+            f"Pattern {pattern_name!r}: every op is a fan-out op; the pattern needs one ordinary op.")
 
 
 def _check_connected(
@@ -381,8 +359,7 @@ def _check_connected(
     if len(seen) != len(nodes):
         raise PatternDefinitionError(
             f"Pattern {pattern_name!r} falls apart: ops {[n.name for n in nodes if n.index not in seen]} share "
-            f"no variable with op {nodes[0].name!r}. Register unrelated sequences as separate patterns."
-        )
+            f"no variable with op {nodes[0].name!r}. Register unrelated sequences as separate patterns.")
 
 
 def compile_spelling(compiled: CompiledPattern, dropped: set[int], renames: dict[int, Var]) -> CompiledPattern:

@@ -170,8 +170,7 @@ def _plan(func: Function, pattern_name: str, equivalences: Equivalences) -> dict
             if op_name not in by_name:
                 raise PatternDefinitionError(
                     f"Pattern {pattern_name!r}: equivalences name op {op_name!r}, which the pattern does "
-                    f"not have. Pattern ops: {sorted(by_name)}."
-                )
+                    f"not have. Pattern ops: {sorted(by_name)}.")
             op = by_name[op_name]
             plan[op_name] = []
             for identity in _known(pattern_name, [names] if isinstance(names, str) else names):
@@ -180,8 +179,7 @@ def _plan(func: Function, pattern_name: str, equivalences: Equivalences) -> dict
                         f"Pattern {pattern_name!r}: equivalence {identity.name!r} declared on op "
                         f"{op_name!r} ({op.op_type}), where it does not hold. Rule: {identity.name} is "
                         f"{identity.statement}, for a {identity.op_type} op with such operands. Fix: "
-                        f"declare it on such an op, or drop it for {op_name!r}."
-                    )
+                        f"declare it on such an op, or drop it for {op_name!r}.")
                 plan[op_name].append(identity)
         return plan
     identities = _known(pattern_name, equivalences)
@@ -194,8 +192,7 @@ def _known(pattern_name: str, names: Iterable[str]) -> list[Identity]:
     if unknown:
         raise PatternDefinitionError(
             f"Pattern {pattern_name!r}: unknown equivalence(s) {unknown}; the matcher knows "
-            f"{sorted(IDENTITIES)} (see pattern_infra.language.equivalences)."
-        )
+            f"{sorted(IDENTITIES)} (see pattern_infra.language.equivalences).")
     return [IDENTITIES[n] for n in names]
 
 
