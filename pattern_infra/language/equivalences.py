@@ -25,11 +25,9 @@ Identities (``name``: pattern op -> also matched; exactness in float32):
   4, 105 for 5, each up to operand order). Declared on the outer ``mul``; the chain is the ``mul`` tree
   below it through inner ``mul`` ops it alone reads (one use, not an output), cut at 5 factors
   (:mod:`~.reassoc`); the inner ops join the choice, named in every order in the order they are built.
-  **Approximate**: two orders of k factors differ by at most ``reassoc_rtol(k)`` relative (2.4e-7 =
-  ``REASSOC_RTOL`` for 3 factors, 3.6e-7 for 4, 4.8e-7 for 5), unless an intermediate product overflows
-  or underflows where the other does not. Applied alone on its ops (their other identities left out);
-  a constant rule keyed ``"<inner op>.y"`` holds in the order as written only, one keyed by const op
-  name in every order.
+  **Approximate**: ``reassoc_rtol(k)`` relative for k factors (``REASSOC_RTOL`` for 3; see
+  :mod:`~.reassoc`). Applied alone on its ops (their other identities left out); a constant rule keyed
+  ``"<inner op>.y"`` holds in the order as written only, one keyed by const op name in every order.
 
 Declaring them (refused at registration with the rule and the fix when wrong): ``False`` (the default:
 the project's passes reproduce coremltools' programs exactly), ``True`` (every identity wherever it
@@ -234,8 +232,7 @@ def _lookup(var: Var, scopes: list[dict[int, Var]]) -> Var:
         if id(var) in scope:
             return scope[id(var)]
     if var.op is not None and var.op.op_type == "const":
-        new = mb.const(val=var.val, name=var.op.name)
-        scopes[-1][id(var)] = new
+        scopes[-1][id(var)] = new = mb.const(val=var.val, name=var.op.name)
         return new
     raise PatternDefinitionError(f"equivalences: variable {var.name!r} is read before it is built.")
 

@@ -94,7 +94,6 @@ class PatternNode:
     op_types: frozenset[str]
     """Op types accepted at this node (one, or several alternatives)."""
     num_outputs: int
-    """Number of outputs the program op must have."""
     inputs: dict[str, Edge | tuple[Edge, ...]]
     """Input slot name to its edge (a tuple for tuple inputs such as ``concat(values=...)``)."""
     commutative: bool
@@ -123,13 +122,11 @@ class CompiledPattern:
     """A pattern program read into nodes, roots and constants; immutable once built."""
 
     name: str
-    """The pattern's name (the function name of the ``mb.program``)."""
     program: Program
-    """The pattern program itself."""
     nodes: list[PatternNode]
     """Pattern ops in the pattern's program order."""
     root_names: list[str]
-    """Names of the pattern's inputs, in order."""
+    """The pattern's input names, in order."""
     root_consumers: list[list[tuple[int, str, int]]]
     """For each root: (consumer node, slot, position or -1)."""
     consts: list[tuple[str, np.ndarray | None, ConstRule]]
@@ -139,7 +136,6 @@ class CompiledPattern:
     final_nodes: list[int]
     """Indices of the final nodes, in the order the pattern returns them."""
     by_name: dict[str, int]
-    """Node name to node index."""
     source: Any = None
     """(pattern function or region, its choices, compile options), for :func:`~.variants.variants_of`."""
     expanded: Any = None
