@@ -1,10 +1,8 @@
 """The ``Pattern`` object: one match of a pattern in a program, handed to the user's callbacks.
 
-``pattern.<name>`` is the program op captured for the pattern op called ``<name>``. The rest of the
-surface follows the design document (``root_var``, ``final_op``, ``block``, ``op_set``, ``op_list()``,
-``add_attribute``) and extends it for patterns with several inputs and outputs (``root_vars``,
-``final_ops``), for operands whose order the matcher swapped (``operand``), and for constants
-(``consts``).
+``pattern.<name>`` is the program op captured for the pattern op ``<name>``. The design document's surface
+(``root_var``, ``final_op``, ``block``, ``op_set``, ``op_list()``, ``add_attribute``) is extended for several
+inputs and outputs (``root_vars``, ``final_ops``), swapped operands (``operand``) and constants (``consts``).
 """
 
 from __future__ import annotations
@@ -22,7 +20,7 @@ RESERVED_NAMES: frozenset[str] = frozenset({
     "root_var", "root_vars", "final_op", "final_ops", "block", "op_set", "op_list", "add_attribute", "operand",
     "consts", "ops", "groups", "pattern_name", "replace_output", "replace_outputs", "insert_before", "choices",
 })
-"""Names a pattern op may not take, because :class:`~pattern_infra.language.pattern.Pattern` uses them."""
+"""Names a pattern op may not take, because :class:`Pattern` uses them."""
 
 
 class Pattern:
