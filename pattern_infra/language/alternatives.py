@@ -1,11 +1,9 @@
-"""A choice of a pattern, compiled: the ops of each ``one_of`` (:mod:`~pattern_infra.language.choices`)
-become one choice node whose alternatives are small compiled patterns.
+"""A choice of a pattern, compiled: the ops of each ``one_of`` become one choice node whose alternatives
+are small compiled patterns.
 
-The compiler (:mod:`~pattern_infra.language.compiler`) calls :func:`split` on the ops of one level: it
-checks the choice rules (names, reads across alternatives and from outside) and returns each
-alternative as a :class:`Region`, an op list the compiler reads as it reads a function; it compiles each
-region itself (nested choices included) and hands the results to :func:`choice_node`, which computes
-what the search needs (depth, slots, how often each slot is read) and stands in for the choice's ops.
+The compiler calls :func:`split` on the ops of one level, which checks the choice rules and returns each
+alternative as a :class:`Region` (read like a function); it compiles the regions and hands them to
+:func:`choice_node`, which computes depth, slots and reads and stands in for the choice's ops.
 """
 
 from __future__ import annotations
@@ -17,31 +15,28 @@ from coremltools.converters.mil.mil import Var
 
 from .choices import Record
 from .errors import PatternDefinitionError
-from .graph import Alternative, Choice, CompiledPattern
+from .graph import Alternative, Choice, CompiledPattern, edge_positions
 
 __all__ = ["ChoiceOp", "Region", "Split", "choice_node", "split"]
 
 
+@dataclass
 class Region:
     """The ops of one alternative, read by the compiler as if they were a function."""
 
-    def __init__(self, operations: list[Any], inputs: dict[str, Var], outputs: list[Var]) -> None:
-        self.operations = operations
-        self.inputs = inputs
-        self.outputs = outputs
+    operations: list[Any]
+    inputs: dict[str, Var]
+    outputs: list[Var]
 
 
 class ChoiceOp:
-    """Stands for a choice among the ops of its level while the compiler reads them (an op-like object)."""
+    """Stands for a choice among the ops of its level while the compiler reads them."""
 
     op_type = "one_of"
     blocks: tuple[()] = ()
 
     def __init__(self, name: str, inputs: dict[str, Var], output: Var, choice: Choice) -> None:
-        self.name = name
-        self.inputs = inputs
-        self.outputs = [output]
-        self.choice = choice
+        self.name, self.inputs, self.outputs, self.choice = name, inputs, [output], choice
 
 
 @dataclass
@@ -78,8 +73,7 @@ def choice_node(found: Split, compiled: list[CompiledPattern], pattern_name: str
     """The level's ops with the choice's ops replaced by one :class:`ChoiceOp`, from its alternatives
     compiled (``compiled``, in order)."""
     record, inputs = found.record, found.inputs
-    alternatives = [Alternative(k, c, list(region.inputs), _label(c))
-                    for k, (c, region) in enumerate(zip(compiled, found.regions))]
+    alternatives = [Alternative(c, list(region.inputs), _label(c)) for c, region in zip(compiled, found.regions)]
     reads: dict[str, int] = {}
     for slot, var in inputs.items():
         if var.op is None or var.op.op_type == "const":
@@ -88,20 +82,16 @@ def choice_node(found: Split, compiled: list[CompiledPattern], pattern_name: str
         if len(set(per_alt)) > 1:
             raise PatternDefinitionError(
                 f"Pattern {pattern_name!r}: the alternatives of choice {record.name!r} read {var.name!r} a "
-                f"different number of times ({per_alt}), so whether it has a consumer outside the match "
-                f"would depend on the alternative. Read it the same number of times in each (e.g. through "
-                f"one op)."
-            )
+                f"different number of times ({per_alt}), so whether it has a consumer outside the match would "
+                "depend on the alternative. Read it the same number of times in each (e.g. through one op).")
         reads[slot] = per_alt[0]
-    full = frozenset(s for s in inputs if all(s in a.slots for a in alternatives))
     choice = Choice(
         name=record.name,
         alternatives=alternatives,
-        fallback=record.fallback,
         depth=max(_depth(a.compiled) for a in alternatives),
         output_types=frozenset(t for a in alternatives for n in a.compiled.final_nodes
                                for t in a.compiled.nodes[n].op_types),
-        full_slots=full,
+        full_slots=frozenset(s for s in inputs if all(s in a.slots for a in alternatives)),
         reads=reads,
         uses={slot: next(_uses(a.compiled, a.slots.index(slot)) for a in alternatives if slot in a.slots)
               for slot in inputs},
@@ -111,10 +101,7 @@ def choice_node(found: Split, compiled: list[CompiledPattern], pattern_name: str
 
 
 def _vars_read(op: Any) -> list[Var]:
-    out: list[Var] = []
-    for value in op.inputs.values():
-        out.extend(value if isinstance(value, (list, tuple)) else [value])
-    return out
+    return [v for value in op.inputs.values() for v in (value if isinstance(value, (list, tuple)) else [value])]
 
 
 def _check_outside_reads(record: Record, outside: list[Any], region: set[int], pattern_name: str) -> None:
@@ -125,8 +112,7 @@ def _check_outside_reads(record: Record, outside: list[Any], region: set[int], p
                 raise PatternDefinitionError(
                     f"Pattern {pattern_name!r}: op {op.name!r} reads {var.name!r}, built inside choice "
                     f"{record.name!r}. Only the choice's own variable (what one_of returns) may be used "
-                    f"outside it; build the rest inside every alternative."
-                )
+                    f"outside it; build the rest inside every alternative.")
 
 
 def _regions(record: Record, outside: list[Any], pattern_name: str) -> tuple[list[Region], dict[str, Var]]:
@@ -134,15 +120,14 @@ def _regions(record: Record, outside: list[Any], pattern_name: str) -> tuple[lis
     outside_names = {op.name for op in outside if op.op_type != "const"}
     alt_region = [{id(op) for op in alt_ops} for alt_ops, _ in record.alternatives]
     external: list[list[Var]] = []
-    for k, (alt_ops, out) in enumerate(record.alternatives):
+    for k, (alt_ops, _) in enumerate(record.alternatives):
         reads: dict[int, Var] = {}
         for op in alt_ops:
             if op.op_type != "const" and op.name in outside_names:
                 raise PatternDefinitionError(
                     f"Pattern {pattern_name!r}: op name {op.name!r} in alternative {k} of choice "
                     f"{record.name!r} is also used outside the choice. Alternatives of one choice may "
-                    f"share names; rename it so it differs from the ops outside."
-                )
+                    f"share names; rename it so it differs from the ops outside.")
             for var in _vars_read(op):
                 if var.op is not None and id(var.op) in alt_region[k]:
                     continue
@@ -151,49 +136,36 @@ def _regions(record: Record, outside: list[Any], pattern_name: str) -> tuple[lis
                     raise PatternDefinitionError(
                         f"Pattern {pattern_name!r}: alternative {k} of choice {record.name!r} reads "
                         f"{var.name!r}, built by alternative {other}. Alternatives are independent: "
-                        f"build it again inside alternative {k}."
-                    )
+                        f"build it again inside alternative {k}.")
                 reads.setdefault(id(var), var)
         external.append(list(reads.values()))
     slots: dict[int, str] = {}
     inputs: dict[str, Var] = {}
-    for reads in external:
-        for var in reads:
-            if id(var) not in slots:
-                slot = var.name if var.name.isidentifier() and var.name not in inputs else f"in{len(inputs)}"
-                slots[id(var)] = slot
-                inputs[slot] = var
+    for var in (var for reads in external for var in reads if id(var) not in slots):
+        slot = slots[id(var)] = var.name if var.name.isidentifier() and var.name not in inputs else f"in{len(inputs)}"
+        inputs[slot] = var
     for var in inputs.values():
-        is_op = var.op is not None and var.op.op_type != "const"
         missing = [k for k, reads in enumerate(external) if all(v is not var for v in reads)]
-        if is_op and missing:
+        if var.op is not None and var.op.op_type != "const" and missing:
             raise PatternDefinitionError(
                 f"Pattern {pattern_name!r}: op {var.op.name!r} is read by some alternatives of choice "
                 f"{record.name!r} but not by alternative(s) {missing}, so nothing would match it when "
-                f"those do. Build it inside the alternatives that read it."
-            )
-    regions = []
-    for k, (alt_ops, out) in enumerate(record.alternatives):
-        regions.append(Region(list(alt_ops), {slots[id(v)]: v for v in external[k]}, [out]))
-    return regions, inputs
+                f"those do. Build it inside the alternatives that read it.")
+    return [Region(list(alt_ops), {slots[id(v)]: v for v in external[k]}, [out])
+            for k, (alt_ops, out) in enumerate(record.alternatives)], inputs
 
 
 def _uses(compiled: CompiledPattern, root: int) -> int:
-    """How many times a match of ``compiled`` reads its input ``root`` (nested choices counted as their
-    alternatives read)."""
-    total = 0
-    for n, slot, _ in compiled.root_consumers[root]:
-        choice = compiled.nodes[n].choice
-        total += choice.reads_of(slot) if choice is not None else 1
-    return total
+    """How many times a match of ``compiled`` reads its input ``root``, through nested choices too."""
+    return sum(compiled.nodes[n].choice.reads_of(slot) if compiled.nodes[n].choice else 1
+               for n, slot, _ in compiled.root_consumers[root])
 
 
 def _depth(compiled: CompiledPattern) -> int:
     depth: list[int] = []
     for node in compiled.nodes:
         own = node.choice.depth if node.choice is not None else 1
-        preds = [depth[e.index] for _, edge in node.inputs.items()
-                 for e in (edge if isinstance(edge, tuple) else (edge,)) if e.kind == "op"]
+        preds = [depth[e.index] for edge in node.inputs.values() for _, e in edge_positions(edge) if e.kind == "op"]
         depth.append(own + max(preds, default=0))
     return max(depth)
 
@@ -208,7 +180,7 @@ def _label(compiled: CompiledPattern) -> str:
             return "..."
         args = []
         for slot, edge in node.inputs.items():
-            for e in edge if isinstance(edge, tuple) else (edge,):
+            for _, e in edge_positions(edge):
                 if e.kind == "root":
                     args.append(compiled.root_names[e.index])
                 elif e.kind == "op":

@@ -21,37 +21,23 @@ combination (the product of the spellings), a pattern declares, at the point whe
 
 One pattern, 2 x 3 x 2 = 12 spellings.
 
-Rules (checked when the pattern is built or compiled, with the rule and the fix in the message):
+Rules (checked when the pattern is built or compiled; the message names the rule and the fix):
 
-* An alternative is a function of no arguments that builds ops and returns the variable the choice
-  stands for, computed by one of *its own* ops (not an input, not a constant, not a variable built
-  elsewhere).
-* Alternatives read variables from outside (pattern inputs, earlier pattern ops, constants); an earlier
-  pattern *op* read by one alternative must be read by every alternative (otherwise nothing would bind
-  it when another alternative matched: move it into the alternatives that read it). A pattern input may
-  be read by only some alternatives (``w`` above); when another matched, ``pattern.root_vars`` holds
-  None for it.
+* An alternative is a function of no arguments that builds ops and returns the choice's variable,
+  computed by one of *its own* ops (not an input, a constant or a variable built elsewhere).
+* Alternatives read variables from outside (pattern inputs, earlier pattern ops, constants). An earlier
+  pattern *op* read by one alternative must be read by every alternative (else nothing would bind it
+  when another matched: move it into the alternatives that read it). A pattern input may be read by only
+  some (``w`` above); when another matched, ``pattern.root_vars`` holds None for it.
 * Names: unique within each alternative and distinct from the ops outside the choice; alternatives of one
-  choice may reuse a name (only one of them is ever bound): ``pattern.scale`` is whichever matched.
+  choice may reuse a name (only one is ever bound): ``pattern.scale`` is whichever matched.
   ``pattern.<choice name>`` is the op producing the choice's variable; ``pattern.choices`` maps each
   choice to the index of the alternative that matched; ops of the other alternatives are not attributes.
 * Choices nest (a ``one_of`` inside an alternative). ``optional(name, base, extra)`` is
-  ``one_of(name, lambda: extra(base()), base)``: ``base`` builds the ops the optional op applies to.
+  ``one_of(name, lambda: extra(base()), base)``.
 
-How it is compiled (:mod:`~pattern_infra.language.alternatives`; no product of sub-passes): the ops of
-the choice become one pattern node, a *choice
-node*, whose input slots are the variables its alternatives read from outside; each alternative is
-compiled on its own into a small :class:`~pattern_infra.language.compiler.CompiledPattern` (its inputs are those
-variables). The outer search binds a choice node like an op. Reached by an up-step (or as the anchor),
-the program op producing the variable is offered to the alternatives whose last op has its type, each
-searched anchored there (:func:`choice_matches`). Reached by a down-step from a variable bound in one of
-its slots, each alternative is searched *entered from that variable* (:func:`entered_matches`): a
-down-step to the op reading it, then the alternative's own plan, so only the ops below the variable an
-alternative reaches are bound. Every complete sub-match gives values for the slots and the outer search
-goes on with them; backtracking tries the next sub-match, then the next alternative (sub-matches are
-found lazily). Cost per choice node: the sum of the alternatives' sizes, never the product of the
-choices (``python -m bench.choices --instructions`` measures it). ``explain`` reports "tried 3
-alternatives for 'normed': ..." with each one's first failure.
+Each choice becomes a choice node (:mod:`~.alternatives`) and every spelling a plain pattern
+(:mod:`~.variants`); the search shares what the spellings have in common.
 """
 
 from __future__ import annotations
@@ -75,7 +61,7 @@ class Record:
 
     name: str
     alternatives: list[tuple[list[Operation], Var]]
-    """Per alternative: the ops it created (consts included, nested choices' ops included) and its output."""
+    """Per alternative: the ops it created (consts and nested choices' ops included) and its output."""
     children: dict[int, list[Record]] = field(default_factory=dict)
     """Per alternative, the choices declared inside it (nested choices)."""
     fallback: bool = False
@@ -83,29 +69,26 @@ class Record:
 
 
 _RECORDS: weakref.WeakKeyDictionary[Any, list[Record]] = weakref.WeakKeyDictionary()
-"""Pattern function (coremltools ``Function``) to the choices declared at its top level while it was
-built (a pattern function is never changed once built, so the record stays true)."""
+"""Pattern function to the choices declared at its top level while it was built."""
 
 _ACTIVE: list[tuple[Record, int]] = []
 """The alternatives being built right now (innermost last)."""
-
 
 
 def one_of(name: str, *alternatives: Callable[[], Var], fallback: bool = False) -> Var:
     """Declares, inside an ``@mb.program`` pattern, a variable computed by one of several small programs.
 
     Alternatives are tried in the order written; write the longest first. When the choice ends the
-    pattern (its variable may be used anywhere), a later alternative is by default never matched at an op
-    inside a match of an earlier one (``norm * w`` is the weighted spelling, not the unweighted one
-    followed by an unrelated ``mul``), whatever the constraints say of that match.
+    pattern, a later alternative is by default never matched inside a match of an earlier one (``norm *
+    w`` is the weighted spelling, not the unweighted one and an unrelated ``mul``), whatever the
+    constraints say of that match.
 
     Args:
         name: The choice's name: ``pattern.<name>`` is the op computing the variable in a match.
         *alternatives: Functions of no argument building ops with ``mb`` and returning the variable.
-        fallback: Offer a later alternative inside an earlier one's match too, after it (when the choice
-            is reached from one of its inputs, not as the anchor): what a pass written as one pattern
-            per spelling, longest first, does when its constraints refuse the longer match (a weight the
-            fusion cannot absorb stays an op after the fused one). ``find_matches`` then reports both.
+        fallback: Offer a later alternative inside an earlier one's match too, after it, when the choice
+            is reached from one of its inputs (a weight the fusion cannot absorb stays an op after the
+            fused one). ``find_matches`` then reports both.
 
     Returns:
         The first alternative's variable, for the rest of the pattern to use.
@@ -118,18 +101,15 @@ def one_of(name: str, *alternatives: Callable[[], Var], fallback: bool = False) 
     if func is None:
         raise PatternDefinitionError(
             f"one_of({name!r}) must be called while an @mb.program pattern is built, inside the "
-            f"decorated function."
-        )
+            f"decorated function.")
     if not isinstance(name, str) or not name.isidentifier() or name.startswith("_"):
         raise PatternDefinitionError(
             f"one_of: the choice name {name!r} must be a Python identifier not starting with '_' (it "
-            f"is read as pattern.<name>)."
-        )
+            f"is read as pattern.<name>).")
     if len(alternatives) < 2 or not all(callable(a) for a in alternatives):
         raise PatternDefinitionError(
             f"one_of({name!r}) needs at least two alternatives, each a function of no argument building "
-            f"ops (e.g. lambda: mb.mul(x=x, y=x, name='sq')); got {len(alternatives)}."
-        )
+            f"ops (e.g. lambda: mb.mul(x=x, y=x, name='sq')); got {len(alternatives)}.")
     record = Record(name, [], fallback=fallback)
     if _ACTIVE:
         parent, k = _ACTIVE[-1]
@@ -144,16 +124,14 @@ def one_of(name: str, *alternatives: Callable[[], Var], fallback: bool = False) 
         finally:
             _ACTIVE.pop()
         ops = list(func.operations)[start:]
-        if not isinstance(out, Var) or out.op is None or all(out.op is not op for op in ops) or (
-            out.op.op_type == "const"
-        ):
+        if (not isinstance(out, Var) or out.op is None or out.op.op_type == "const"
+                or all(out.op is not op for op in ops)):
             what = out.name if isinstance(out, Var) else type(out).__name__
             raise PatternDefinitionError(
                 f"one_of({name!r}): alternative {k} returns {what}, which none of its own ops computes. "
                 f"Rule: every alternative produces the choice's variable with one of the ops it builds. "
                 f"Fix: return the output of the alternative's last op (e.g. lambda: mb.mul(x=x, y=x, "
-                f"name='sq')), not a pattern input, a constant or a variable built outside it."
-            )
+                f"name='sq')), not a pattern input, a constant or a variable built outside it.")
         record.alternatives.append((ops, out))
     return record.alternatives[0][1]
 
@@ -161,10 +139,8 @@ def one_of(name: str, *alternatives: Callable[[], Var], fallback: bool = False) 
 def optional(name: str, base: Callable[[], Var], extra: Callable[[Var], Var], fallback: bool = False) -> Var:
     """Declares an op that may be absent: ``one_of(name, lambda: extra(base()), base, fallback=fallback)``.
 
-    ``base`` builds the part of the pattern the optional op applies to (it is built once per
-    alternative, so its ops may carry the same names in both; a ``one_of`` inside it becomes a nested
-    choice). What is not supported: an alternative made of no op at all (an optional op whose input is a
-    pattern input): a choice stands for the op computing its variable.
+    ``base`` is built once per alternative, so its ops carry the same names in both (a ``one_of`` inside it
+    nests). Not supported: a ``base`` of no op (an optional op on a pattern input).
 
     Args:
         name: The choice's name.

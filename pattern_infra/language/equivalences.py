@@ -1,15 +1,12 @@
 """Equivalences the matcher knows: ``pow(x, 2)`` also matches ``mul(x, x)``, and so on.
 
-With ``equivalences=`` at registration (``register_generic_pass``, ``find_matches``, ``explain``,
-``compile_pattern``), a pattern op for which an identity below holds also matches its other spellings,
-without a pattern for each. How: the pattern program is *replayed* into a new one in which every such op
-becomes a :func:`~pattern_infra.language.choices.one_of` choice between the op as written and its equivalent
-spellings (the choice and its alternatives' ops keep the op's name, so ``pattern.<name>`` is whichever
-matched and ``pattern.choices[<name>]`` says which: 0 is the op as written). The matcher then handles
-them like any choice: per pattern op a constant number of alternatives, so the cost stays linear in the
-program size, and the product of the spellings is never enumerated.
+With ``equivalences=`` (``register_generic_pass``, ``find_matches``, ``explain``, ``compile_pattern``), a
+pattern op for which an identity below holds also matches its other spellings. The pattern program is
+replayed into one where every such op is a :func:`~.choices.one_of` choice between the op as written and
+its other spellings; the choice and its alternatives' ops keep the op's name, so ``pattern.<name>`` is
+whichever matched and ``pattern.choices[<name>]`` says which (0: as written).
 
-Identities (``name``: pattern op -> also matched, exactness in float32):
+Identities (``name``: pattern op -> also matched; exactness in float32):
 
 * ``pow2``: ``pow(x, 2)`` -> ``mul(x, x)``. **Exact**: both are one correctly rounded product.
 * ``square_pow``: ``mul(x, x)`` (the same variable twice) -> ``pow(x, 2)``. Exact, as above.
@@ -17,41 +14,26 @@ Identities (``name``: pattern op -> also matched, exactness in float32):
   **Exact**: negation is exact and ``a - b`` is defined as ``a + (-b)``.
 * ``div_const``: ``real_div(x, c)`` -> ``mul(x, 1/c)``; ``mul_const``: ``mul(x, c)`` -> ``real_div(x,
   1/c)``. **Approximate** unless c is a power of two: ``x * fl(1/c)`` and ``fl(x / c)`` differ by at most
-  3 units in the last place, relative ``|diff| <= 3 * 2**-24 * |x / c|`` (``DIV_RTOL`` = 2.4e-7 is
-  what the tests check with the evaluator). The constant of the other spelling is ``1/c`` of the
-  pattern's constant, under the same constant rule (under ``constants="any"`` any compile-time constant).
+  3 units in the last place, relative ``3 * 2**-24 * |x / c|`` (``DIV_RTOL``). The other spelling's
+  constant is ``1/c`` of the pattern's, under the same constant rule.
 * ``rsqrt``: ``rsqrt(x)`` -> ``real_div(1, sqrt(x))``. **Approximate**: MIL's ``rsqrt`` is
   ``1 / sqrt(x + epsilon)`` (epsilon 1e-12 by default); relative difference at most
-  ``2 * 2**-24 + epsilon / (2 x)`` (``RSQRT_RTOL`` = 1.2e-7 for the rounding part).
+  ``2 * 2**-24 + epsilon / (2 x)`` (``RSQRT_RTOL`` for the rounding part).
+* ``reassoc``: a product of 3 to ``MAX_FACTORS`` = 5 factors written as a chain of ``mul``, at least one
+  factor a constant and one not, also matches every other order of multiplication of the same factors
+  (``mul(mul(a, c), b)`` -> ``mul(a, mul(b, c))``, ``mul(mul(a, b), c)``: 3 orders for 3 factors, 15 for
+  4, 105 for 5, each up to operand order). Declared on the outer ``mul``; the chain is the ``mul`` tree
+  below it through inner ``mul`` ops it alone reads (one use, not an output), cut at 5 factors
+  (:mod:`~.reassoc`); the inner ops join the choice, named in every order in the order they are built.
+  **Approximate**: ``reassoc_rtol(k)`` relative for k factors (``REASSOC_RTOL`` for 3; see
+  :mod:`~.reassoc`). Applied alone on its ops (their other identities left out); a constant rule keyed
+  ``"<inner op>.y"`` holds in the order as written only, one keyed by const op name in every order.
 
-* ``reassoc``: a product of 3 to 5 factors written as a chain of ``mul`` (depth 2 to 4), at least one
-  factor a constant, also matches every other order of multiplication of the same factors:
-  ``mul(mul(a, c), b)`` -> ``mul(a, mul(b, c))``, ``mul(mul(a, b), c)``; ``mul(mul(mul(a, c), b), d)``
-  -> ``mul(mul(a, b), mul(c, d))``, ``mul(c, mul(a, mul(b, d)))``, ... (the constant at any depth, the
-  other factors in any association): 3 orders for 3 factors, 15 for 4, 105 for 5, each up to operand
-  order (the matcher swaps operands itself). An identity of the chain, declared on its outer ``mul``: the
-  chain is the ``mul`` tree below it through inner ``mul`` ops it alone reads (one use, not an output),
-  cut at ``MAX_FACTORS`` = 5 factors, longer trees re-associated in their inner part only
-  (:mod:`pattern_infra.language.reassoc`); a chain without a constant is not re-associated. The inner ops become
-  part of the choice, under their own names in every order (in the order they are built in the others).
-  **Approximate**: an order of k factors rounds k - 1 products, so two orders differ by at most
-  ``((1 + u) / (1 - u)) ** (k - 1) - 1`` relative, u = 2**-24 (``reassoc_rtol(k)``: 2.4e-7 =
-  ``REASSOC_RTOL`` for 3 factors, 3.6e-7 for 4, 4.8e-7 for 5), unless an intermediate product overflows
-  or underflows where the other does not. Applied alone on its ops (their other identities are left
-  out there); a constant rule given for an inner op's slot (``"<inner>.y"``) holds in the order as
-  written only, one given by const op name in every order; under ``constants="any"`` the constant is a
-  wildcard, as everywhere. Cost: a fixed number of alternatives per chain (at most 105 of 4 ``mul``), so
-  linear in the program; at depth 4 (100 chains, factors ops of distinct types) a pass's search makes
-  8 to 89 bind attempts per match (8 for the chain written out), ``find_matches`` 218 to 278 (10); when
-  the factors are pattern inputs (wildcards fitting many orders) about 1,000 to 1,400.
-
-Declaring them (refused at registration with the rule and the fix when wrong):
-
-* ``equivalences=False`` (the default: the project's passes reproduce coremltools' programs exactly and
-  read their matched ops by type) or ``True`` (every identity, wherever it applies);
-* a list of identity names, wherever they apply;
-* a mapping ``{"<pattern op>": ["pow2", ...]}``: those identities on that op; an identity that does not
-  hold for that op (``pow2`` on a ``relu``, or on ``pow(x, 3)``) is refused.
+Declaring them (refused at registration with the rule and the fix when wrong): ``False`` (the default:
+the project's passes reproduce coremltools' programs exactly), ``True`` (every identity wherever it
+applies), a list of identity names (wherever they apply), or ``{"<pattern op>": ["pow2", ...]}`` (those
+identities on that op; one that does not hold there, such as ``pow2`` on ``relu`` or ``pow(x, 3)``, is
+refused).
 """
 
 from __future__ import annotations
@@ -73,11 +55,8 @@ __all__ = ["DIV_RTOL", "MAX_FACTORS", "REASSOC_RTOL", "RSQRT_RTOL", "IDENTITIES"
 
 DIV_RTOL = 2.4e-7
 """Relative tolerance of ``x / c`` against ``x * (1/c)`` in float32 (3 units in the last place, rounded up)."""
-
 REASSOC_RTOL = 2.4e-7
-"""Relative tolerance of ``(a * c) * b`` against ``a * (b * c)`` in float32 (two roundings each side):
-``reassoc_rtol(3)`` rounded up; a chain of ``k`` factors: ``reassoc_rtol(k)`` (3.6e-7 for 4)."""
-
+"""Relative tolerance of ``(a * c) * b`` against ``a * (b * c)`` in float32: ``reassoc_rtol(3)`` rounded up."""
 RSQRT_RTOL = 1.2e-7
 """Relative tolerance of ``rsqrt(x)`` against ``1 / sqrt(x)`` in float32, beyond rsqrt's epsilon term."""
 
@@ -98,7 +77,7 @@ class Identity:
     build: Callable[[dict[str, Var], Operation, str], Var]
     """Builds the other spelling from the op's mapped operands, the original op and the name to give."""
     exact: bool
-    """Same float32 values; else see the module docstring for the tolerance."""
+    """Same float32 values (else see the module docstring)."""
     statement: str
     """The identity in words, for messages."""
 
@@ -107,46 +86,46 @@ def _const(op: Operation, slot: str) -> np.ndarray | None:
     return constant_value(op.inputs.get(slot))
 
 
-def _is_scalar(op: Operation, slot: str, test: Callable[[float], bool]) -> bool:
-    value = _const(op, slot)
-    return value is not None and value.size == 1 and test(float(value.reshape(())))
+def _is_two(op: Operation) -> bool:
+    value = _const(op, "y")
+    return value is not None and value.size == 1 and float(value.reshape(())) == 2.0
 
 
-def _scaled(op: Operation, slot: str, fn: Callable[[np.ndarray], np.ndarray]) -> np.ndarray:
-    value = _const(op, slot)
-    assert value is not None  # holds() checked it
-    return fn(value.astype(np.float32)).astype(value.dtype if value.dtype.kind == "f" else np.float32)
+def _has_const(op: Operation, nonzero: bool = False) -> bool:
+    value = _const(op, "y")
+    return value is not None and (not nonzero or bool(np.all(value)))
 
 
-IDENTITIES: dict[str, Identity] = {
-    i.name: i
-    for i in [
-        Identity("pow2", "pow", lambda op: _is_scalar(op, "y", lambda v: v == 2.0),
-                 lambda v, op, name: mb.mul(x=v["x"], y=v["x"], name=name), True, "pow(x, 2) = mul(x, x)"),
-        Identity("square_pow", "mul", lambda op: op.inputs["x"] is op.inputs["y"],
-                 lambda v, op, name: mb.pow(x=v["x"], y=np.float32(2.0), name=name), True,
-                 "mul(x, x) = pow(x, 2)"),
-        Identity("sub_const", "sub", lambda op: _const(op, "y") is not None,
-                 lambda v, op, name: mb.add(x=v["x"], y=_scaled(op, "y", np.negative), name=name), True,
-                 "sub(x, c) = add(x, -c)"),
-        Identity("add_const", "add", lambda op: _const(op, "y") is not None,
-                 lambda v, op, name: mb.sub(x=v["x"], y=_scaled(op, "y", np.negative), name=name), True,
-                 "add(x, c) = sub(x, -c)"),
-        Identity("div_const", "real_div", lambda op: _const(op, "y") is not None and bool(np.all(_const(op, "y"))),
-                 lambda v, op, name: mb.mul(x=v["x"], y=_scaled(op, "y", np.reciprocal), name=name), False,
-                 "real_div(x, c) = mul(x, 1/c)"),
-        Identity("mul_const", "mul", lambda op: _const(op, "y") is not None and bool(np.all(_const(op, "y"))),
-                 lambda v, op, name: mb.real_div(x=v["x"], y=_scaled(op, "y", np.reciprocal), name=name), False,
-                 "mul(x, c) = real_div(x, 1/c)"),
-        Identity("reassoc", "mul", lambda op: chain_at(op) is not None, lambda v, op, name: v["x"], False,
-                 f"a product of 3 to {MAX_FACTORS} factors, one a constant (mul(mul(a, c), b) = mul(a, mul(b, c)) "
-                 f"= mul(mul(a, b), c), ...), in any order of multiplication"),
-        Identity("rsqrt", "rsqrt", lambda op: True,
-                 lambda v, op, name: mb.real_div(x=np.float32(1.0), y=mb.sqrt(x=v["x"], name=f"{name}_sqrt"),
-                                                 name=name), False,
-                 "rsqrt(x) = real_div(1, sqrt(x))"),
-    ]
-}
+def _with_const(op_type: str, fn: Callable[[np.ndarray], np.ndarray]) -> Callable[..., Var]:
+    """Builds ``<op_type>(x, fn(c))`` for an op ``f(x, c)``, ``fn(c)`` in c's float dtype (else float32)."""
+
+    def build(v: dict[str, Var], op: Operation, name: str) -> Var:
+        value = _const(op, "y")
+        assert value is not None  # holds() checked it
+        y = fn(value.astype(np.float32)).astype(value.dtype if value.dtype.kind == "f" else np.float32)
+        return getattr(mb, op_type)(x=v["x"], y=y, name=name)
+
+    return build
+
+
+IDENTITIES: dict[str, Identity] = {i.name: i for i in [
+    Identity("pow2", "pow", _is_two,
+             lambda v, op, name: mb.mul(x=v["x"], y=v["x"], name=name), True, "pow(x, 2) = mul(x, x)"),
+    Identity("square_pow", "mul", lambda op: op.inputs["x"] is op.inputs["y"],
+             lambda v, op, name: mb.pow(x=v["x"], y=np.float32(2.0), name=name), True, "mul(x, x) = pow(x, 2)"),
+    Identity("sub_const", "sub", _has_const, _with_const("add", np.negative), True, "sub(x, c) = add(x, -c)"),
+    Identity("add_const", "add", _has_const, _with_const("sub", np.negative), True, "add(x, c) = sub(x, -c)"),
+    Identity("div_const", "real_div", lambda op: _has_const(op, nonzero=True), _with_const("mul", np.reciprocal),
+             False, "real_div(x, c) = mul(x, 1/c)"),
+    Identity("mul_const", "mul", lambda op: _has_const(op, nonzero=True), _with_const("real_div", np.reciprocal),
+             False, "mul(x, c) = real_div(x, 1/c)"),
+    Identity("reassoc", "mul", lambda op: chain_at(op) is not None, lambda v, op, name: v["x"], False,
+             f"a product of 3 to {MAX_FACTORS} factors, one a constant (mul(mul(a, c), b) = mul(a, mul(b, c)) "
+             f"= mul(mul(a, b), c), ...), in any order of multiplication"),
+    Identity("rsqrt", "rsqrt", lambda op: True,
+             lambda v, op, name: mb.real_div(x=np.float32(1.0), y=mb.sqrt(x=v["x"], name=f"{name}_sqrt"), name=name),
+             False, "rsqrt(x) = real_div(1, sqrt(x))"),
+]}
 """Every identity the matcher knows, by name."""
 
 
@@ -181,8 +160,7 @@ def _plan(func: Function, pattern_name: str, equivalences: Equivalences) -> dict
     """Pattern op name to the identities to apply to it."""
     ops = [op for op in func.operations if op.op_type != "const"]
     if isinstance(equivalences, bool):
-        names = list(IDENTITIES) if equivalences else []
-        return {op.name: [IDENTITIES[n] for n in names if _applies(IDENTITIES[n], op)] for op in ops}
+        equivalences = list(IDENTITIES) if equivalences else []
     if isinstance(equivalences, Mapping):
         by_name = {op.name: op for op in ops}
         plan: dict[str, list[Identity]] = {}
@@ -190,8 +168,7 @@ def _plan(func: Function, pattern_name: str, equivalences: Equivalences) -> dict
             if op_name not in by_name:
                 raise PatternDefinitionError(
                     f"Pattern {pattern_name!r}: equivalences name op {op_name!r}, which the pattern does "
-                    f"not have. Pattern ops: {sorted(by_name)}."
-                )
+                    f"not have. Pattern ops: {sorted(by_name)}.")
             op = by_name[op_name]
             plan[op_name] = []
             for identity in _known(pattern_name, [names] if isinstance(names, str) else names):
@@ -200,8 +177,7 @@ def _plan(func: Function, pattern_name: str, equivalences: Equivalences) -> dict
                         f"Pattern {pattern_name!r}: equivalence {identity.name!r} declared on op "
                         f"{op_name!r} ({op.op_type}), where it does not hold. Rule: {identity.name} is "
                         f"{identity.statement}, for a {identity.op_type} op with such operands. Fix: "
-                        f"declare it on such an op, or drop it for {op_name!r}."
-                    )
+                        f"declare it on such an op, or drop it for {op_name!r}.")
                 plan[op_name].append(identity)
         return plan
     identities = _known(pattern_name, equivalences)
@@ -214,8 +190,7 @@ def _known(pattern_name: str, names: Iterable[str]) -> list[Identity]:
     if unknown:
         raise PatternDefinitionError(
             f"Pattern {pattern_name!r}: unknown equivalence(s) {unknown}; the matcher knows "
-            f"{sorted(IDENTITIES)} (see pattern_infra.language.equivalences)."
-        )
+            f"{sorted(IDENTITIES)} (see pattern_infra.language.equivalences).")
     return [IDENTITIES[n] for n in names]
 
 
@@ -257,8 +232,7 @@ def _lookup(var: Var, scopes: list[dict[int, Var]]) -> Var:
         if id(var) in scope:
             return scope[id(var)]
     if var.op is not None and var.op.op_type == "const":
-        new = mb.const(val=var.val, name=var.op.name)
-        scopes[-1][id(var)] = new
+        scopes[-1][id(var)] = new = mb.const(val=var.val, name=var.op.name)
         return new
     raise PatternDefinitionError(f"equivalences: variable {var.name!r} is read before it is built.")
 
@@ -312,11 +286,8 @@ def _replay_op(
     op: Operation, plan: dict[str, list[Identity]], scopes: list[dict[int, Var]], chain: Chain | None
 ) -> None:
     def operands(where: list[dict[int, Var]]) -> dict[str, Any]:
-        return {
-            slot: tuple(_lookup(v, where) for v in value) if isinstance(value, (list, tuple))
-            else _lookup(value, where)
-            for slot, value in op.inputs.items()
-        }
+        return {slot: tuple(_lookup(v, where) for v in value) if isinstance(value, (list, tuple))
+                else _lookup(value, where) for slot, value in op.inputs.items()}
 
     if chain is not None:  # re-associated alone: the chain's ops take no other identity
         scopes[-1][id(op.outputs[0])] = one_of(op.name, *_reassociated(chain, scopes))

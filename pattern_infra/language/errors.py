@@ -1,21 +1,10 @@
-"""Exceptions raised by the framework.
-
-Every error a user can cause is a :class:`PatternInfraError`. Messages name the pattern, the op and the
-fix; nothing is reported through ``assert`` or a silent ``False``.
-"""
+"""Exceptions raised by the framework: every error a user can cause is a :class:`PatternInfraError`, its
+message naming the pattern, the op and the fix."""
 
 from __future__ import annotations
 
-__all__ = [
-    "PatternInfraError",
-    "PatternDefinitionError",
-    "PassRegistrationError",
-    "PassExecutionError",
-    "FixpointError",
-    "UnsupportedOpError",
-    "VerificationError",
-    "EvaluationError",
-]
+__all__ = ["PatternInfraError", "PatternDefinitionError", "PassRegistrationError", "PassExecutionError",
+           "FixpointError", "UnsupportedOpError", "VerificationError", "EvaluationError"]
 
 
 class PatternInfraError(Exception):
@@ -47,12 +36,9 @@ class VerificationError(PatternInfraError, AssertionError):
 
 
 class EvaluationError(PatternInfraError, ValueError):
-    """The evaluator cannot run a program as asked: bad inputs, bad registration, inconsistent op.
-
-    Raised for inputs that do not match the function signature, a precision that does not exist, a
-    semantics registered twice, and an op whose computed value contradicts what the program
-    declares (shape) or whose inputs are out of range at run time.
-    """
+    """The evaluator cannot run a program as asked: inputs not matching the signature, an unknown
+    precision, a semantics registered twice, an op whose value contradicts its declared shape or whose
+    inputs are out of range at run time."""
 
 
 class NotElementwiseError(PatternInfraError, ValueError):

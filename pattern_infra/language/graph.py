@@ -1,6 +1,5 @@
-"""What a compiled pattern is: the graph :func:`~pattern_infra.language.compiler.compile_pattern` makes of a pattern
-program (:class:`CompiledPattern`: :class:`PatternNode` ops joined by :class:`Edge` s, constant rules
-:class:`ConstRule`), read by the matcher and the choices."""
+"""A compiled pattern: the graph :func:`~pattern_infra.language.compiler.compile_pattern` makes of a
+pattern program, :class:`PatternNode` ops joined by :class:`Edge` s, with :class:`ConstRule` constants."""
 
 from __future__ import annotations
 
@@ -13,21 +12,12 @@ from coremltools.converters.mil.mil import Program, Var
 
 from .errors import PatternDefinitionError
 
-__all__ = ["COMMUTATIVE_OPS", "Alternative", "Choice", "CompiledPattern", "ConstMode", "ConstRule", "Edge", "PatternNode", "edge_positions"]
+__all__ = ["COMMUTATIVE_OPS", "Alternative", "Choice", "CompiledPattern", "ConstMode", "ConstRule", "Edge",
+           "PatternNode", "edge_positions"]
 
-COMMUTATIVE_OPS: frozenset[str] = frozenset(
-    {
-        "add",
-        "mul",
-        "maximum",
-        "minimum",
-        "equal",
-        "not_equal",
-        "logical_and",
-        "logical_or",
-        "logical_xor",
-    }
-)
+COMMUTATIVE_OPS: frozenset[str] = frozenset({
+    "add", "mul", "maximum", "minimum", "equal", "not_equal", "logical_and", "logical_or", "logical_xor",
+})
 """MIL binary ops whose ``x`` and ``y`` may be swapped; the matcher tries both orders itself."""
 
 ConstMode = Literal["any", "const", "value"]
@@ -35,14 +25,11 @@ ConstMode = Literal["any", "const", "value"]
 
 @dataclass(frozen=True)
 class ConstRule:
-    """What a pattern constant demands of the program variable in its slot.
-
-    Whatever the mode, the variable may never be computed by an op inside the match.
-    """
+    """What a pattern constant demands of the program variable in its slot (never computed inside the
+    match, whatever the mode)."""
 
     mode: ConstMode = "any"
-    """``"any"``: anything; ``"const"``: a compile-time constant; ``"value"``: a constant close to the
-    pattern's value."""
+    """``"any"``: anything; ``"const"``: a compile-time constant; ``"value"``: a constant close to the pattern's."""
     rtol: float = 1e-5
     """Relative tolerance of ``"value"``."""
     atol: float = 1e-6
@@ -51,44 +38,30 @@ class ConstRule:
     def __post_init__(self) -> None:
         if self.mode not in ("any", "const", "value"):
             raise PatternDefinitionError(
-                f"ConstRule mode {self.mode!r} is not one of 'any', 'const', 'value'."
-            )
+                f"ConstRule mode {self.mode!r} is not one of 'any', 'const', 'value'.")
 
     def accepts(self, var: Var, expected: np.ndarray | None) -> str | None:
         """Returns None when ``var`` satisfies the rule, else the reason it does not."""
         if self.mode == "any":
             return None
-        val = var.val
-        if val is None:
+        if var.val is None:
             return f"operand {var.name} is not a compile-time constant"
         if self.mode == "const" or expected is None:
             return None
-        got = np.asarray(val)
+        got = np.asarray(var.val)
         if got.dtype.kind not in "biuf" or expected.dtype.kind not in "biuf":
             return None if np.array_equal(got, expected) else f"constant {var.name} differs"
-        if expected.size == 1 and got.size != 1:
-            return f"constant {var.name} has {got.size} elements where the pattern has a scalar"
-        if expected.size == 1 and got.dtype.kind in "biuf" and expected.dtype.kind in "biuf":
+        if expected.size == 1:
+            if got.size != 1:
+                return f"constant {var.name} has {got.size} elements where the pattern has a scalar"
             g, e = float(got.reshape(())), float(expected.reshape(()))
-            if abs(g - e) <= self.atol + self.rtol * abs(e):
-                return None
-            return f"constant {var.name} = {g!r} differs from the pattern's {e!r}"
-        if expected.size != 1 and got.shape != expected.shape:
+            close = abs(g - e) <= self.atol + self.rtol * abs(e)
+            return None if close else f"constant {var.name} = {g!r} differs from the pattern's {e!r}"
+        if got.shape != expected.shape:
             return f"constant {var.name} has shape {got.shape}, the pattern's has {expected.shape}"
-        try:
-            close = np.allclose(got, expected, rtol=self.rtol, atol=self.atol)
-        except ValueError:
-            close = False
-        if not close:
-            return (
-                f"constant {var.name} = {_short(got)} differs from the pattern's {_short(expected)}"
-            )
-        return None
-
-
-def _short(value: np.ndarray) -> str:
-    flat = np.asarray(value).ravel()
-    return repr(flat[0].item()) if flat.size == 1 else f"array{tuple(np.shape(value))}"
+        if np.allclose(got, expected, rtol=self.rtol, atol=self.atol):
+            return None
+        return f"constant {var.name} = array{got.shape} differs from the pattern's array{expected.shape}"
 
 
 @dataclass(frozen=True)
@@ -104,11 +77,8 @@ class Edge:
 
 
 def edge_positions(edge: Edge | tuple[Edge, ...]) -> list[tuple[int, Edge]]:
-    """The edges of one input slot with their position: ``(-1, edge)`` for a single value, ``(i, e)``
-    for each element of a tuple slot."""
-    if isinstance(edge, tuple):
-        return list(enumerate(edge))
-    return [(-1, edge)]
+    """The edges of one input slot with their position: ``(-1, edge)``, or ``(i, e)`` per tuple element."""
+    return list(enumerate(edge)) if isinstance(edge, tuple) else [(-1, edge)]
 
 
 @dataclass
@@ -124,26 +94,22 @@ class PatternNode:
     op_types: frozenset[str]
     """Op types accepted at this node (one, or several alternatives)."""
     num_outputs: int
-    """Number of outputs the program op must have."""
     inputs: dict[str, Edge | tuple[Edge, ...]]
     """Input slot name to its edge (a tuple for tuple inputs such as ``concat(values=...)``)."""
     commutative: bool
     """Whether ``x`` and ``y`` may be swapped when the matched program op is commutative."""
     swap_any_type: bool = False
-    """Whether ``x`` and ``y`` are tried in both orders whatever op type matched (named explicitly in
-    ``commutative=[...]``, e.g. for an ``add``/``sub`` alternative whose transform reads the sides)."""
+    """Whether ``x`` and ``y`` are tried in both orders whatever op type matched (``commutative=[...]``)."""
     is_final: bool = False
     """Whether the outputs may be used outside the match."""
     fanout: bool = False
-    """Whether this node stands for *every* consumer of its input variable (all of one kind): the
-    match captures them as a list (TFLite's ``MultipleSameOps``)."""
+    """Whether this node stands for *every* consumer of its input variable (all of one kind), captured as a list."""
     output_uses: list[int] = field(default_factory=list)
     """For each output, how many pattern edges consume it."""
     consumers: list[tuple[int, str, int, int]] = field(default_factory=list)
     """Edges leaving this node: (consumer node, slot, position in a tuple slot or -1, output index)."""
     choice: Choice | None = None
-    """For a choice node (:func:`~pattern_infra.language.choices.one_of`): its alternatives, each a small compiled
-    pattern; its slots are the outside variables they read, and it binds the op computing its variable."""
+    """For a choice node (``one_of``): its alternatives; its slots are the outside variables they read."""
 
     @property
     def op_type_label(self) -> str:
@@ -156,13 +122,11 @@ class CompiledPattern:
     """A pattern program read into nodes, roots and constants; immutable once built."""
 
     name: str
-    """The pattern's name (the function name of the ``mb.program``)."""
     program: Program
-    """The pattern program itself."""
     nodes: list[PatternNode]
     """Pattern ops in the pattern's program order."""
     root_names: list[str]
-    """Names of the pattern's inputs, in order."""
+    """The pattern's input names, in order."""
     root_consumers: list[list[tuple[int, str, int]]]
     """For each root: (consumer node, slot, position or -1)."""
     consts: list[tuple[str, np.ndarray | None, ConstRule]]
@@ -172,12 +136,10 @@ class CompiledPattern:
     final_nodes: list[int]
     """Indices of the final nodes, in the order the pattern returns them."""
     by_name: dict[str, int]
-    """Node name to node index."""
     source: Any = None
-    """What it was compiled from, for its spellings (:func:`~pattern_infra.language.variants.variants_of`):
-    the pattern function (or an alternative's region), its choices and the compile options."""
+    """(pattern function or region, its choices, compile options), for :func:`~.variants.variants_of`."""
     expanded: Any = None
-    """Its spellings as plain patterns, once :func:`~pattern_infra.language.variants.variants_of` made them."""
+    """Its spellings as plain patterns, once :func:`~.variants.variants_of` made them."""
 
     @cached_property
     def node_names(self) -> tuple[str, ...]:
@@ -190,21 +152,10 @@ class CompiledPattern:
         return tuple(key for key, _, _ in self.consts)
 
     @cached_property
-    def spellings(self) -> dict[frozenset[tuple[str, int]], Any]:
-        """The :class:`~pattern_infra.language.spelling.Spelling` of each spelling matched so far, by its choices
-        (:func:`~pattern_infra.language.spelling.spelling_of`)."""
-        return {}
-
-    @cached_property
     def const_slots(self) -> list[tuple[int, str, int]]:
         """Where each constant use sits, in ``consts`` order: (node, slot, position or -1)."""
         return [(node.index, slot, pos) for node in self.nodes for slot, edge in node.inputs.items()
                 for pos, e in edge_positions(edge) if e.kind == "const"]
-
-    @cached_property
-    def has_choices(self) -> bool:
-        """Whether a node is a choice (``one_of``, ``optional``, ``equivalences=``)."""
-        return any(node.choice is not None for node in self.nodes)
 
     @cached_property
     def final_names(self) -> tuple[str, ...]:
@@ -225,8 +176,6 @@ class CompiledPattern:
 class Alternative:
     """One alternative of a choice, compiled on its own."""
 
-    index: int
-    """Position among the choice's alternatives."""
     compiled: CompiledPattern
     """The alternative as a pattern: its inputs are the outside variables it reads."""
     slots: list[str]
@@ -250,16 +199,9 @@ class Choice:
     full_slots: frozenset[str] = field(default_factory=frozenset)
     """Slots every alternative reads."""
     reads: dict[str, int] = field(default_factory=dict)
-    """For a slot holding a pattern op's output: how many times each alternative reads it (the same in
-    every alternative), for the outer check that the op's output has no consumer outside the match."""
+    """For a slot holding a pattern op's output: how many times every alternative reads it."""
     uses: dict[str, int] = field(default_factory=dict)
     """For every slot, how many times the first alternative reading it reads it."""
-
-    fallback: bool = False
-    """A later alternative is also offered inside an earlier one's match (see :func:`one_of`)."""
-    entries: dict[str, list[frozenset[str]] | None] = field(default_factory=dict)
-    """Per slot, the op types each alternative may be entered by from it, or None when a down-step
-    through it cannot enter every alternative (:func:`enterable`)."""
 
     def reads_of(self, slot: str) -> int:
         """How many times an alternative reads ``slot`` (for a nested choice's input)."""

@@ -1,10 +1,8 @@
 """The ``Pattern`` object: one match of a pattern in a program, handed to the user's callbacks.
 
-``pattern.<name>`` is the program op captured for the pattern op called ``<name>``. The rest of the
-surface follows the design document (``root_var``, ``final_op``, ``block``, ``op_set``, ``op_list()``,
-``add_attribute``) and extends it for patterns with several inputs and outputs (``root_vars``,
-``final_ops``), for operands whose order the matcher swapped (``operand``), and for constants
-(``consts``).
+``pattern.<name>`` is the program op captured for the pattern op ``<name>``. The design document's surface
+(``root_var``, ``final_op``, ``block``, ``op_set``, ``op_list()``, ``add_attribute``) is extended for several
+inputs and outputs (``root_vars``, ``final_ops``), swapped operands (``operand``) and constants (``consts``).
 """
 
 from __future__ import annotations
@@ -14,34 +12,15 @@ from typing import Any
 
 from coremltools.converters.mil.mil import Block, Operation, Var
 
-
 from .graph import CompiledPattern
 
 __all__ = ["Pattern"]
 
-
-RESERVED_NAMES: frozenset[str] = frozenset(
-    {
-        "root_var",
-        "root_vars",
-        "final_op",
-        "final_ops",
-        "block",
-        "op_set",
-        "op_list",
-        "add_attribute",
-        "operand",
-        "consts",
-        "ops",
-        "groups",
-        "pattern_name",
-        "replace_output",
-        "replace_outputs",
-        "insert_before",
-        "choices",
-    }
-)
-"""Names a pattern op may not take, because :class:`~pattern_infra.language.pattern.Pattern` uses them."""
+RESERVED_NAMES: frozenset[str] = frozenset({
+    "root_var", "root_vars", "final_op", "final_ops", "block", "op_set", "op_list", "add_attribute", "operand",
+    "consts", "ops", "groups", "pattern_name", "replace_output", "replace_outputs", "insert_before", "choices",
+})
+"""Names a pattern op may not take, because :class:`Pattern` uses them."""
 
 
 class Pattern:
@@ -81,57 +60,33 @@ class Pattern:
         self.block: Block | None = block
         self.consts: dict[str, Var] = dict(consts or {})
         self.choices: dict[str, int] = {}
-        """Choice name (``one_of``, or an op with ``equivalences=``) to the index of the alternative
-        that matched (0: the first written; for an equivalence, the op as written)."""
         self.pattern_name: str = compiled.name if compiled is not None else ""
         finals: list[Operation] = []
-        if compiled is not None:
-            for idx in compiled.final_nodes:
-                captured = self._ops[compiled.nodes[idx].name]
-                finals.extend(captured if isinstance(captured, list) else [captured])
+        for idx in compiled.final_nodes if compiled is not None else []:
+            captured = self._ops[compiled.nodes[idx].name]
+            finals.extend(captured if isinstance(captured, list) else [captured])
         self.final_ops: list[Operation] = finals
         self.final_op: Operation | None = finals[0] if finals else None
-        captured_ops = self._ops.values()
-        if any(isinstance(op, list) for op in captured_ops):
-            self.op_set: set[Operation] = set(self._flat_ops())
-        else:
-            self.op_set = set(captured_ops)  # type: ignore[arg-type]
+        self.op_set: set[Operation] = set(self._flat_ops())
         vars(self).update(self._ops)  # pattern.<name>; compile_pattern refuses names Pattern uses
 
     @classmethod
     def _of_search(
-        cls,
-        compiled: CompiledPattern,
-        block: Block,
-        ops: dict[str, Operation],
-        roots: list[Var],
-        operands: dict[str, dict[str, Any]],
-        consts: dict[str, Var],
-        order: Callable[[list[Operation]], list[Operation]] | None,
-        final_names: tuple[str, ...],
+        cls, compiled: CompiledPattern, block: Block, ops: dict[str, Operation], roots: list[Var],
+        operands: dict[str, dict[str, Any]], consts: dict[str, Var],
+        order: Callable[[list[Operation]], list[Operation]] | None, final_names: tuple[str, ...],
         choices: dict[str, int],
     ) -> Pattern:
-        """The constructor of the search: the dicts and the list are fresh and become the
-        pattern's own (no copies), no op is a fan-out list, ``final_names`` are the final ops' names,
-        ``choices`` is :attr:`choices`."""
+        """The search's constructor: the dicts and the list become the pattern's own (no copies); no op is
+        a fan-out list."""
         self = cls.__new__(cls)
         fields = self.__dict__
         fields.update(ops)  # pattern.<name>
         finals = [ops[name] for name in final_names]
         fields.update(
-            _attributes={},
-            _compiled=compiled,
-            _ops=ops,
-            _operands=operands,
-            _order=order,
-            root_vars=roots,
-            root_var=roots[0] if roots else None,
-            block=block,
-            consts=consts,
-            choices=choices,
-            pattern_name=compiled.name,
-            final_ops=finals,
-            final_op=finals[0] if finals else None,
+            _attributes={}, _compiled=compiled, _ops=ops, _operands=operands, _order=order, root_vars=roots,
+            root_var=roots[0] if roots else None, block=block, consts=consts, choices=choices,
+            pattern_name=compiled.name, final_ops=finals, final_op=finals[0] if finals else None,
             op_set=set(ops.values()),
         )
         return self
@@ -172,14 +127,9 @@ class Pattern:
         if attribute_name in self._ops:
             raise NameError(
                 f"Pattern attribute {attribute_name!r} would overwrite the captured op of the same "
-                f"name in pattern {self.pattern_name!r}; choose another name."
-            )
-        if attribute_name in RESERVED_NAMES or attribute_name.startswith("_") or hasattr(
-            type(self), attribute_name
-        ):
-            raise NameError(
-                f"Pattern attribute {attribute_name!r} is reserved by Pattern; choose another name."
-            )
+                f"name in pattern {self.pattern_name!r}; choose another name.")
+        if attribute_name in RESERVED_NAMES or attribute_name.startswith("_") or hasattr(type(self), attribute_name):
+            raise NameError(f"Pattern attribute {attribute_name!r} is reserved by Pattern; choose another name.")
         self._attributes[attribute_name] = attribute
         object.__setattr__(self, attribute_name, attribute)
 
@@ -218,10 +168,8 @@ class Pattern:
     def replace_output(self, new_var: Var, old_var: Var | None = None) -> None:
         """Makes every user of a final output read ``new_var`` instead: the linear way to rewrite.
 
-        Only the users of ``old_var`` are visited (never the rest of the block), scope information is
-        carried over as coremltools' passes do, and the matched ops this leaves without users are removed
-        by the framework once the transform returns: a transform only builds the replacement and calls
-        this.
+        Only the users of ``old_var`` are visited; the matched ops this leaves without users are removed by
+        the framework once the transform returns, so a transform only builds the replacement and calls this.
 
         Args:
             new_var: The replacement, already inserted in the block (e.g. by ``mb.gelu(...,
@@ -236,8 +184,7 @@ class Pattern:
             if len(outputs) != 1:
                 raise ValueError(
                     f"Pattern {self.pattern_name!r} has {len(outputs)} outputs; name the one to "
-                    f"replace: replace_output(new_var, old_var=...)."
-                )
+                    f"replace: replace_output(new_var, old_var=...).")
             old_var = outputs[0]
         block = old_var.op.enclosing_block if old_var.op is not None else self.block
         block.replace_uses_of_var_after_op(anchor_op=old_var.op, old_var=old_var, new_var=new_var)
@@ -248,8 +195,7 @@ class Pattern:
         if len(new_vars) != len(outputs):
             raise ValueError(
                 f"Pattern {self.pattern_name!r} has {len(outputs)} outputs but {len(new_vars)} "
-                f"replacements were given."
-            )
+                f"replacements were given.")
         for old, new in zip(outputs, new_vars):
             self.replace_output(new, old)
 
@@ -264,7 +210,8 @@ class Pattern:
         return len(self.op_set)
 
     def __repr__(self) -> str:
-        ops = ", ".join(f"{k}={_label(v)}" for k, v in self._ops.items())
+        ops = ", ".join(f"{k}=[{', '.join(op.name for op in v)}]" if isinstance(v, list) else f"{k}={v.name}"
+                        for k, v in self._ops.items())
         return f"Pattern({self.pattern_name!r}: {ops})"
 
     def _reverse_topological(self) -> list[Operation]:
@@ -272,24 +219,11 @@ class Pattern:
         (a topological order of the pattern), reversed; program order reversed for hand-built matches."""
         if self._compiled is None:
             return list(reversed(self.op_list()))
-        ops: list[Operation] = []
-        for op in reversed(self._ops.values()):
-            if isinstance(op, list):
-                ops.extend(op)
-            else:
-                ops.append(op)
+        ops = [o for op in reversed(self._ops.values()) for o in (op if isinstance(op, list) else [op])]
         # a choice and its alternative's last op are one op under two names
         return list(dict.fromkeys(ops)) if self.choices else ops
 
     def _flat_ops(self) -> Iterator[Operation]:
         for op in self._ops.values():
-            if isinstance(op, list):
-                yield from op
-            else:
-                yield op
+            yield from op if isinstance(op, list) else [op]
 
-
-def _label(value: Operation | list[Operation]) -> str:
-    if isinstance(value, list):
-        return "[" + ", ".join(op.name for op in value) + "]"
-    return value.name

@@ -1,25 +1,14 @@
 """Constant scalings re-associated (the ``reassoc`` equivalence): which ``mul`` chains, which orders, how exact.
 
-Owns three things :mod:`pattern_infra.language.equivalences` builds the ``reassoc`` choice from:
+:func:`chain_at` finds the chain of ``mul`` ops ending at one ``mul``; :func:`association_orders` lists
+every other way to multiply its factors: ``(2k - 3)!!`` for ``k`` distinct factors (3, 15, 105 for 3, 4,
+5), bounded by :data:`MAX_FACTORS` so a choice stays a constant number of alternatives per pattern op.
 
-* :func:`chain_at`: the chain of ``mul`` ops of a pattern ending at one ``mul`` (its *root*): the
-  ``mul`` tree below the root, an inner ``mul`` belonging to it when the chain alone reads it (one use,
-  not a block output), at most :data:`MAX_FACTORS` factors; a chain when it has 3 factors or more, at
-  least one of them a numeric compile-time constant and one not.
-* :func:`association_orders`: every other way to multiply the same factors (binary trees up to
-  operand order, each once; equal factors counted once), the order as written first. Their number is
-  ``(2k - 3)!!`` for ``k`` distinct factors: 3 for 3 factors, 15 for 4, 105 for 5; bounded by
-  ``MAX_FACTORS`` = 5, so the choice stays a constant number of alternatives per pattern op (at most 105
-  of 4 ``mul`` each) and the matcher stays linear in the program size. 6 factors would give 945
-  alternatives: a longer tree is cut at 5 factors.
-* :func:`reassoc_rtol`: how far two orders of the same ``k`` factors may be apart in float32.
-
-Tolerance. Each ``mul`` of a float32 chain rounds once, ``fl(p q) = p q (1 + d)`` with ``|d| <= u =
-2**-24`` (round to nearest, no overflow nor underflow). Any order of ``k`` factors makes ``k - 1``
-products, so its result is ``P (1 + d_1) ... (1 + d_{k-1})`` of the exact product ``P``, and two orders
-``r1``, ``r2`` satisfy ``|r2 - r1| <= ((1 + u) / (1 - u)) ** (k - 1) - 1) |r1|``, about ``2 (k - 1) u``:
-2.4e-7 for 3 factors, 3.6e-7 for 4, 4.8e-7 for 5 (``tests/test_equivalences.py`` checks it with the reference
-evaluator). Not when an intermediate product overflows or underflows where the other order's does not.
+Tolerance (:func:`reassoc_rtol`). Each float32 ``mul`` rounds once, ``fl(p q) = p q (1 + d)`` with ``|d| <=
+u = 2**-24`` (round to nearest, no overflow nor underflow). An order of ``k`` factors makes ``k - 1``
+products, so two orders ``r1``, ``r2`` satisfy ``|r2 - r1| <= (((1 + u) / (1 - u)) ** (k - 1) - 1) |r1|``,
+about ``2 (k - 1) u``: 2.4e-7 for 3 factors, 3.6e-7 for 4, 4.8e-7 for 5. Not when an intermediate
+product overflows or underflows where the other order's does not.
 """
 
 from __future__ import annotations
@@ -35,7 +24,7 @@ __all__ = ["MAX_FACTORS", "UNIT_ROUNDOFF", "Chain", "Tree", "association_orders"
            "reassoc_rtol"]
 
 MAX_FACTORS = 5
-"""Most factors of a chain re-associated (depth 4: four ``mul``); a longer ``mul`` tree is cut there."""
+"""Most factors of a chain re-associated (four ``mul``); a longer ``mul`` tree is cut there."""
 
 UNIT_ROUNDOFF = 2.0**-24
 """Relative error of one float32 rounding to nearest."""
@@ -51,13 +40,14 @@ def reassoc_rtol(factors: int) -> float:
         factors: Number of factors of the chain (2 or more).
 
     Returns:
-        ``((1 + u) / (1 - u)) ** (factors - 1) - 1`` with ``u = 2**-24``: each order rounds ``factors - 1``
-        products (see the module docstring).
+        ``((1 + u) / (1 - u)) ** (factors - 1) - 1`` with ``u = 2**-24`` (see the module docstring).
+
+    Raises:
+        ValueError: Fewer than 2 factors.
     """
     if factors < 2:
         raise ValueError(f"reassoc_rtol: a chain has 2 factors or more, got {factors}.")
-    u = UNIT_ROUNDOFF
-    return ((1 + u) / (1 - u)) ** (factors - 1) - 1
+    return ((1 + UNIT_ROUNDOFF) / (1 - UNIT_ROUNDOFF)) ** (factors - 1) - 1
 
 
 def constant_value(var: object) -> np.ndarray | None:
@@ -80,7 +70,7 @@ class Chain:
     """A chain of ``mul`` ops ending at :attr:`root`, as the pattern writes it."""
 
     root: Operation
-    """The outer ``mul`` (the op the identity is declared on; the choice takes its name)."""
+    """The outer ``mul``, the op the identity is declared on (the choice takes its name)."""
     inner: tuple[Operation, ...]
     """The chain's other ``mul`` ops, in the pattern's op order (their names are reused in every order)."""
     factors: tuple[Var, ...]
@@ -92,18 +82,17 @@ class Chain:
 def chain_at(op: Operation, expandable: Callable[[Operation], bool] = lambda op: True) -> Chain | None:
     """The chain of ``mul`` ops ending at ``op``, if it is one the ``reassoc`` identity applies to.
 
-    The ``mul`` tree below ``op`` is walked depth first, ``x`` before ``y``: an operand is expanded when a
-    ``mul`` for which ``expandable`` holds makes it, ``op``'s tree alone reads it (once), it is not a
-    block output, and the tree stays within :data:`MAX_FACTORS` factors.
+    The ``mul`` tree below ``op`` is walked depth first, ``x`` before ``y``; an operand is expanded when an
+    ``expandable`` ``mul`` makes it, the tree alone reads it (once), it is not a block output, and the
+    tree stays within :data:`MAX_FACTORS` factors.
 
     Args:
         op: A pattern op.
-        expandable: Which inner ``mul`` ops may belong to the chain (the replay excludes the ops of
-            declared choices and of chains already taken).
+        expandable: Which inner ``mul`` ops may belong to the chain.
 
     Returns:
-        The chain, or None when ``op`` is not a ``mul``, the tree has fewer than 3 factors, or none of its
-        factors is a numeric constant (or all are).
+        The chain, or None when ``op`` is not a ``mul``, the tree has fewer than 3 factors, or none (or
+        all) of its factors are numeric constants.
     """
     if op.op_type != "mul":
         return None
@@ -111,11 +100,9 @@ def chain_at(op: Operation, expandable: Callable[[Operation], bool] = lambda op:
     inner: list[Operation] = []
 
     def expands(var: object, parent: Operation) -> bool:
-        if not isinstance(var, Var) or var.op is None or var.op.op_type != "mul" or not expandable(var.op):
-            return False
-        if len(var.child_ops) != 1 or var in var.op.enclosing_block.outputs:
-            return False
-        return sum(1 for v in parent.inputs.values() if v is var) == 1
+        return (isinstance(var, Var) and var.op is not None and var.op.op_type == "mul" and expandable(var.op)
+                and len(var.child_ops) == 1 and var not in var.op.enclosing_block.outputs
+                and sum(1 for v in parent.inputs.values() if v is var) == 1)
 
     def walk(node: Operation) -> Tree:
         pair = []
@@ -156,13 +143,10 @@ def association_orders(chain: Chain) -> list[Tree]:
             return f"f{same[tree]}"
         return "(" + ",".join(sorted(key(t) for t in tree)) + ")"
 
-    seen = {key(chain.written)}
-    orders = [chain.written]
+    orders = {key(chain.written): chain.written}
     for tree in _trees(tuple(range(len(chain.factors)))):
-        if key(tree) not in seen:
-            seen.add(key(tree))
-            orders.append(tree)
-    return orders
+        orders.setdefault(key(tree), tree)
+    return list(orders.values())
 
 
 def _trees(indices: tuple[int, ...]) -> list[Tree]:

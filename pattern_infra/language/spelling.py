@@ -1,11 +1,8 @@
-"""``pattern.choices`` of a match of a pattern with choices: one :class:`Spelling` per spelling, shared
-by its matches.
+"""``pattern.choices``: one :class:`Spelling` per spelling of a pattern, shared by its matches.
 
-A choice (:func:`~pattern_infra.language.choices.one_of`, or an op with ``equivalences=``) binds the op that
-computes its variable, and its slots are the outside variables its alternatives read. Which operand of
-which op holds each slot depends only on which alternatives matched (the *spelling*), never on the
-program: the :class:`Spelling` records it (:attr:`Spelling.slots`), and ``pattern.operand(<choice>,
-<slot>)`` reads the operand it names.
+Which operand of which op holds each slot of a choice (an outside variable its alternatives read)
+depends only on the alternatives that matched, never on the program: :attr:`Spelling.slots` records it
+for ``pattern.operand(<choice>, <slot>)``.
 """
 
 from __future__ import annotations
@@ -19,19 +16,17 @@ __all__ = ["Spelling", "spelling_of"]
 
 
 class Spelling(dict):  # type: ignore[type-arg]
-    """``pattern.choices``: choice name (nested ones included) to the index of the alternative that
-    matched. Shared by every match of one spelling, so it cannot be changed (copy it with
-    ``dict(pattern.choices)``)."""
+    """Choice name (nested ones included) to the index of the alternative that matched; shared by every
+    match of one spelling, so read-only (copy it with ``dict(pattern.choices)``)."""
 
     slots: dict[str, dict[str, tuple[str, str, int]]]
-    """Per choice: its slot to the operand holding that variable in a match of this spelling (op name,
-    the op's slot, position in a tuple slot or -1), for ``Pattern.operand``."""
+    """Per choice: slot to the operand holding it (op name, the op's slot, position in a tuple slot or -1)."""
 
     def _refuse(self, *args: Any, **kwargs: Any) -> NoReturn:
         raise TypeError("pattern.choices is shared by every match of the same spelling and cannot be "
                         "changed; copy it first: dict(pattern.choices)")
 
-    __setitem__ = __delitem__ = clear = pop = popitem = setdefault = update = __ior__ = _refuse  # type: ignore[assignment]
+    __setitem__ = __delitem__ = clear = pop = popitem = setdefault = update = __ior__ = _refuse  # type: ignore
 
     def __reduce__(self) -> tuple[Any, ...]:  # copy, deepcopy and pickle: a Spelling again
         return _restored, (dict(self), self.slots)
@@ -44,19 +39,11 @@ def _restored(chosen: dict[str, int], slots: dict[str, dict[str, tuple[str, str,
 
 
 def spelling_of(compiled: CompiledPattern, chosen: Mapping[str, int]) -> Spelling:
-    """The :class:`Spelling` of ``compiled`` whose choices took the alternatives ``chosen``, built once.
+    """The :class:`Spelling` of ``compiled`` whose choices took the alternatives ``chosen``.
 
     Raises:
         KeyError: ``chosen`` names no alternative of a choice of the spelling.
     """
-    key = frozenset(chosen.items())
-    found = compiled.spellings.get(key)
-    if found is None:
-        found = compiled.spellings[key] = _build(compiled, chosen)
-    return found
-
-
-def _build(compiled: CompiledPattern, chosen: Mapping[str, int]) -> Spelling:
     readers: dict[str, dict[str, tuple[PatternNode, str, int]]] = {}  # choice -> slot -> the op reading it
 
     def walk(level: CompiledPattern) -> None:
@@ -70,7 +57,7 @@ def _build(compiled: CompiledPattern, chosen: Mapping[str, int]) -> Spelling:
                 walk(inner)
 
     def held(node: PatternNode, slot: str, pos: int) -> tuple[str, str, int]:
-        """The operand holding ``slot`` of ``node``: its own, or through a nested choice the one holding that."""
+        # its own operand, or through a nested choice the one holding it
         return held(*readers[node.name][slot]) if node.choice is not None else (node.name, slot, pos)
 
     walk(compiled)

@@ -1,31 +1,27 @@
 """A pattern's spellings, each a plain pattern: every choice (``one_of``, ``optional``, ``equivalences=``)
 expanded when the pattern compiles.
 
-A pattern with choices stands for the product of their alternatives (nested choices included): RMSNorm
-written with three choices is 2 x 3 x 2 = 12 spellings. :func:`variants_of` compiles each one as a plain
-pattern (a :class:`Variant`): the pattern's ops less the alternatives not taken, a choice's variable read
-as the variable its alternative computes. Each variant knows which alternative each choice took (its
-``pattern.choices``), which op computes each choice's variable (``pattern.<choice>``) and to which
-choice each op belongs. The search (:mod:`~pattern_infra.matching`) merges the variants' plans into one
-tree per anchor, so what the spellings share is searched once.
+A pattern with choices stands for the product of their alternatives, nested choices included.
+:func:`variants_of` compiles each spelling as a plain pattern (a :class:`Variant`): the pattern's ops less
+the alternatives not taken, a choice's variable read as the one its alternative computes. The search
+merges the variants' plans into one tree per anchor, so what the spellings share is searched once.
 
-Two rules of ``one_of`` become guards on a variant (:class:`Guard`): a choice that ends its pattern,
-taken at a later alternative, is refused when an earlier alternative matches further down with the
-choice's op inside (the longest spelling wins); with ``fallback=True`` the guard is left out when the
-choice is reached from one of its inputs rather than as the anchor.
-
+A choice ending its pattern, taken at a later alternative, is refused when an earlier alternative
+matches further down with the choice's op inside (a :class:`Guard`: the longest spelling wins); with
+``fallback=True`` not when the choice is reached from one of its inputs rather than as the anchor.
 A pattern of more than :data:`MAX_VARIANTS` spellings is refused when it compiles.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
 from coremltools.converters.mil.mil import Var
 
 from .choices import Record
-from .compiler import compile_spelling
+from .compiler import compile_spelling, renamed
 from .errors import PatternDefinitionError
 from .graph import Choice, CompiledPattern
 from .spelling import Spelling, spelling_of
@@ -41,13 +37,12 @@ class Guard:
     """A choice ending its pattern (or alternative), taken at a later alternative than its first."""
 
     choice: Choice
-    """The choice; its earlier alternatives are searched by the guard."""
     alternative: int
-    """The alternative the variant took."""
+    """The alternative the variant took; the earlier ones are searched by the guard."""
     end: str
     """The variant's op computing the choice's variable."""
     fallback: bool
-    """The choice's ``fallback``: no guard when it is reached from one of its inputs."""
+    """The choice's ``fallback``."""
 
 
 @dataclass(frozen=True)
@@ -57,16 +52,14 @@ class Variant:
     compiled: CompiledPattern
     """The spelling: no choice node."""
     choices: Spelling
-    """``pattern.choices`` of its matches: choice to the alternative taken, nested choices included."""
+    """``pattern.choices`` of its matches."""
     aliases: dict[str, tuple[str, ...]]
     """Op name to the choices whose variable it computes, innermost first (``pattern.<choice>``)."""
     groups: dict[str, str]
-    """Op name to the outermost choice it belongs to; ops outside every choice are absent."""
+    """Op name to the outermost choice it belongs to (ops outside every choice absent)."""
     guards: tuple[Guard, ...] = ()
-    """The longest-spelling rule, for each choice ending a pattern taken at a later alternative."""
     within: dict[str, tuple[str, str]] = field(default_factory=dict)
-    """Op name to the innermost choice it belongs to and the alternative taken there, in words (for
-    ``explain``)."""
+    """Op name to its innermost choice and the alternative taken there in words, for ``explain``."""
 
 
 @dataclass
@@ -82,8 +75,8 @@ class _Combo:
 
 
 def variants_of(compiled: CompiledPattern) -> list[Variant]:
-    """The spellings of ``compiled`` (one, itself, for a pattern without choices), in the order their
-    alternatives are written (the first choice's first alternative first), built once.
+    """The spellings of ``compiled`` (itself, without choices), the first choice's first alternative
+    first, built once.
 
     Raises:
         PatternDefinitionError: The pattern stands for more than :data:`MAX_VARIANTS` spellings.
@@ -100,7 +93,7 @@ def has_fallback(compiled: CompiledPattern) -> bool:
 
 def _expand(compiled: CompiledPattern) -> list[Variant]:
     _, records, _ = compiled.source
-    if not compiled.has_choices:
+    if all(node.choice is None for node in compiled.nodes):
         return [Variant(compiled, spelling_of(compiled, {}), {}, {})]
     count = _count(compiled)
     if count > MAX_VARIANTS:
@@ -108,29 +101,25 @@ def _expand(compiled: CompiledPattern) -> list[Variant]:
             f"Pattern {compiled.name!r} stands for {count} spellings (the product of its choices' "
             f"alternatives); at most {MAX_VARIANTS} are searched. Rule: every spelling is compiled as a "
             f"pattern of its own. Fix: register the pattern's parts as separate patterns (a list of patterns "
-            f"in one register_generic_pass call), or name fewer ops in equivalences=."
-        )
+            f"in one register_generic_pass call), or name fewer ops in equivalences=.")
     variants = []
     for combo in _combos(compiled, records):
-        variant = compile_spelling(compiled, combo.dropped, combo.renames)
         aliases: dict[str, tuple[str, ...]] = {}
         for choice, var in combo.ends:
-            end = _resolved(var, combo.renames).op.name
+            end = renamed(var, combo.renames).op.name
             aliases[end] = (*aliases.get(end, ()), choice)
         groups = {op.name: record.name for record in records if record.name in combo.chosen
                   for op in record.alternatives[combo.chosen[record.name]][0]}
-        guards = tuple(Guard(choice, k, _resolved(var, combo.renames).op.name, fallback)
+        guards = tuple(Guard(choice, k, renamed(var, combo.renames).op.name, fallback)
                        for choice, k, var, fallback in combo.guards)
-        variants.append(Variant(variant, spelling_of(compiled, combo.chosen), aliases, groups, guards, combo.within))
+        variants.append(Variant(compile_spelling(compiled, combo.dropped, combo.renames),
+                                spelling_of(compiled, combo.chosen), aliases, groups, guards, combo.within))
     return variants
 
 
 def _count(compiled: CompiledPattern) -> int:
-    total = 1
-    for node in compiled.nodes:
-        if node.choice is not None:
-            total *= sum(_count(alternative.compiled) for alternative in node.choice.alternatives)
-    return total
+    return math.prod(sum(_count(a.compiled) for a in node.choice.alternatives)
+                     for node in compiled.nodes if node.choice is not None)
 
 
 def _combos(level: CompiledPattern, records: list[Record]) -> list[_Combo]:
@@ -162,8 +151,3 @@ def _combos(level: CompiledPattern, records: list[Record]) -> list[_Combo]:
         combos = grown
     return combos
 
-
-def _resolved(var: Var, renames: dict[int, Var]) -> Any:
-    while id(var) in renames:
-        var = renames[id(var)]
-    return var
