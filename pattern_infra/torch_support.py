@@ -145,17 +145,26 @@ def _where_scalar_self(context: Any, node: Any) -> None:
 
 
 def _gelu(context: Any, node: Any) -> None:
-    """``aten.gelu(x, approximate='none')``, ``approximate`` read positionally or as a keyword."""
-    from coremltools.converters.mil import Builder as mb
-    from coremltools.converters.mil.frontend.torch.ops import _get_inputs, _get_kwinputs
+    """``aten.gelu(x, approximate='none')``, ``approximate`` read positionally or as a keyword.
 
-    inputs = _get_inputs(context, node, min_expected=1)
-    approximate = inputs[1] if len(inputs) > 1 else _get_kwinputs(context, node, "approximate", default=[None])[0]
-    approximate = approximate.val if approximate is not None and hasattr(approximate, "val") else approximate
+    ``torch.export`` passes ``approximate`` as the literal string. coremltools looks a string argument up
+    as a node name first, so a model with a node named ``tanh`` (Gemma2's soft-capping) would hand its
+    ``tanh`` output over as ``approximate``: the literal is read from the node itself; any other value (a
+    TorchScript constant's name) through the context.
+    """
+    from coremltools.converters.mil import Builder as mb
+    from coremltools.converters.mil.frontend.torch.ops import _get_inputs
+
+    x = _get_inputs(context, node, min_expected=1)[0]
+    raw = node.inputs[1] if len(node.inputs) > 1 else (node.kwinputs or {}).get("approximate", [None])[0]
+    approximate = raw
+    if raw not in (None, "none", "tanh"):
+        bound = context[raw] if isinstance(raw, str) and raw in context else raw
+        approximate = bound.val if hasattr(bound, "val") else bound
     if approximate not in (None, "none", "tanh"):
         raise NotImplementedError(f"gelu {node.name}: approximate={approximate!r} (torch knows 'none' and 'tanh')")
     mode = "TANH_APPROXIMATION" if approximate == "tanh" else "EXACT"
-    context.add(mb.gelu(x=inputs[0], mode=mode, name=node.name))
+    context.add(mb.gelu(x=x, mode=mode, name=node.name))
 
 
 CONVERTERS: dict[str, Callable[[Any, Any], None]] = {
@@ -171,7 +180,7 @@ prefix, no ``.default``/``.Tensor`` suffix), that :func:`install` adds."""
 
 
 def _run_on_stand_in(convert: Callable[[Any, Any], None], kind: str, args: Callable[[Any], list[Any]],
-                     kwargs: dict[str, list[Any]] | None = None) -> Any:
+                     kwargs: dict[str, list[Any]] | None = None, names: tuple[str, ...] = ()) -> Any:
     """Runs converter ``convert`` on a one-node ``torch.export`` graph of ``kind`` inside an ``mb.program``.
 
     Args:
@@ -180,6 +189,8 @@ def _run_on_stand_in(convert: Callable[[Any, Any], None], kind: str, args: Calla
         args: Called with the program's input (fp32, shape (2, 2)); returns the node's positional inputs
             (MIL vars, or literals as ``torch.export`` passes them).
         kwargs: The node's keyword inputs, as ``torch.export`` passes them (each a list of bindings).
+        names: Names of other nodes of the graph (each bound to the input), which a string argument may
+            collide with.
 
     Returns:
         The program (an exception of the converter or of MIL's type inference propagates).
@@ -192,11 +203,13 @@ def _run_on_stand_in(convert: Callable[[Any, Any], None], kind: str, args: Calla
     @mb.program(input_specs=[mb.TensorSpec(shape=(2, 2))])
     def prog(x: Any) -> Any:
         context = TranscriptionContext(frontend=TorchFrontend.TORCHEXPORT)
-        names = []
+        for name in names:
+            context.add(mb.identity(x=x), torch_name=name)
+        inputs = []
         for i, value in enumerate(args(x)):
-            names.append(f"input{i}")
-            context.add(value, torch_name=names[-1])
-        convert(context, InternalTorchIRNode(kind=kind, inputs=names, outputs=["out"], kwinputs=kwargs))
+            inputs.append(f"input{i}")
+            context.add(value, torch_name=inputs[-1])
+        convert(context, InternalTorchIRNode(kind=kind, inputs=inputs, outputs=["out"], kwinputs=kwargs))
         return context["out"]
 
     return prog
@@ -214,9 +227,10 @@ def _selects_with_a_float_condition(convert: Callable[[Any, Any], None]) -> bool
 
 
 def _reads_approximate_keyword(convert: Callable[[Any, Any], None]) -> bool:
-    """Whether ``convert`` (a ``gelu`` converter) makes the tanh gelu of ``gelu(x, approximate='tanh')``."""
+    """Whether ``convert`` (a ``gelu`` converter) makes the tanh gelu of ``gelu(x, approximate='tanh')``,
+    also in a graph with a node named ``tanh``."""
     try:
-        prog = _run_on_stand_in(convert, "gelu", lambda x: [x], {"approximate": ["tanh"]})
+        prog = _run_on_stand_in(convert, "gelu", lambda x: [x], {"approximate": ("tanh",)}, names=("tanh",))
     except Exception:
         return False
     modes = [op.mode.val for op in prog.functions["main"].operations if op.op_type == "gelu"]

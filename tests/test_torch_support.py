@@ -55,6 +55,13 @@ class GeluTanh(torch.nn.Module):
         return torch.nn.functional.gelu(x * 3.0, approximate="tanh")
 
 
+class GeluTanhNextToATanh(torch.nn.Module):
+    """Gemma2's soft-capping makes a node named ``tanh``: the string ``'tanh'`` must not be read as it."""
+
+    def forward(self, x):
+        return torch.tanh(x / 3.0) + torch.nn.functional.gelu(x * 3.0, approximate="tanh")
+
+
 class ToDtype(torch.nn.Module):
     """``.to(dtype)``: torch 2.13 exports an ``_assert_tensor_metadata`` next to the copy."""
 
@@ -64,7 +71,7 @@ class ToDtype(torch.nn.Module):
 
 MODULES = {"alias": Alias, "where.scalarother": WhereScalarOther, "new_ones": AndOfNewOnes,
            "index_add": IndexAdd, "index_add_last_dim": IndexAddLastDim,
-           "where.scalarself": WhereScalarSelfFloatCond, "gelu": GeluTanh, "_assert_tensor_metadata": ToDtype}
+           "where.scalarself": WhereScalarSelfFloatCond, "gelu": GeluTanh, "gelu_next_to_a_tanh": GeluTanhNextToATanh, "_assert_tensor_metadata": ToDtype}
 
 COREMLTOOLS_OWN = {"where.scalarself": ct_ops.where_scalarself, "gelu": ct_ops.gelu}
 """coremltools' own converters of the op kinds :data:`torch_support.REPLACEMENTS` replaces where wrong."""
