@@ -3,9 +3,11 @@ PYTHON ?= python3
 VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
+VENV_CT8  := .venv-ct8
+STAMP_CT8 := $(VENV_CT8)/.installed
 
 .DEFAULT_GOAL := help
-.PHONY: help venv demo test bench bench-llm fuzz models coremltools-suite layernorm-shadow examples clean
+.PHONY: help venv demo test test-coremltools-8 bench bench-llm fuzz models coremltools-suite layernorm-shadow examples clean
 
 help: ## List the targets
 	@grep -E '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-18s %s\n", $$1, $$2}'
@@ -23,6 +25,15 @@ demo: $(STAMP) ## Convert a PyTorch pre-norm transformer with and without the ov
 
 test: $(STAMP) ## Run the test suite (bounded fuzzing included)
 	$(PY) -m pytest -q tests
+
+$(STAMP_CT8): pyproject.toml
+	$(PYTHON) -m venv $(VENV_CT8)
+	$(VENV_CT8)/bin/python -m pip install -q --upgrade pip
+	$(VENV_CT8)/bin/python -m pip install -q -e ".[test,bench,report]" "coremltools==8.3.0"
+	touch $(STAMP_CT8)
+
+test-coremltools-8: $(STAMP_CT8) ## Run the test suite on coremltools 8.3, in its own environment (.venv-ct8)
+	$(VENV_CT8)/bin/python -m pytest -q tests
 
 bench: $(STAMP) ## Benchmark against coremltools side by side; prints ratios, writes bench/out/scaling.png
 	$(PY) -m bench
@@ -49,4 +60,4 @@ examples: $(STAMP) ## Run every example script
 	@set -e; for f in examples/[0-9]*.py; do echo "== $$f"; $(PY) $$f; done
 
 clean: ## Remove the virtual environment and caches
-	rm -rf $(VENV) .pytest_cache .hypothesis bench/out
+	rm -rf $(VENV) $(VENV_CT8) .pytest_cache .hypothesis bench/out
