@@ -31,7 +31,7 @@ from torch import nn
 
 from .models import ModelAndArgs
 
-__all__ = ["HF_ZOO", "FAST", "DECODER_LLMS", "GROUPED_KV"]
+__all__ = ["HF_ZOO", "FAST", "DECODER_LLMS", "GROUPED_KV", "BOTH_PRECISIONS"]
 
 SEQ = 8
 """Sequence length of every text model's example input."""
@@ -230,7 +230,11 @@ def qwen3(attn: str) -> ModelAndArgs:
 
 def gemma2(attn: str) -> ModelAndArgs:
     """``Gemma2ForCausalLM``: sliding-window layers (window 4 over 8 tokens) alternating with global ones,
-    logit soft-capping, pre- and post-norms, tanh-GELU-gated MLP (eager attention only)."""
+    logit soft-capping, pre- and post-norms, tanh-GELU-gated MLP (eager attention only).
+
+    The attention stays written out: its scores are soft-capped (``tanh(s / 50) * 50``) between the
+    ``matmul`` and the ``softmax``, which ``scaled_dot_product_attention`` cannot express.
+    """
     return _causal_lm("Gemma2Config", "Gemma2ForCausalLM", attn, one_plus=True, head_dim=16, sliding_window=4)
 
 
@@ -248,7 +252,14 @@ def cohere(attn: str) -> ModelAndArgs:
 
 def falcon(attn: str) -> ModelAndArgs:
     """``FalconForCausalLM`` with multi-query attention (4 query heads, one key/value head), parallel
-    attention and MLP, layer norms, exact GELU."""
+    attention and MLP, layer norms, exact GELU.
+
+    ``sdpa``: coremltools broadcasts the single K/V head to the 4 query heads with a ``tile`` before its
+    ``scaled_dot_product_attention``. ``eager``: the attention ``matmul``s broadcast the one head
+    themselves (no ``tile``) and the attention stays written out: MIL's ``scaled_dot_product_attention``
+    takes key and value with the query's heads (no broadcasting), so fusing it would first add the two
+    ``tile``s ``generic::fuse_grouped_kv_attention`` removes elsewhere.
+    """
     tf = _transformers()
     torch.manual_seed(0)
     config = tf.FalconConfig(vocab_size=VOCAB, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
@@ -311,12 +322,13 @@ HF_ZOO: dict[str, Callable[[], ModelAndArgs]] = {
     **_both(bert), **_both(vit), **_both(clip_text), **_both(whisper_encoder),
     "convnext": convnext, "mobilevit": mobilevit,
     **_eager(mixtral), **_eager(qwen2moe), **_eager(qwen3), **_eager(gemma2), **_eager(starcoder2),
-    **_eager(cohere), **_eager(falcon), **_eager(t5), "swin": swin, **_eager(siglip_vision),
+    **_eager(cohere), **_both(falcon), **_eager(t5), "swin": swin, **_eager(siglip_vision),
 }
 """Every ``transformers`` zoo model by name, in a fixed order; each is callable with no argument."""
 
 DECODER_LLMS: tuple[str, ...] = tuple(n for n in HF_ZOO if n.split("_")[0] in
-                                      ("llama", "mistral", "qwen2", "gemma", "phi3", "gpt2"))
+                                      ("llama", "mistral", "qwen2", "gemma", "phi3", "gpt2", "mixtral", "qwen2moe",
+                                       "qwen3", "gemma2", "starcoder2", "cohere", "falcon"))
 """The decoder-only language models of :data:`HF_ZOO`."""
 
 GROUPED_KV: tuple[str, ...] = tuple(n for n in HF_ZOO if n.split("_")[0] in ("llama", "mistral", "qwen2", "gemma"))
@@ -324,3 +336,8 @@ GROUPED_KV: tuple[str, ...] = tuple(n for n in HF_ZOO if n.split("_")[0] in ("ll
 
 FAST: tuple[str, ...] = ("llama_sdpa", "gpt2_eager")
 """A few small models the default test run converts; ``make models`` converts them all."""
+
+BOTH_PRECISIONS: tuple[str, ...] = tuple(n for n in HF_ZOO if n.split("_")[0] in
+                                         ("mixtral", "qwen2moe", "qwen3", "gemma2", "starcoder2", "cohere",
+                                          "falcon", "t5", "swin", "siglip"))
+"""Models converted at fp16 as well as fp32 by the slow tests and ``make models`` (the others at fp32)."""
