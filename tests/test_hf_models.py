@@ -14,7 +14,7 @@ import functools
 import coremltools as ct
 import pytest
 
-from pattern_infra.testing.hf_models import BOTH_PRECISIONS, DECODER_LLMS, FAST, GROUPED_KV, HF_ZOO
+from pattern_infra.testing.hf_models import BOTH_PRECISIONS, DECODER_LLMS, FAST, GROUPED_KV, HF_ZOO, ONLY_ATTENTION_LEFT
 from pattern_infra.testing.real_models import PRECISIONS, ModelComparison, compare_targets
 
 TARGETS = (ct.target.iOS17, ct.target.iOS18)
@@ -51,10 +51,13 @@ def test_decoder_llms_lose_ops(name):
 
 @pytest.mark.parametrize("name", [n for n in _params() if n.values[0] in BOTH_PRECISIONS])
 def test_fewer_ops_at_both_precisions_and_fp16_no_worse(name):
-    """Every model converted at fp16 too loses ops there, and its fp16 program (run in fp16) is no further
-    from PyTorch with the override than without, beyond fp16's own rounding (2**-10 of the output scale)."""
+    """Every model converted at fp16 too loses ops there (at iOS18 only for :data:`ONLY_ATTENTION_LEFT`,
+    never gains any), and its fp16 program (run in fp16) is no further from PyTorch with the override than
+    without, beyond fp16's own rounding (2**-10 of the output scale)."""
     for row in _all_rows(name):
-        assert row.total_on < row.total_off, (row.target, row.precision, row.changed())
+        assert row.total_on <= row.total_off, (row.target, row.precision, row.changed())
+        if row.target == ct.target.iOS18 or name not in ONLY_ATTENTION_LEFT:
+            assert row.total_on < row.total_off, (row.target, row.precision, row.changed())
         if row.precision == "fp16":
             assert row.rel_err_on <= row.rel_err_off + 2.0**-10, (row.target, row.rel_err_off, row.rel_err_on)
 

@@ -31,7 +31,7 @@ from torch import nn
 
 from .models import ModelAndArgs
 
-__all__ = ["HF_ZOO", "FAST", "DECODER_LLMS", "GROUPED_KV", "BOTH_PRECISIONS"]
+__all__ = ["HF_ZOO", "FAST", "DECODER_LLMS", "GROUPED_KV", "BOTH_PRECISIONS", "ONLY_ATTENTION_LEFT"]
 
 SEQ = 8
 """Sequence length of every text model's example input."""
@@ -210,6 +210,13 @@ def mixtral(attn: str) -> ModelAndArgs:
     gathered, one batched matmul): the library's default, ``grouped_mm``, sorts tokens and counts them
     with ``histc``, and its ``eager`` loop over the experts that were hit has data-dependent shapes that
     ``torch.export`` refuses; neither is a graph Core ML runs.
+
+    Left as converted (decision): coremltools writes the token repetition (``repeat_interleave``) as
+    ``tile``, ``reshape``, ``transpose``, ``reshape``. The same layout in 3 ops (``expand_dims``, ``tile``,
+    ``reshape``) or in one ``gather`` with constant indices exists, but one op per MoE layer is not worth a
+    pass, and a ``gather`` would move the copy off the Neural Engine. The per-token expert weights
+    (``gather``, then a batched ``matmul`` between ``expand_dims`` and ``squeeze``) are the
+    implementation's own computation.
     """
     return _causal_lm("MixtralConfig", "MixtralForCausalLM", attn, num_local_experts=4, num_experts_per_tok=2,
                       experts_implementation="batched_mm")
@@ -283,7 +290,13 @@ class _EncoderDecoder(nn.Module):
 
 def t5(attn: str) -> ModelAndArgs:
     """``T5Model``: encoder-decoder with relative position buckets, RMS-style ``T5LayerNorm``, gated tanh
-    GELU (``feed_forward_proj="gated-gelu"``, as Flan-T5); 8 source and 4 target tokens."""
+    GELU (``feed_forward_proj="gated-gelu"``, as Flan-T5); 8 source and 4 target tokens.
+
+    The decoder's self-attention stays written out (decision): its scores are not scaled and get two
+    constant additions, the relative position bias and then the causal mask; one addition of their sum
+    rounds differently, so there is no exact identity to a single mask. The encoder's attention and the
+    cross-attention fuse.
+    """
     tf = _transformers()
     torch.manual_seed(0)
     config = tf.T5Config(vocab_size=VOCAB, d_model=64, d_kv=16, d_ff=128, num_layers=2, num_decoder_layers=2,
@@ -341,3 +354,10 @@ BOTH_PRECISIONS: tuple[str, ...] = tuple(n for n in HF_ZOO if n.split("_")[0] in
                                          ("mixtral", "qwen2moe", "qwen3", "gemma2", "starcoder2", "cohere",
                                           "falcon", "t5", "swin", "siglip"))
 """Models converted at fp16 as well as fp32 by the slow tests and ``make models`` (the others at fp32)."""
+
+ONLY_ATTENTION_LEFT: tuple[str, ...] = ("swin", "siglip_vision_eager")
+"""Models that lose ops at iOS18 only. coremltools itself fuses their projections (``linear``), layer norms
+and GELUs; what the override adds is their attention as one ``scaled_dot_product_attention``, an iOS18 op.
+At iOS17 the override leaves them as coremltools converts them (the same op counts): decision, nothing
+else in them has a MIL op or an exact identity with fewer ops (Swin's window partition and ``roll`` are
+``reshape``/``transpose``/``gather`` layout, its patch merging ``slice_by_index`` + ``concat``)."""
