@@ -104,27 +104,22 @@ def _new_ones(context: Any, node: Any) -> None:
 def _index_add(context: Any, node: Any) -> None:
     """``aten.index_add(x, dim, index, source, alpha=1)``: ``x`` with ``alpha * source[i]`` added at row
     ``index[i]`` of axis ``dim`` (repeated indices accumulate): MIL's ``scatter(mode="add")``."""
+    import numpy as np
     from coremltools.converters.mil import Builder as mb
     from coremltools.converters.mil.frontend.torch.ops import _get_inputs, _get_kwinputs
+    from coremltools.converters.mil.mil import types
 
     inputs = _get_inputs(context, node, min_expected=4)
     x, dim, index, source = inputs[:4]
     alpha = inputs[4] if len(inputs) > 4 else _get_kwinputs(context, node, "alpha", default=[None])[0]
     alpha = alpha.val if alpha is not None and hasattr(alpha, "val") else alpha
     if alpha is not None and alpha != 1:
-        source = mb.mul(x=source, y=mb.cast(x=mb.const(val=float(alpha)), dtype=_dtype_name(source)))
+        source = mb.mul(x=source, y=np.array(alpha, dtype=types.nptype_from_builtin(source.dtype)))
     axis = int(dim.val) if hasattr(dim, "val") else int(dim)
     axis = axis + x.rank if axis < 0 else axis
-    if _dtype_name(index) != "int32":
+    if index.dtype != types.int32:
         index = mb.cast(x=index, dtype="int32")
     context.add(mb.scatter(data=x, indices=index, updates=source, axis=axis, mode="add", name=node.name))
-
-
-def _dtype_name(var: Any) -> str:
-    """The MIL dtype name of ``var`` (``"fp32"``, ``"fp16"``, ``"int32"``), for ``cast``."""
-    from coremltools.converters.mil.mil import types
-
-    return types.builtin_to_string(var.dtype)
 
 
 def _assert_tensor_metadata(context: Any, node: Any) -> None:
