@@ -295,7 +295,9 @@ def t5(attn: str) -> ModelAndArgs:
     The decoder's self-attention stays written out (decision): its scores are not scaled and get two
     constant additions, the relative position bias and then the causal mask; one addition of their sum
     rounds differently, so there is no exact identity to a single mask. The encoder's attention and the
-    cross-attention fuse.
+    cross-attention fuse. At fp16 the override keeps the negative-index guard (``greater_equal``,
+    ``select``) of the decoder's ids, which coremltools drops only because its ``add_int16_cast`` happens
+    to cast them to ``uint16`` in its op order (see docs/MODELS.md).
     """
     tf = _transformers()
     torch.manual_seed(0)
