@@ -10,7 +10,7 @@ STAMP_CT8 := $(VENV_CT8)/.installed
 .PHONY: help venv demo test test-coremltools-8 bench bench-llm fuzz models coremltools-suite layernorm-shadow examples clean
 
 help: ## List the targets
-	@grep -E '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-18s %s\n", $$1, $$2}'
+	@grep -E '^[a-zA-Z0-9_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-18s %s\n", $$1, $$2}'
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -59,5 +59,5 @@ layernorm-shadow: $(STAMP) ## Layer-norm tests, coremltools' suite and model tab
 examples: $(STAMP) ## Run every example script
 	@set -e; for f in examples/[0-9]*.py; do echo "== $$f"; $(PY) $$f; done
 
-clean: ## Remove the virtual environment and caches
+clean: ## Remove the virtual environments and caches
 	rm -rf $(VENV) $(VENV_CT8) .pytest_cache .hypothesis bench/out
