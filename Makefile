@@ -3,12 +3,14 @@ PYTHON ?= python3
 VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
+VENV_CT8  := .venv-ct8
+STAMP_CT8 := $(VENV_CT8)/.installed
 
 .DEFAULT_GOAL := help
-.PHONY: help venv demo test bench bench-llm fuzz models coremltools-suite layernorm-shadow examples docs docs-images clean
+.PHONY: help venv demo test test-coremltools-8 bench bench-llm fuzz models coremltools-suite layernorm-shadow examples docs docs-images clean
 
 help: ## List the targets
-	@grep -E '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-18s %s\n", $$1, $$2}'
+	@grep -E '^[a-zA-Z0-9_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-18s %s\n", $$1, $$2}'
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -23,6 +25,15 @@ demo: $(STAMP) ## Convert a PyTorch pre-norm transformer with and without the ov
 
 test: $(STAMP) ## Run the test suite (bounded fuzzing included)
 	$(PY) -m pytest -q tests
+
+$(STAMP_CT8): pyproject.toml
+	$(PYTHON) -m venv $(VENV_CT8)
+	$(VENV_CT8)/bin/python -m pip install -q --upgrade pip
+	$(VENV_CT8)/bin/python -m pip install -q -e ".[test,bench,report]" "coremltools==8.3.0"
+	touch $(STAMP_CT8)
+
+test-coremltools-8: $(STAMP_CT8) ## Run the test suite on coremltools 8.3, in its own environment (.venv-ct8)
+	$(VENV_CT8)/bin/python -m pytest -q tests
 
 bench: $(STAMP) ## Benchmark against coremltools side by side; prints ratios, writes bench/out/scaling.png
 	$(PY) -m bench
@@ -67,5 +78,5 @@ docs-images: $(STAMP) ## Redraw docs/report.png from the current code (headless 
 	else echo "docs/scaling.png unchanged: make bench writes bench/out/scaling.png"; fi
 	@echo "docs/llm_scaling.png is written by make bench-llm itself"
 
-clean: ## Remove the virtual environment, caches and built docs
-	rm -rf $(VENV) .pytest_cache .hypothesis bench/out site build/docs-images
+clean: ## Remove the virtual environments, caches and built docs
+	rm -rf $(VENV) $(VENV_CT8) .pytest_cache .hypothesis bench/out site build/docs-images

@@ -1,8 +1,9 @@
 """`make models`: every zoo model converted with and without our passes; prints the tables of docs/MODELS.md.
 
 First the hand-written zoo (``pattern_infra.testing.models``, iOS16), then the ``transformers`` zoo
-(``pattern_infra.testing.hf_models``) at iOS17 and iOS18, each followed by the op types whose count the
-override changed.
+(``pattern_infra.testing.hf_models``) at iOS17 and iOS18 (the models of ``BOTH_PRECISIONS`` at fp32 and
+fp16, the others at fp32), each followed by the op types whose count the override changed. With zoo names
+as arguments, only those ``transformers`` models: ``python examples/real_models.py swin t5_eager``.
 """
 
 from __future__ import annotations
@@ -11,9 +12,15 @@ import sys
 
 import coremltools as ct
 
-from pattern_infra.testing.hf_models import HF_ZOO
+from pattern_infra.testing.hf_models import BOTH_PRECISIONS, HF_ZOO
 from pattern_infra.testing.models import ZOO
-from pattern_infra.testing.real_models import ModelComparison, compare_model, compare_targets, format_table
+from pattern_infra.testing.real_models import (
+    PRECISIONS,
+    ModelComparison,
+    compare_model,
+    compare_targets,
+    format_table,
+)
 
 
 def _changes(rows: list[ModelComparison]) -> None:
@@ -21,7 +28,7 @@ def _changes(rows: list[ModelComparison]) -> None:
         changed = row.changed()
         if changed:
             detail = ", ".join(f"{t} {a}->{b}" for t, (a, b) in changed.items())
-            print(f"{row.name} ({getattr(row.target, 'name', row.target)}): {detail}")
+            print(f"{row.name} ({getattr(row.target, 'name', row.target)}, {row.precision}): {detail}")
 
 
 def main(names: list[str]) -> None:
@@ -32,7 +39,8 @@ def main(names: list[str]) -> None:
         print()
     hf_rows = []
     for name in names or HF_ZOO:
-        hf_rows += compare_targets(name, [ct.target.iOS17, ct.target.iOS18])
+        precisions = PRECISIONS if name in BOTH_PRECISIONS else ("fp32",)
+        hf_rows += compare_targets(name, [ct.target.iOS17, ct.target.iOS18], precisions=precisions)
     print(format_table(hf_rows, with_target=True))
     _changes(hf_rows)
 

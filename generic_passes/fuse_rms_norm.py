@@ -13,6 +13,12 @@ the *last three* axes, so ``x`` gets two trailing unit axes first (``expand_dims
 last three axes are ``(d, 1, 1)``, the sum is over ``d`` alone) and loses them after
 (``squeeze(axes=[-2, -1])``). Symbolic leading dimensions are fine; ``d`` must be known.
 
+Core ML holds tensors of rank 5 at most, so ``x`` of rank 4 or 5 (Qwen3's and OLMo2's RMSNorm over each
+head of ``q`` and ``k``, shape ``(batch, seq, heads, head_dim)``) cannot take two more axes: it is
+``reshape``d to ``(-1, d, 1, 1)`` and back to its shape instead, the same 4 ops. That needs every
+dimension of ``x`` known (the shape to go back to); a rank-4 or rank-5 ``x`` with a symbolic dimension is
+left alone.
+
 The epsilon ``e`` is the ``add``'s constant plus the ``rsqrt``'s own ``epsilon`` (``rsqrt(v, epsilon)``
 is ``1 / sqrt(v + epsilon)``; the ``sqrt`` forms add nothing). Rounding: ``d * e`` and ``sqrt(d) * w``
 are computed in float64 and rounded once to the program's dtype (for ``d`` a power of four, ``sqrt(d)``
@@ -45,6 +51,9 @@ Spellings (``*`` = ``mul``; commutative operand orders are the matcher's busines
 All twenty become::
 
     x --> expand_dims(axes=[-2, -1]) --> l2_norm(epsilon=d*e) --> squeeze(axes=[-2, -1]) --> * c --> y
+
+    (x of rank 4 or 5, every dimension known:)
+    x --> reshape(-1, d, 1, 1) --> l2_norm(epsilon=d*e) --> reshape(x.shape) --> * c --> y
 
 with ``c = sqrt(d) * w`` (weighted) or ``sqrt(d)`` (unweighted): 4 ops where there were 5 to 7.
 
@@ -162,6 +171,10 @@ def _epsilon(pattern: Pattern) -> float | None:
     return total if total >= 0.0 and math.isfinite(total) else None
 
 
+_MAX_RANK = 5
+"""The largest tensor rank Core ML holds."""
+
+
 def rms_norm_constraints(pattern: Pattern) -> bool:
     """Square of 2, mean over the last axis kept, known ``d``, constant non-negative epsilon, fp16/fp32."""
     x = pattern.root_vars[0] if "weight" in pattern.ops else pattern.root_var
@@ -170,6 +183,8 @@ def rms_norm_constraints(pattern: Pattern) -> bool:
     d = x.shape[-1]
     if not isinstance(d, (int, np.integer)) or d < 1:
         return False
+    if x.rank > _MAX_RANK - 2 and not all(isinstance(n, (int, np.integer)) for n in x.shape):
+        return False  # reshaped, not padded: the shape to go back to must be known
     if pattern.square.op_type == "pow" and _scalar(pattern.square.y) != 2.0:
         return False
     mean = pattern.mean
@@ -197,9 +212,15 @@ def transform_rms_norm(pattern: Pattern) -> None:
     scale: np.ndarray = np.asarray(pattern.rms_scale, dtype=np.float64)
     if "weight" in pattern.ops:
         scale = scale * np.asarray(pattern.operand("weight", "y").val, dtype=np.float64)
-    padded = mb.expand_dims(x=x, axes=[-2, -1], name=f"{name}_padded", before_op=last)
+    if x.rank <= _MAX_RANK - 2:
+        padded = mb.expand_dims(x=x, axes=[-2, -1], name=f"{name}_padded", before_op=last)
+    else:
+        padded = mb.reshape(x=x, shape=[-1, x.shape[-1], 1, 1], name=f"{name}_padded", before_op=last)
     normed = mb.l2_norm(x=padded, epsilon=dtype(pattern.rms_epsilon), name=f"{name}_l2_norm", before_op=last)
-    unpadded = mb.squeeze(x=normed, axes=[-2, -1], name=f"{name}_unpadded", before_op=last)
+    if x.rank <= _MAX_RANK - 2:
+        unpadded = mb.squeeze(x=normed, axes=[-2, -1], name=f"{name}_unpadded", before_op=last)
+    else:
+        unpadded = mb.reshape(x=normed, shape=list(x.shape), name=f"{name}_unpadded", before_op=last)
     out = mb.mul(x=unpadded, y=scale.astype(dtype), name=name, before_op=last)
     pattern.replace_output(out)
 

@@ -16,11 +16,31 @@ contains nodes coremltools 9.0's PyTorch frontend rejects:
 * ``aten.__and__.Tensor`` (``result & mask(...)`` on those bool masks): ``Unsupported fx node ... kind __and__``.
   coremltools' ``bitwise_and`` converter (``logical_and`` on bool tensors, an error otherwise).
 
+* ``aten.index_add`` (``out.index_add_(0, token_idx, expert_out)``, how MoE layers such as Mixtral's and
+  Qwen2-MoE's eager experts accumulate each expert's tokens): ``Unsupported fx node index_add``. MIL's
+  ``scatter(mode="add")`` along ``dim`` is the same sum (repeated indices accumulate); ``alpha`` scales
+  the source first.
+* ``aten._assert_tensor_metadata`` (torch 2.13's ``.to(dtype)`` under ``torch.export``): a check at
+  export time with no output, so a converter that adds nothing (coremltools 8.3 lacks it).
+
+Two converters coremltools has are wrong for these graphs, and are replaced where they are:
+
+* ``aten.where.ScalarSelf`` (``torch.where(cond, scalar, tensor)``) hands ``cond`` to ``select`` as it
+  comes; a float condition (``tril`` of a bool tensor converts to a float one: the sliding-window mask
+  of Gemma2-style code) then fails ``select``'s type inference. The replacement casts a non-bool
+  condition to bool (non-zero is true, as ``torch.where`` reads it), as coremltools' ``where.self`` does.
+* ``aten.gelu`` under ``torch.export`` receives ``approximate='tanh'`` as a keyword argument, which
+  coremltools 9.0's converter ignores: ``nn.GELU(approximate="tanh")`` (``gelu_pytorch_tanh``: Gemma,
+  Gemma2, SigLIP, Starcoder2) becomes the exact gelu, up to 5e-4 off per activation. The replacement
+  reads ``approximate`` positionally or as a keyword and emits ``gelu(mode="TANH_APPROXIMATION")``.
+
 :func:`install` registers them through coremltools' own torch-op registry
-(``coremltools.converters.mil.frontend.torch.torch_op_registry.register_torch_op``), each only when no
-converter of that name is registered (a later coremltools that adds its own keeps it). Nothing happens
-at ``import pattern_infra``: call :func:`install` once before :func:`coremltools.convert`. Installing
-twice is a no-op.
+(``coremltools.converters.mil.frontend.torch.torch_op_registry.register_torch_op``): a missing converter
+only when no converter of that name is registered (a later coremltools that adds its own keeps it); a
+replacement only when coremltools' converter fails a probe of the case it gets wrong (the converter is
+run on a one-node stand-in graph inside an ``mb.program``: no version is compared). Nothing happens at
+``import pattern_infra``: call :func:`install` once before :func:`coremltools.convert`. Installing twice
+is a no-op.
 """
 
 from __future__ import annotations
@@ -29,7 +49,7 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
-__all__ = ["CONVERTERS", "install", "installed"]
+__all__ = ["CONVERTERS", "REPLACEMENTS", "install", "installed"]
 
 logger = logging.getLogger(__name__)
 
@@ -81,14 +101,143 @@ def _new_ones(context: Any, node: Any) -> None:
     context.add(mb.const(val=np.ones(shape, dtype=np_dtype), name=node.name))
 
 
+def _index_add(context: Any, node: Any) -> None:
+    """``aten.index_add(x, dim, index, source, alpha=1)``: ``x`` with ``alpha * source[i]`` added at row
+    ``index[i]`` of axis ``dim`` (repeated indices accumulate): MIL's ``scatter(mode="add")``."""
+    import numpy as np
+    from coremltools.converters.mil import Builder as mb
+    from coremltools.converters.mil.frontend.torch.ops import _get_inputs, _get_kwinputs
+    from coremltools.converters.mil.mil import types
+
+    inputs = _get_inputs(context, node, min_expected=4)
+    x, dim, index, source = inputs[:4]
+    alpha = inputs[4] if len(inputs) > 4 else _get_kwinputs(context, node, "alpha", default=[None])[0]
+    alpha = alpha.val if alpha is not None and hasattr(alpha, "val") else alpha
+    if alpha is not None and alpha != 1:
+        source = mb.mul(x=source, y=np.array(alpha, dtype=types.nptype_from_builtin(source.dtype)))
+    axis = int(dim.val) if hasattr(dim, "val") else int(dim)
+    axis = axis + x.rank if axis < 0 else axis
+    if index.dtype != types.int32:
+        index = mb.cast(x=index, dtype="int32")
+    context.add(mb.scatter(data=x, indices=index, updates=source, axis=axis, mode="add", name=node.name))
+
+
+def _assert_tensor_metadata(context: Any, node: Any) -> None:
+    """``aten._assert_tensor_metadata``: an export-time check with no output; nothing to convert."""
+
+
+def _where_scalar_self(context: Any, node: Any) -> None:
+    """``aten.where.ScalarSelf(cond, scalar, x)``: ``select``, a non-bool ``cond`` cast to bool first."""
+    from coremltools.converters.mil import Builder as mb
+    from coremltools.converters.mil.frontend.torch.ops import _get_inputs, promote_input_dtypes
+    from coremltools.converters.mil.mil import types
+
+    cond, a, b = _get_inputs(context, node, expected=3)
+    a, b = promote_input_dtypes([a, b])
+    if not types.is_bool(cond.dtype):
+        cond = mb.cast(x=cond, dtype="bool")
+    context.add(mb.select(cond=cond, a=a, b=b, name=node.name))
+
+
+def _gelu(context: Any, node: Any) -> None:
+    """``aten.gelu(x, approximate='none')``, ``approximate`` read positionally or as a keyword.
+
+    ``torch.export`` passes ``approximate`` as the literal string. coremltools looks a string argument up
+    as a node name first, so a model with a node named ``tanh`` (Gemma2's soft-capping) would hand its
+    ``tanh`` output over as ``approximate``: the literal is read from the node itself; any other value (a
+    TorchScript constant's name) through the context.
+    """
+    from coremltools.converters.mil import Builder as mb
+    from coremltools.converters.mil.frontend.torch.ops import _get_inputs
+
+    x = _get_inputs(context, node, min_expected=1)[0]
+    raw = node.inputs[1] if len(node.inputs) > 1 else (node.kwinputs or {}).get("approximate", [None])[0]
+    approximate = raw
+    if raw not in (None, "none", "tanh"):
+        bound = context[raw] if isinstance(raw, str) and raw in context else raw
+        approximate = bound.val if hasattr(bound, "val") else bound
+    if approximate not in (None, "none", "tanh"):
+        raise NotImplementedError(f"gelu {node.name}: approximate={approximate!r} (torch knows 'none' and 'tanh')")
+    mode = "TANH_APPROXIMATION" if approximate == "tanh" else "EXACT"
+    context.add(mb.gelu(x=x, mode=mode, name=node.name))
+
+
 CONVERTERS: dict[str, Callable[[Any, Any], None]] = {
     "alias": _alias,
     "where.scalarother": _same_as("where"),
     "new_ones": _new_ones,
     "__and__": _same_as("bitwise_and"),
+    "index_add": _index_add,
+    "_assert_tensor_metadata": _assert_tensor_metadata,
 }
 """Converter of each PyTorch op kind, as coremltools' frontend names an fx node (lower case, no ``aten.``
 prefix, no ``.default``/``.Tensor`` suffix), that :func:`install` adds."""
+
+
+def _run_on_stand_in(convert: Callable[[Any, Any], None], kind: str, args: Callable[[Any], list[Any]],
+                     kwargs: dict[str, list[Any]] | None = None, names: tuple[str, ...] = ()) -> Any:
+    """Runs converter ``convert`` on a one-node ``torch.export`` graph of ``kind`` inside an ``mb.program``.
+
+    Args:
+        convert: A converter, as coremltools' registry holds them.
+        kind: The node's op kind.
+        args: Called with the program's input (fp32, shape (2, 2)); returns the node's positional inputs
+            (MIL vars, or literals as ``torch.export`` passes them).
+        kwargs: The node's keyword inputs, as ``torch.export`` passes them (each a list of bindings).
+        names: Names of other nodes of the graph (each bound to the input), which a string argument may
+            collide with.
+
+    Returns:
+        The program (an exception of the converter or of MIL's type inference propagates).
+    """
+    from coremltools.converters.mil import Builder as mb
+    from coremltools.converters.mil.frontend.torch.converter import TranscriptionContext
+    from coremltools.converters.mil.frontend.torch.internal_graph import InternalTorchIRNode
+    from coremltools.converters.mil.frontend.torch.utils import TorchFrontend
+
+    @mb.program(input_specs=[mb.TensorSpec(shape=(2, 2))])
+    def prog(x: Any) -> Any:
+        context = TranscriptionContext(frontend=TorchFrontend.TORCHEXPORT)
+        for name in names:
+            context.add(mb.identity(x=x), torch_name=name)
+        inputs = []
+        for i, value in enumerate(args(x)):
+            inputs.append(f"input{i}")
+            context.add(value, torch_name=inputs[-1])
+        convert(context, InternalTorchIRNode(kind=kind, inputs=inputs, outputs=["out"], kwinputs=kwargs))
+        return context["out"]
+
+    return prog
+
+
+def _selects_with_a_float_condition(convert: Callable[[Any, Any], None]) -> bool:
+    """Whether ``convert`` (a ``where.scalarself`` converter) accepts a float condition."""
+    from coremltools.converters.mil import Builder as mb
+
+    try:
+        _run_on_stand_in(convert, "where.scalarself", lambda x: [x, mb.const(val=-1.0), x])
+    except Exception:  # MIL's type inference rejects the float cond (a ValueError in coremltools 8.3 and 9.0)
+        return False
+    return True
+
+
+def _reads_approximate_keyword(convert: Callable[[Any, Any], None]) -> bool:
+    """Whether ``convert`` (a ``gelu`` converter) makes the tanh gelu of ``gelu(x, approximate='tanh')``,
+    also in a graph with a node named ``tanh``."""
+    try:
+        prog = _run_on_stand_in(convert, "gelu", lambda x: [x], {"approximate": ("tanh",)}, names=("tanh",))
+    except Exception:
+        return False
+    modes = [op.mode.val for op in prog.functions["main"].operations if op.op_type == "gelu"]
+    return modes == ["TANH_APPROXIMATION"]
+
+
+REPLACEMENTS: dict[str, tuple[Callable[[Any, Any], None], Callable[[Callable[[Any, Any], None]], bool]]] = {
+    "where.scalarself": (_where_scalar_self, _selects_with_a_float_condition),
+    "gelu": (_gelu, _reads_approximate_keyword),
+}
+"""Op kinds whose coremltools converter is wrong for some graphs: our converter, and the probe that says
+whether a registered converter gets that case right (:func:`install` replaces it when not)."""
 
 
 def _keys(kind: str) -> list[str]:
@@ -110,16 +259,24 @@ def _registered(kind: str) -> bool:
 
 
 def installed() -> list[str]:
-    """The op kinds of :data:`CONVERTERS` that coremltools' registry currently converts."""
-    return [kind for kind in CONVERTERS if _registered(kind)]
+    """The op kinds of :data:`CONVERTERS` that coremltools' registry currently converts, then those of
+    :data:`REPLACEMENTS` whose converter in the registry is ours."""
+    from coremltools.converters.mil.frontend.torch.torch_op_registry import _TORCH_OPS_REGISTRY
+
+    mapping = _TORCH_OPS_REGISTRY.name_to_func_mapping
+    ours = [kind for kind, (func, _) in REPLACEMENTS.items() if all(mapping.get(k) is func for k in _keys(kind))]
+    return [kind for kind in CONVERTERS if _registered(kind)] + ours
 
 
 def install() -> list[str]:
-    """Register the converters of :data:`CONVERTERS` that coremltools does not have.
+    """Register the converters of :data:`CONVERTERS` that coremltools does not have, and those of
+    :data:`REPLACEMENTS` where coremltools' converter fails the probe.
 
-    Each goes through coremltools' ``register_torch_op`` under each key coremltools reads for the op kind
-    that has no converter yet (a key ending in ``_``, which ``register_torch_op`` reserves for in-place
-    ops, through the registry's ``set_func_by_name``); a key coremltools already has keeps its converter.
+    Each missing converter goes through coremltools' ``register_torch_op`` under each key coremltools
+    reads for the op kind that has no converter yet (a key ending in ``_``, which ``register_torch_op``
+    reserves for in-place ops, through the registry's ``set_func_by_name``); a key coremltools already has
+    keeps its converter. A replacement takes every key of its op kind, once the registered converter has
+    failed its probe (a converter that passes it, e.g. a later coremltools' fixed one, is kept).
 
     Returns:
         The op kinds registered by this call (empty when coremltools already converts them all, e.g. on a
@@ -130,9 +287,10 @@ def install() -> list[str]:
         register_torch_op,
     )
 
+    mapping = _TORCH_OPS_REGISTRY.name_to_func_mapping
     added = []
     for kind, func in CONVERTERS.items():
-        missing = [key for key in _keys(kind) if key not in _TORCH_OPS_REGISTRY.name_to_func_mapping]
+        missing = [key for key in _keys(kind) if key not in mapping]
         if not missing:
             continue
         for key in missing:
@@ -144,4 +302,12 @@ def install() -> list[str]:
                 register_torch_op(func)
         added.append(kind)
         logger.debug(f"registered a converter for torch op {kind!r} under {missing}")
+    for kind, (func, right) in REPLACEMENTS.items():
+        theirs = mapping.get(_keys(kind)[0])
+        if theirs is func or (theirs is not None and right(theirs)):
+            continue
+        for key in _keys(kind):
+            _TORCH_OPS_REGISTRY.set_func_by_name(func, key)
+        added.append(kind)
+        logger.debug(f"replaced the converter of torch op {kind!r} ({getattr(theirs, '__name__', theirs)})")
     return added

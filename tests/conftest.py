@@ -15,6 +15,15 @@ from pattern_infra import generic_passes as generic_passes_registered
 _counter = itertools.count()
 
 
+@pytest.fixture(autouse=True, scope="session")
+def _torch_converters():
+    """The converters of ``pattern_infra.torch_support``, as a user converting PyTorch models installs them
+    (coremltools 8.3 needs one for every ``.to(dtype)``; tests of the converters take them out again)."""
+    from pattern_infra import torch_support
+
+    torch_support.install()
+
+
 @pytest.fixture(autouse=True)
 def _no_override_leak():
     """Every test starts with the override unset and leaves it as it found it."""

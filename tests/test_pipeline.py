@@ -49,7 +49,8 @@ def test_pipeline_runs_the_default_passes_in_order_in_fewer_entries(group):
     else:
         assert len(pipe.passes) < 20
     # what convert edits or looks up by id keeps its own entries
-    assert pipe.passes.count("common::add_int16_cast") == default.passes.count("common::add_int16_cast") == 2
+    # (coremltools 9.0's default pipeline has add_int16_cast twice, 8.3's once)
+    assert pipe.passes.count("common::add_int16_cast") == default.passes.count("common::add_int16_cast") >= 1
     assert pipe.passes.count("common::add_fp16_cast") == 1
     for name in ("frontend_pytorch", "backend_mlprogram"):
         shared = set(PassPipeline.get_pipeline(name).passes) & set(default.passes)

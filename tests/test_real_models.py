@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 
 from pattern_infra.testing.models import ZOO
-from pattern_infra.testing.real_models import compare_model
+from pattern_infra.testing.real_models import compare_model, compare_targets
 
 # models where a fusion beyond coremltools applies: the op that must appear (None: ops only go away)
 # and the pass that must fire
@@ -36,3 +36,8 @@ def test_model_with_and_without_override(name):
     tolerance = 1e-5 * max(1.0, row.scale)
     assert row.max_abs_err_off < tolerance
     assert row.max_abs_err_on < tolerance
+
+
+def test_compare_targets_refuses_an_unknown_precision():
+    with pytest.raises(ValueError, match=r"unknown precisions \['bf16'\]"):
+        compare_targets("mlp", [], precisions=("fp32", "bf16"))

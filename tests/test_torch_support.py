@@ -5,11 +5,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from coremltools.converters.mil.frontend.torch import ops as ct_ops
 from coremltools.converters.mil.frontend.torch.torch_op_registry import _TORCH_OPS_REGISTRY
 
 from pattern_infra import torch_support
 from pattern_infra.verification.evaluator import evaluate
-from pattern_infra.testing.convert import convert_torch, op_counts
+from pattern_infra.testing.convert import convert_exported, convert_torch, op_counts
 
 
 class Alias(torch.nn.Module):
@@ -28,14 +29,70 @@ class AndOfNewOnes(torch.nn.Module):
         return torch.where(keep, x, x * 0.25)
 
 
-MODULES = {"alias": Alias, "where.scalarother": WhereScalarOther, "new_ones": AndOfNewOnes}
+class IndexAdd(torch.nn.Module):
+    """MoE routing's combine step: each (token, expert) output added to its token's row, tokens repeated."""
+
+    def forward(self, x):
+        token_idx = torch.tensor([0, 1, 0, 1, 0])
+        return torch.zeros_like(x[:2]).index_add(0, token_idx, x[:5] * 0.5, alpha=2.0) + x[:2]
+
+
+class IndexAddLastDim(torch.nn.Module):
+    def forward(self, x):
+        return x.index_add(-1, torch.tensor([2, 2]), x[:, :2])
+
+
+class WhereScalarSelfFloatCond(torch.nn.Module):
+    """The sliding-window mask written as Gemma2-style code writes it: ``tril`` of a bool tensor."""
+
+    def forward(self, x):
+        far = torch.tril(torch.ones_like(x, dtype=torch.bool), diagonal=-1)
+        return torch.where(far, -7.0, x)
+
+
+class GeluTanh(torch.nn.Module):
+    def forward(self, x):
+        return torch.nn.functional.gelu(x * 3.0, approximate="tanh")
+
+
+class GeluTanhNextToATanh(torch.nn.Module):
+    """Gemma2's soft-capping makes a node named ``tanh``: the string ``'tanh'`` must not be read as it."""
+
+    def forward(self, x):
+        return torch.tanh(x / 3.0) + torch.nn.functional.gelu(x * 3.0, approximate="tanh")
+
+
+class ToDtype(torch.nn.Module):
+    """``.to(dtype)``: torch 2.13 exports an ``_assert_tensor_metadata`` next to the copy."""
+
+    def forward(self, x):
+        return (x * 2).to(torch.float32) + 1.0
+
+
+def convert_as_is(module, args):
+    """Export and convert with whatever converters the registry holds (``convert_torch`` installs ours)."""
+    exported = torch.export.export(module.eval(), args).run_decompositions({})
+    return convert_exported(exported, override=False)
+
+
+MODULES = {"alias": Alias, "where.scalarother": WhereScalarOther, "new_ones": AndOfNewOnes,
+           "index_add": IndexAdd, "index_add_last_dim": IndexAddLastDim,
+           "where.scalarself": WhereScalarSelfFloatCond, "gelu": GeluTanh, "gelu_next_to_a_tanh": GeluTanhNextToATanh, "_assert_tensor_metadata": ToDtype}
+
+COREMLTOOLS_OWN = {"where.scalarself": ct_ops.where_scalarself, "gelu": ct_ops.gelu}
+"""coremltools' own converters of the op kinds :data:`torch_support.REPLACEMENTS` replaces where wrong."""
 
 
 @pytest.fixture
 def without_converters():
-    """Remove our converters for the test, and put back whatever the registry held afterwards."""
-    keys = [key for kind in torch_support.CONVERTERS for key in torch_support._keys(kind)]
+    """Remove our converters for the test (coremltools' own back for the replaced kinds), and put back
+    whatever the registry held afterwards."""
+    keys = [key for kind in [*torch_support.CONVERTERS, *torch_support.REPLACEMENTS]
+            for key in torch_support._keys(kind)]
     saved = {key: _TORCH_OPS_REGISTRY.name_to_func_mapping.pop(key, None) for key in keys}
+    for kind, func in COREMLTOOLS_OWN.items():
+        for key in torch_support._keys(kind):
+            _TORCH_OPS_REGISTRY.name_to_func_mapping[key] = func
     yield
     for key, func in saved.items():
         if func is None:
@@ -46,11 +103,50 @@ def without_converters():
 
 def test_coremltools_lacks_them_and_install_adds_each_once(without_converters):
     assert torch_support.installed() == []
-    with pytest.raises(NotImplementedError, match="Unsupported fx node alias"):
-        convert_torch(Alias(), (torch.randn(2, 3),), override=False)
-    assert torch_support.install() == list(torch_support.CONVERTERS)
-    assert torch_support.installed() == list(torch_support.CONVERTERS)
+    # coremltools 9.0 raises NotImplementedError for an unsupported node, 8.3 a ValueError
+    with pytest.raises((NotImplementedError, ValueError), match="Unsupported fx node alias"):
+        convert_as_is(Alias(), (torch.randn(2, 3),))
+    expected = [*torch_support.CONVERTERS, *torch_support.REPLACEMENTS]
+    assert torch_support.install() == expected
+    assert torch_support.installed() == expected
     assert torch_support.install() == []  # idempotent
+
+
+@pytest.mark.parametrize("kind", list(torch_support.REPLACEMENTS))
+def test_a_replacement_passes_its_probe_and_a_wrong_converter_fails_it(kind):
+    ours, right = torch_support.REPLACEMENTS[kind]
+    assert right(ours)
+
+    def wrong(context, node):  # what coremltools 9.0 does: the exact gelu, the condition as it comes
+        from coremltools.converters.mil import Builder as mb
+
+        inputs = ct_ops._get_inputs(context, node)
+        out = mb.gelu(x=inputs[0]) if kind == "gelu" else mb.select(cond=inputs[0], a=inputs[1], b=inputs[2])
+        context.add(out, torch_name=node.name)
+
+    assert not right(wrong)
+
+
+@pytest.mark.parametrize("kind", list(torch_support.REPLACEMENTS))
+def test_a_converter_that_passes_the_probe_is_kept(without_converters, kind):
+    def theirs(context, node):  # stands for a later coremltools' fixed converter
+        torch_support.REPLACEMENTS[kind][0](context, node)
+
+    for key in torch_support._keys(kind):
+        _TORCH_OPS_REGISTRY.name_to_func_mapping[key] = theirs
+    assert kind not in torch_support.install()
+    assert _TORCH_OPS_REGISTRY.name_to_func_mapping[kind] is theirs
+
+
+def test_without_the_gelu_replacement_the_tanh_gelu_is_not_what_torch_computes(without_converters):
+    """The case the gelu replacement exists for, seen through coremltools' own converter when it is wrong."""
+    if torch_support.REPLACEMENTS["gelu"][1](ct_ops.gelu):
+        pytest.skip("this coremltools converts approximate='tanh' itself")
+    x = torch.linspace(-3, 3, 12).reshape(3, 4)
+    prog = convert_as_is(GeluTanh(), (x,))
+    (name,) = prog.functions["main"].inputs
+    (got,) = evaluate(prog, {name: x.numpy()}).values()
+    assert np.max(np.abs(got - GeluTanh()(x).numpy())) > 1e-4
 
 
 def test_a_converter_coremltools_already_has_is_kept(without_converters):
@@ -74,12 +170,13 @@ def test_import_installs_nothing():
 
 
 @pytest.mark.parametrize("kind", list(MODULES))
-def test_converted_module_computes_what_torch_computes(kind):
-    torch_support.install()
-    x = torch.tensor([[1.5, -2.0, 0.0], [-0.5, 3.0, -1.0]])
+def test_converted_module_computes_what_torch_computes(without_converters, kind):
+    torch_support.install()  # ours, whatever this coremltools has
+    x = torch.tensor([[1.5, -2.0, 0.0], [-0.5, 3.0, -1.0], [0.25, 1.0, -1.5], [2.0, -0.75, 0.5],
+                      [-1.25, 0.5, 1.0]])
     module = MODULES[kind]()
     prog = convert_torch(module, (x,), override=False)
     (name,) = prog.functions["main"].inputs
     (got,) = evaluate(prog, {name: x.numpy()}).values()
-    np.testing.assert_allclose(got, module(x).numpy(), rtol=1e-6, atol=0)
+    np.testing.assert_allclose(got, module(x).numpy(), rtol=1e-6, atol=1e-7)
     assert sum(op_counts(prog).values()) > 0

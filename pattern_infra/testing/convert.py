@@ -98,6 +98,9 @@ def convert_torch_model(
     """:func:`convert_torch`, returning the ``MLModel`` (to save it) rather than its MIL program."""
     import torch  # Imported here: the core framework never needs torch.
 
+    from .. import torch_support
+
+    torch_support.install()
     exported = torch.export.export(module.eval(), tuple(example_args)).run_decompositions({})
     logger.debug(f"converting {type(module).__name__} with override={override}")
     return convert_exported_model(exported, override=override, **convert_kwargs)
@@ -107,6 +110,9 @@ def convert_torch(
     module: Any, example_args: tuple[Any, ...], *, override: bool, **convert_kwargs: Any
 ) -> Program:
     """Export a PyTorch module with :mod:`torch.export` and convert it to an ML program.
+
+    The converters of :func:`pattern_infra.torch_support.install` are installed first (``.to(dtype)``
+    exports an ``_assert_tensor_metadata`` node, which coremltools 8.3 does not convert).
 
     Args:
         module: A :class:`torch.nn.Module`; it is put in ``eval()`` mode.

@@ -31,7 +31,7 @@ from torch import nn
 
 from .models import ModelAndArgs
 
-__all__ = ["HF_ZOO", "FAST", "DECODER_LLMS", "GROUPED_KV"]
+__all__ = ["HF_ZOO", "FAST", "DECODER_LLMS", "GROUPED_KV", "BOTH_PRECISIONS", "ONLY_ATTENTION_LEFT"]
 
 SEQ = 8
 """Sequence length of every text model's example input."""
@@ -149,15 +149,21 @@ def bert(attn: str) -> ModelAndArgs:
     return _LastHidden(model, "input_ids").eval(), (_ids(),)
 
 
-def vit(attn: str) -> ModelAndArgs:
-    """``ViTModel`` on a 32x32 image with 8x8 patches."""
+def _image_model(config_cls: str, model_cls: str, size: int, model_kwargs: dict[str, Any], **config: Any) -> ModelAndArgs:
+    """``model_cls(config_cls(**config), **model_kwargs)`` on a ``size`` x ``size`` RGB image, returning
+    its ``last_hidden_state``."""
     tf = _transformers()
     torch.manual_seed(0)
-    config = tf.ViTConfig(image_size=32, patch_size=8, hidden_size=64, num_hidden_layers=2,
-                          num_attention_heads=4, intermediate_size=128, attn_implementation=attn)
-    model = tf.ViTModel(config, add_pooling_layer=False).eval()
+    model = getattr(tf, model_cls)(getattr(tf, config_cls)(**config), **model_kwargs).eval()
     _randomize_norms(model)
-    return _LastHidden(model, "pixel_values").eval(), (torch.randn(1, 3, 32, 32),)
+    return _LastHidden(model, "pixel_values").eval(), (torch.randn(1, 3, size, size),)
+
+
+def vit(attn: str) -> ModelAndArgs:
+    """``ViTModel`` on a 32x32 image with 8x8 patches."""
+    return _image_model("ViTConfig", "ViTModel", 32, dict(add_pooling_layer=False), image_size=32, patch_size=8,
+                        hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=128,
+                        attn_implementation=attn)
 
 
 def clip_text(attn: str) -> ModelAndArgs:
@@ -186,24 +192,134 @@ def whisper_encoder(attn: str) -> ModelAndArgs:
 
 def convnext() -> ModelAndArgs:
     """``ConvNextModel``: depthwise convs, channels-last and channels-first layer norms, layer scale."""
-    tf = _transformers()
-    torch.manual_seed(0)
-    config = tf.ConvNextConfig(num_channels=3, hidden_sizes=[16, 32], depths=[1, 1], num_stages=2,
-                               layer_scale_init_value=0.5)
-    model = tf.ConvNextModel(config).eval()
-    _randomize_norms(model)
-    return _LastHidden(model, "pixel_values").eval(), (torch.randn(1, 3, 32, 32),)
+    return _image_model("ConvNextConfig", "ConvNextModel", 32, {}, num_channels=3, hidden_sizes=[16, 32],
+                        depths=[1, 1], num_stages=2, layer_scale_init_value=0.5)
 
 
 def mobilevit() -> ModelAndArgs:
     """``MobileViTModel``: inverted residuals, batch norms, unfolded patches through transformer layers."""
+    return _image_model("MobileViTConfig", "MobileViTModel", 64, dict(expand_output=False), image_size=64,
+                        patch_size=2, hidden_sizes=[16, 24, 32], neck_hidden_sizes=[8, 8, 16, 16, 24, 24, 48],
+                        num_attention_heads=2)
+
+
+def mixtral(attn: str) -> ModelAndArgs:
+    """``MixtralForCausalLM``: sparse mixture of experts (4 experts, top 2) in every layer.
+
+    The experts run as ``experts_implementation="batched_mm"`` (each token's chosen experts' weights
+    gathered, one batched matmul): the library's default, ``grouped_mm``, sorts tokens and counts them
+    with ``histc``, and its ``eager`` loop over the experts that were hit has data-dependent shapes that
+    ``torch.export`` refuses; neither is a graph Core ML runs.
+
+    Left as converted (decision): coremltools writes the token repetition (``repeat_interleave``) as
+    ``tile``, ``reshape``, ``transpose``, ``reshape``. The same layout in 3 ops (``expand_dims``, ``tile``,
+    ``reshape``) or in one ``gather`` with constant indices exists, but one op per MoE layer is not worth a
+    pass, and a ``gather`` would move the copy off the Neural Engine. The per-token expert weights
+    (``gather``, then a batched ``matmul`` between ``expand_dims`` and ``squeeze``) are the
+    implementation's own computation.
+    """
+    return _causal_lm("MixtralConfig", "MixtralForCausalLM", attn, num_local_experts=4, num_experts_per_tok=2,
+                      experts_implementation="batched_mm")
+
+
+def qwen2moe(attn: str) -> ModelAndArgs:
+    """``Qwen2MoeForCausalLM``: 4 routed experts (top 2) plus a sigmoid-gated shared expert, biased q/k/v;
+    experts as in :func:`mixtral`."""
+    return _causal_lm("Qwen2MoeConfig", "Qwen2MoeForCausalLM", attn, num_experts=4, num_experts_per_tok=2,
+                      moe_intermediate_size=64, shared_expert_intermediate_size=64,
+                      experts_implementation="batched_mm")
+
+
+def qwen3(attn: str) -> ModelAndArgs:
+    """``Qwen3ForCausalLM``: Llama-style, with an RMSNorm over each head of q and k."""
+    return _causal_lm("Qwen3Config", "Qwen3ForCausalLM", attn, head_dim=16)
+
+
+def gemma2(attn: str) -> ModelAndArgs:
+    """``Gemma2ForCausalLM``: sliding-window layers (window 4 over 8 tokens) alternating with global ones,
+    logit soft-capping, pre- and post-norms, tanh-GELU-gated MLP (eager attention only).
+
+    The attention stays written out: its scores are soft-capped (``tanh(s / 50) * 50``) between the
+    ``matmul`` and the ``softmax``, which ``scaled_dot_product_attention`` cannot express.
+    """
+    return _causal_lm("Gemma2Config", "Gemma2ForCausalLM", attn, one_plus=True, head_dim=16, sliding_window=4)
+
+
+def starcoder2(attn: str) -> ModelAndArgs:
+    """``Starcoder2ForCausalLM``: layer norms with biases, biased projections, tanh-GELU MLP, sliding
+    window (4 over 8 tokens)."""
+    return _causal_lm("Starcoder2Config", "Starcoder2ForCausalLM", attn, sliding_window=4)
+
+
+def cohere(attn: str) -> ModelAndArgs:
+    """``CohereForCausalLM``: interleaved rotary embeddings (rotate-half as ``stack(-x2, x1)``), a bias-free
+    layer norm, parallel attention and MLP, scaled logits."""
+    return _causal_lm("CohereConfig", "CohereForCausalLM", attn, logit_scale=0.5)
+
+
+def falcon(attn: str) -> ModelAndArgs:
+    """``FalconForCausalLM`` with multi-query attention (4 query heads, one key/value head), parallel
+    attention and MLP, layer norms, exact GELU.
+
+    ``sdpa``: coremltools broadcasts the single K/V head to the 4 query heads with a ``tile`` before its
+    ``scaled_dot_product_attention``. ``eager``: the attention ``matmul``s broadcast the one head
+    themselves (no ``tile``) and the attention stays written out: MIL's ``scaled_dot_product_attention``
+    takes key and value with the query's heads (no broadcasting), so fusing it would first add the two
+    ``tile``s ``generic::fuse_grouped_kv_attention`` removes elsewhere.
+    """
     tf = _transformers()
     torch.manual_seed(0)
-    config = tf.MobileViTConfig(image_size=64, patch_size=2, hidden_sizes=[16, 24, 32],
-                                neck_hidden_sizes=[8, 8, 16, 16, 24, 24, 48], num_attention_heads=2)
-    model = tf.MobileViTModel(config, expand_output=False).eval()
+    config = tf.FalconConfig(vocab_size=VOCAB, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+                             multi_query=True, new_decoder_architecture=False, parallel_attn=True, bias=False,
+                             max_position_embeddings=64, attn_implementation=attn)
+    model = tf.FalconForCausalLM(config).eval()
     _randomize_norms(model)
-    return _LastHidden(model, "pixel_values").eval(), (torch.randn(1, 3, 64, 64),)
+    return _Logits(model).eval(), (_ids(),)
+
+
+class _EncoderDecoder(nn.Module):
+    """``model(input_ids=..., decoder_input_ids=...).last_hidden_state`` (the decoder's)."""
+
+    def __init__(self, model: nn.Module) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(self, input_ids: torch.Tensor, decoder_input_ids: torch.Tensor) -> torch.Tensor:
+        return self.model(input_ids=input_ids, decoder_input_ids=decoder_input_ids, use_cache=False).last_hidden_state
+
+
+def t5(attn: str) -> ModelAndArgs:
+    """``T5Model``: encoder-decoder with relative position buckets, RMS-style ``T5LayerNorm``, gated tanh
+    GELU (``feed_forward_proj="gated-gelu"``, as Flan-T5); 8 source and 4 target tokens.
+
+    The decoder's self-attention stays written out (decision): its scores are not scaled and get two
+    constant additions, the relative position bias and then the causal mask; one addition of their sum
+    rounds differently, so there is no exact identity to a single mask. The encoder's attention and the
+    cross-attention fuse. At fp16 the override keeps the negative-index guard (``greater_equal``,
+    ``select``) of the decoder's ids, which coremltools drops only because its ``add_int16_cast`` happens
+    to cast them to ``uint16`` in its op order (see docs/MODELS.md).
+    """
+    tf = _transformers()
+    torch.manual_seed(0)
+    config = tf.T5Config(vocab_size=VOCAB, d_model=64, d_kv=16, d_ff=128, num_layers=2, num_decoder_layers=2,
+                         num_heads=4, feed_forward_proj="gated-gelu", attn_implementation=attn)
+    model = tf.T5Model(config).eval()
+    _randomize_norms(model)
+    return _EncoderDecoder(model).eval(), (_ids(), torch.randint(0, VOCAB, (1, SEQ // 2)))
+
+
+def swin() -> ModelAndArgs:
+    """``SwinModel``: windowed attention (4x4 windows, shifted in every second block) with relative
+    position bias, patch merging; a 32x32 image in 4x4 patches."""
+    return _image_model("SwinConfig", "SwinModel", 32, dict(add_pooling_layer=False), image_size=32, patch_size=4,
+                        embed_dim=16, depths=[2, 2], num_heads=[2, 4], window_size=4)
+
+
+def siglip_vision(attn: str) -> ModelAndArgs:
+    """``SiglipVisionModel``: pre-norm ViT with tanh GELU and an attention-pooling head; 32x32 image."""
+    return _image_model("SiglipVisionConfig", "SiglipVisionModel", 32, {}, hidden_size=64, intermediate_size=128,
+                        num_hidden_layers=2, num_attention_heads=4, image_size=32, patch_size=8,
+                        attn_implementation=attn)
 
 
 def _both(builder: Callable[[str], ModelAndArgs]) -> dict[str, Callable[[], ModelAndArgs]]:
@@ -211,15 +327,23 @@ def _both(builder: Callable[[str], ModelAndArgs]) -> dict[str, Callable[[], Mode
     return {f"{name}_{attn}": (lambda attn=attn: builder(attn)) for attn in ("eager", "sdpa")}
 
 
+def _eager(builder: Callable[[str], ModelAndArgs]) -> dict[str, Callable[[], ModelAndArgs]]:
+    name = builder.__name__
+    return {f"{name}_eager": lambda: builder("eager")}
+
+
 HF_ZOO: dict[str, Callable[[], ModelAndArgs]] = {
     **_both(llama), **_both(mistral), **_both(qwen2), **_both(gemma), **_both(phi3), **_both(gpt2),
     **_both(bert), **_both(vit), **_both(clip_text), **_both(whisper_encoder),
     "convnext": convnext, "mobilevit": mobilevit,
+    **_eager(mixtral), **_eager(qwen2moe), **_eager(qwen3), **_eager(gemma2), **_eager(starcoder2),
+    **_eager(cohere), **_both(falcon), **_eager(t5), "swin": swin, **_eager(siglip_vision),
 }
 """Every ``transformers`` zoo model by name, in a fixed order; each is callable with no argument."""
 
 DECODER_LLMS: tuple[str, ...] = tuple(n for n in HF_ZOO if n.split("_")[0] in
-                                      ("llama", "mistral", "qwen2", "gemma", "phi3", "gpt2"))
+                                      ("llama", "mistral", "qwen2", "gemma", "phi3", "gpt2", "mixtral", "qwen2moe",
+                                       "qwen3", "gemma2", "starcoder2", "cohere", "falcon"))
 """The decoder-only language models of :data:`HF_ZOO`."""
 
 GROUPED_KV: tuple[str, ...] = tuple(n for n in HF_ZOO if n.split("_")[0] in ("llama", "mistral", "qwen2", "gemma"))
@@ -227,3 +351,15 @@ GROUPED_KV: tuple[str, ...] = tuple(n for n in HF_ZOO if n.split("_")[0] in ("ll
 
 FAST: tuple[str, ...] = ("llama_sdpa", "gpt2_eager")
 """A few small models the default test run converts; ``make models`` converts them all."""
+
+BOTH_PRECISIONS: tuple[str, ...] = tuple(n for n in HF_ZOO if n.split("_")[0] in
+                                         ("mixtral", "qwen2moe", "qwen3", "gemma2", "starcoder2", "cohere",
+                                          "falcon", "t5", "swin", "siglip"))
+"""Models converted at fp16 as well as fp32 by the slow tests and ``make models`` (the others at fp32)."""
+
+ONLY_ATTENTION_LEFT: tuple[str, ...] = ("swin", "siglip_vision_eager")
+"""Models that lose ops at iOS18 only. coremltools itself fuses their projections (``linear``), layer norms
+and GELUs; what the override adds is their attention as one ``scaled_dot_product_attention``, an iOS18 op.
+At iOS17 the override leaves them as coremltools converts them (the same op counts): decision, nothing
+else in them has a MIL op or an exact identity with fewer ops (Swin's window partition and ``roll`` are
+``reshape``/``transpose``/``gather`` layout, its patch merging ``slice_by_index`` + ``concat``)."""

@@ -19,7 +19,7 @@ from ..passes.container import run_log
 from .convert import DEFAULT_TARGET, convert_exported, op_counts
 from .models import ZOO, ModelAndArgs
 
-__all__ = ["ModelComparison", "builder", "compare_model", "compare_targets", "format_table"]
+__all__ = ["PRECISIONS", "ModelComparison", "builder", "compare_model", "compare_targets", "format_table"]
 
 
 @dataclass
@@ -42,6 +42,10 @@ class ModelComparison:
     """Largest |PyTorch output|, to read the errors relatively."""
     target: Any = DEFAULT_TARGET
     """The ``minimum_deployment_target`` of both conversions."""
+    precision: str = "fp32"
+    """The ``compute_precision`` of both conversions, ``"fp32"`` or ``"fp16"``. The errors of an fp16
+    program are measured with the reference evaluator in native precision (every op rounded to fp16, as
+    the program computes), those of an fp32 program in float64."""
 
     @property
     def total_off(self) -> int:
@@ -95,8 +99,14 @@ def builder(name: str) -> Callable[[], ModelAndArgs]:
     return HF_ZOO[name]
 
 
-def compare_targets(name: str, targets: Sequence[Any], *, numerics: bool = True) -> list[ModelComparison]:
-    """Exports zoo model ``name`` once and converts it for each target with the override off and on.
+PRECISIONS = ("fp32", "fp16")
+"""The compute precisions :func:`compare_targets` knows, by their names in the tables."""
+
+
+def compare_targets(name: str, targets: Sequence[Any], *, numerics: bool = True,
+                    precisions: Sequence[str] = ("fp32",)) -> list[ModelComparison]:
+    """Exports zoo model ``name`` once and converts it for each target and precision with the override off
+    and on.
 
     The converters of :mod:`pattern_infra.torch_support` are installed first: the ``transformers``
     models' graphs need them.
@@ -105,15 +115,23 @@ def compare_targets(name: str, targets: Sequence[Any], *, numerics: bool = True)
         name: A zoo name (see :func:`builder`).
         targets: ``coremltools.target`` values.
         numerics: Also run every program with the reference evaluator and compare with PyTorch.
+        precisions: Names from :data:`PRECISIONS`: each target is converted at each of them.
 
     Returns:
-        One comparison per target, in the order given.
+        One comparison per target and precision, targets outer, in the order given.
+
+    Raises:
+        ValueError: A precision is not one of :data:`PRECISIONS`.
     """
+    import coremltools as ct
     import torch
 
     from .. import torch_support
-    from ..verification.evaluator import evaluate
 
+    unknown = [p for p in precisions if p not in PRECISIONS]
+    if unknown:
+        raise ValueError(f"compare_targets({name!r}): unknown precisions {unknown}; use some of {list(PRECISIONS)}.")
+    compute = {"fp32": ct.precision.FLOAT32, "fp16": ct.precision.FLOAT16}
     torch_support.install()
     model, args = builder(name)()
     exported = torch.export.export(model.eval(), tuple(args)).run_decompositions({})
@@ -125,29 +143,34 @@ def compare_targets(name: str, targets: Sequence[Any], *, numerics: bool = True)
         expected_np = [e.detach().numpy().astype(np.float64) for e in expected]
     rows = []
     for target in targets:
-        programs = {}
-        fired: dict[str, int] = {}
-        for override in (False, True):
-            run_log(clear=True)
-            programs[override] = convert_exported(exported, override=override, minimum_deployment_target=target)
-            if override:
-                for pass_id, _, stats in run_log(clear=True):
-                    if stats.rewrites:
-                        fired[pass_id] = fired.get(pass_id, 0) + stats.rewrites
-        row = ModelComparison(name, _counts(programs[False]), _counts(programs[True]), fired, target=target)
-        if numerics:
-            row.scale = max(float(np.max(np.abs(e))) for e in expected_np)
-            for override, prog in programs.items():
-                names = list(prog.functions["main"].inputs)
-                feed = {n: a.detach().numpy() for n, a in zip(names, args)}
-                got = list(evaluate(prog, feed).values())
-                err = max(float(np.max(np.abs(g - e))) for g, e in zip(got, expected_np))
+        for precision in precisions:
+            programs = {}
+            fired: dict[str, int] = {}
+            for override in (False, True):
+                run_log(clear=True)
+                programs[override] = convert_exported(exported, override=override, minimum_deployment_target=target,
+                                                      compute_precision=compute[precision])
                 if override:
-                    row.max_abs_err_on = err
-                else:
-                    row.max_abs_err_off = err
-        rows.append(row)
+                    for pass_id, _, stats in run_log(clear=True):
+                        if stats.rewrites:
+                            fired[pass_id] = fired.get(pass_id, 0) + stats.rewrites
+            row = ModelComparison(name, _counts(programs[False]), _counts(programs[True]), fired, target=target,
+                                  precision=precision)
+            if numerics:
+                row.scale = max(float(np.max(np.abs(e))) for e in expected_np)
+                row.max_abs_err_off, row.max_abs_err_on = (
+                    _max_abs_err(programs[override], args, expected_np, precision) for override in (False, True))
+            rows.append(row)
     return rows
+
+
+def _max_abs_err(prog: Any, args: Sequence[Any], expected: list[np.ndarray], precision: str) -> float:
+    """Largest |program - PyTorch| over the outputs, the program run in float64 (fp32) or natively (fp16)."""
+    from ..verification.evaluator import evaluate
+
+    feed = {n: a.detach().numpy() for n, a in zip(prog.functions["main"].inputs, args)}
+    got = evaluate(prog, feed, precision="native" if precision == "fp16" else "float64").values()
+    return max(float(np.max(np.abs(np.asarray(g, dtype=np.float64) - e))) for g, e in zip(got, expected))
 
 
 def compare_model(name: str, *, target: Any = None, numerics: bool = True) -> ModelComparison:
@@ -183,8 +206,8 @@ def format_table(rows: list[ModelComparison], *, with_target: bool = False) -> s
         ]
     else:
         lines = [
-            "| model | target | ops, coremltools | ops, + generic passes | reduction | generic passes that fired (rewrites) | max err / output scale, off / on |",
-            "|---|---|---:|---:|---:|---|---|",
+            "| model | target | precision | ops, coremltools | ops, + generic passes | reduction | generic passes that fired (rewrites) | max err / output scale, off / on |",
+            "|---|---|---|---:|---:|---:|---|---|",
         ]
     for r in rows:
         fired = ", ".join(f"`{k}` ({v})" for k, v in sorted(r.fired.items())) or "none"
@@ -196,7 +219,7 @@ def format_table(rows: list[ModelComparison], *, with_target: bool = False) -> s
             continue
         reduction = 1.0 - r.total_on / r.total_off if r.total_off else 0.0
         lines.append(
-            f"| {r.name} | {getattr(r.target, 'name', r.target)} | {r.total_off} | {r.total_on} | "
+            f"| {r.name} | {getattr(r.target, 'name', r.target)} | {r.precision} | {r.total_off} | {r.total_on} | "
             f"{100 * reduction:.1f}% | {fired} | {r.rel_err_off:.1e} / {r.rel_err_on:.1e} |"
         )
     return "\n".join(lines)

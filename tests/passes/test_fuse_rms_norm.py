@@ -119,6 +119,18 @@ def test_symbolic_leading_dims():
     check(prog, FUSED)
 
 
+@pytest.mark.parametrize("shape", [(1, L, 4, D), (1, 2, L, 4, D)], ids=["rank4", "rank5"])
+def test_rank_4_and_5_are_reshaped_not_padded_past_rank_5(shape):
+    """Per-head q/k norms (Qwen3): two more axes would exceed Core ML's rank 5."""
+    ours = check(rms_norm(shape=shape), ["reshape", "l2_norm", "reshape", "mul"])
+    assert max(len(op.outputs[0].shape) for op in ours.functions["main"].operations) == len(shape)
+
+
+def test_rank_4_with_a_symbolic_dim_left_alone():
+    prog = rms_norm(shape=(get_new_symbol(), L, 4, D))
+    assert op_types(run_pass(PASS, prog)) == op_types(prog)
+
+
 def test_runtime_weight_stays_a_mul():
     check(rms_norm(weight="input"), FUSED + ["mul"])
 
