@@ -1,7 +1,7 @@
 """The package's module structure (docs/ARCHITECTURE.md): the core in four packages whose imports flow
 one way, language -> matching -> rewriting -> passes -> the tools beside them; no import cycle (imports
 inside functions and under ``TYPE_CHECKING`` counted); no module reaching into another's private names;
-no module over 500 lines."""
+no core module over 450 lines, no other over 500."""
 
 from __future__ import annotations
 
@@ -110,11 +110,13 @@ def test_no_module_imports_a_private_name_of_another():
     assert offenders == []
 
 
-def test_no_module_is_over_500_lines():
+def test_no_module_is_over_500_lines_and_no_core_module_over_450():
     long = {
-        str(path.relative_to(PACKAGE)): n
+        str(rel): n
         for path in PACKAGE.rglob("*.py")
-        if (n := len(path.read_text().splitlines())) > 500 and str(path.relative_to(PACKAGE)) not in LONG_MODULES
+        if (n := len(path.read_text().splitlines())) > (450 if (rel := path.relative_to(PACKAGE)).parts[0] in LAYERS
+                                                            else 500)
+        and str(rel) not in LONG_MODULES
     }
     assert long == {}
 
