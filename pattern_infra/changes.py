@@ -2,20 +2,32 @@
 
 Owns: :class:`Changes` (the ops created, removed and rewired, in order; their seeds per block; the
 log by type the other sub-passes revisit), :meth:`Changes.validate` with :func:`check_op` (coremltools'
-``Block.validate`` invariants on the changed ops only), and :func:`revisit_candidates` with :func:`near`
-(the anchor candidates a round of rewrites may have made matchable).
+``Block.validate`` invariants on the changed ops only), :func:`broken_contract` (what one rewrite must
+leave: its new ops used and in order, the block's outputs kept) with :func:`returned_names` and
+:func:`read_only_constants`, and :func:`revisit_candidates` with :func:`near` (the anchor candidates a
+round of rewrites may have made matchable).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
-from coremltools.converters.mil.mil import Block, Operation, Var
+import numpy as np
+from coremltools.converters.mil.mil import Block, Function, Operation, Var
 
 from .blocks import flat_inputs
 from .matcher import Matcher
 
-__all__ = ["Changes", "check_op", "near", "revisit_candidates"]
+__all__ = [
+    "Changes",
+    "broken_contract",
+    "check_op",
+    "near",
+    "read_only_constants",
+    "returned_names",
+    "revisit_candidates",
+]
 
 
 @dataclass
@@ -192,6 +204,140 @@ def check_op(op: Operation) -> None:
             if var not in consumer_block.outputs:
                 raise ValueError(f"{var.name} claims to be an output of {consumer_block.name}")
 
+
+
+USE_THE_NEW_OPS = (
+    "Call pattern.replace_output(new_var) (or replace_outputs) to redirect the match's users to the "
+    "replacement, and build only the ops the replacement needs; the framework then removes the matched ops."
+)
+"""The fix of a rewrite that leaves a new op unused (a forgotten ``replace_output``)."""
+
+BEFORE_ITS_USERS = (
+    "Insert each new op before its first user: mb.<op>(..., before_op=pattern.<final op>) (an op built "
+    "without before_op goes to the end of the block, after the ops that read it), inside the match's block."
+)
+"""The fix of a rewrite that leaves an op reading a variable it cannot see."""
+
+KEEP_THE_OUTPUTS = (
+    "Leave a block's outputs to pattern.replace_output(new_var): it keeps a returned variable's name "
+    "(the model's output names); never set the outputs in a transform."
+)
+"""The fix of a rewrite that renamed, dropped or added an output of its block."""
+
+Order = Callable[[Block, list[Operation]], list[Operation]]
+"""Sorts ops of a block into program order (:meth:`~pattern_infra.blocks.BlockIndex.order`)."""
+
+
+def returned_names(block: Block) -> tuple[str, ...] | int:
+    """What a rewrite must keep of ``block``'s outputs: their names for a function (the model's outputs),
+    their number for a nested block (its op's outputs)."""
+    outputs = block._outputs
+    if isinstance(block, Function):
+        return tuple(var.name for var in outputs)
+    return len(outputs)
+
+
+def broken_contract(
+    created: list[Operation], rewired: list[Operation], block: Block, returned: tuple[str, ...] | int,
+    order: Order,
+) -> tuple[str, str] | None:
+    """What one rewrite broke of its contract, as (the mistake, its fix); None when it kept it.
+
+    The contract: every op the rewrite created is used (read by an op or returned by a block); each
+    created op reads only variables defined before it, in its block or an enclosing one, and stands
+    before each of its users (before the op holding the user's block, for a user in a nested block);
+    so do the ops outside the match whose inputs moved (``rewired``), and the block's returned
+    variables are its own or an enclosing block's; the block returns what it returned (``returned``,
+    from :func:`returned_names` before the rewrite). Only these ops are looked at: linear in the size
+    of the rewrite (plus the block's outputs).
+
+    Args:
+        created: The ops the rewrite inserted into ``block`` (those removed again are skipped).
+        rewired: The ops outside the match that read its outputs before the rewrite.
+        block: The match's block.
+        returned: :func:`returned_names` of ``block`` before the rewrite.
+        order: Sorts ops of a block into program order.
+    """
+    now = returned_names(block)
+    if now != returned:
+        if isinstance(now, int):
+            return f"changed the number of outputs of block {block.name} from {returned} to {now}", KEEP_THE_OUTPUTS
+        return (f"changed the outputs of function {block.name} from [{', '.join(returned)}] to "
+                f"[{', '.join(now)}]", KEEP_THE_OUTPUTS)
+    live = [op for op in created if op.enclosing_block is not None]
+    unused = [op for op in live if not any(var._child_ops or var.consuming_blocks for var in op._output_vars)]
+    if unused:
+        return f"built [{', '.join(op.name for op in unused)}] but nothing uses them", USE_THE_NEW_OPS
+    for op in live:
+        for var in op._output_vars:
+            for user in var._child_ops:
+                problem = _unseen(var, user, order)
+                if problem is not None:
+                    return problem, BEFORE_ITS_USERS
+    for op in (*live, *rewired):
+        if op.enclosing_block is not None:
+            for var in flat_inputs(op):
+                problem = _unseen(var, op, order)
+                if problem is not None:
+                    return problem, BEFORE_ITS_USERS
+    for var in block._outputs:
+        producer = var._op
+        if producer is not None and not _encloses(producer.enclosing_block, block):
+            return f"made block {block.name} return {var.name}, defined outside it", BEFORE_ITS_USERS
+    return None
+
+
+def _unseen(var: Var, user: Operation, order: Order) -> str | None:
+    """Why ``user`` cannot read ``var`` where it stands, or None if it can."""
+    producer = var._op
+    if producer is None:
+        return None  # an input of a function or of a block
+    home = producer.enclosing_block
+    if home is None:
+        return f"left {user.name} reading {var.name}, whose op {producer.name} was removed"
+    holder = _holder(home, user)
+    if holder is None:
+        return f"left {user.name} reading {var.name}, defined in block {home.name}, which does not enclose it"
+    if holder is producer or order(home, [producer, holder])[0] is not producer:
+        where = "" if holder is user else f" (it lies inside {holder.name})"
+        return f"left {user.name} reading {var.name}, which is computed after it{where}"
+    return None
+
+
+def _holder(home: Block, user: Operation) -> Operation | None:
+    """The op of ``home`` that is ``user`` or holds the block ``user`` lies in; None when ``home`` does
+    not enclose ``user``."""
+    op, block = user, user.enclosing_block
+    while block is not home:
+        op = block.outer_op if block is not None else None
+        if op is None:
+            return None
+        block = op.enclosing_block
+    return op
+
+
+def _encloses(home: Block | None, block: Block) -> bool:
+    """Whether ``home`` is ``block`` or a block around it."""
+    outer = block.outer_op
+    return block is home or (home is not None and outer is not None and _holder(home, outer) is not None)
+
+
+def read_only_constants(ops: Iterable[Operation]) -> list[np.ndarray]:
+    """Makes the tensor values of the constants ``ops`` read read-only, and returns those that were
+    writable (to make them writable again). Only arrays that own their memory: numpy may refuse to make
+    a view writable again. A transform writing into one, which may be shared by other
+    ops and which the undo journal does not copy, then raises instead of changing them."""
+    frozen: list[np.ndarray] = []
+    for op in ops:
+        for var in flat_inputs(op):
+            producer = var._op
+            if producer is not None and type(producer).__name__ == "const":
+                value = var._sym_val
+                value = value.val if value is not None else None
+                if type(value) is np.ndarray and value.flags.writeable and value.flags.owndata:
+                    value.flags.writeable = False
+                    frozen.append(value)
+    return frozen
 
 
 def near(seeds: list[Operation], block: Block, anchor_types: frozenset[str], radius: int) -> list[Operation]:

@@ -241,7 +241,16 @@ class Pattern:
                 )
             old_var = outputs[0]
         block = old_var.op.enclosing_block if old_var.op is not None else self.block
-        block.replace_uses_of_var_after_op(anchor_op=old_var.op, old_var=old_var, new_var=new_var)
+        try:
+            block.replace_uses_of_var_after_op(anchor_op=old_var.op, old_var=old_var, new_var=new_var)
+        except ValueError as exc:
+            if (new_var.dtype, new_var.shape) == (old_var.dtype, old_var.shape):
+                raise
+            raise ValueError(
+                f"replace_output: {new_var.name} is {_type_label(new_var)}, but {old_var.name}, which it "
+                f"replaces, is {_type_label(old_var)}; build a replacement of the same shape and dtype "
+                f"(mb.cast, mb.reshape), or return False from the transform to leave the match."
+            ) from exc
 
     def replace_outputs(self, new_vars: list[Var]) -> None:
         """``replace_output`` for every output of every final op, in ``output_vars()`` order."""
@@ -294,3 +303,10 @@ def _label(value: Operation | list[Operation]) -> str:
     if isinstance(value, list):
         return "[" + ", ".join(op.name for op in value) + "]"
     return value.name
+
+
+def _type_label(var: Var) -> str:
+    """``(1, 4) fp16``: a variable's shape and dtype, for messages."""
+    from coremltools.converters.mil.mil import types
+
+    return f"{tuple(var.shape)} {types.builtin_to_string(var.dtype)}"
