@@ -251,14 +251,20 @@ class CheckWriter:
         value = self.constant("expected", expected)
         general = f"{accepts}({var}, {value}) is not None"
         if expected.size == 1 and expected.dtype.kind in "biuf":
-            e = float(expected.reshape(()))
-            tol = rule.atol + rule.rtol * abs(e)  # the very float ConstRule.accepts compares with
-            e_text = repr(e) if math.isfinite(e) else self.constant("e", e)
-            tol_text = repr(tol) if math.isfinite(tol) else self.constant("tol", tol)
-            close = f"abs(float(_val) - {e_text}) <= {tol_text}"
-            self.guard(
-                f"not ({close}) if type(_val) in FLOAT_TYPES else {general}", f"{where} close to {e!r}"
-            )
+            # the very floats ConstRule.accepts compares with, per type of value: the pattern's value
+            # rounded to it (float16 differs; the others mostly share the float32 bounds)
+            groups: dict[tuple[float, float], list[type]] = {}
+            for t in sorted(FLOAT_TYPES, key=lambda t: t is not np.float32):  # float32's group first
+                groups.setdefault(rule.scalar_bounds(expected, np.dtype(t)), []).append(t)
+            test = general
+            for k, ((e, tol), types) in reversed(list(enumerate(groups.items()))):
+                e_text = repr(e) if math.isfinite(e) else self.constant("e", e)
+                tol_text = repr(tol) if math.isfinite(tol) else self.constant("tol", tol)
+                these = "FLOAT_TYPES" if len(groups) == 1 else self.constant("float_types", frozenset(types))
+                test = f"not (abs(float(_val) - {e_text}) <= {tol_text}) if type(_val) in {these} else {test}"
+                if k:
+                    test = f"({test})"
+            self.guard(test, f"{where} close to {float(expected.reshape(()))!r}")
             return
         self.guard(general, f"{where}: ConstRule.accepts")
 

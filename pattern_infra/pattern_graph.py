@@ -55,8 +55,18 @@ class ConstRule:
                 f"ConstRule mode {self.mode!r} is not one of 'any', 'const', 'value'."
             )
 
+    def scalar_bounds(self, expected: np.ndarray, dtype: np.dtype[Any]) -> tuple[float, float]:
+        """The value a scalar constant of ``dtype`` is compared with, and the tolerance: the pattern's
+        ``expected`` rounded to ``dtype`` when both are floats (a float16 program holds the float16
+        rounding of the pattern's value), and ``atol + rtol * |value|``."""
+        e = float(_in_dtype(expected, dtype).reshape(()))
+        return e, self.atol + self.rtol * abs(e)
+
     def accepts(self, var: Var, expected: np.ndarray | None) -> str | None:
-        """Returns None when ``var`` satisfies the rule, else the reason it does not."""
+        """Returns None when ``var`` satisfies the rule, else the reason it does not.
+
+        ``"value"`` compares in the program constant's dtype: the pattern's value is first rounded to it
+        (see :meth:`scalar_bounds`)."""
         if self.mode == "any":
             return None
         val = var.val
@@ -70,14 +80,16 @@ class ConstRule:
         if expected.size == 1 and got.size != 1:
             return f"constant {var.name} has {got.size} elements where the pattern has a scalar"
         if expected.size == 1 and got.dtype.kind in "biuf" and expected.dtype.kind in "biuf":
-            g, e = float(got.reshape(())), float(expected.reshape(()))
-            if abs(g - e) <= self.atol + self.rtol * abs(e):
+            g = float(got.reshape(()))
+            e, tol = self.scalar_bounds(expected, got.dtype)
+            if abs(g - e) <= tol:
                 return None
-            return f"constant {var.name} = {g!r} differs from the pattern's {e!r}"
+            rounded = f" (in {got.dtype}: {e!r})" if e != float(expected.reshape(())) else ""
+            return f"constant {var.name} = {g!r} differs from the pattern's {float(expected.reshape(()))!r}{rounded}"
         if expected.size != 1 and got.shape != expected.shape:
             return f"constant {var.name} has shape {got.shape}, the pattern's has {expected.shape}"
         try:
-            close = np.allclose(got, expected, rtol=self.rtol, atol=self.atol)
+            close = np.allclose(got, _in_dtype(expected, got.dtype), rtol=self.rtol, atol=self.atol)
         except ValueError:
             close = False
         if not close:
@@ -85,6 +97,14 @@ class ConstRule:
                 f"constant {var.name} = {_short(got)} differs from the pattern's {_short(expected)}"
             )
         return None
+
+
+def _in_dtype(expected: np.ndarray, dtype: np.dtype[Any]) -> np.ndarray:
+    """``expected`` rounded to ``dtype`` when both are floating-point, else as it is."""
+    if expected.dtype.kind == "f" and dtype.kind == "f" and expected.dtype != dtype:
+        with np.errstate(over="ignore"):
+            return expected.astype(dtype)
+    return expected
 
 
 def _short(value: np.ndarray) -> str:

@@ -545,6 +545,37 @@ def test_value_rule_fast_path_agrees_with_const_rule(dtype, value, expected, fus
         assert bool(found) == (fused or rule == "const")
 
 
+@pytest.mark.parametrize(
+    "program_value, fused",
+    [
+        (np.float16(1 / 6), True),  # 0.1666259765625: the pattern's 1/6 rounded to float16
+        (np.float16(1.702), True),
+        (np.float16(1 / 6) + np.float16(0.0001), False),  # the next float16 values are not its rounding
+        (np.array([1 / 6], np.float16), True),
+        (np.float32(np.float16(1 / 6)), False),  # in float32 the rounding is a different value
+    ],
+)
+def test_value_rule_compares_in_the_program_constants_dtype(program_value, fused):
+    """A float32 pattern constant matches its own float16 rounding in a float16 program, in the generated
+    search and in ConstRule.accepts alike (``same_everywhere`` compares both)."""
+    expected = 1.702 if np.asarray(program_value).ravel()[0] > 1 else 1 / 6
+    dtype = types.fp16 if np.asarray(program_value).dtype == np.float16 else types.fp32
+
+    @mb.program(input_specs=[mb.TensorSpec(shape=S)])
+    def pat(x):
+        return mb.mul(x=x, y=np.float32(expected), name="m")
+
+    @mb.program(input_specs=[mb.TensorSpec(shape=S, dtype=dtype)])
+    def prog(x):
+        return mb.mul(x=x, y=program_value, name="m1")
+
+    assert bool(same_everywhere(matcher_of(pat, constants="value"), prog)) == fused
+    (const,) = [op for op in prog.functions["main"].operations if op.op_type == "const"]
+    reason = ConstRule("value").accepts(const.outputs[0], np.asarray(np.float32(expected)))
+    assert (reason is None) == fused
+    assert fused or "differs from the pattern's" in reason
+
+
 @pytest.mark.parametrize("value, fused", [(0.549, True), (0.551, False), (0.451, True), (0.449, False)])
 def test_value_rule_relative_tolerance(value, fused):
     matcher = matcher_of(half, const_rules={"m.y": ConstRule("value", rtol=0.1, atol=0.0)})
