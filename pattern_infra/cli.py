@@ -20,6 +20,7 @@ import importlib
 import json
 import os
 import sys
+import textwrap
 from pathlib import Path
 from typing import Any
 
@@ -31,17 +32,20 @@ __all__ = ["EXIT_CODES", "main"]
 
 EXIT_CODES: dict[int, str] = {
     0: "success",
-    1: "failure: the model cannot be read (not an ML program, damaged specification or weights), the "
-       "output cannot be written (exists, not a model package, inside the input, folder not writable), "
-       "a pass or pattern named does not exist, or a pass failed; one line on stderr names the file or "
-       "the pass and the fix, and no file is written or lost",
-    2: "usage error: unknown command or option, missing argument, input that does not exist, an argument "
-       "of the wrong form (an output not ending in .mlpackage, --pattern not MODULE:NAME or a pass id, a "
-       "module that cannot be imported)",
+    1: "failure: the model cannot be read (not an ML program, damaged specification or weights), the output "
+       "cannot be written (exists, not a model package, inside the input, folder missing or not writable), "
+       "a pass or pattern named does not exist, or a pass failed; one line on stderr names the file or the "
+       "pass and the fix, and no file is written or lost",
+    2: "usage error: unknown command or option, missing argument, an input that does not exist, an argument "
+       "of the wrong form (an output not ending in .mlpackage, --pattern neither MODULE:NAME nor a pass id, "
+       "a module that cannot be imported)",
 }
 """The exit status of ``mil-patterns`` and what each means."""
 
-_EPILOG = "\b\nExit status:\n" + "\n".join(f"  {code}  {meaning.split(':')[0]}" for code, meaning in EXIT_CODES.items())
+_EPILOG = "\b\nExit status:\n" + "\n".join(
+    textwrap.fill(meaning, width=79, initial_indent=f"  {code}  ", subsequent_indent="     ")
+    for code, meaning in EXIT_CODES.items()
+)
 
 
 class _Failure(click.ClickException):

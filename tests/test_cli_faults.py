@@ -254,3 +254,29 @@ def test_debug_shows_the_traceback(work):
     assert result.exit_code == 1
     assert type(result.exception) is not SystemExit  # propagated: Python prints its traceback
     assert "truncated or damaged" in str(result.exception)
+
+
+def test_optimize_refuses_a_model_of_several_functions_before_any_work(tmp_path):
+    import coremltools as ct
+    from coremltools.converters.mil import Builder as mb
+
+    def save(name, body):
+        @mb.program(input_specs=[mb.TensorSpec(shape=(1, 8))], opset_version=ct.target.iOS18)
+        def prog(x):
+            return body(x)
+
+        ct.convert(prog, convert_to="mlprogram", skip_model_load=True,
+                   minimum_deployment_target=ct.target.iOS18).save(str(tmp_path / f"{name}.mlpackage"))
+
+    save("a", lambda x: mb.relu(x=x))
+    save("b", lambda x: mb.exp(x=x))
+    functions = ct.utils.MultiFunctionDescriptor()
+    functions.add_function(str(tmp_path / "a.mlpackage"), "main", "f_a")
+    functions.add_function(str(tmp_path / "b.mlpackage"), "main", "f_b")
+    functions.default_function_name = "f_a"
+    ct.utils.save_multifunction(functions, str(tmp_path / "multi.mlpackage"))
+    before = _tree(tmp_path)
+    result = CliRunner().invoke(main, ["optimize", str(tmp_path / "multi.mlpackage"), "-o", str(tmp_path / "o.mlpackage")])
+    _check_clean_failure(result, 1, ["multi.mlpackage", "2 functions (f_a, f_b)"])
+    assert _tree(tmp_path) == before
+    assert CliRunner().invoke(main, ["report", str(tmp_path / "multi.mlpackage")]).exit_code == 0  # read: fine
