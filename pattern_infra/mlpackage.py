@@ -302,7 +302,7 @@ def optimize_mlpackage(
     check_destination(destination, source=source, overwrite=overwrite)
     pass_plan(passes, exclude)  # an unknown pass id is refused before the model is read
     model = load_mlpackage(source)
-    functions = list(model.program.functions)
+    functions = sorted(model.program.functions)
     if len(functions) > 1:
         raise PatternInfraError(
             f"{source}: a model with {len(functions)} functions ({', '.join(functions)}); optimize saves "
