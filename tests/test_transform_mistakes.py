@@ -275,11 +275,12 @@ def test_the_readme_quick_gelu_without_replace_output_is_an_error_naming_it(name
 
 
 def test_a_forgotten_replace_output_whose_op_the_pattern_has_is_not_a_fixpoint_error(namespace):
-    """A transform building an op of a pattern type without using it was retried until the fixpoint cap,
-    whose advice (the replacement re-creates the pattern) was wrong."""
+    """A transform building ops of the pattern's types without using them (the new ``mul`` reads a new
+    constant, which counted as a use) was retried until the fixpoint cap, whose advice (the replacement
+    re-creates the pattern) was wrong."""
 
     def transform(pattern):
-        mb.mul(x=pattern.root_var, y=pattern.gate.outputs[0], before_op=pattern.out)
+        mb.sigmoid(x=mb.mul(x=pattern.root_var, y=1.702, before_op=pattern.out), before_op=pattern.out)
 
     container = register_generic_pass(quick_gelu, None, transform, "p", namespace, constants="value")
     prog = _then_relu()
