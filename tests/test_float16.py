@@ -88,7 +88,8 @@ def user_passes(tmp_path, monkeypatch):
 
 def _mix(x):
     """One instance of passes that compare constant values: tanh GELU, erf GELU, quick GELU (fused by
-    ``common::fuse_gelu_exact``), a written-out layer norm, and the user's hard swish."""
+    ``common::fuse_gelu_exact``), a written-out layer norm, the user's hard swish; and of a few others:
+    a linear's bias, two ReLUs, a leaky ReLU, a mean written as a sum, a transposed matmul operand."""
     rng = np.random.default_rng(0)
     t = mb.tanh(x=mb.mul(x=mb.add(x=x, y=mb.mul(x=mb.pow(x=x, y=3.0), y=0.044715)), y=0.7978845834732056))
     x = mb.mul(x=mb.mul(x=x, y=0.5), y=mb.add(x=t, y=1.0))
@@ -101,7 +102,12 @@ def _mix(x):
     x = mb.mul(x=centred, y=mb.rsqrt(x=mb.add(x=var, y=1e-5)))
     x = mb.add(x=mb.mul(x=x, y=rng.normal(size=(D,)).astype(np.float32)), y=rng.normal(size=(D,)).astype(np.float32))
     x = mb.linear(x=x, weight=rng.normal(size=(D, D)).astype(np.float32) / 4)
-    return mb.mul(x=x, y=mb.mul(x=mb.clip(x=mb.add(x=x, y=3.0), alpha=0.0, beta=6.0), y=1.0 / 6.0))
+    x = mb.add(x=x, y=rng.normal(size=(D,)).astype(np.float32))  # a bias for the linear
+    x = mb.relu(x=mb.relu(x=x))
+    x = mb.maximum(x=x, y=mb.mul(x=x, y=0.1))  # leaky ReLU
+    x = mb.add(x=x, y=mb.mul(x=mb.reduce_sum(x=x, axes=[-1], keep_dims=True), y=1.0 / D))  # a mean
+    x = mb.mul(x=x, y=mb.mul(x=mb.clip(x=mb.add(x=x, y=3.0), alpha=0.0, beta=6.0), y=1.0 / 6.0))
+    return mb.matmul(x=x, y=mb.transpose(x=x, perm=[0, 2, 1]))
 
 
 def _mix_program():
@@ -117,8 +123,12 @@ def test_a_float16_model_fuses_as_its_float32_twin(tmp_path, user_passes):
     fp16 = _save(_mix_program(), tmp_path / "fp16.mlpackage", float16=True)
     assert "fp16" in str(load_mlpackage(fp16).program)  # saved at the default precision
     expected = _fired(fp32)
-    assert expected == Counter({"common::fuse_gelu_exact": 2, "common::fuse_gelu_tanh_approximation": 1,
-                                "common::fuse_layernorm_or_instancenorm": 1, USER_PASS: 1})
+    assert expected == Counter({
+        "common::fuse_gelu_exact": 2, "common::fuse_gelu_tanh_approximation": 1,
+        "common::fuse_layernorm_or_instancenorm": 1, "common::fuse_linear_bias": 1,
+        "common::merge_consecutive_relus": 1, "common::fuse_leaky_relu": 1, "common::fuse_reduce_mean": 1,
+        "common::fuse_transpose_matmul": 1, USER_PASS: 1,
+    })
     assert _fired(fp16) == expected
 
     out = tmp_path / "fused.mlpackage"
@@ -128,7 +138,8 @@ def test_a_float16_model_fuses_as_its_float32_twin(tmp_path, user_passes):
     assert result.output.startswith(f"{out}: {sum(expected.values())} rewrite(s)")
     counts = op_histogram(load_mlpackage(out).program)
     assert counts["gelu"] == 3 and counts["layer_norm"] == 1 and counts["sigmoid_hard"] == 1
-    assert not {"tanh", "erf", "clip", "sigmoid"} & set(counts)
+    assert counts["leaky_relu"] == 1 and counts["reduce_mean"] == 1 and counts["relu"] == 1
+    assert not {"tanh", "erf", "clip", "sigmoid", "reduce_sum", "transpose"} & set(counts)
 
 
 def test_the_users_pass_fuses_a_float16_model(tmp_path, user_passes):
