@@ -10,7 +10,7 @@ round of rewrites may have made matchable).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -239,11 +239,12 @@ def returned_names(block: Block) -> tuple[str, ...] | int:
 
 def broken_contract(
     created: list[Operation], rewired: list[Operation], block: Block, returned: tuple[str, ...] | int,
-    order: Order,
+    order: Order, replacements: Sequence[Var] = (),
 ) -> tuple[str, str] | None:
     """What one rewrite broke of its contract, as (the mistake, its fix); None when it kept it.
 
-    The contract: every op the rewrite created is used (read by an op or returned by a block); each
+    The contract: every op the rewrite created is used (read by an op, returned by a block, or given to
+    ``replace_output`` for an output nothing read); each
     created op reads only variables defined before it, in its block or an enclosing one, and stands
     before each of its users (before the op holding the user's block, for a user in a nested block);
     so do the ops outside the match whose inputs moved (``rewired``), and the block's returned
@@ -257,6 +258,7 @@ def broken_contract(
         block: The match's block.
         returned: :func:`returned_names` of ``block`` before the rewrite.
         order: Sorts ops of a block into program order.
+        replacements: The variables the transform gave to ``replace_output``.
     """
     now = returned_names(block)
     if now != returned:
@@ -265,7 +267,10 @@ def broken_contract(
         return (f"changed the outputs of function {block.name} from [{', '.join(returned)}] to "
                 f"[{', '.join(now)}]", KEEP_THE_OUTPUTS)
     live = [op for op in created if op.enclosing_block is not None]
-    unused = [op for op in live if not any(var._child_ops or var.consuming_blocks for var in op._output_vars)]
+    unused = [
+        op for op in live
+        if not any(var._child_ops or var.consuming_blocks or var in replacements for var in op._output_vars)
+    ]
     if unused:
         return f"built [{', '.join(op.name for op in unused)}] but nothing uses them", USE_THE_NEW_OPS
     for op in live:

@@ -465,7 +465,7 @@ def _rewrite(run: _Run, sub: SubPass, st: BlockIndex, match: Pattern) -> bool:
             run.changes.validate()
         except Exception as exc:
             raise _inconsistent(run, sub, exc) from exc
-    breach = broken_contract(created, outside_users, block, returned, run.order)
+    breach = broken_contract(created, outside_users, block, returned, run.order, match.replacements())
     if breach is not None:
         raise run.refuse(sub, match, *breach)
     if tracing.recording:  # a trace is open (pattern_infra.trace): one flag test otherwise

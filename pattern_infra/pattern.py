@@ -251,6 +251,12 @@ class Pattern:
                 f"replaces, is {_type_label(old_var)}; build a replacement of the same shape and dtype "
                 f"(mb.cast, mb.reshape), or return False from the transform to leave the match."
             ) from exc
+        self.__dict__.setdefault("_replacements", []).append(new_var)
+
+    def replacements(self) -> list[Var]:
+        """The variables given to :meth:`replace_output` so far (a replacement of an output nothing
+        reads has no user, and is still part of the rewrite)."""
+        return self.__dict__.get("_replacements", [])
 
     def replace_outputs(self, new_vars: list[Var]) -> None:
         """``replace_output`` for every output of every final op, in ``output_vars()`` order."""
