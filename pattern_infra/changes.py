@@ -224,8 +224,8 @@ KEEP_THE_OUTPUTS = (
 )
 """The fix of a rewrite that renamed, dropped or added an output of its block."""
 
-Order = Callable[[Block, list[Operation]], list[Operation]]
-"""Sorts ops of a block into program order (:meth:`~pattern_infra.blocks.BlockIndex.order`)."""
+Precedes = Callable[[Block, Operation, Operation], bool]
+"""Whether an op stands before another in a block (:meth:`~pattern_infra.blocks.BlockIndex.precedes`)."""
 
 
 def returned_names(block: Block) -> tuple[str, ...] | int:
@@ -239,7 +239,7 @@ def returned_names(block: Block) -> tuple[str, ...] | int:
 
 def broken_contract(
     created: list[Operation], rewired: list[Operation], block: Block, returned: tuple[str, ...] | int,
-    order: Order, replacements: Sequence[Var] = (),
+    precedes: Precedes, replacements: Sequence[Var] = (),
 ) -> tuple[str, str] | None:
     """What one rewrite broke of its contract, as (the mistake, its fix); None when it kept it.
 
@@ -257,7 +257,7 @@ def broken_contract(
         rewired: The ops outside the match that read its outputs before the rewrite.
         block: The match's block.
         returned: :func:`returned_names` of ``block`` before the rewrite.
-        order: Sorts ops of a block into program order.
+        precedes: Whether an op stands before another in a block.
         replacements: The variables the transform gave to ``replace_output``.
     """
     now = returned_names(block)
@@ -276,13 +276,22 @@ def broken_contract(
     for op in live:
         for var in op._output_vars:
             for user in var._child_ops:
-                problem = _unseen(var, user, order)
+                problem = _unseen(var, user, precedes)
                 if problem is not None:
                     return problem, BEFORE_ITS_USERS
-    for op in (*live, *rewired):
-        if op.enclosing_block is not None:
+    for op in live:
+        for var in flat_inputs(op):
+            problem = _unseen(var, op, precedes)
+            if problem is not None:
+                return problem, BEFORE_ITS_USERS
+    for op in rewired:
+        here = op.enclosing_block
+        if here is not None:
             for var in flat_inputs(op):
-                problem = _unseen(var, op, order)
+                producer = var._op
+                if producer is None or producer in live or producer.enclosing_block is here:
+                    continue  # a new op's users are checked above; rewrites move no op that was there
+                problem = _unseen(var, op, precedes)  # a removed op, or one of another block
                 if problem is not None:
                     return problem, BEFORE_ITS_USERS
     for var in block._outputs:
@@ -292,7 +301,7 @@ def broken_contract(
     return None
 
 
-def _unseen(var: Var, user: Operation, order: Order) -> str | None:
+def _unseen(var: Var, user: Operation, precedes: Precedes) -> str | None:
     """Why ``user`` cannot read ``var`` where it stands, or None if it can."""
     producer = var._op
     if producer is None:
@@ -303,7 +312,7 @@ def _unseen(var: Var, user: Operation, order: Order) -> str | None:
     holder = _holder(home, user)
     if holder is None:
         return f"left {user.name} reading {var.name}, defined in block {home.name}, which does not enclose it"
-    if holder is producer or order(home, [producer, holder])[0] is not producer:
+    if holder is producer or not precedes(home, producer, holder):
         where = "" if holder is user else f" (it lies inside {holder.name})"
         return f"left {user.name} reading {var.name}, which is computed after it{where}"
     return None
@@ -334,14 +343,14 @@ def read_only_constants(ops: Iterable[Operation]) -> list[np.ndarray]:
     ops and which the undo journal does not copy, then raises instead of changing them."""
     frozen: list[np.ndarray] = []
     for op in ops:
-        for var in flat_inputs(op):
-            producer = var._op
-            if producer is not None and type(producer).__name__ == "const":
-                value = var._sym_val
-                value = value.val if value is not None else None
-                if type(value) is np.ndarray and value.flags.writeable and value.flags.owndata:
-                    value.flags.writeable = False
-                    frozen.append(value)
+        for operand in op._input_vars.values():  # flat_inputs' walk, without building its list
+            for var in operand if isinstance(operand, (list, tuple)) else (operand,):
+                producer = getattr(var, "_op", None)
+                if producer is not None and type(producer).__name__ == "const" and var._sym_val is not None:
+                    value = var._sym_val.val
+                    if type(value) is np.ndarray and value.flags.writeable and value.flags.owndata:
+                        value.flags.writeable = False
+                        frozen.append(value)
     return frozen
 
 

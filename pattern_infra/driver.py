@@ -91,9 +91,9 @@ class _Run:
         """Per block (by id), the rounds the current sub-pass has swept it: the fixpoint cap."""
         self.open_block: Block | None = None
 
-    def order(self, block: Block, ops: list[Operation]) -> list[Operation]:
-        """``ops`` of ``block`` in program order (see :meth:`BlockIndex.order`)."""
-        return self.state(block).order(ops)
+    def precedes(self, block: Block, first: Operation, second: Operation) -> bool:
+        """Whether ``first`` stands before ``second`` in ``block`` (see :meth:`BlockIndex.precedes`)."""
+        return self.state(block).precedes(first, second)
 
     def close(self) -> None:
         """Leaves the function block kept open by :class:`~pattern_infra.blocks.LazyBlockContext`, if any."""
@@ -465,7 +465,7 @@ def _rewrite(run: _Run, sub: SubPass, st: BlockIndex, match: Pattern) -> bool:
             run.changes.validate()
         except Exception as exc:
             raise _inconsistent(run, sub, exc) from exc
-    breach = broken_contract(created, outside_users, block, returned, run.order, match.replacements())
+    breach = broken_contract(created, outside_users, block, returned, run.precedes, match.replacements())
     if breach is not None:
         raise run.refuse(sub, match, *breach)
     if tracing.recording:  # a trace is open (pattern_infra.trace): one flag test otherwise
