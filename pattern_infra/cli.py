@@ -4,18 +4,23 @@ Subcommands: ``optimize`` (read a ``.mlpackage``, run the passes, write a new on
 pass would fuse and where, optionally as an HTML page, nothing written to the model), ``explain`` (why a
 pattern does or does not match in a saved model) and ``passes`` (the registered passes, in run order).
 
-Exit status: 0 success, 1 failure (the message on stderr says what and how to fix it), 2 a usage error
-(unknown option, missing file). The project's passes are always registered; ``--import MODULE`` (before
-the subcommand) imports modules that register passes of your own.
+Every argument is checked before any work; ``optimize`` writes beside the output and moves the package
+into place only once it is complete, so a failure leaves the output as it was. Exit status: see
+:data:`EXIT_CODES` (the ``--help`` epilog and ``docs/CLI.md`` list them). The project's passes are always
+registered; ``--import MODULE`` (before the subcommand) imports modules that register passes of your
+own, found in the current directory as ``python -m`` finds them.
 
 Run as ``mil-patterns`` (installed with the package) or ``python -m pattern_infra``.
 """
 
 from __future__ import annotations
 
+import functools
 import importlib
 import json
+import os
 import sys
+import textwrap
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +28,24 @@ import click
 
 from .language.errors import PatternInfraError
 
-__all__ = ["main"]
+__all__ = ["EXIT_CODES", "main"]
+
+EXIT_CODES: dict[int, str] = {
+    0: "success",
+    1: "failure: the model cannot be read (not an ML program, damaged specification or weights), the output "
+       "cannot be written (exists, not a model package, inside the input, folder missing or not writable), "
+       "a pass or pattern named does not exist, or a pass failed; one line on stderr names the file or the "
+       "pass and the fix, and no file is written or lost",
+    2: "usage error: unknown command or option, missing argument, an input that does not exist, an argument "
+       "of the wrong form (an output not ending in .mlpackage, --pattern neither MODULE:NAME nor a pass id, "
+       "a module that cannot be imported)",
+}
+"""The exit status of ``mil-patterns`` and what each means."""
+
+_EPILOG = "\b\nExit status:\n" + "\n".join(
+    textwrap.fill(meaning, width=79, initial_indent=f"  {code}  ", subsequent_indent="     ")
+    for code, meaning in EXIT_CODES.items()
+)
 
 
 class _Failure(click.ClickException):
@@ -32,18 +54,43 @@ class _Failure(click.ClickException):
     exit_code = 1
 
 
-def _fail_on_project_errors(function: Any) -> Any:
-    """Turns the project's errors into a clean message and exit status 1 (no traceback)."""
-    import functools
+def _fail_cleanly(function: Any) -> Any:
+    """Turns every error but click's own into one line on stderr and exit status 1 (no traceback);
+    with ``--debug`` the error propagates with its traceback."""
 
     @functools.wraps(function)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         try:
             return function(*args, **kwargs)
+        except (click.ClickException, click.exceptions.Exit, click.Abort):
+            raise
         except PatternInfraError as exc:
-            raise _Failure(str(exc)) from exc
+            if _debug():
+                raise
+            raise _Failure(" ".join(str(exc).split())) from exc
+        except Exception as exc:
+            if _debug():
+                raise
+            message = " ".join(f"{type(exc).__name__}: {exc}".split())
+            raise _Failure(f"{message} (--debug shows the traceback)") from exc
 
     return wrapper
+
+
+def _debug() -> bool:
+    context = click.get_current_context(silent=True)
+    return bool(context is not None and (context.find_root().obj or {}).get("debug"))
+
+
+def _output_path(context: click.Context, param: click.Parameter, value: Path | None) -> Path | None:
+    """``-o``: a name ending in ``.mlpackage`` (checked before any work)."""
+    if value is not None and value.suffix != ".mlpackage":
+        raise click.BadParameter(
+            f"{value}: an ML program is saved as a folder whose name ends in .mlpackage; "
+            f"write -o {value.with_suffix('.mlpackage')}.",
+            context, param,
+        )
+    return value
 
 
 def _split_ids(values: tuple[str, ...]) -> list[str]:
@@ -71,26 +118,36 @@ def _with_pass_options(function: Any) -> Any:
     return function
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.group(context_settings={"help_option_names": ["-h", "--help"]}, epilog=_EPILOG)
 @click.option("--import", "imports", multiple=True, metavar="MODULE",
-              help="Import MODULE first (it registers passes of your own); repeatable.")
+              help="Import MODULE first (it registers passes of your own; looked up in the current "
+                   "directory first, as python -m does); repeatable.")
+@click.option("--debug", is_flag=True, help="On a failure, show the traceback instead of one line.")
 @click.version_option(package_name="mil-pattern-infra", prog_name="mil-patterns")
-def main(imports: tuple[str, ...]) -> None:
+@click.pass_context
+def main(context: click.Context, imports: tuple[str, ...], debug: bool) -> None:
     """Run the generic MIL passes on saved Core ML models (.mlpackage), without the Core ML runtime."""
+    context.obj = {"debug": debug}
     importlib.import_module("generic_passes")
+    if imports and os.getcwd() not in sys.path and "" not in sys.path:
+        sys.path.insert(0, os.getcwd())  # what python -m does; an installed console script does not
     for module in imports:
         try:
             importlib.import_module(module)
         except ImportError as exc:
-            raise click.BadParameter(f"cannot import {module!r}: {exc}", param_hint="--import") from exc
+            raise click.BadParameter(
+                f"cannot import {module!r} ({exc}); give a module importable from the current directory "
+                f"({os.getcwd()}) or from PYTHONPATH.", param_hint="--import"
+            ) from exc
 
 
-@main.command()
+@main.command(epilog=_EPILOG)
 @click.argument("source", type=click.Path(exists=True, path_type=Path))
-@click.option("-o", "--output", type=click.Path(path_type=Path), required=True, help="The .mlpackage to write.")
-@click.option("--overwrite", is_flag=True, help="Replace OUTPUT if it exists.")
+@click.option("-o", "--output", type=click.Path(path_type=Path), required=True, callback=_output_path,
+              help="The .mlpackage to write (the name must end in .mlpackage).")
+@click.option("--overwrite", is_flag=True, help="Replace OUTPUT if it is a model package.")
 @_with_pass_options
-@_fail_on_project_errors
+@_fail_cleanly
 def optimize(source: Path, output: Path, overwrite: bool, passes: tuple[str, ...], exclude: tuple[str, ...],
              progress: bool | None) -> None:
     """Run the generic passes on SOURCE and write the result to OUTPUT (weights and metadata kept)."""
@@ -101,16 +158,16 @@ def optimize(source: Path, output: Path, overwrite: bool, passes: tuple[str, ...
         progress=_progress_default() if progress is None else progress, overwrite=overwrite,
     )
     before, after = _non_const(result.before), _non_const(result.after)
-    click.echo(f"{output}: {len(result.rewrites)} rewrite(s); non-const ops {before} -> {after}")
+    click.echo(f"{result.written}: {len(result.rewrites)} rewrite(s); non-const ops {before} -> {after}")
 
 
-@main.command()
+@main.command(epilog=_EPILOG)
 @click.argument("source", type=click.Path(exists=True, path_type=Path))
 @click.option("--html", "html_dir", type=click.Path(file_okay=False, path_type=Path),
               help="Also write an HTML page with pictures of every rewrite to this directory.")
 @click.option("--json", "as_json", is_flag=True, help="Print the trace of every rewrite as JSON.")
 @_with_pass_options
-@_fail_on_project_errors
+@_fail_cleanly
 def report(source: Path, html_dir: Path | None, as_json: bool, passes: tuple[str, ...],
            exclude: tuple[str, ...], progress: bool | None) -> None:
     """List what each generic pass would fuse in SOURCE, and where; SOURCE is not changed."""
@@ -151,12 +208,12 @@ def _report_text(result: Any) -> str:
     return "\n".join(lines)
 
 
-@main.command()
+@main.command(epilog=_EPILOG)
 @click.argument("source", type=click.Path(exists=True, path_type=Path))
 @click.option("--pattern", "pattern", required=True, metavar="MODULE:NAME|PASS_ID",
               help="A pattern program, a list of them or a registered pass (module:name), or a pass id.")
 @click.option("--top", default=3, show_default=True, help="Near misses to show per pattern.")
-@_fail_on_project_errors
+@_fail_cleanly
 def explain(source: Path, pattern: str, top: int) -> None:
     """Show the matches of a pattern in SOURCE and, where none, the nearest partial matches."""
     from .explain import explain as explain_pattern
@@ -181,7 +238,8 @@ def _resolve_pattern(spec: str) -> Any:
 
         near = difflib.get_close_matches(spec, list(generic_passes()), n=3)
         hint = f"; did you mean {', '.join(near)}?" if near else ""
-        raise click.BadParameter(f"{spec!r} is not a registered generic pass{hint}", param_hint="--pattern")
+        raise _Failure(f"--pattern: {spec!r} is not a registered generic pass{hint} (`mil-patterns passes` "
+                       f"lists them; passes of your own: --import your_module)")
     module_name, sep, name = spec.partition(":")
     if not sep or not module_name or not name:
         raise click.BadParameter(f"expected MODULE:NAME or a pass id, got {spec!r}", param_hint="--pattern")
@@ -190,11 +248,11 @@ def _resolve_pattern(spec: str) -> Any:
     except ImportError as exc:
         raise click.BadParameter(f"cannot import {module_name!r}: {exc}", param_hint="--pattern") from exc
     if not hasattr(module, name):
-        raise click.BadParameter(f"module {module_name!r} has no {name!r}", param_hint="--pattern")
+        raise _Failure(f"--pattern: module {module_name!r} has no {name!r}")
     return getattr(module, name)
 
 
-@main.command(name="passes")
+@main.command(name="passes", epilog=_EPILOG)
 @click.option("--json", "as_json", is_flag=True, help="Print as JSON.")
 def list_passes(as_json: bool) -> None:
     """List the generic passes in the order `optimize` runs them, with what each replaces."""

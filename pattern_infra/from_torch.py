@@ -72,6 +72,7 @@ from coremltools.converters.mil.mil import Function, Program, Var, get_new_symbo
 from coremltools.converters.mil.mil.passes.pass_pipeline import PassPipeline, PassPipelineManager
 
 from .language.errors import PatternDefinitionError
+from .quiet import no_progress_bars
 
 __all__ = ["DEFAULT_BEFORE", "TorchCapture", "capture_torch", "pattern_from_torch", "capture_passes"]
 
@@ -207,15 +208,16 @@ def capture_torch(
     module = fn if isinstance(fn, torch.nn.Module) else _FunctionModule(fn)
     exported = torch.export.export(module.eval(), example_inputs).run_decompositions({})
     target = minimum_deployment_target or ct.target.iOS16
-    prog = ct.convert(
-        exported,
-        convert_to="milinternal",
-        pass_pipeline=PassPipeline(list(passes), "pattern_from_torch"),
-        compute_precision=ct.precision.FLOAT32,
-        minimum_deployment_target=target,
-    )
-    if backend:
-        PassPipelineManager.apply_pipeline(prog, PassPipeline(list(backend), "pattern_from_torch_backend"))
+    with no_progress_bars(torch=True):
+        prog = ct.convert(
+            exported,
+            convert_to="milinternal",
+            pass_pipeline=PassPipeline(list(passes), "pattern_from_torch"),
+            compute_precision=ct.precision.FLOAT32,
+            minimum_deployment_target=target,
+        )
+        if backend:
+            PassPipelineManager.apply_pipeline(prog, PassPipeline(list(backend), "pattern_from_torch_backend"))
     frontend = list(PassPipeline.get_pipeline("frontend_pytorch").passes)
     label = name or _function_label(fn)
     names = list(input_names) if input_names is not None else _parameter_names(fn, len(example_inputs))

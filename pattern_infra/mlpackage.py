@@ -20,8 +20,8 @@ from __future__ import annotations
 import contextlib
 import difflib
 import os
-import shutil
 import sys
+import tempfile
 from collections import Counter
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
@@ -35,11 +35,13 @@ from coremltools.converters.mil.mil.passes.pass_registry import PASS_REGISTRY
 from .language.errors import PassRegistrationError, PatternInfraError
 from .passes.container import PassContainer, override
 from .passes.registry import generic_passes
+from .quiet import no_progress_bars
 from .tracing import Trace, trace
 
 __all__ = [
     "SavedModel",
     "OptimizeResult",
+    "check_destination",
     "load_mlpackage",
     "op_histogram",
     "optimize_mlpackage",
@@ -77,6 +79,8 @@ class OptimizeResult:
     """Op types and counts before the passes (const ops included)."""
     after: Counter[str] = field(default_factory=Counter)
     """The same after the passes and the cleanup."""
+    written: Path | None = None
+    """The package :func:`optimize_mlpackage` wrote (None for :func:`run_passes` alone)."""
 
 
 def load_mlpackage(path: str | os.PathLike[str]) -> SavedModel:
@@ -89,7 +93,9 @@ def load_mlpackage(path: str | os.PathLike[str]) -> SavedModel:
         The model, with its program and specification.
 
     Raises:
-        PatternInfraError: The path is not a saved ML program (e.g. a neural network model).
+        PatternInfraError: The path is not a saved ML program (a neural network model, a folder that is
+            not a package, an empty or damaged specification, a missing, truncated or garbled weight
+            file); the one-line message names the file and what is wrong with it.
     """
     import coremltools as ct
     from coremltools.converters.mil.frontend.milproto import load as milproto
@@ -97,21 +103,117 @@ def load_mlpackage(path: str | os.PathLike[str]) -> SavedModel:
     path = Path(path)
     if not path.exists():
         raise PatternInfraError(f"{path}: no such file or directory; give the path of a saved .mlpackage.")
+    if path.is_dir() and not (path / "Manifest.json").is_file():
+        raise PatternInfraError(
+            f"{path}: a folder without Manifest.json, not a model package; give a .mlpackage saved by "
+            f"coremltools (mlmodel.save('model.mlpackage'))."
+        )
     try:
         model = ct.models.MLModel(str(path), skip_model_load=True)
     except Exception as exc:
         raise PatternInfraError(
-            f"{path}: coremltools cannot read it as a Core ML model ({type(exc).__name__}: {exc}); give "
+            f"{path}: coremltools cannot read it as a Core ML model ({_one_line(exc)}); give "
             f"a .mlpackage saved by coremltools (mlmodel.save('model.mlpackage'))."
         ) from exc
     spec = model.get_spec()
-    if spec.WhichOneof("Type") != "mlProgram":
+    kind = spec.WhichOneof("Type")
+    if kind is None:
         raise PatternInfraError(
-            f"{path}: a {spec.WhichOneof('Type')} model, not an ML program; the passes work on ML programs "
+            f"{_spec_file(path)}: an empty model specification (no model in it); save the model again."
+        )
+    if kind != "mlProgram":
+        raise PatternInfraError(
+            f"{path}: a {kind} model, not an ML program; the passes work on ML programs "
             f"(convert with coremltools.convert(..., convert_to='mlprogram'))."
         )
-    program = milproto.load(spec, spec.specificationVersion, model.weights_dir)
+    try:
+        program = milproto.load(spec, spec.specificationVersion, model.weights_dir)
+    except Exception as exc:
+        raise PatternInfraError(f"{_weights_problem(path, model.weights_dir)} ({_one_line(exc)}); save the "
+                                f"model again.") from exc
     return SavedModel(path, program, spec, model.compute_unit)
+
+
+def _one_line(exc: BaseException) -> str:
+    """``Type: message`` of an exception, its whitespace runs (newlines included) made single spaces."""
+    return " ".join(f"{type(exc).__name__}: {exc}".split())
+
+
+def _spec_file(path: Path) -> Path:
+    """The specification file of a package (the path itself for an ``.mlmodel`` file)."""
+    if not path.is_dir():
+        return path
+    found = sorted(path.rglob("*.mlmodel"))
+    return found[0] if found else path
+
+
+def _weights_problem(path: Path, weights_dir: str | None) -> str:
+    """What is wrong with a package whose weights coremltools cannot read, naming the weight file."""
+    if not weights_dir:
+        return f"{path}: its weights cannot be read"
+    files = sorted(Path(weights_dir).glob("*.bin"))
+    if not files:
+        return f"{Path(weights_dir) / 'weight.bin'}: the weight file is missing"
+    return f"{', '.join(map(str, files))}: the weight file is truncated or damaged"
+
+
+def check_destination(
+    destination: str | os.PathLike[str], *, source: str | os.PathLike[str] | None = None, overwrite: bool = False
+) -> Path:
+    """Checks, before any work, that ``destination`` can receive a saved model.
+
+    Args:
+        destination: The package to write; its name must end in ``.mlpackage``.
+        source: The package it is made from, if any: never written over, nor into.
+        overwrite: Whether an existing ``destination`` may be replaced; only a model package (a folder
+            holding ``Manifest.json``) is.
+
+    Returns:
+        ``destination`` as a path.
+
+    Raises:
+        PatternInfraError: The name lacks the suffix, it is (or is inside) the source, it exists and may
+            not be replaced, its folder is missing or not writable.
+    """
+    destination = Path(destination)
+    if destination.suffix != ".mlpackage":
+        raise PatternInfraError(
+            f"{destination}: an ML program is saved as a folder whose name ends in .mlpackage; name the "
+            f"output {destination.with_suffix('.mlpackage')}."
+        )
+    target = destination.resolve()
+    if source is not None:
+        origin = Path(source).resolve()
+        if target == origin:
+            raise PatternInfraError(
+                f"{destination}: refusing to write over the model being read; choose another path."
+            )
+        if origin in target.parents:
+            raise PatternInfraError(
+                f"{destination}: inside the model being read ({source}); choose a path outside it."
+            )
+    if destination.exists() or destination.is_symlink():
+        if not overwrite:
+            raise PatternInfraError(f"{destination} exists; remove it or ask to overwrite it (--overwrite).")
+        if not _is_package(destination):
+            raise PatternInfraError(
+                f"{destination} exists and is not a model package (no Manifest.json in it); --overwrite "
+                f"only replaces a model package: remove it yourself or choose another path."
+            )
+    folder = target.parent
+    if not folder.is_dir():
+        raise PatternInfraError(f"{destination}: the folder {folder} does not exist; create it first.")
+    try:
+        tempfile.TemporaryDirectory(dir=folder, prefix=".mil-patterns-check-").cleanup()
+    except OSError as exc:
+        raise PatternInfraError(
+            f"{destination}: cannot write in the folder {folder} ({_one_line(exc)}); choose a writable folder."
+        ) from exc
+    return destination
+
+
+def _is_package(path: Path) -> bool:
+    return path.is_dir() and not path.is_symlink() and (path / "Manifest.json").is_file()
 
 
 def save_mlpackage(
@@ -119,41 +221,55 @@ def save_mlpackage(
 ) -> Path:
     """Writes ``model.program`` as an ``.mlpackage``, with the model's description and metadata.
 
-    Only coremltools' backend passes run (the same as when the model was first saved).
+    Only coremltools' backend passes run (the same as when the model was first saved). The package is
+    written to a temporary folder beside ``destination`` and moved into place only once complete: if
+    anything fails, ``destination`` is as it was (the old package, or nothing) and no partial output
+    is left.
 
     Args:
         model: The loaded model (its program possibly rewritten).
-        destination: The package to write.
-        overwrite: Replace ``destination`` if it exists.
+        destination: The package to write (its name ends in ``.mlpackage``).
+        overwrite: Replace ``destination`` if it is a model package.
 
     Returns:
         The path written.
 
     Raises:
-        PatternInfraError: ``destination`` exists and ``overwrite`` is false, or is the source itself.
+        PatternInfraError: See :func:`check_destination`.
     """
     from coremltools.converters.mil.converter import mil_convert
 
-    destination = Path(destination)
-    if destination.resolve() == model.path.resolve():
-        raise PatternInfraError(f"{destination}: refusing to write over the model being read; choose another path.")
-    if destination.exists() and not overwrite:
-        raise PatternInfraError(f"{destination} exists; remove it or ask to overwrite it (--overwrite).")
-    with override():
-        mlmodel = mil_convert(
-            model.program,
-            convert_from="milinternal",
-            convert_to="mlprogram",
-            compute_units=model.compute_unit,
-            pass_pipeline=PassPipeline.EMPTY,
-            specification_version=model.spec.specificationVersion,
-            model_description=model.spec.description,
-            skip_model_load=True,
-        )
-    if destination.exists():
-        shutil.rmtree(destination) if destination.is_dir() else destination.unlink()
-    mlmodel.save(str(destination))
+    destination = check_destination(destination, source=model.path, overwrite=overwrite)
+    with tempfile.TemporaryDirectory(dir=destination.resolve().parent, prefix=f".{destination.name}.") as scratch:
+        fresh = Path(scratch) / destination.name
+        with override(), no_progress_bars():
+            mlmodel = mil_convert(
+                model.program,
+                convert_from="milinternal",
+                convert_to="mlprogram",
+                compute_units=model.compute_unit,
+                pass_pipeline=PassPipeline.EMPTY,
+                specification_version=model.spec.specificationVersion,
+                model_description=model.spec.description,
+                skip_model_load=True,
+            )
+        mlmodel.save(str(fresh))
+        _move_into_place(fresh, destination, Path(scratch) / "replaced")
     return destination
+
+
+def _move_into_place(fresh: Path, destination: Path, aside: Path) -> None:
+    """Renames ``fresh`` to ``destination`` (same folder: no copy); an existing package there is moved
+    ``aside`` first and put back if the rename fails."""
+    if destination.exists():
+        os.rename(destination, aside)
+        try:
+            os.rename(fresh, destination)
+        except BaseException:
+            os.rename(aside, destination)
+            raise
+    else:
+        os.rename(fresh, destination)
 
 
 def optimize_mlpackage(
@@ -173,15 +289,28 @@ def optimize_mlpackage(
         passes: Only these generic pass ids (default: every registered generic pass).
         exclude: Generic pass ids not to run.
         progress: Show a progress bar (tqdm, on stderr).
-        overwrite: Replace ``destination`` if it exists.
+        overwrite: Replace ``destination`` if it is a model package.
 
     Returns:
-        The passes run, every rewrite, and the op counts before and after.
+        The passes run, every rewrite, the op counts before and after, and the path written.
+
+    Raises:
+        PatternInfraError: ``destination`` cannot be written (:func:`check_destination`, checked before
+            the model is read), ``source`` cannot be read (:func:`load_mlpackage`), or a pass failed;
+            ``destination`` is then as it was.
     """
+    check_destination(destination, source=source, overwrite=overwrite)
+    pass_plan(passes, exclude)  # an unknown pass id is refused before the model is read
     model = load_mlpackage(source)
+    functions = sorted(model.program.functions)
+    if len(functions) > 1:
+        raise PatternInfraError(
+            f"{source}: a model with {len(functions)} functions ({', '.join(functions)}); optimize saves "
+            f"single-function models only (report and explain read any)."
+        )
     result = run_passes(model.program, passes=passes, exclude=exclude, progress=progress)
     with coremltools_own(result.excluded):
-        save_mlpackage(model, destination, overwrite=overwrite)
+        result.written = save_mlpackage(model, destination, overwrite=overwrite)
     return result
 
 

@@ -157,18 +157,60 @@ def test_passes_lists_ids_in_run_order():
         (["optimize", "{model}", "-o", "{tmp}/o.mlpackage", "--passes", "common::fuse_gelu_exactt"], 1,
          "Did you mean common::fuse_gelu_exact"),
         (["optimize", "{model}", "-o", "{model}"], 1, "refusing to write over the model being read"),
-        (["optimize", "{model}", "-o", "{tmp}"], 1, "exists; remove it or ask to overwrite it"),
+        (["optimize", "{model}", "-o", "{tmp}"], 2, "whose name ends in .mlpackage"),
+        (["optimize", "{model}", "-o", "{tmp}/old.mlpackage"], 1, "exists; remove it or ask to overwrite it"),
         (["optimize", "{model}"], 2, "Missing option '-o'"),
         (["report", "{tmp}/not_a_model.txt"], 1, "cannot read it as a Core ML model"),
         (["explain", "{model}", "--pattern", "nocolon"], 2, "expected MODULE:NAME or a pass id"),
-        (["explain", "{model}", "--pattern", "common::fuse_gelu_exakt"], 2, "did you mean common::fuse_gelu_exact"),
+        (["explain", "{model}", "--pattern", "common::fuse_gelu_exakt"], 1, "did you mean common::fuse_gelu_exact"),
+        (["explain", "{model}", "--pattern", "os:no_such_name"], 1, "module 'os' has no 'no_such_name'"),
+        (["--import", "no_such_module_anywhere", "passes"], 2, "importable from the current directory"),
         (["frobnicate"], 2, "No such command"),
     ],
 )
 def test_exit_codes_and_messages(saved, tmp_path, args, code, message):
     (tmp_path / "not_a_model.txt").write_text("hello")
+    (tmp_path / "old.mlpackage").mkdir()
+    (tmp_path / "old.mlpackage" / "Manifest.json").write_text("{}")
     args = [a.format(model=saved["path"], tmp=tmp_path) for a in args]
     result = CliRunner().invoke(main, args)
     assert result.exit_code == code, result.output
     assert message in result.output
     assert "Traceback" not in result.output
+    assert type(result.exception) is SystemExit  # exited through click, not an uncaught exception
+
+
+def test_import_finds_a_module_in_the_current_directory(tmp_path, monkeypatch):
+    """As ``python -m pattern_infra --import my_passes`` does; the installed script did not."""
+    (tmp_path / "my_cwd_passes.py").write_text(
+        "from coremltools.converters.mil import Builder as mb\n"
+        "from pattern_infra import register_generic_pass\n"
+        "@mb.program(input_specs=[mb.TensorSpec(shape=(4,))])\n"
+        "def relu_relu(x):\n"
+        "    return mb.relu(x=mb.relu(x=x, name='a'), name='b')\n"
+        "register_generic_pass(relu_relu, None, lambda p: False, 'from_cwd', 'mine')\n"
+    )
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "path", [p for p in sys.path if p not in ("", str(tmp_path))])
+    try:
+        result = _invoke("--import", "my_cwd_passes", "passes")
+        assert result.exit_code == 0, result.output
+        assert "mine::from_cwd" in result.output
+    finally:
+        sys.modules.pop("my_cwd_passes", None)
+        from coremltools.converters.mil.mil.passes.pass_registry import PASS_REGISTRY
+
+        PASS_REGISTRY.passes.pop("mine::from_cwd", None)
+
+
+def test_help_lists_the_exit_statuses():
+    from pattern_infra.cli import EXIT_CODES
+
+    for args in (["--help"], ["optimize", "--help"], ["report", "--help"], ["explain", "--help"]):
+        text = _invoke(*args).output
+        assert "Exit status:" in text
+        for code in EXIT_CODES:
+            assert f"  {code}  " in text
+    docs = (ROOT / "docs" / "CLI.md").read_text()
+    for code in EXIT_CODES:
+        assert f"| {code} |" in docs

@@ -62,6 +62,12 @@ def test_ops_are_named_by_type_and_index_and_inputs_after_the_parameters():
     assert [c.name for c in const] == ["mul_0_y"] and np.isclose(const[0].val.val, 1.702)
 
 
+def test_capturing_a_pattern_prints_no_progress_bars(capfd):
+    pattern_from_torch(quick_gelu, (torch.randn(2, 8),))
+    err = capfd.readouterr().err
+    assert "Running MIL" not in err and "Converting PyTorch Frontend" not in err, err
+
+
 def test_capture_is_deterministic():
     first = pattern_from_torch(rms_norm, (torch.randn(2, 3, 8), torch.randn(8)))
     second = pattern_from_torch(rms_norm, (torch.randn(4, 5, 6), torch.randn(6)))

@@ -167,6 +167,13 @@ def test_verify_pass_catches_a_wrong_fusion() -> None:
     assert abs(worst.actual - worst.expected) == pytest.approx(worst.max_abs_diff)
 
 
+def test_verification_report_repr_is_one_short_line() -> None:
+    report = verify_pass("common::fuse_gelu_tanh_approximation", _program(_gelu_tanh_chain, SHAPE), trials=1)
+    text = repr(report)
+    assert "\n" not in text and len(text) < 400, text  # the rewritten program is not printed
+    assert "passed=True" in text and "main[" not in str(text)
+
+
 def test_verify_pass_rejects_unknown_pass_ids() -> None:
     with pytest.raises(PassRegistrationError, match="common::no_such_pass"):
         verify_pass("common::no_such_pass", _gelu("EXACT"))

@@ -41,7 +41,10 @@ class ConstRule:
                 f"ConstRule mode {self.mode!r} is not one of 'any', 'const', 'value'.")
 
     def accepts(self, var: Var, expected: np.ndarray | None) -> str | None:
-        """Returns None when ``var`` satisfies the rule, else the reason it does not."""
+        """Returns None when ``var`` satisfies the rule, else the reason it does not.
+
+        ``"value"`` compares in the program constant's dtype: the pattern's value is first rounded to it
+        (a float16 program holds the float16 rounding of the pattern's value)."""
         if self.mode == "any":
             return None
         if var.val is None:
@@ -54,14 +57,26 @@ class ConstRule:
         if expected.size == 1:
             if got.size != 1:
                 return f"constant {var.name} has {got.size} elements where the pattern has a scalar"
-            g, e = float(got.reshape(())), float(expected.reshape(()))
-            close = abs(g - e) <= self.atol + self.rtol * abs(e)
-            return None if close else f"constant {var.name} = {g!r} differs from the pattern's {e!r}"
+            g, written = float(got.reshape(())), float(expected.reshape(()))
+            e = float(_in_dtype(expected, got.dtype).reshape(()))
+            if abs(g - e) <= self.atol + self.rtol * abs(e):
+                return None
+            rounded = f" (in {got.dtype}: {e!r})" if e != written else ""
+            return f"constant {var.name} = {g!r} differs from the pattern's {written!r}{rounded}"
         if got.shape != expected.shape:
             return f"constant {var.name} has shape {got.shape}, the pattern's has {expected.shape}"
-        if np.allclose(got, expected, rtol=self.rtol, atol=self.atol):
+        if np.allclose(got, _in_dtype(expected, got.dtype), rtol=self.rtol, atol=self.atol):
             return None
         return f"constant {var.name} = array{got.shape} differs from the pattern's array{expected.shape}"
+
+
+def _in_dtype(expected: np.ndarray, dtype: np.dtype[Any]) -> np.ndarray:
+    """``expected`` rounded to ``dtype`` when both are floating-point (a float16 program holds the float16
+    rounding of the pattern's value), else as it is."""
+    if expected.dtype.kind == "f" and dtype.kind == "f" and expected.dtype != dtype:
+        with np.errstate(over="ignore"):
+            return expected.astype(dtype)
+    return expected
 
 
 @dataclass(frozen=True)

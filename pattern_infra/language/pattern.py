@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
-from coremltools.converters.mil.mil import Block, Operation, Var
+from coremltools.converters.mil.mil import Block, Operation, Var, types
 
 from .graph import CompiledPattern
 
@@ -187,7 +187,22 @@ class Pattern:
                     f"replace: replace_output(new_var, old_var=...).")
             old_var = outputs[0]
         block = old_var.op.enclosing_block if old_var.op is not None else self.block
-        block.replace_uses_of_var_after_op(anchor_op=old_var.op, old_var=old_var, new_var=new_var)
+        try:
+            block.replace_uses_of_var_after_op(anchor_op=old_var.op, old_var=old_var, new_var=new_var)
+        except ValueError as exc:
+            if (new_var.dtype, new_var.shape) == (old_var.dtype, old_var.shape):
+                raise
+            raise ValueError(
+                f"replace_output: {new_var.name} is {_type_label(new_var)}, but {old_var.name}, which it "
+                f"replaces, is {_type_label(old_var)}; build a replacement of the same shape and dtype "
+                f"(mb.cast, mb.reshape), or return False from the transform to leave the match."
+            ) from exc
+        self.__dict__.setdefault("_replacements", []).append(new_var)
+
+    def replacements(self) -> list[Var]:
+        """The variables given to :meth:`replace_output` so far (a replacement of an output nothing
+        reads has no user, and is still part of the rewrite)."""
+        return self.__dict__.get("_replacements", [])
 
     def replace_outputs(self, new_vars: list[Var]) -> None:
         """``replace_output`` for every output of every final op, in ``output_vars()`` order."""
@@ -227,3 +242,8 @@ class Pattern:
         for op in self._ops.values():
             yield from op if isinstance(op, list) else [op]
 
+
+
+def _type_label(var: Var) -> str:
+    """``(1, 4) fp16``: a variable's shape and dtype, for messages."""
+    return f"{tuple(var.shape)} {types.builtin_to_string(var.dtype)}"

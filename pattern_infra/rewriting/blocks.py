@@ -159,6 +159,14 @@ class BlockIndex:
             position = self._position = {id(op): float(i) for i, op in enumerate(block.operations)}
         return sorted(ops, key=lambda op: position.get(id(op), _LAST))
 
+    def precedes(self, first: Operation, second: Operation) -> bool:
+        """Whether ``first`` stands before ``second`` in the block (both in it); indexes the block as
+        :meth:`order` does, then compares two positions."""
+        position = self._position
+        if position is None or id(first) not in position or id(second) not in position:
+            position = self._position = {id(op): float(i) for i, op in enumerate(self.block.operations)}
+        return position[id(first)] < position[id(second)]
+
     def _place(self, node: Any) -> None:
         """Gives the op of a just-inserted list node a position between its neighbours'."""
         position = self._position

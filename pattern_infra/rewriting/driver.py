@@ -27,6 +27,7 @@ from coremltools.converters.mil.mil import Block, Operation, Program
 
 from .blocks import BlockIndex, LazyBlockContext, is_live, walk_blocks
 from .changes import Changes, revisit_candidates
+from .contract import broken_contract, read_only_constants, returned_names
 from ..language.errors import FixpointError, PassExecutionError, PatternInfraError
 from .gc_pause import paused_gc
 from .journal import Journal
@@ -55,6 +56,10 @@ class _Run:
         self.changes = Changes()  # what the current sub-pass's rewrites did
         self.rounds: dict[int, int] = {}  # per block id, the current sub-pass's sweeps: the fixpoint cap
         self.open_block: Block | None = None
+
+    def precedes(self, block: Block, first: Operation, second: Operation) -> bool:
+        """Whether ``first`` stands before ``second`` in ``block`` (see :meth:`BlockIndex.precedes`)."""
+        return self.state(block).precedes(first, second)
 
     def close(self) -> None:
         """Leaves the function block kept open by :class:`LazyBlockContext`, if any."""
@@ -324,8 +329,10 @@ def _rewrite(run: _Run, sub: SubPass, st: BlockIndex, match: Pattern) -> bool:
     """Runs the transform and removes the matched ops it left dead; False if it declined.
 
     A transform declines by returning False before changing anything. Any other result must come with a
-    rewrite: inserting and removing nothing, or only building unused ops while every matched op stays,
-    is an error naming the missing ``replace_output`` (it would be retried until the fixpoint cap).
+    rewrite: inserting and removing nothing is an error naming the missing ``replace_output``. Then the
+    rewrite's contract is checked on the ops it touched (:func:`~.changes.broken_contract`: every new op
+    used, each before its users, the block's outputs kept); a breach restores the program and names the
+    fix. The constants the match reads are read-only while the transform runs.
     """
     if run.journal is None:
         run.journal = Journal(run.blocks, run.ops_at_start)  # nothing was rewritten before
@@ -336,10 +343,17 @@ def _rewrite(run: _Run, sub: SubPass, st: BlockIndex, match: Pattern) -> bool:
     run.journal.keep_match(matched)
     n_inserted, n_removed = len(st.inserted), len(st.removed)
     before = -1 if st.observed else len(block.operations)  # an unobservable op list: count the ops
+    returned = returned_names(block)
+    frozen = read_only_constants(matched)  # the journal copies no tensor: writing into one must raise
     try:
         result = sub.transform_pattern(match)
     except Exception as exc:
+        if frozen and isinstance(exc, ValueError) and "read-only" in str(exc):
+            raise run.refuse(sub, match, f"wrote into a constant in place ({exc})", _NEW_CONSTANT) from exc
         raise run.fail(sub, "transform_pattern", match, exc) from exc
+    finally:
+        for value in frozen:
+            value.flags.writeable = True
     if result is False:
         if _changed_structure(st, n_inserted, n_removed, before):
             raise run.fail(
@@ -355,10 +369,6 @@ def _rewrite(run: _Run, sub: SubPass, st: BlockIndex, match: Pattern) -> bool:
         raise run.refuse(sub, match, f"returned {result!r} without changing the program (no op inserted "
                          f"or removed)", _REPLACE_OUTPUT + " To leave a match as it is, return False.")
     created = st.inserted[n_inserted:]
-    if not dead and n_removed_by_transform == n_removed and created and not _used(created):
-        names = ", ".join(op.name for op in created)
-        raise run.refuse(sub, match, f"built [{names}] but nothing uses them and every matched op is still "
-                         f"in place", _REPLACE_OUTPUT)
     run.changes.record(
         sub.seed_types,
         created=created,
@@ -371,6 +381,9 @@ def _rewrite(run: _Run, sub: SubPass, st: BlockIndex, match: Pattern) -> bool:
             run.changes.validate()
         except Exception as exc:
             raise _inconsistent(run, sub, exc) from exc
+    breach = broken_contract(created, outside_users, block, returned, run.precedes, match.replacements())
+    if breach is not None:
+        raise run.refuse(sub, match, *breach)
     if rewrite_listeners:  # a trace is open (pattern_infra.trace)
         for listener in rewrite_listeners:
             listener(run.prog, run.pass_name, sub.name, block, match.op_list(), created, st.removed[n_removed:])
@@ -384,10 +397,10 @@ removed ops): :func:`pattern_infra.trace` registers one while a trace is open.""
 _REPLACE_OUTPUT = ("Call pattern.replace_output(new_var) (or replace_outputs) to redirect the match's users to "
                    "the replacement; the framework then removes the matched ops.")
 
-
-def _used(ops: list[Operation]) -> bool:
-    """Whether an output of one of ``ops`` is read by an op or returned by a block."""
-    return any(var._child_ops or var.consuming_blocks for op in ops for var in op._output_vars)
+_NEW_CONSTANT = (
+    "Build a new constant for the new value (mb.const(val=..., before_op=...)): a program constant may "
+    "be read by other ops, and the undo journal does not copy tensors."
+)
 
 
 def _changed_structure(st: BlockIndex, n_inserted: int, n_removed: int, before: int) -> bool:

@@ -367,8 +367,8 @@ class VerificationReport:
     """Op types of the original program (nested blocks included)."""
     op_counts_after: Counter[str]
     """Op types of the rewritten copy."""
-    transformed: Any
-    """The rewritten copy of the program."""
+    transformed: Any = field(repr=False)
+    """The rewritten copy of the program (left out of the repr, which stays one short line)."""
     equivalence: EquivalenceReport = field(repr=False)
     """The full numerical comparison."""
 

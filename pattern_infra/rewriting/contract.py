@@ -1,0 +1,166 @@
+"""The contract of one rewrite (README, "What a match guarantees"), checked right after it on the ops it
+touched (:func:`broken_contract`): every op it created is used, each stands before its users, the
+block's outputs are kept. A breach is a mistake of the transform; the driver restores the program and
+raises it with the fix. The constants a match reads are read-only while its transform runs
+(:func:`read_only_constants`)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Sequence
+
+import numpy as np
+from coremltools.converters.mil.mil import Block, Function, Operation, Var
+
+from .blocks import flat_inputs
+
+__all__ = ["BEFORE_ITS_USERS", "KEEP_THE_OUTPUTS", "USE_THE_NEW_OPS", "broken_contract", "read_only_constants",
+           "returned_names"]
+
+USE_THE_NEW_OPS = (
+    "Call pattern.replace_output(new_var) (or replace_outputs) to redirect the match's users to the "
+    "replacement, and build only the ops the replacement needs; the framework then removes the matched ops."
+)
+"""The fix of a rewrite that leaves a new op unused (a forgotten ``replace_output``)."""
+
+BEFORE_ITS_USERS = (
+    "Insert each new op before its first user: mb.<op>(..., before_op=pattern.<final op>) (an op built "
+    "without before_op goes to the end of the block, after the ops that read it), inside the match's block."
+)
+"""The fix of a rewrite that leaves an op reading a variable it cannot see."""
+
+KEEP_THE_OUTPUTS = (
+    "Leave a block's outputs to pattern.replace_output(new_var): it keeps a returned variable's name "
+    "(the model's output names); never set the outputs in a transform."
+)
+"""The fix of a rewrite that renamed, dropped or added an output of its block."""
+
+Precedes = Callable[[Block, Operation, Operation], bool]
+"""Whether an op stands before another in a block (:meth:`~pattern_infra.rewriting.blocks.BlockIndex.precedes`)."""
+
+
+def returned_names(block: Block) -> tuple[str, ...] | int:
+    """What a rewrite must keep of ``block``'s outputs: their names for a function (the model's outputs),
+    their number for a nested block (its op's outputs)."""
+    outputs = block._outputs
+    if isinstance(block, Function):
+        return tuple(var.name for var in outputs)
+    return len(outputs)
+
+
+def broken_contract(
+    created: list[Operation], rewired: list[Operation], block: Block, returned: tuple[str, ...] | int,
+    precedes: Precedes, replacements: Sequence[Var] = (),
+) -> tuple[str, str] | None:
+    """What one rewrite broke of its contract, as (the mistake, its fix); None when it kept it.
+
+    The contract: every op the rewrite created is used (read by an op, returned by a block, or given to
+    ``replace_output`` for an output nothing read); each
+    created op reads only variables defined before it, in its block or an enclosing one, and stands
+    before each of its users (before the op holding the user's block, for a user in a nested block);
+    so do the ops outside the match whose inputs moved (``rewired``), and the block's returned
+    variables are its own or an enclosing block's; the block returns what it returned (``returned``,
+    from :func:`returned_names` before the rewrite). Only these ops are looked at: linear in the size
+    of the rewrite (plus the block's outputs).
+
+    Args:
+        created: The ops the rewrite inserted into ``block`` (those removed again are skipped).
+        rewired: The ops outside the match that read its outputs before the rewrite.
+        block: The match's block.
+        returned: :func:`returned_names` of ``block`` before the rewrite.
+        precedes: Whether an op stands before another in a block.
+        replacements: The variables the transform gave to ``replace_output``.
+    """
+    now = returned_names(block)
+    if now != returned:
+        if isinstance(now, int):
+            return f"changed the number of outputs of block {block.name} from {returned} to {now}", KEEP_THE_OUTPUTS
+        return (f"changed the outputs of function {block.name} from [{', '.join(returned)}] to "
+                f"[{', '.join(now)}]", KEEP_THE_OUTPUTS)
+    live = [op for op in created if op.enclosing_block is not None]
+    unused = [
+        op for op in live
+        if not any(var._child_ops or var.consuming_blocks or var in replacements for var in op._output_vars)
+    ]
+    if unused:
+        return f"built [{', '.join(op.name for op in unused)}] but nothing uses them", USE_THE_NEW_OPS
+    for op in live:
+        for var in op._output_vars:
+            for user in var._child_ops:
+                problem = _unseen(var, user, precedes)
+                if problem is not None:
+                    return problem, BEFORE_ITS_USERS
+    for op in live:
+        for var in flat_inputs(op):
+            problem = _unseen(var, op, precedes)
+            if problem is not None:
+                return problem, BEFORE_ITS_USERS
+    for op in rewired:
+        here = op.enclosing_block
+        if here is not None:
+            for var in flat_inputs(op):
+                producer = var._op
+                if producer is None or producer in live or producer.enclosing_block is here:
+                    continue  # a new op's users are checked above; rewrites move no op that was there
+                problem = _unseen(var, op, precedes)  # a removed op, or one of another block
+                if problem is not None:
+                    return problem, BEFORE_ITS_USERS
+    for var in block._outputs:
+        producer = var._op
+        if producer is not None and not _encloses(producer.enclosing_block, block):
+            return f"made block {block.name} return {var.name}, defined outside it", BEFORE_ITS_USERS
+    return None
+
+
+def _unseen(var: Var, user: Operation, precedes: Precedes) -> str | None:
+    """Why ``user`` cannot read ``var`` where it stands, or None if it can."""
+    producer = var._op
+    if producer is None:
+        return None  # an input of a function or of a block
+    home = producer.enclosing_block
+    if home is None:
+        return f"left {user.name} reading {var.name}, whose op {producer.name} was removed"
+    holder = _holder(home, user)
+    if holder is None:
+        return f"left {user.name} reading {var.name}, defined in block {home.name}, which does not enclose it"
+    if holder is producer or not precedes(home, producer, holder):
+        where = "" if holder is user else f" (it lies inside {holder.name})"
+        return f"left {user.name} reading {var.name}, which is computed after it{where}"
+    return None
+
+
+def _holder(home: Block, user: Operation) -> Operation | None:
+    """The op of ``home`` that is ``user`` or holds the block ``user`` lies in; None when ``home`` does
+    not enclose ``user``."""
+    op, block = user, user.enclosing_block
+    while block is not home:
+        op = block.outer_op if block is not None else None
+        if op is None:
+            return None
+        block = op.enclosing_block
+    return op
+
+
+def _encloses(home: Block | None, block: Block) -> bool:
+    """Whether ``home`` is ``block`` or a block around it."""
+    outer = block.outer_op
+    return block is home or (home is not None and outer is not None and _holder(home, outer) is not None)
+
+
+def read_only_constants(ops: Iterable[Operation]) -> list[np.ndarray]:
+    """Makes the tensor values of the constants ``ops`` read read-only, and returns those that were
+    writable (to make them writable again). Only arrays that own their memory: numpy may refuse to make
+    a view writable again. A transform writing into one, which may be shared by other
+    ops and which the undo journal does not copy, then raises instead of changing them."""
+    frozen: list[np.ndarray] = []
+    for op in ops:
+        for operand in op._input_vars.values():  # flat_inputs' walk, without building its list
+            for var in operand if isinstance(operand, (list, tuple)) else (operand,):
+                producer = getattr(var, "_op", None)
+                if producer is not None and type(producer).__name__ == "const" and var._sym_val is not None:
+                    value = var._sym_val.val
+                    if type(value) is np.ndarray and value.flags.writeable and value.flags.owndata:
+                        value.flags.writeable = False
+                        frozen.append(value)
+    return frozen
+
+
