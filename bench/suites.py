@@ -103,7 +103,7 @@ def _max_repeats(n: int) -> int:
 
 
 def _paired_repeats(n: int) -> int:
-    """Rounds of (c) then (d): they are the ratio the 1.5x target is about, and this machine's speed
+    """Rounds of (c) then (d): they are the ratio the 1.75x target is about, and this machine's speed
     drifts by +-10% over seconds, so they alternate run by run and get more rounds than (a) and (b)."""
     return 7 if n <= 400 else 5 if n <= 1000 else 4
 
