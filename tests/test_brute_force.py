@@ -24,7 +24,6 @@ nested ``cond`` reading outer variables):
 
 from __future__ import annotations
 
-import copy
 import itertools
 import os
 from collections.abc import Callable
@@ -38,7 +37,7 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from pattern_infra import compile_pattern, find_matches, register_generic_pass
-from pattern_infra.language.compiler import COMMUTATIVE_OPS, CompiledPattern, Edge, edge_positions
+from pattern_infra.language.compiler import COMMUTATIVE_OPS, CompiledPattern, edge_positions
 from pattern_infra.rewriting.blocks import iter_blocks
 
 EXAMPLES = int(os.environ.get("FUZZ_EXAMPLES", "200"))
@@ -222,28 +221,33 @@ def _allowed(compiled: CompiledPattern, chosen: tuple[Operation, ...], block: Bl
     nodes = compiled.nodes
     matched = set(chosen)
     for assignment in itertools.product(*(_operand_orders(compiled, i, op) for i, op in enumerate(chosen))):
-        roots: dict[int, Any] = {}
-        ok = True
-        for node, operands in zip(nodes, assignment):
-            for slot, edge in node.inputs.items():
-                for pos, e in edge_positions(edge):
-                    var = operands[slot]
-                    if e.kind == "op":
-                        ok = var is chosen[e.index].outputs[e.output]
-                    elif e.kind == "root":
-                        ok = roots.setdefault(e.index, var) is var and (var.op is None or var.op not in matched)
-                    else:
-                        _, expected, rule = compiled.consts[e.index]
-                        ok = (var.op is None or var.op not in matched) and rule.accepts(var, expected) is None
-                    if not ok:
-                        break
-                if not ok:
-                    break
-            if not ok:
-                break
+        ok = edges_hold(compiled, nodes, assignment, lambda index: chosen[index], matched)
         if ok and _outputs_stay_inside(compiled, chosen, matched):
             return True
     return False
+
+
+def edges_hold(compiled: CompiledPattern, nodes: list[Any], assignment: tuple[dict[str, Any], ...],
+               op_of: Callable[[int], Operation], matched: set[Operation]) -> bool:
+    """Whether every data edge of ``nodes`` holds with their operands ``assignment`` (a pattern edge
+    between two ops is the very same variable, a pattern input binds one variable, and no input or
+    constant is computed inside the match, a constant satisfying its rule); ``op_of`` gives the program
+    op bound to a pattern op."""
+    roots: dict[int, Any] = {}
+    for node, operands in zip(nodes, assignment):
+        for slot, edge in node.inputs.items():
+            for pos, e in edge_positions(edge):
+                var = operands[slot] if pos < 0 else operands[slot][pos]
+                if e.kind == "op":
+                    ok = var is op_of(e.index).outputs[e.output]
+                elif e.kind == "root":
+                    ok = roots.setdefault(e.index, var) is var and (var.op is None or var.op not in matched)
+                else:
+                    _, expected, rule = compiled.consts[e.index]
+                    ok = (var.op is None or var.op not in matched) and rule.accepts(var, expected) is None
+                if not ok:
+                    return False
+    return True
 
 
 def _outputs_stay_inside(compiled: CompiledPattern, chosen: tuple[Operation, ...], matched: set[Operation]) -> bool:

@@ -19,7 +19,7 @@ import numpy as np
 from coremltools.converters.mil import Builder as mb
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from test_brute_force import EXAMPLES, S, _emit, _fresh_namespace, _operand_orders, op_specs
+from test_brute_force import EXAMPLES, S, _emit, _fresh_namespace, _operand_orders, edges_hold, op_specs
 
 from pattern_infra import compile_pattern, find_matches, one_of, optional, register_generic_pass
 from pattern_infra.language.graph import edge_positions
@@ -181,25 +181,7 @@ def _holds(compiled: Any, bound: dict[str, Any], members: dict[str, list[Any]], 
     nodes = [n for n in compiled.nodes if not n.fanout]
     orders = [_operand_orders(compiled, n.index, bound[n.name]) for n in nodes]
     for assignment in itertools.product(*orders):
-        roots: dict[int, Any] = {}
-        ok = True
-        for node, operands in zip(nodes, assignment):
-            for slot, edge in node.inputs.items():
-                for pos, e in edge_positions(edge):
-                    var = operands[slot] if pos < 0 else operands[slot][pos]
-                    if e.kind == "op":
-                        ok = var is bound[compiled.nodes[e.index].name].outputs[e.output]
-                    elif e.kind == "root":
-                        ok = roots.setdefault(e.index, var) is var and (var.op is None or var.op not in matched)
-                    else:
-                        _, want, rule = compiled.consts[e.index]
-                        ok = (var.op is None or var.op not in matched) and rule.accepts(var, want) is None
-                    if not ok:
-                        break
-                if not ok:
-                    break
-            if not ok:
-                break
+        ok = edges_hold(compiled, nodes, assignment, lambda index: bound[compiled.nodes[index].name], matched)
         if ok and _inside(compiled, bound, members, matched):
             return True
     return False
