@@ -216,13 +216,14 @@ def build(name: str, spelling: int, noise: list[Any], extra: int, fans: int) -> 
         available = [a0, a1, a2]
         _emit(noise[: len(noise) // 2], available, shared, "n")
         made: list[Any] = []
+        inputs = [available[-1 - (r * 3 + extra) % len(available)] for r in range(len(variant.root_names))]
         for node in variant.nodes:
             copies = max(fans, 1) if node.fanout else 1
             for c in range(copies):
                 args = {}
                 for slot, edge in node.inputs.items():
                     if edge.kind == "root":
-                        args[slot] = available[-1 - (edge.index * 3 + extra) % len(available)]
+                        args[slot] = inputs[edge.index]
                     elif edge.kind == "op":
                         args[slot] = made[edge.index].outputs[edge.output] if not isinstance(made[edge.index], list) \
                             else made[edge.index][0].outputs[edge.output]
