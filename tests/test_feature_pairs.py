@@ -204,8 +204,9 @@ def _inside(compiled: Any, bound: dict[str, Any], members: dict[str, list[Any]],
 
 def build(name: str, spelling: int, noise: list[Any], extra: int, fans: int) -> Any:
     """A random program holding one instance of a spelling of the pattern (inputs picked among the
-    program's variables, constants as the pattern writes them, ``fans`` consumers of a fan-out op), an
-    extra consumer of one of its ops when ``extra`` says so, and random ops around it."""
+    program's variables, constants as the pattern writes them, a commutative op's operands in either
+    order, ``fans`` consumers of a fan-out op), an extra consumer of one of its ops when ``extra`` says
+    so, and random ops around it."""
     pattern, options = PATTERNS[name]
     variants = variants_of(compile_pattern(pattern, **options))
     variant = variants[spelling % len(variants)].compiled
@@ -230,6 +231,8 @@ def build(name: str, spelling: int, noise: list[Any], extra: int, fans: int) -> 
                     else:
                         value = variant.consts[edge.index][1]
                         args[slot] = np.float32(value) if value is not None and value.size == 1 else shared
+                if node.op_type in ("add", "mul") and (extra + node.index) % 2:  # the other operand order
+                    args["x"], args["y"] = args["y"], args["x"]
                 op = getattr(mb, node.op_type)(**args, name=f"p_{node.name}{c}").op
                 made.append(op) if c == 0 else None
             available.extend(m.outputs[0] for m in made[-1:])
