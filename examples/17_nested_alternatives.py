@@ -11,9 +11,9 @@ declares each choice where it occurs, and stays one pattern::
                    [--> mul(w)] } --> y
     becomes   x --> mul(x, rsqrt(reduce_mean(mul(x, x)) + eps)) [--> mul(w)] --> y   (one canonical spelling)
 
-The search branches at each choice (the alternatives' own searches, anchored at the op producing the
-choice's variable): it never enumerates the 12 combinations. Shown: the pattern's choice nodes, a program
-with all 12 spellings, each matched once with the alternatives that matched, the rewrite and numerical
+Each of the 12 spellings is compiled as a plain pattern when the pattern compiles; the search merges
+their plans into one tree, so what they share is searched once and a choice costs a branch. Shown: the
+pattern's spellings, a program with all 12 of them, each matched once with the alternatives that matched, the rewrite and numerical
 equality, and ``explain`` on a spelling no alternative covers.
 """
 
@@ -43,12 +43,9 @@ def rms_norm(x, w):
 
 ex.banner("1. one pattern, three choices")
 compiled = compile_pattern(rms_norm, name="rms_norm")
-for node in compiled.nodes:
-    if node.choice is not None:
-        print(f"choice {node.name!r}: " + " | ".join(a.label for a in node.choice.alternatives))
-nested = compiled.node("weighted").choice.alternatives[1].compiled.node("normed").choice
-print("nested choice 'normed': " + " | ".join(a.label for a in nested.alternatives))
-ex.check(len(compiled.nodes) == 4, "4 pattern nodes (2 ops, 2 choices) for 12 spellings")
+for variant in compiled.variants:
+    print(f"{dict(variant.choices)}: " + ", ".join(node.name for node in variant.compiled.nodes))
+ex.check(len(compiled.variants) == 12, "12 spellings (2 squares x 3 norms x with or without the weight)")
 
 SQUARES = [lambda x: mb.mul(x=x, y=x), lambda x: mb.pow(x=x, y=2.0)]
 NORMS = [lambda x, v: mb.mul(x=mb.rsqrt(x=v), y=x), lambda x, v: mb.real_div(x=x, y=mb.sqrt(x=v)),

@@ -108,19 +108,19 @@ def explain(
         return Explanations(explain(c, prog, vc, transform_pattern, top=top) for c, vc in targets)
     compiled, var_constraints = targets[0]
     matcher = Matcher(compiled)
-    result = Explanation(compiled.name, len(compiled.nodes))
+    result = Explanation(compiled.name, len(matcher.nodes))
     misses: dict[tuple[int, str, str], Failure] = {}
     refused: set[str] = set()
 
     def refusal(found: Pattern, reason: str) -> None:
         refused.add(reason)
-        failure = Failure(len(compiled.nodes), compiled.nodes[-1].name, reason, _names(found))
+        failure = Failure(len(matcher.nodes), matcher.nodes[-1].name, reason, _names(found))
         misses.setdefault((failure.bound, failure.reason, str(sorted(failure.ops.items()))), failure)
 
     for block in iter_blocks(prog):
         st = BlockIndex(block)
         offered = distinct_matches(var_constraints, result.matches.append, refusal, longest=has_fallback(compiled))
-        for node in compiled.nodes:
+        for node in matcher.nodes:
             if node.fanout:
                 continue
             for t in sorted(node.op_types):

@@ -32,21 +32,33 @@ def rms_norm(x, w):
 # -- compiling --------------------------------------------------------------------------------------------
 
 
-def test_a_choice_is_one_node_and_each_alternative_a_small_pattern():
+def test_every_spelling_is_a_plain_pattern_and_the_anchors_are_what_they_share():
+    from pattern_infra.matching.matcher import Matcher
+
     compiled = compile_pattern(rms_norm, name="rms_norm")
-    assert [n.name for n in compiled.nodes] == ["square", "mean", "var", "weighted"]
-    square, weighted = compiled.node("square"), compiled.node("weighted")
-    assert square.op_types == {"mul", "pow"} and weighted.op_types == {"mul", "real_div"}
-    assert [a.label for a in square.choice.alternatives] == ["mul(x, x)", "pow(x, 2)"]
-    assert [a.slots for a in weighted.choice.alternatives] == [["var", "x", "w"], ["var", "x"]]
-    assert weighted.choice.full_slots == {"var", "x"}
-    nested = weighted.choice.alternatives[1].compiled.node("normed").choice
-    assert [a.label for a in nested.alternatives] == ["mul(x, rsqrt(var))", "real_div(x, sqrt(var))",
-                                                      "mul(x, real_div(1, sqrt(var)))"]
-    assert weighted.choice.depth == 4  # weight <- scale <- real_div <- sqrt
-    # compiled size: the sum of the alternatives, not their product (2 x 3 x 2 = 12 spellings)
-    sizes = [len(a.compiled.nodes) for a in weighted.choice.alternatives]
-    assert sizes == [2, 1]
+    variants = compiled.variants
+    assert len(variants) == 2 * (3 + 3)  # square x (weighted: normed with the weight, or normed alone)
+    assert [n.name for n in variants[0].compiled.nodes] == ["sq", "mean", "var", "inv", "scale", "weight"]
+    assert [n.name for n in variants[-1].compiled.nodes] == ["sq", "mean", "var", "root", "inv", "scale"]
+    assert all(not v.compiled.variants or v.compiled is compiled for v in variants)
+    # the anchors: the ops outside every choice and the top-level choices, accepting every spelling's type
+    anchors = Matcher(compiled).nodes
+    assert [a.name for a in anchors] == ["square", "mean", "var", "weighted"]
+    assert anchors[0].op_types == {"mul", "pow"} and anchors[3].op_types == {"mul", "real_div"}
+    # pattern.choices, with the operand holding each slot of each choice taken
+    last = variants[-1].choices
+    assert dict(last) == {"square": 1, "weighted": 1, "normed": 2}
+    assert last.slots["normed"] == {"x": ("scale", "x", -1), "var": ("root", "x", -1)}
+    assert last.slots["weighted"] == {"var": ("root", "x", -1), "x": ("scale", "x", -1)}
+    # each op knows its innermost choice and the alternative taken there, in words
+    assert variants[0].within["sq"] == ("square", "mul(x, x)")
+    assert [v.within["scale"][1] for v in variants[:3]] == [
+        "mul(x, rsqrt(var))", "real_div(x, sqrt(var))", "mul(x, real_div(1, sqrt(var)))"]
+    # the longest spelling wins: without the weight, a guard searches the weighted alternative below
+    (guard,) = variants[3].guards
+    assert (guard.choice, guard.alternative, guard.end) == ("weighted", 1, "scale")
+    assert guard.depth == 4 and guard.output_types == {"mul"}  # weight <- scale <- real_div <- sqrt
+    assert [len(v.compiled.nodes) for v in guard.earlier[0].variants] == [3, 3, 4]  # normed, then the weight
 
 
 def _build(body):
@@ -359,20 +371,28 @@ def test_fallback_offers_the_shorter_spelling_when_the_longer_is_refused(fallbac
     assert [m.choices for m in explain(pattern, prog).matches] == [{"weighted": 0}]
 
 
-def test_choice_nodes_come_last_in_the_plans():
-    """A search that fails on the plain ops never searches the alternatives: in both tanh-GELU patterns
-    the cube (a choice) is the last step from every anchor that is not the cube itself."""
+def test_choices_come_last_in_the_plans():
+    """A search that fails on the plain ops never searches the alternatives: in both tanh-GELU patterns,
+    on every path of the plan tree from every anchor but the cube (a choice), the cube's ops come last."""
     import generic_passes  # noqa: F401  (registers the passes)
     from pattern_infra import generic_passes as registered
+    from pattern_infra.matching.search import Leaf
+
+    def paths(items, steps=()):
+        for item in items:
+            if isinstance(item, Leaf):
+                yield steps, item
+            else:
+                yield from paths(item.then, (*steps, item.step.node))
 
     container = registered()["common::fuse_gelu_tanh_approximation"]
     for sub in container.passes:
         matcher = sub.matcher
-        cube = matcher.compiled.by_name["cube"]
-        for anchor, plan in enumerate(matcher.plans):
-            if anchor != cube:
-                order = [matcher.nodes[step.node].name for step in plan]
-                assert plan[-1].node == cube, (sub.name, order)
+        for anchor in matcher.nodes:
+            if anchor.name != "cube":
+                for steps, leaf in paths(matcher.trees[anchor.index]):
+                    inside = [matcher.ops[n].name in matcher.variants[leaf.variant].groups for n in steps]
+                    assert any(inside) and inside == sorted(inside), (sub.name, anchor.name, steps)
 
 
 def test_one_of_with_equivalences_rewrites_the_first_match():

@@ -23,7 +23,6 @@ from test_brute_force import EXAMPLES, S, _emit, _fresh_namespace, _operand_orde
 
 from pattern_infra import compile_pattern, find_matches, one_of, optional, register_generic_pass
 from pattern_infra.language.graph import edge_positions
-from pattern_infra.language.variants import variants_of
 from pattern_infra.rewriting.blocks import iter_blocks
 
 SPEC = [mb.TensorSpec(shape=S)]
@@ -124,7 +123,7 @@ def expected(name: str, prog: Any) -> set[frozenset[str]]:
     """The brute force of every spelling, less what the longest-spelling guards refuse."""
     pattern, options = PATTERNS[name]
     found: set[frozenset[str]] = set()
-    for variant in variants_of(compile_pattern(pattern, **options)):
+    for variant in compile_pattern(pattern, **options).variants:
         for ops, bound in brute_force_bound(variant.compiled, prog):
             if not any(_refused(guard, bound[guard.end], prog) for guard in variant.guards):
                 found.add(ops)
@@ -133,8 +132,8 @@ def expected(name: str, prog: Any) -> set[frozenset[str]]:
 
 def _refused(guard: Any, end: Any, prog: Any) -> bool:
     """Whether an earlier alternative of the guard's choice matches alone with ``end`` inside, not last."""
-    for earlier in guard.choice.alternatives[: guard.alternative]:
-        for spelling in variants_of(earlier.compiled):
+    for earlier in guard.earlier:
+        for spelling in earlier.variants:
             last = spelling.compiled.final_names[0]
             if any(end.name in ops and bound[last] is not end for ops, bound in brute_force_bound(spelling.compiled, prog)):
                 return True
@@ -208,7 +207,7 @@ def build(name: str, spelling: int, noise: list[Any], extra: int, fans: int) -> 
     order, ``fans`` consumers of a fan-out op), an extra consumer of one of its ops when ``extra`` says
     so, and random ops around it."""
     pattern, options = PATTERNS[name]
-    variants = variants_of(compile_pattern(pattern, **options))
+    variants = compile_pattern(pattern, **options).variants
     variant = variants[spelling % len(variants)].compiled
 
     @mb.program(input_specs=[mb.TensorSpec(shape=S), mb.TensorSpec(shape=S), mb.TensorSpec(shape=S)])

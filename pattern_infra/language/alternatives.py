@@ -1,23 +1,19 @@
-"""A choice of a pattern, compiled: the ops of each ``one_of`` become one choice node whose alternatives
-are small compiled patterns.
-
-The compiler calls :func:`split` on the ops of one level, which checks the choice rules and returns each
-alternative as a :class:`Region` (read like a function); it compiles the regions and hands them to
-:func:`choice_node`, which computes depth, slots and reads and stands in for the choice's ops.
-"""
+"""The alternatives of a pattern's choices, read like functions: :func:`regions_of` checks the choice rules
+of :mod:`~pattern_infra.language.choices` at every level and returns each alternative as a
+:class:`Region` whose inputs (the choice's *slots*) are the outside variables it reads."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 from coremltools.converters.mil.mil import Var
 
 from .choices import Record
 from .errors import PatternDefinitionError
-from .graph import Alternative, Choice, CompiledPattern, edge_positions
 
-__all__ = ["ChoiceOp", "Region", "Split", "choice_node", "split"]
+__all__ = ["Region", "regions_of"]
 
 
 @dataclass
@@ -26,78 +22,32 @@ class Region:
 
     operations: list[Any]
     inputs: dict[str, Var]
+    """Slot name to the outside variable it stands for."""
     outputs: list[Var]
+    label: str = ""
+    """The alternative as an expression of its output, e.g. ``mul(x, rsqrt(var))``, for ``explain``."""
 
 
-class ChoiceOp:
-    """Stands for a choice among the ops of its level while the compiler reads them."""
-
-    op_type = "one_of"
-    blocks: tuple[()] = ()
-
-    def __init__(self, name: str, inputs: dict[str, Var], output: Var, choice: Choice) -> None:
-        self.name, self.inputs, self.outputs, self.choice = name, inputs, [output], choice
-
-
-@dataclass
-class Split:
-    """A choice found among the ops of one level, its alternatives not compiled yet."""
-
-    record: Record
-    regions: list[Region]
-    """Per alternative, its ops with the slots it reads as inputs."""
-    inputs: dict[str, Var]
-    """The choice node's slots: the outside variables its alternatives read."""
-    ops: list[Any]
-    """The level's ops with the choice's ops replaced by a placeholder (None) at its first op."""
-
-
-def split(ops: list[Any], record: Record, pattern_name: str) -> Split | None:
-    """The choice ``record`` among ``ops``, or None when none of its ops is there.
+def regions_of(ops: list[Any], records: list[Record], pattern_name: str) -> dict[int, list[Region]]:
+    """Per choice among ``ops`` and nested in its alternatives (keyed by ``id`` of its :class:`Record`),
+    its alternatives as regions, in order.
 
     Raises:
         PatternDefinitionError: A rule of :mod:`~pattern_infra.language.choices` is broken.
     """
-    region = {id(op) for alt_ops, _ in record.alternatives for op in alt_ops}
-    first = next((i for i, op in enumerate(ops) if id(op) in region), None)
-    if first is None:
-        return None
-    outside = [op for op in ops if id(op) not in region]
-    _check_outside_reads(record, outside, region, pattern_name)
-    regions, inputs = _regions(record, outside, pattern_name)
-    rest = ops[:first] + [None] + [op for op in ops[first:] if id(op) not in region]
-    return Split(record, regions, inputs, rest)
-
-
-def choice_node(found: Split, compiled: list[CompiledPattern], pattern_name: str) -> list[Any]:
-    """The level's ops with the choice's ops replaced by one :class:`ChoiceOp`, from its alternatives
-    compiled (``compiled``, in order)."""
-    record, inputs = found.record, found.inputs
-    alternatives = [Alternative(c, list(region.inputs), _label(c)) for c, region in zip(compiled, found.regions)]
-    reads: dict[str, int] = {}
-    for slot, var in inputs.items():
-        if var.op is None or var.op.op_type == "const":
+    found: dict[int, list[Region]] = {}
+    level = [op for op in ops if op.op_type != "const"]
+    for record in records:
+        region = {id(op) for alt_ops, _ in record.alternatives for op in alt_ops}
+        if not any(id(op) in region for op in level):
             continue
-        per_alt = [_uses(a.compiled, a.slots.index(slot)) for a in alternatives]
-        if len(set(per_alt)) > 1:
-            raise PatternDefinitionError(
-                f"Pattern {pattern_name!r}: the alternatives of choice {record.name!r} read {var.name!r} a "
-                f"different number of times ({per_alt}), so whether it has a consumer outside the match would "
-                "depend on the alternative. Read it the same number of times in each (e.g. through one op).")
-        reads[slot] = per_alt[0]
-    choice = Choice(
-        name=record.name,
-        alternatives=alternatives,
-        depth=max(_depth(a.compiled) for a in alternatives),
-        output_types=frozenset(t for a in alternatives for n in a.compiled.final_nodes
-                               for t in a.compiled.nodes[n].op_types),
-        full_slots=frozenset(s for s in inputs if all(s in a.slots for a in alternatives)),
-        reads=reads,
-        uses={slot: next(_uses(a.compiled, a.slots.index(slot)) for a in alternatives if slot in a.slots)
-              for slot in inputs},
-    )
-    stand_in = ChoiceOp(record.name, inputs, record.alternatives[0][1], choice)
-    return [stand_in if op is None else op for op in found.ops]
+        outside = [op for op in level if id(op) not in region]
+        _check_outside_reads(record, outside, region, pattern_name)
+        regions = found[id(record)] = _regions(record, outside, pattern_name)
+        for k, (alt_ops, _) in enumerate(record.alternatives):
+            found.update(regions_of(alt_ops, record.children.get(k, []), pattern_name))
+        _check_reads(record, regions, pattern_name)
+    return found
 
 
 def _vars_read(op: Any) -> list[Var]:
@@ -115,9 +65,9 @@ def _check_outside_reads(record: Record, outside: list[Any], region: set[int], p
                     f"outside it; build the rest inside every alternative.")
 
 
-def _regions(record: Record, outside: list[Any], pattern_name: str) -> tuple[list[Region], dict[str, Var]]:
-    """The alternatives of ``record`` as regions whose inputs are the choice's slots, and the slots."""
-    outside_names = {op.name for op in outside if op.op_type != "const"}
+def _regions(record: Record, outside: list[Any], pattern_name: str) -> list[Region]:
+    """The alternatives of ``record`` as regions whose inputs are the choice's slots."""
+    outside_names = {op.name for op in outside}
     alt_region = [{id(op) for op in alt_ops} for alt_ops, _ in record.alternatives]
     external: list[list[Var]] = []
     for k, (alt_ops, _) in enumerate(record.alternatives):
@@ -151,45 +101,54 @@ def _regions(record: Record, outside: list[Any], pattern_name: str) -> tuple[lis
                 f"Pattern {pattern_name!r}: op {var.op.name!r} is read by some alternatives of choice "
                 f"{record.name!r} but not by alternative(s) {missing}, so nothing would match it when "
                 f"those do. Build it inside the alternatives that read it.")
-    return [Region(list(alt_ops), {slots[id(v)]: v for v in external[k]}, [out])
-            for k, (alt_ops, out) in enumerate(record.alternatives)], inputs
+    regions = []
+    for k, (alt_ops, out) in enumerate(record.alternatives):
+        names = {id(v): slots[id(v)] for v in external[k]}
+        regions.append(Region(list(alt_ops), {names[id(v)]: v for v in external[k]}, [out], _label(out, names)))
+    return regions
 
 
-def _uses(compiled: CompiledPattern, root: int) -> int:
-    """How many times a match of ``compiled`` reads its input ``root``, through nested choices too."""
-    return sum(compiled.nodes[n].choice.reads_of(slot) if compiled.nodes[n].choice else 1
-               for n, slot, _ in compiled.root_consumers[root])
+def _check_reads(record: Record, regions: list[Region], pattern_name: str) -> None:
+    """An outside op's output is read as many times by every alternative: whether it has a consumer
+    outside the match must not depend on the alternative."""
+    for slot, var in regions[0].inputs.items():
+        if var.op is None or var.op.op_type == "const":
+            continue
+        per_alt = [_reads(ops, record.children.get(k, []), var) for k, (ops, _) in enumerate(record.alternatives)]
+        if len(set(per_alt)) > 1:
+            raise PatternDefinitionError(
+                f"Pattern {pattern_name!r}: the alternatives of choice {record.name!r} read {var.name!r} a "
+                f"different number of times ({per_alt}), so whether it has a consumer outside the match would "
+                "depend on the alternative. Read it the same number of times in each (e.g. through one op).")
 
 
-def _depth(compiled: CompiledPattern) -> int:
-    depth: list[int] = []
-    for node in compiled.nodes:
-        own = node.choice.depth if node.choice is not None else 1
-        preds = [depth[e.index] for edge in node.inputs.values() for _, e in edge_positions(edge) if e.kind == "op"]
-        depth.append(own + max(preds, default=0))
-    return max(depth)
+def _reads(ops: list[Any], nested: list[Record], var: Var) -> int:
+    """How many times one spelling of ``ops`` (nested choices at their first alternative) reads ``var``."""
+    inner = {id(op) for record in nested for alt_ops, _ in record.alternatives for op in alt_ops}
+    own = sum(v is var for op in ops if id(op) not in inner for v in _vars_read(op))
+    return own + sum(_reads(r.alternatives[0][0], r.children.get(0, []), var) for r in nested)
 
 
-def _label(compiled: CompiledPattern) -> str:
-    """The alternative as an expression of its output, e.g. ``mul(x, rsqrt(var))``."""
+def _label(out: Var, slots: dict[int, str]) -> str:
+    """The alternative as an expression of its output, e.g. ``mul(x, rsqrt(var))`` (12 ops at most)."""
+    budget = [12]
 
-    def text(index: int, budget: list[int]) -> str:
-        node = compiled.nodes[index]
+    def text(var: Var) -> str:
+        if id(var) in slots:
+            return slots[id(var)]
+        op = var.op
         budget[0] -= 1
         if budget[0] < 0:
             return "..."
         args = []
-        for slot, edge in node.inputs.items():
-            for _, e in edge_positions(edge):
-                if e.kind == "root":
-                    args.append(compiled.root_names[e.index])
-                elif e.kind == "op":
-                    args.append(text(e.index, budget))
-                elif slot in ("x", "y"):  # an operand; other constants are attributes (axes, epsilon)
-                    value = compiled.consts[e.index][1]
-                    if value is not None and value.size == 1 and value.dtype.kind in "biuf":
+        for slot, value in op.inputs.items():
+            for v in value if isinstance(value, (list, tuple)) else [value]:
+                if v.op is None or v.op.op_type != "const" or id(v) in slots:
+                    args.append(text(v))
+                elif slot in ("x", "y") and v.val is not None:  # an operand; other constants are attributes
+                    value = np.asarray(v.val)
+                    if value.size == 1 and value.dtype.kind in "biuf":
                         args.append(f"{value.reshape(()).item():g}")
-        kind = node.choice.name if node.choice is not None else node.op_type
-        return f"{kind}({', '.join(args)})"
+        return f"{op.op_type}({', '.join(args)})"
 
-    return text(compiled.final_nodes[0], [12])
+    return text(out)

@@ -27,15 +27,17 @@ from typing import Any
 import numpy as np
 from coremltools.converters.mil.mil import Operation, Program, Var
 
-from .alternatives import Region, choice_node, split
+from .alternatives import regions_of
 from .choices import records_of
 from .equivalences import Equivalences, with_equivalences
 from .errors import PatternDefinitionError
-from .graph import COMMUTATIVE_OPS, CompiledPattern, ConstMode, ConstRule, Edge, PatternNode, edge_positions
+from .graph import (COMMUTATIVE_OPS, CompiledPattern, ConstMode, ConstRule, Edge, PatternNode, distances,
+                    edge_positions)
 from .pattern import RESERVED_NAMES
+from .variants import MAX_VARIANTS, Guard, Variant, combos, count, renamed
 
 __all__ = ["COMMUTATIVE_OPS", "RESERVED_NAMES", "ConstRule", "Edge", "PatternNode", "CompiledPattern",
-           "compile_pattern", "edge_positions", "renamed"]
+           "compile_pattern", "edge_positions"]
 
 logger = logging.getLogger(__name__)
 
@@ -109,28 +111,95 @@ def compile_pattern(
         func = ops_arrangement.functions["main"]
     options = dict(commutative=commutative, alternatives=alternatives, constants=constants,
                    const_rules=const_rules, fanout=fanout)
-    return _compile_graph(func, ops_arrangement, pattern_name, records_of(func), options)
+    return _compile(func, ops_arrangement, pattern_name, records_of(func), options, top=True)
 
 
-def _compile_graph(
-    func: Any,
-    program: Program,
-    pattern_name: str,
-    records: list[Any],
-    options: dict[str, Any],
-    rule_keys: set[str] | None = None,
-    renames: dict[int, Var] | None = None,
+def _compile(
+    func: Any, program: Program, pattern_name: str, records: list[Any], options: dict[str, Any], top: bool
 ) -> CompiledPattern:
-    """:func:`compile_pattern` of a pattern function (``options``: its keyword arguments), of an
-    alternative's region (``rule_keys`` collects the const rule keys used, checked once at the top), or of
-    one spelling (``renames``: a choice's variable read as its alternative's; an input may go unused)."""
-    commutative, fanout = options["commutative"], options["fanout"]
+    """Compiles every spelling of a pattern function, or of an alternative's region (``top`` False: its
+    inputs are the choice's slots, the rules naming ops outside it are checked at the top); returns the
+    first spelling, holding them all in ``variants``."""
     all_ops: list[Operation] = list(func.operations)
     for op in all_ops:
         if op.blocks:
             raise PatternDefinitionError(
                 f"Pattern {pattern_name!r}: op {op.name!r} ({op.op_type}) has nested blocks; "
                 f"control flow cannot be part of a pattern. Match the ops around it instead.")
+    everywhere = {op.name for op in all_ops if op.op_type != "const"}  # alternatives' ops included
+    for key in options["alternatives"] or {}:
+        if key not in everywhere:
+            raise PatternDefinitionError(
+                f"Pattern {pattern_name!r}: alternatives name op {key!r}, which the pattern does not "
+                f"have. Pattern ops: {sorted(everywhere)}.")
+    unknown = set() if isinstance(options["commutative"], bool) else set(options["commutative"]) - everywhere
+    if unknown:
+        raise PatternDefinitionError(f"Pattern {pattern_name!r}: commutative names unknown ops {sorted(unknown)}.")
+    regions = regions_of(all_ops, records, pattern_name)
+    inside = {op.name for found in regions.values() for region in found for op in region.operations} & everywhere
+    if inside & set(options["fanout"]):
+        raise PatternDefinitionError(
+            f"Pattern {pattern_name!r}: fan-out op(s) {sorted(inside & set(options['fanout']))} lie inside an "
+            f"alternative of a one_of choice; a fan-out op must be a last op outside every choice.")
+    total = count(records, regions)
+    if total > MAX_VARIANTS:
+        raise PatternDefinitionError(
+            f"Pattern {pattern_name!r} stands for {total} spellings (the product of its choices' "
+            f"alternatives); at most {MAX_VARIANTS} are searched. Rule: every spelling is compiled as a "
+            f"pattern of its own. Fix: register the pattern's parts as separate patterns (a list of patterns "
+            f"in one register_generic_pass call), or name fewer ops in equivalences=.")
+    rule_keys: set[str] = set()
+    earlier: dict[tuple[int, int], CompiledPattern] = {}
+
+    def alternative(record: Any, k: int) -> CompiledPattern:  # compiled once, for the guards
+        if (id(record), k) not in earlier:
+            region = regions[id(record)][k]
+            names = {op.name for op in region.operations}
+            commutative = options["commutative"]
+            earlier[id(record), k] = _compile(region, program, f"{pattern_name}.{record.name}[{k}]",
+                                              record.children.get(k, []), dict(
+                options, fanout=(),
+                commutative=commutative if isinstance(commutative, bool) else [c for c in commutative if c in names],
+                alternatives={key: v for key, v in (options["alternatives"] or {}).items() if key in names},
+            ), top=False)
+        return earlier[id(record), k]
+
+    variants = []
+    for combo in combos(records, list(func.outputs), regions):
+        compiled = _compile_graph(func, program, pattern_name, options, rule_keys, combo.dropped, combo.renames)
+        aliases = combo.aliases()
+        for name in set(combo.chosen) & set(compiled.by_name) - {n for n in aliases if n in aliases[n]}:
+            raise PatternDefinitionError(
+                f"Pattern {pattern_name!r}: two ops are named {name!r}. Give every op a unique "
+                f"`name=` argument.")
+        guards = []
+        for record, k, out in combo.guards:
+            alternatives = tuple(alternative(record, j) for j in range(k))
+            spellings = [v.compiled for a in alternatives for v in a.variants]
+            guards.append(Guard(record.name, k, renamed(out, combo.renames).op.name, record.fallback, alternatives,
+                                max(map(_depth, spellings)),
+                                frozenset(t for c in spellings for n in c.final_nodes for t in c.nodes[n].op_types)))
+        variants.append(Variant(compiled, combo.spelling(), aliases, combo.groups, tuple(guards), combo.within))
+    if top:
+        _check_used(pattern_name, func, options, rule_keys, [v.compiled for v in variants])
+    variants[0].compiled.variants = variants
+    return variants[0].compiled  # type: ignore[no-any-return]
+
+
+def _compile_graph(
+    func: Any,
+    program: Program,
+    pattern_name: str,
+    options: dict[str, Any],
+    rule_keys: set[str],
+    dropped: set[int],
+    renames: dict[int, Var],
+) -> CompiledPattern:
+    """One spelling of a pattern function or region as a plain pattern: its ops but those in ``dropped``
+    (the alternatives not taken), each choice's variable read as ``renames`` says; collects the keys of
+    the const rules it uses in ``rule_keys``."""
+    commutative = options["commutative"]
+    all_ops = [op for op in func.operations if id(op) not in dropped]
     real_ops = [op for op in all_ops if op.op_type != "const"]
     if not real_ops:
         raise PatternDefinitionError(
@@ -140,10 +209,6 @@ def _compile_graph(
     default_rule = constants if isinstance(constants, ConstRule) else ConstRule(constants)
     rules = {k: (v if isinstance(v, ConstRule) else ConstRule(v)) for k, v in (options["const_rules"] or {}).items()}
     alternatives = dict(options["alternatives"] or {})
-    everywhere = {op.name for op in real_ops}  # alternatives' ops included
-    used_rule_keys: set[str] = set() if rule_keys is None else rule_keys
-    if records:
-        real_ops = _collapse_choices(real_ops, records, pattern_name, program, used_rule_keys, options)
 
     by_name: dict[str, int] = {}
     for i, op in enumerate(real_ops):
@@ -160,20 +225,12 @@ def _compile_graph(
                 f"Pattern {pattern_name!r}: op name {op.name!r} is not a Python identifier, so "
                 f"`pattern.{op.name}` cannot read it. Use letters, digits and underscores.")
         by_name[op.name] = i
-    for key in alternatives:
-        if key not in everywhere:
-            raise PatternDefinitionError(
-                f"Pattern {pattern_name!r}: alternatives name op {key!r}, which the pattern does not "
-                f"have. Pattern ops: {sorted(by_name)}.")
     if isinstance(commutative, bool):
         # decided per matched program op: an op may swap when any type it accepts is commutative
         swappable = {op.name for op in real_ops
                      if commutative and COMMUTATIVE_OPS.intersection(alternatives.get(op.name) or (op.op_type,))}
     else:
         swappable = set(commutative)
-        if swappable - everywhere:
-            raise PatternDefinitionError(
-                f"Pattern {pattern_name!r}: commutative names unknown ops {sorted(swappable - everywhere)}.")
 
     root_vars: list[Var] = list(func.inputs.values())
     root_index = {id(v): i for i, v in enumerate(root_vars)}
@@ -190,7 +247,7 @@ def _compile_graph(
             return Edge("op", *op_of_output[id(var)])
         if var.op is not None and id(var.op) in const_op_ids:
             key = f"{op.name}.{slot}"
-            used_rule_keys.update(k for k in (key, var.op.name) if k in rules)
+            rule_keys.update(k for k in (key, var.op.name) if k in rules)
             value = None if var.val is None else np.asarray(var.val)
             consts.append((key, value, rules.get(key) or rules.get(var.op.name) or default_rule))
             const_names.append(var.op.name)
@@ -212,20 +269,11 @@ def _compile_graph(
                 f"Pattern {pattern_name!r}: alternatives for op {op.name!r} are {sorted(op_types)} "
                 f"but the op itself is {op.op_type!r}; include it.")
         can_swap = op.name in swappable and "x" in inputs and "y" in inputs
-        choice = getattr(op, "choice", None)
         nodes.append(PatternNode(
             index=i, name=op.name, op_type=op.op_type, num_outputs=len(op.outputs), inputs=inputs,
-            op_types=choice.output_types if choice is not None else op_types,
-            commutative=can_swap and choice is None,
-            swap_any_type=can_swap and choice is None and not isinstance(commutative, bool),
-            output_uses=[0] * len(op.outputs), choice=choice,
+            op_types=op_types, commutative=can_swap, swap_any_type=can_swap and not isinstance(commutative, bool),
+            output_uses=[0] * len(op.outputs),
         ))
-    unused_rules = set(rules) - used_rule_keys
-    if unused_rules and rule_keys is None:
-        raise PatternDefinitionError(
-            f"Pattern {pattern_name!r}: const_rules name {sorted(unused_rules)}, which are not "
-            f"constants of the pattern. Keys are '<op name>.<slot>' or a const op's name; constants: "
-            f"{sorted({k for k, _, _ in consts} | set(const_names))}.")
 
     root_consumers: list[list[tuple[int, str, int]]] = [[] for _ in root_vars]
     for node in nodes:
@@ -234,65 +282,51 @@ def _compile_graph(
                 if e.kind == "root":
                     root_consumers[e.index].append((node.index, slot, pos))
                 elif e.kind == "op":
-                    # a choice node stands for as many reads as each of its alternatives makes
-                    nodes[e.index].output_uses[e.output] += node.choice.reads.get(slot, 1) if node.choice else 1
+                    nodes[e.index].output_uses[e.output] += 1
                     nodes[e.index].consumers.append((node.index, slot, pos, e.output))
-    unused = [name for name, users in zip(func.inputs, root_consumers) if not users]
-    if unused and renames is None:
-        raise PatternDefinitionError(
-            f"Pattern {pattern_name!r}: input {unused[0]!r} is used by no op. Remove it from input_specs, "
-            f"or use it.")
 
     final_nodes = _final_nodes(pattern_name, [renamed(v, renames) for v in func.outputs], nodes, op_of_output)
     for idx in final_nodes:
         nodes[idx].is_final = True
-    _mark_fanout(pattern_name, nodes, set(fanout), by_name)
-    _check_connected(pattern_name, nodes, root_consumers)
+    _mark_fanout(pattern_name, nodes, set(options["fanout"]), by_name)
     compiled = CompiledPattern(
         name=pattern_name, program=program, nodes=nodes, root_names=list(func.inputs),
         root_consumers=root_consumers, consts=consts, const_names=const_names, final_nodes=final_nodes,
-        by_name=by_name, source=(func, records, options),
+        by_name=by_name,
     )
+    reached = distances(compiled.hops(True), 0)
+    if len(reached) != len(nodes):
+        raise PatternDefinitionError(
+            f"Pattern {pattern_name!r} falls apart: ops {[n.name for n in nodes if n.index not in reached]} share "
+            f"no variable with op {nodes[0].name!r}. Register unrelated sequences as separate patterns.")
     logger.debug("compiled %s", compiled.describe())
     return compiled
 
 
-def _collapse_choices(
-    real_ops: list[Any], records: list[Any], pattern_name: str, program: Program, used_rule_keys: set[str],
-    options: dict[str, Any],
-) -> list[Any]:
-    """The ops of one level with each choice replaced by its choice node; each alternative compiled with
-    the options that name its ops."""
-    fan, commutative = set(options["fanout"]), options["commutative"]
-
-    def compile_region(region: Region, name: str, inner: list[Any]) -> CompiledPattern:
-        names = {op.name for op in region.operations if op.op_type != "const"}
-        if names & fan:
-            raise PatternDefinitionError(
-                f"Pattern {pattern_name!r}: fan-out op(s) {sorted(names & fan)} lie inside an alternative "
-                f"of a one_of choice; a fan-out op must be a last op outside every choice.")
-        region_options = dict(
-            options, fanout=(),
-            commutative=commutative if isinstance(commutative, bool) else [c for c in commutative if c in names],
-            alternatives={k: v for k, v in (options["alternatives"] or {}).items() if k in names},
-        )
-        return _compile_graph(region, program, name, inner, region_options, used_rule_keys)
-
-    result = list(real_ops)
-    for record in records:
-        found = split(result, record, pattern_name)
-        if found is not None:
-            compiled = [compile_region(region, f"{pattern_name}.{record.name}[{k}]", record.children.get(k, []))
-                        for k, region in enumerate(found.regions)]
-            result = choice_node(found, compiled, pattern_name)
-    return result
+def _check_used(pattern_name: str, func: Any, options: dict[str, Any], rule_keys: set[str],
+                spellings: list[CompiledPattern]) -> None:
+    """Every const rule names a constant of some spelling, and every input is read by some spelling."""
+    unused_rules = set(options["const_rules"] or {}) - rule_keys
+    if unused_rules:
+        known = {key for c in spellings for key in c.const_keys} | {n for c in spellings for n in c.const_names}
+        raise PatternDefinitionError(
+            f"Pattern {pattern_name!r}: const_rules name {sorted(unused_rules)}, which are not "
+            f"constants of the pattern. Keys are '<op name>.<slot>' or a const op's name; constants: "
+            f"{sorted(known)}.")
+    unused = [name for r, name in enumerate(func.inputs) if not any(c.root_consumers[r] for c in spellings)]
+    if unused:
+        raise PatternDefinitionError(
+            f"Pattern {pattern_name!r}: input {unused[0]!r} is used by no op. Remove it from input_specs, "
+            f"or use it.")
 
 
-def renamed(var: Var, renames: dict[int, Var] | None) -> Var:
-    """``var``, or the variable a spelling reads in its place (``renames`` followed to the end)."""
-    while renames and id(var) in renames:
-        var = renames[id(var)]
-    return var
+def _depth(compiled: CompiledPattern) -> int:
+    """Most ops on a path through ``compiled`` (its nodes come in program order)."""
+    depth: list[int] = []
+    for node in compiled.nodes:
+        preds = [depth[e.index] for edge in node.inputs.values() for _, e in edge_positions(edge) if e.kind == "op"]
+        depth.append(1 + max(preds, default=0))
+    return max(depth)
 
 
 def _final_nodes(
@@ -336,36 +370,3 @@ def _mark_fanout(pattern_name: str, nodes: list[PatternNode], fanout: set[str], 
     if nodes and all(n.fanout for n in nodes):
         raise PatternDefinitionError(
             f"Pattern {pattern_name!r}: every op is a fan-out op; the pattern needs one ordinary op.")
-
-
-def _check_connected(
-    pattern_name: str, nodes: list[PatternNode], root_consumers: list[list[tuple[int, str, int]]]
-) -> None:
-    adjacency: list[set[int]] = [set() for _ in nodes]
-    for node in nodes:
-        for edge in node.inputs.values():
-            for _, e in edge_positions(edge):
-                if e.kind == "op":
-                    adjacency[node.index].add(e.index)
-                    adjacency[e.index].add(node.index)
-    for users in root_consumers:
-        for a, *_ in users:
-            adjacency[a].update(u[0] for u in users)
-    seen, stack = {0}, [0]
-    while stack:
-        fresh = adjacency[stack.pop()] - seen
-        seen |= fresh
-        stack.extend(sorted(fresh))
-    if len(seen) != len(nodes):
-        raise PatternDefinitionError(
-            f"Pattern {pattern_name!r} falls apart: ops {[n.name for n in nodes if n.index not in seen]} share "
-            f"no variable with op {nodes[0].name!r}. Register unrelated sequences as separate patterns.")
-
-
-def compile_spelling(compiled: CompiledPattern, dropped: set[int], renames: dict[int, Var]) -> CompiledPattern:
-    """One spelling of ``compiled`` as a plain pattern (:mod:`~pattern_infra.language.variants`): its ops
-    but those in ``dropped`` (the alternatives not taken), each choice's variable read as ``renames`` says,
-    with the options ``compiled`` was compiled with."""
-    func, _, options = compiled.source
-    region = Region([op for op in func.operations if id(op) not in dropped], dict(func.inputs), list(func.outputs))
-    return _compile_graph(region, compiled.program, compiled.name, [], options, set(), renames)

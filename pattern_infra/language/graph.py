@@ -12,8 +12,8 @@ from coremltools.converters.mil.mil import Program, Var
 
 from .errors import PatternDefinitionError
 
-__all__ = ["COMMUTATIVE_OPS", "Alternative", "Choice", "CompiledPattern", "ConstMode", "ConstRule", "Edge",
-           "PatternNode", "edge_positions"]
+__all__ = ["COMMUTATIVE_OPS", "CompiledPattern", "ConstMode", "ConstRule", "Edge",
+           "PatternNode", "distances", "edge_positions"]
 
 COMMUTATIVE_OPS: frozenset[str] = frozenset({
     "add", "mul", "maximum", "minimum", "equal", "not_equal", "logical_and", "logical_or", "logical_xor",
@@ -123,8 +123,6 @@ class PatternNode:
     """For each output, how many pattern edges consume it."""
     consumers: list[tuple[int, str, int, int]] = field(default_factory=list)
     """Edges leaving this node: (consumer node, slot, position in a tuple slot or -1, output index)."""
-    choice: Choice | None = None
-    """For a choice node (``one_of``): its alternatives; its slots are the outside variables they read."""
 
     @property
     def op_type_label(self) -> str:
@@ -151,10 +149,8 @@ class CompiledPattern:
     final_nodes: list[int]
     """Indices of the final nodes, in the order the pattern returns them."""
     by_name: dict[str, int]
-    source: Any = None
-    """(pattern function or region, its choices, compile options), for :func:`~.variants.variants_of`."""
-    expanded: Any = None
-    """Its spellings as plain patterns, once :func:`~.variants.variants_of` made them."""
+    variants: list[Any] = field(default_factory=list)
+    """Its spellings (:class:`~.variants.Variant`), this pattern the first; set by the compiler."""
 
     @cached_property
     def node_names(self) -> tuple[str, ...]:
@@ -181,43 +177,38 @@ class CompiledPattern:
         """Returns the node named ``name``."""
         return self.nodes[self.by_name[name]]
 
+    def hops(self, through_roots: bool) -> list[dict[int, int]]:
+        """Per node, its neighbours and how many producer/consumer steps away they are: 1 through a data
+        edge, 2 through a pattern input both read (counted only ``through_roots``)."""
+        hops: list[dict[int, int]] = [{} for _ in self.nodes]
+        for node in self.nodes:
+            for edge in node.inputs.values():
+                for _, e in edge_positions(edge):
+                    if e.kind == "op":
+                        hops[node.index][e.index] = hops[e.index][node.index] = 1
+        for users in self.root_consumers if through_roots else ():
+            for a, _, _ in users:
+                for b, _, _ in users:
+                    if a != b:
+                        hops[a].setdefault(b, 2)
+        return hops
+
     def describe(self) -> str:
         """A one-line summary, for logs and messages."""
         ops = ", ".join(f"{n.name}:{n.op_type_label}" for n in self.nodes)
         return f"pattern {self.name!r} [{ops}]"
 
 
-@dataclass
-class Alternative:
-    """One alternative of a choice, compiled on its own."""
-
-    compiled: CompiledPattern
-    """The alternative as a pattern: its inputs are the outside variables it reads."""
-    slots: list[str]
-    """For each input of ``compiled``, the choice node's slot it stands for."""
-    label: str
-    """The alternative in words, e.g. ``real_div(x, sqrt(var))``, for ``explain``."""
-
-
-@dataclass
-class Choice:
-    """The alternatives of one choice node."""
-
-    name: str
-    """The choice's name (``pattern.<name>`` is the op producing its variable)."""
-    alternatives: list[Alternative]
-    """In the order they are tried."""
-    depth: int
-    """Most ops on a path through one alternative: how far below an input its output op may lie."""
-    output_types: frozenset[str] = field(default_factory=frozenset)
-    """Op types the choice's variable may be produced by."""
-    full_slots: frozenset[str] = field(default_factory=frozenset)
-    """Slots every alternative reads."""
-    reads: dict[str, int] = field(default_factory=dict)
-    """For a slot holding a pattern op's output: how many times every alternative reads it."""
-    uses: dict[str, int] = field(default_factory=dict)
-    """For every slot, how many times the first alternative reading it reads it."""
-
-    def reads_of(self, slot: str) -> int:
-        """How many times an alternative reads ``slot`` (for a nested choice's input)."""
-        return self.reads.get(slot, self.uses.get(slot, 1))
+def distances(hops: list[dict[int, int]], start: int) -> dict[int, int]:
+    """Fewest steps from node ``start`` to each node it reaches over ``hops`` (:meth:`CompiledPattern.hops`)."""
+    dist = {start: 0}
+    frontier = [start]
+    while frontier:  # relax until nothing improves
+        reached = []
+        for n in frontier:
+            for m, w in hops[n].items():
+                if dist[n] + w < dist.get(m, 1 << 30):
+                    dist[m] = dist[n] + w
+                    reached.append(m)
+        frontier = reached
+    return dist

@@ -2,46 +2,77 @@
 expanded when the pattern compiles.
 
 A pattern with choices stands for the product of their alternatives, nested choices included.
-:func:`variants_of` compiles each spelling as a plain pattern (a :class:`Variant`): the pattern's ops less
-the alternatives not taken, a choice's variable read as the one its alternative computes. The search
-merges the variants' plans into one tree per anchor, so what the spellings share is searched once.
+:func:`combos` lists the ways of taking one alternative of each choice; the compiler compiles each as a
+plain pattern (a :class:`Variant`): the pattern's ops less the alternatives not taken, a choice's
+variable read as the one its alternative computes. The search merges the variants' plans into one tree
+per anchor, so what the spellings share is searched once.
 
-A choice ending its pattern, taken at a later alternative, is refused when an earlier alternative
-matches further down with the choice's op inside (a :class:`Guard`: the longest spelling wins); with
-``fallback=True`` not when the choice is reached from one of its inputs rather than as the anchor.
-A pattern of more than :data:`MAX_VARIANTS` spellings is refused when it compiles.
+A choice ending its pattern (or alternative), taken at a later alternative, is refused when an earlier
+alternative matches further down with the choice's op inside (a :class:`Guard`: the longest spelling
+wins); with ``fallback=True`` not when the choice is reached from one of its inputs rather than as the
+anchor. A pattern of more than :data:`MAX_VARIANTS` spellings is refused when it compiles.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Any, NoReturn
 
 from coremltools.converters.mil.mil import Var
 
+from .alternatives import Region
 from .choices import Record
-from .compiler import compile_spelling, renamed
-from .errors import PatternDefinitionError
-from .graph import Choice, CompiledPattern
-from .spelling import Spelling, spelling_of
+from .graph import CompiledPattern
 
-__all__ = ["MAX_VARIANTS", "Guard", "Variant", "has_fallback", "variants_of"]
+__all__ = ["MAX_VARIANTS", "Combo", "Guard", "Spelling", "Variant", "combos", "count", "has_fallback", "renamed"]
 
 MAX_VARIANTS = 256
 """The most spellings one pattern may stand for (the product of its choices' alternatives)."""
+
+
+class Spelling(dict):  # type: ignore[type-arg]
+    """``pattern.choices``: choice name (nested ones included) to the index of the alternative that
+    matched; shared by every match of one spelling, so read-only (copy it with ``dict(pattern.choices)``)."""
+
+    slots: dict[str, dict[str, tuple[str, str, int]]]
+    """Per choice: slot to the operand holding it (op name, the op's slot, position in a tuple slot or -1),
+    for ``pattern.operand(<choice>, <slot>)``."""
+
+    def _refuse(self, *args: Any, **kwargs: Any) -> NoReturn:
+        raise TypeError("pattern.choices is shared by every match of the same spelling and cannot be "
+                        "changed; copy it first: dict(pattern.choices)")
+
+    __setitem__ = __delitem__ = clear = pop = popitem = setdefault = update = __ior__ = _refuse  # type: ignore
+
+    def __reduce__(self) -> tuple[Any, ...]:  # copy, deepcopy and pickle: a Spelling again
+        return _spelling, (dict(self), self.slots)
+
+
+def _spelling(chosen: Mapping[str, int], slots: dict[str, dict[str, tuple[str, str, int]]]) -> Spelling:
+    spelling = Spelling(chosen)
+    spelling.slots = slots
+    return spelling
 
 
 @dataclass(frozen=True)
 class Guard:
     """A choice ending its pattern (or alternative), taken at a later alternative than its first."""
 
-    choice: Choice
+    choice: str
     alternative: int
-    """The alternative the variant took; the earlier ones are searched by the guard."""
+    """The alternative the variant took."""
     end: str
     """The variant's op computing the choice's variable."""
     fallback: bool
     """The choice's ``fallback``."""
+    earlier: tuple[CompiledPattern, ...]
+    """The alternatives before the one taken, each compiled as a pattern of the choice's slots."""
+    depth: int
+    """Most ops on a path through an earlier alternative: how far below the end its match may end."""
+    output_types: frozenset[str]
+    """The op types an earlier alternative ends with."""
 
 
 @dataclass(frozen=True)
@@ -49,7 +80,7 @@ class Variant:
     """One spelling of a pattern, as a plain pattern."""
 
     compiled: CompiledPattern
-    """The spelling: no choice node."""
+    """The spelling."""
     choices: Spelling
     """``pattern.choices`` of its matches."""
     aliases: dict[str, tuple[str, ...]]
@@ -62,91 +93,85 @@ class Variant:
 
 
 @dataclass
-class _Combo:
-    """What taking one alternative of each choice of a level means for its ops."""
+class Combo:
+    """One way of taking an alternative of each choice, and what it means for the pattern's ops."""
 
     chosen: dict[str, int] = field(default_factory=dict)
     dropped: set[int] = field(default_factory=set)
+    """``id`` of the ops of the alternatives not taken."""
     renames: dict[int, Var] = field(default_factory=dict)
+    """``id`` of a choice's variable (its first alternative's) to the variable of the alternative taken."""
     ends: list[tuple[str, Var]] = field(default_factory=list)
-    guards: list[tuple[Choice, int, Var, bool]] = field(default_factory=list)
+    guards: list[tuple[Record, int, Var]] = field(default_factory=list)
     within: dict[str, tuple[str, str]] = field(default_factory=dict)
+    groups: dict[str, str] = field(default_factory=dict)
+    taken: list[tuple[str, Region]] = field(default_factory=list)
+
+    def spelling(self) -> Spelling:
+        """``pattern.choices``, with the operand holding each slot of each choice taken."""
+        slots = {}
+        for choice, region in self.taken:
+            names = {id(var): slot for slot, var in region.inputs.items()}
+            held: dict[str, tuple[str, str, int]] = {}
+            for op in region.operations:
+                if id(op) not in self.dropped:
+                    for op_slot, value in op.inputs.items():
+                        for pos, v in enumerate(value) if isinstance(value, (list, tuple)) else [(-1, value)]:
+                            if id(v) in names:
+                                held.setdefault(names[id(v)], (op.name, op_slot, pos))
+            slots[choice] = {slot: held[slot] for slot in region.inputs if slot in held}
+        return _spelling(self.chosen, slots)
+
+    def aliases(self) -> dict[str, tuple[str, ...]]:
+        """Op name to the choices whose variable it computes, innermost first."""
+        aliases: dict[str, tuple[str, ...]] = {}
+        for choice, var in self.ends:
+            end = renamed(var, self.renames).op.name
+            aliases[end] = (*aliases.get(end, ()), choice)
+        return aliases
 
 
-def variants_of(compiled: CompiledPattern) -> list[Variant]:
-    """The spellings of ``compiled`` (itself, without choices), the first choice's first alternative
-    first, built once.
+def combos(records: list[Record], outputs: list[Var], regions: Mapping[int, list[Region]]) -> list[Combo]:
+    """Every way of taking one alternative of each choice of ``records`` (and of the choices nested in the
+    alternatives taken), the first choice's alternatives outermost; ``outputs``: the level's outputs."""
+    result = [Combo()]
+    for record in (r for r in records if id(r) in regions):
+        first_out = record.alternatives[0][1]
+        final = any(out is first_out for out in outputs)
+        grown = []
+        for combo in result:
+            for k, (ops, out) in enumerate(record.alternatives):
+                region = regions[id(record)][k]
+                others = {id(op) for j, (alt_ops, _) in enumerate(record.alternatives) if j != k for op in alt_ops}
+                for inner in combos(record.children.get(k, []), [out], regions):
+                    renames = {**combo.renames, **inner.renames}
+                    if k:
+                        renames[id(first_out)] = out
+                    grown.append(Combo(
+                        {**combo.chosen, record.name: k, **inner.chosen},
+                        combo.dropped | inner.dropped | others, renames,
+                        combo.ends + inner.ends + [(record.name, out)],
+                        combo.guards + inner.guards + ([(record, k, out)] if final and k else []),
+                        {**combo.within, **{op.name: (record.name, region.label) for op in ops}, **inner.within},
+                        {**combo.groups, **{op.name: record.name for op in ops}},
+                        combo.taken + [(record.name, region)] + inner.taken))
+        result = grown
+    return result
 
-    Raises:
-        PatternDefinitionError: The pattern stands for more than :data:`MAX_VARIANTS` spellings.
-    """
-    if compiled.expanded is None:
-        compiled.expanded = _expand(compiled)
-    return compiled.expanded  # type: ignore[no-any-return]
+
+def count(records: list[Record], regions: Mapping[int, list[Region]]) -> int:
+    """How many spellings ``records`` stand for."""
+    return math.prod(sum(count(r.children.get(k, []), regions) for k in range(len(r.alternatives)))
+                     for r in records if id(r) in regions)
+
+
+def renamed(var: Var, renames: Mapping[int, Var] | None) -> Var:
+    """``var``, or the variable a spelling reads in its place (``renames`` followed to the end)."""
+    while renames and id(var) in renames:
+        var = renames[id(var)]
+    return var
 
 
 def has_fallback(compiled: CompiledPattern) -> bool:
     """Whether a choice of ``compiled``, at any depth, was declared with ``fallback=True``."""
-    return any(guard.fallback for variant in variants_of(compiled) for guard in variant.guards)
-
-
-def _expand(compiled: CompiledPattern) -> list[Variant]:
-    _, records, _ = compiled.source
-    if all(node.choice is None for node in compiled.nodes):
-        return [Variant(compiled, spelling_of(compiled, {}), {}, {})]
-    count = _count(compiled)
-    if count > MAX_VARIANTS:
-        raise PatternDefinitionError(
-            f"Pattern {compiled.name!r} stands for {count} spellings (the product of its choices' "
-            f"alternatives); at most {MAX_VARIANTS} are searched. Rule: every spelling is compiled as a "
-            f"pattern of its own. Fix: register the pattern's parts as separate patterns (a list of patterns "
-            f"in one register_generic_pass call), or name fewer ops in equivalences=.")
-    variants = []
-    for combo in _combos(compiled, records):
-        aliases: dict[str, tuple[str, ...]] = {}
-        for choice, var in combo.ends:
-            end = renamed(var, combo.renames).op.name
-            aliases[end] = (*aliases.get(end, ()), choice)
-        groups = {op.name: record.name for record in records if record.name in combo.chosen
-                  for op in record.alternatives[combo.chosen[record.name]][0]}
-        guards = tuple(Guard(choice, k, renamed(var, combo.renames).op.name, fallback)
-                       for choice, k, var, fallback in combo.guards)
-        variants.append(Variant(compile_spelling(compiled, combo.dropped, combo.renames),
-                                spelling_of(compiled, combo.chosen), aliases, groups, guards, combo.within))
-    return variants
-
-
-def _count(compiled: CompiledPattern) -> int:
-    return math.prod(sum(_count(a.compiled) for a in node.choice.alternatives)
-                     for node in compiled.nodes if node.choice is not None)
-
-
-def _combos(level: CompiledPattern, records: list[Record]) -> list[_Combo]:
-    """Every way of taking one alternative of each choice of ``level`` (and of the choices nested in the
-    alternatives taken), the first choice's alternatives outermost."""
-    combos = [_Combo()]
-    for record in records:
-        if record.name not in level.by_name:
-            continue
-        node = level.node(record.name)
-        first_out = record.alternatives[0][1]
-        grown = []
-        for combo in combos:
-            for k, (ops, out) in enumerate(record.alternatives):
-                alternative = node.choice.alternatives[k]
-                others = {id(op) for j, (alt_ops, _) in enumerate(record.alternatives) if j != k for op in alt_ops}
-                for inner in _combos(alternative.compiled, record.children.get(k, [])):
-                    renames = {**combo.renames, **inner.renames}
-                    if k:
-                        renames[id(first_out)] = out
-                    guards = list(combo.guards) + inner.guards
-                    if node.is_final and k:
-                        guards.append((node.choice, k, out, record.fallback))
-                    within = {**combo.within, **{op.name: (record.name, alternative.label) for op in ops},
-                              **inner.within}
-                    grown.append(_Combo({**combo.chosen, record.name: k, **inner.chosen},
-                                        combo.dropped | inner.dropped | others, renames,
-                                        combo.ends + inner.ends + [(record.name, out)], guards, within))
-        combos = grown
-    return combos
-
+    return any(guard.fallback for variant in compiled.variants for guard in variant.guards)

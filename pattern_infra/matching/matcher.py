@@ -3,7 +3,7 @@
 Algorithm (per pattern, per block):
 
 1. **Spellings and plans, once per pattern.** The pattern's spellings are plain patterns
-   (:func:`~pattern_infra.language.variants.variants_of`: one, for a pattern without choices). For every
+   (``compiled.variants``: one, for a pattern without choices). For every
    pattern op taken as the *anchor*, each spelling's search order is planned (:func:`~.plan.plan`:
    each further op reached *up*, the producer of a slot of an op already placed, or *down*, a consumer
    of a variable already bound; up-steps first, ops outside every choice first, a choice's ops together
@@ -24,17 +24,30 @@ what comes before it; the consumers of a variable are never permuted (each patte
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from coremltools.converters.mil.mil import Block, Operation, Var
 
-from ..language.graph import Alternative, CompiledPattern, Edge, PatternNode
+from ..language.graph import CompiledPattern, Edge, PatternNode
 from ..language.pattern import Pattern
-from ..language.variants import Variant, variants_of
+from ..language.variants import Variant
 from .plan import DOWN, Accept, Failure, Step, parts_meet_only_at_inputs, plan, radii
 from .search import Branch, Leaf, Search
 
-__all__ = ["Failure", "Matcher"]
+__all__ = ["Anchor", "Failure", "Matcher"]
+
+
+@dataclass(frozen=True)
+class Anchor:
+    """A pattern op every spelling has outside its choices, or a choice (its alternatives' last ops): a
+    place the search may start from."""
+
+    index: int
+    name: str
+    op_types: frozenset[str]
+    """The op types the spellings have there."""
+    fanout: bool
 
 
 class Matcher:
@@ -42,8 +55,7 @@ class Matcher:
 
     def __init__(self, compiled: CompiledPattern) -> None:
         self.compiled = compiled
-        self.nodes: list[PatternNode] = compiled.nodes
-        self.variants: list[Variant] = variants_of(compiled)
+        self.variants: list[Variant] = compiled.variants
         """The pattern's spellings, each a plain pattern."""
         self.ops: list[PatternNode] = []
         """Every op of every spelling, each distinct op once (same name, types, operands, constants):
@@ -64,31 +76,34 @@ class Matcher:
         """Per spelling, its ops' indices in :attr:`ops`."""
         self.state: list[list[int]] = [[self.place[i] for i in index] for index in self.index]
         """Per spelling, its ops' places in the search state."""
-        self.plans: list[list[Step]] = [plan(compiled, a) for a in range(len(compiled.nodes))]
-        """Per anchor, the search order of the pattern's own ops, a choice standing for its alternatives."""
-        self.trees: list[list[Branch]] = [self._tree(a) for a in range(len(compiled.nodes))]
-        """Per anchor, the spellings' plans merged into one tree."""
-        self.joins_through_roots: bool = parts_meet_only_at_inputs(compiled)
+        self.nodes: list[Anchor] = self._anchors()
+        """The anchors, in the first spelling's order."""
+        self.joins_through_roots: bool = any(parts_meet_only_at_inputs(v.compiled) for v in self.variants)
         """Whether some parts of the pattern are joined only through a pattern input they both read: in
         the program they may meet only at a variable shared widely (a deduplicated constant), which a
         revisit does not walk through, so the driver tries a changed op itself as each pattern op of its
         type. Otherwise every op of a match is reachable from any other through data edges."""
-        self.radius: list[int] = radii(compiled, self.joins_through_roots)
+        spelling_radii = [radii(v.compiled, self.joins_through_roots) for v in self.variants]
+        self.radius: list[int] = [max(r[self._local(v, a.name)] for v, r in enumerate(spelling_radii))
+                                  for a in self.nodes]
         """Per anchor: producer/consumer hops from the anchor op within which any op of a match lies,
         plus one (an op just outside the match, such as a root's producer, can unblock it)."""
+        self.trees: list[list[Branch]] = [self._tree(a) for a in self.nodes]
+        """Per anchor, the spellings' plans merged into one tree."""
         self.op_types: frozenset[str] = frozenset(t for node in self.ops for t in node.op_types)
         """Every op type a match may contain."""
-        self.type_groups: tuple[tuple[str, ...], ...] = tuple(
-            dict.fromkeys(tuple(sorted(n.op_types)) for n in compiled.nodes)
-        )
-        """The pattern ops' type sets, each once: a block can hold a match only if it has an op of
-        every group."""
+        self.type_groups: tuple[tuple[str, ...], ...] = tuple(dict.fromkeys(tuple(sorted(a.op_types))
+                                                                            for a in self.nodes))
+        """The anchors' type sets, each once: a block can hold a match only if it has an op of every group."""
         self.anchors_by_type: dict[str, tuple[int, ...]] = {}
-        """Program op type to the pattern ops (anchors) that accept it; fan-out ops excluded."""
-        for node in compiled.nodes:
-            if not node.fanout:
-                for t in sorted(node.op_types):
-                    self.anchors_by_type[t] = (*self.anchors_by_type.get(t, ()), node.index)
+        """Program op type to the anchors that accept it; fan-out ops excluded."""
+        for anchor in self.nodes:
+            if not anchor.fanout:
+                for t in sorted(anchor.op_types):
+                    self.anchors_by_type[t] = (*self.anchors_by_type.get(t, ()), anchor.index)
+        end = self.place[self.index[0][compiled.final_nodes[0]]]
+        self.final_anchor: int = next(a.index for a in self.nodes if a.name == self.places[end])
+        """The anchor of the first output."""
         self.attempts = 0
         """Anchor ops tried (across calls)."""
         self.bind_attempts = 0
@@ -145,22 +160,40 @@ class Matcher:
             self.places.append(name)
         return found
 
-    def _tree(self, anchor: int) -> list[Branch]:
-        """The spellings' plans anchored at pattern op ``anchor``, merged: a spelling joins the last
-        branch of each level while its steps are the same, so the walk meets the spellings in order."""
-        skeleton = self.compiled.nodes
-        choices = [skeleton[st.node].name for st in self.plans[anchor] if skeleton[st.node].choice is not None]
-        name = skeleton[anchor].name
+    def _anchors(self) -> list[Anchor]:
+        """The places every spelling has, outside its choices or as a choice's variable."""
+        names = [self.places[p] for p in self.state[0]]
+        for v, variant in enumerate(self.variants):
+            held = {self.places[p] for p in self.state[v]}
+            names = [n for n in names if n in held and (n in variant.groups.values() or (
+                n not in variant.groups and n not in variant.choices))]
+        anchors = []
+        for name in names:
+            ops = [self.ops[self.index[v][self._local(v, name)]] for v in range(len(self.variants))]
+            anchors.append(Anchor(len(anchors), name, frozenset(t for op in ops for t in op.op_types), ops[0].fanout))
+        return anchors
+
+    def _local(self, v: int, place: str) -> int:
+        """The node of spelling ``v`` at ``place``."""
+        return self.state[v].index(self._places[place])
+
+    def _tree(self, anchor: Anchor) -> list[Branch]:
+        """The spellings' plans anchored at ``anchor``, merged: a spelling joins the last branch of each
+        level while its steps are the same, so the walk meets the spellings in order."""
+        first = self.variants[0]
+        rank = [int(node.name in first.groups) for node in first.compiled.nodes]
+        steps = plan(first.compiled, self._local(0, anchor.name), rank=rank)
+        met = [first.groups[first.compiled.nodes[st.node].name] for st in steps
+               if first.compiled.nodes[st.node].name in first.groups]
+        choices = [c for c in dict.fromkeys(met) if c != anchor.name]  # the order the plan meets the choices
         ranked = sorted(range(len(self.variants)), key=lambda v: _order(self.variants[v], choices))
         roots: list[Branch] = []
         for v in ranked:
             variant, index = self.variants[v], self.index[v]
-            nodes = variant.compiled.nodes
-            ends = {choice: op for op, names in variant.aliases.items() for choice in names}
-            local = variant.compiled.by_name[ends.get(name, name)]
-            rank = [-1 if variant.groups.get(n.name) == name else
-                    1 + choices.index(variant.groups[n.name]) if n.name in variant.groups else 0 for n in nodes]
-            steps = plan(variant.compiled, local, rank=rank)
+            groups = variant.groups
+            rank = [-1 if groups.get(n.name) == anchor.name else 1 + choices.index(groups[n.name])
+                    if n.name in groups else 0 for n in variant.compiled.nodes]
+            steps = plan(variant.compiled, self._local(v, anchor.name), rank=rank)
             downs = {st.node for st in steps if st.kind == DOWN}
             guards = tuple(g for g in variant.guards
                            if not (g.fallback and variant.compiled.by_name[g.end] in downs))
@@ -175,23 +208,22 @@ class Matcher:
         return roots
 
     def choose_anchor(self, type_counts: Mapping[str, int]) -> int:
-        """The pattern op whose accepted types are rarest among ``type_counts``; ties go to the last op."""
+        """The anchor whose accepted types are rarest among ``type_counts``; ties go to the last."""
         best_cost, best = None, 0
-        for node in reversed(self.nodes):
-            if node.fanout:
+        for anchor in reversed(self.nodes):
+            if anchor.fanout:
                 continue
-            cost = sum(type_counts.get(t, 0) for t in node.op_types)
+            cost = sum(type_counts.get(t, 0) for t in anchor.op_types)
             if best_cost is None or cost < best_cost:
-                best_cost, best = cost, node.index
+                best_cost, best = cost, anchor.index
         return best
 
-    def alternative_matcher(self, alternative: Alternative) -> Matcher:
+    def alternative_matcher(self, alternative: CompiledPattern) -> Matcher:
         """The matcher of an alternative of one of this pattern's choices, built on first use."""
         matcher = self._alternatives.get(id(alternative))
         if matcher is None:
-            matcher = self._alternatives[id(alternative)] = Matcher(alternative.compiled)
+            matcher = self._alternatives[id(alternative)] = Matcher(alternative)
         return matcher
-
 
     def match_at(
         self,

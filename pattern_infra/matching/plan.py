@@ -10,13 +10,13 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..language.graph import CompiledPattern, PatternNode, edge_positions
+from ..language.graph import CompiledPattern, PatternNode, distances, edge_positions
 
 __all__ = ["DOWN", "UP", "Accept", "Failure", "Step", "parts_meet_only_at_inputs", "plan", "radii"]
 
 Accept = Callable[[Any], Any]
-"""Offered each complete structural match (a :class:`~pattern_infra.language.pattern.Pattern`): ``True`` takes it; anything else continues the search (a
-``str`` is the reason reported to a tracing search)."""
+"""Offered each complete structural match (a :class:`~pattern_infra.language.pattern.Pattern`): ``True``
+takes it; anything else continues the search (a ``str`` is the reason reported to a tracing search)."""
 
 UP = 0
 DOWN = 1
@@ -53,20 +53,16 @@ class Failure:
 def plan(compiled: CompiledPattern, anchor: int, rank: list[int] | None = None) -> list[Step]:
     """The search order anchored at pattern op ``anchor``: each further op reached *up* (the producer of
     a slot of an op placed) or *down* (a consumer of a variable bound), up-steps first, and ops of a
-    lower ``rank`` before any of a higher one (by default choice nodes last, so a search failing on the
-    plain ops never searches the alternatives)."""
+    lower ``rank`` before any of a higher one."""
     nodes = compiled.nodes
-    rank = rank if rank is not None else [int(node.choice is not None) for node in nodes]
+    rank = rank or [0] * len(nodes)
     levels = sorted(set(rank))
     placed = {anchor}
     roots_bound: set[int] = set()
     steps = [Step(UP, anchor, src_kind="anchor")]
 
     def note_roots(n: int) -> None:
-        choice = nodes[n].choice
-        for slot, edge in nodes[n].inputs.items():
-            if choice is not None and slot not in choice.full_slots:
-                continue  # bound only when the alternative that matched reads it
+        for edge in nodes[n].inputs.values():
             for _, e in edge_positions(edge):
                 if e.kind == "root":
                     roots_bound.add(e.index)
@@ -90,37 +86,9 @@ def plan(compiled: CompiledPattern, anchor: int, rank: list[int] | None = None) 
 def radii(compiled: CompiledPattern, joins_through_roots: bool) -> list[int]:
     """Per anchor: producer/consumer hops from the anchor op within which any op of a match lies, plus one
     (an op just outside the match, such as a root's producer, can unblock it)."""
-    nodes = compiled.nodes
-    span = [node.choice.depth if node.choice is not None else 1 for node in nodes]
-    hops: list[dict[int, int]] = [{} for _ in nodes]
-    for node in nodes:
-        for _, edge in node.inputs.items():
-            for _, e in edge_positions(edge):
-                if e.kind == "op":
-                    hops[node.index][e.index] = span[node.index]
-                    hops[e.index][node.index] = span[node.index]
-    if not joins_through_roots:
-        return [_eccentricity(hops, anchor) + 1 for anchor in range(len(nodes))]
-    for users in compiled.root_consumers:  # two consumers of one variable: 2 hops apart
-        for a, _, _ in users:
-            for b, _, _ in users:
-                if a != b:
-                    hops[a].setdefault(b, span[a] + span[b])
-    return [_eccentricity(hops, anchor) + 1 for anchor in range(len(nodes))]
+    hops = compiled.hops(joins_through_roots)
+    return [max(distances(hops, anchor).values()) + 1 for anchor in range(len(compiled.nodes))]
 
-def _eccentricity(hops: list[dict[int, int]], anchor: int) -> int:
-    """The largest number of hops from ``anchor`` to another pattern op (Dijkstra on a tiny graph)."""
-    dist = {anchor: 0}
-    frontier = [anchor]
-    while frontier:  # relax until nothing improves
-        nxt = []
-        for n in frontier:
-            for m, w in hops[n].items():
-                if dist[n] + w < dist.get(m, 1 << 30):
-                    dist[m] = dist[n] + w
-                    nxt.append(m)
-        frontier = nxt
-    return max(dist.values())
 
 def _next_up(nodes: list[PatternNode], placed: set[int], allowed: set[int]) -> Step | None:
     for n in sorted(placed):
@@ -152,16 +120,4 @@ def _next_down(nodes: list[PatternNode], placed: set[int], roots_bound: set[int]
 
 def parts_meet_only_at_inputs(compiled: CompiledPattern) -> bool:
     """Whether the pattern's ops fall apart once the edges through pattern inputs are left out."""
-    part = list(range(len(compiled.nodes)))
-
-    def find(n: int) -> int:
-        while part[n] != n:
-            n = part[n]
-        return n
-
-    for node in compiled.nodes:
-        for _, edge in node.inputs.items():
-            for _, e in edge_positions(edge):
-                if e.kind == "op":
-                    part[find(node.index)] = find(e.index)
-    return len({find(n) for n in range(len(part))}) > 1
+    return len(distances(compiled.hops(False), 0)) < len(compiled.nodes)

@@ -29,7 +29,7 @@ from coremltools.converters.mil.mil import Block, Operation, Var
 
 from coremltools.converters.mil.mil.var import InternalVar
 
-from ..language.graph import COMMUTATIVE_OPS, Choice, Edge, PatternNode
+from ..language.graph import COMMUTATIVE_OPS, Edge, PatternNode
 from ..language.pattern import Pattern
 from ..language.variants import Guard, Variant
 from .plan import UP, Accept, Failure, Step
@@ -296,7 +296,7 @@ class Search:
         for guard in leaf.guards:
             if self.taken_further(guard, ops[variant.compiled.by_name[guard.end]]):
                 return self.fail(index[variant.compiled.by_name[guard.end]],
-                                 f"an earlier alternative of {guard.choice.name!r} matches further down")
+                                 f"an earlier alternative of {guard.choice!r} matches further down")
         pattern = build_pattern(variant, self.block, ops, assign, self.roots, self.order)
         if self.accept is not None:
             verdict = self.accept(pattern)
@@ -339,35 +339,32 @@ class Search:
     def taken_further(self, guard: Guard, op: Operation) -> bool:
         """Whether an alternative of ``guard.choice`` before the one taken matches at an op below ``op``
         with ``op`` inside (the longest spelling wins)."""
-        choice = guard.choice
-        for below in candidates_below(op.outputs[0], choice):
-            for earlier in choice.alternatives[: guard.alternative]:
+        for below in candidates_below(op.outputs[0], guard.depth, guard.output_types):
+            for earlier in guard.earlier:
                 matcher = self.m.alternative_matcher(earlier)
-                end = earlier.compiled.final_nodes[0]
-                if below.op_type not in earlier.compiled.nodes[end].op_types:
+                if below.op_type not in matcher.nodes[matcher.final_anchor].op_types:
                     continue
                 before = matcher.bind_attempts
-                found = matcher.match_at(below, self.block, end, accept=lambda p: op in p.op_set)
+                found = matcher.match_at(below, self.block, matcher.final_anchor, accept=lambda p: op in p.op_set)
                 self.m.bind_attempts += matcher.bind_attempts - before
                 if found is not None:
                     return True
         return False
 
 
-def candidates_below(var: Var, choice: Choice) -> list[Operation]:
-    """Ops that may compute a choice's variable from ``var``: every op at most ``choice.depth`` consumer
-    steps below ``var`` whose type an alternative ends with, breadth first, each once."""
+def candidates_below(var: Var, depth: int, op_types: frozenset[str]) -> list[Operation]:
+    """Ops of ``op_types`` at most ``depth`` consumer steps below ``var``, breadth first, each once."""
     seen: dict[int, Operation] = {}
     frontier = [var]
     out: list[Operation] = []
-    for _ in range(choice.depth):
+    for _ in range(depth):
         next_vars: list[Var] = []
         for v in frontier:
             for op in v.child_ops:
                 if id(op) in seen:
                     continue
                 seen[id(op)] = op
-                if op.op_type in choice.output_types:
+                if op.op_type in op_types:
                     out.append(op)
                 next_vars.extend(op.outputs)
         frontier = next_vars
