@@ -414,3 +414,17 @@ def test_one_of_with_equivalences_rewrites_the_first_match():
 
     register_generic_pass(pat, None, transform, "silu", "test_choices_equivalences", equivalences=True)(prog)
     assert [op.op_type for op in prog.functions["main"].operations] == ["silu", "relu"]
+
+
+def test_a_pattern_of_more_than_256_spellings_is_refused_with_the_rule_and_the_fix(namespace):
+    @mb.program(input_specs=ROW)
+    def nine_choices(x):
+        for i in range(9):
+            x = one_of(f"c{i}", lambda x=x, i=i: mb.relu(x=x, name=f"r{i}"),
+                       lambda x=x, i=i: mb.sigmoid(x=x, name=f"s{i}"))
+        return x
+
+    with pytest.raises(PatternDefinitionError, match=r"stands for 512 spellings .* at most 256 .* separate patterns"):
+        compile_pattern(nine_choices)
+    with pytest.raises(PatternDefinitionError, match="stands for 512 spellings"):
+        register_generic_pass(nine_choices, None, lambda p: None, "nine", namespace)
