@@ -198,7 +198,7 @@ def _torch_sizes_of_input(context: Any, name: str) -> list[Any] | None:
     placeholder, a literal, or outside a conversion)."""
     try:
         graph = context.torch_graph
-    except ValueError:  # no graph: a stand-in
+    except (AttributeError, ValueError):  # no graph: a stand-in (or a coremltools without the property)
         return None
     for node in graph.nodes:
         if name in node.outputs:
@@ -215,7 +215,8 @@ def _copy(context: Any, node: Any) -> None:
     1. 1 where the sizes are the same: equal integers, one MIL symbol, or one ``torch.export`` size (the
        ``meta["val"]`` of the copy, which has ``dst``'s shape, and of ``src``'s node: ``torch.export``
        proved them equal, under the guards the exported program checks on every call);
-    2. ``dst``'s size where ``src``'s is the integer 1 (read with ``shape(dst)`` when symbolic);
+    2. ``dst``'s size where ``src``'s is 1 (an integer, or ``torch.export``'s size; ``dst``'s is read with
+       ``shape(dst)`` when symbolic);
     3. otherwise ``shape(dst) // shape(src)`` at run time: ``dst``'s size when ``src``'s is 1, else 1,
        the two cases PyTorch accepts.
 
@@ -245,7 +246,7 @@ def _copy(context: Any, node: Any) -> None:
         if (is_symbolic(d) == is_symbolic(s) and d == s) or (
                 same_in_torch and sp.expand(dst_torch[axis] - src_torch[axis]) == 0):
             reps.append(1)
-        elif not is_symbolic(s) and s == 1:
+        elif (not is_symbolic(s) and s == 1) or (same_in_torch and src_torch[axis] == 1):
             reps.append("dst" if is_symbolic(d) else int(d))
         elif is_symbolic(d) or is_symbolic(s):
             reps.append("ratio")
