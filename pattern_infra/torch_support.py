@@ -206,6 +206,28 @@ def _torch_sizes_of_input(context: Any, name: str) -> list[Any] | None:
     return None
 
 
+def _copy_repeats(dst: Any, src: Any, dst_torch: list[Any] | None, src_torch: list[Any] | None,
+                  name: str) -> list[int | str]:
+    """The repeat of each axis of ``src`` (as ``dst``'s rank) in ``copy(dst, src)`` (:func:`_copy`): an int,
+    ``"dst"`` (``dst``'s size, read at run time) or ``"ratio"`` (``dst``'s size over ``src``'s, at run time)."""
+    import sympy as sp
+    from coremltools.converters.mil.mil.types.symbolic import is_symbolic
+
+    known = dst_torch is not None and src_torch is not None and len(dst_torch) == len(src_torch) == dst.rank
+    reps: list[int | str] = []
+    for axis, (d, s) in enumerate(zip(dst.shape, src.shape)):
+        if (is_symbolic(d) == is_symbolic(s) and d == s) or (
+                known and sp.expand(dst_torch[axis] - src_torch[axis]) == 0):
+            reps.append(1)
+        elif (not is_symbolic(s) and s == 1) or (known and src_torch[axis] == 1):
+            reps.append("dst" if is_symbolic(d) else int(d))
+        elif is_symbolic(d) or is_symbolic(s):
+            reps.append("ratio")
+        else:
+            raise ValueError(f"copy {name}: src of shape {src.shape} does not broadcast to dst's {dst.shape}")
+    return reps
+
+
 def _copy(context: Any, node: Any) -> None:
     """``aten.copy(dst, src)``: ``src`` broadcast to ``dst``'s shape and cast to ``dst``'s dtype.
 
@@ -227,47 +249,31 @@ def _copy(context: Any, node: Any) -> None:
     from coremltools.converters.mil import Builder as mb
     from coremltools.converters.mil.frontend.torch.ops import _get_inputs
     from coremltools.converters.mil.mil import types
-    from coremltools.converters.mil.mil.types.symbolic import is_symbolic
 
     dst, src = _get_inputs(context, node, expected=[2, 3])[:2]
     if src.rank > dst.rank:
         raise ValueError(f"copy {node.name}: src of shape {src.shape} into dst of shape {dst.shape} "
                          f"(PyTorch broadcasts src to dst's shape, so src's rank cannot be larger)")
-    dst_torch = _torch_sizes((node.meta or {}).get("val"))
     src_torch = _torch_sizes_of_input(context, node.inputs[1])
     extra = dst.rank - src.rank
     if extra:
         src = mb.expand_dims(x=src, axes=list(range(extra)))
-    if src_torch is not None:
-        src_torch = [sp.Integer(1)] * extra + src_torch
-    same_in_torch = (dst_torch is not None and src_torch is not None and len(dst_torch) == len(src_torch) == dst.rank)
-    reps: list[Any] = []  # an int, or "dst" (dst's size, read at run time), or "ratio" (dst // src at run time)
-    for axis, (d, s) in enumerate(zip(dst.shape, src.shape)):
-        if (is_symbolic(d) == is_symbolic(s) and d == s) or (
-                same_in_torch and sp.expand(dst_torch[axis] - src_torch[axis]) == 0):
-            reps.append(1)
-        elif (not is_symbolic(s) and s == 1) or (same_in_torch and src_torch[axis] == 1):
-            reps.append("dst" if is_symbolic(d) else int(d))
-        elif is_symbolic(d) or is_symbolic(s):
-            reps.append("ratio")
-        else:
-            raise ValueError(f"copy {node.name}: src of shape {src.shape} does not broadcast to dst's {dst.shape}")
+        src_torch = None if src_torch is None else [sp.Integer(1)] * extra + src_torch
+    reps = _copy_repeats(dst, src, _torch_sizes((node.meta or {}).get("val")), src_torch, node.name)
     out = src
-    if any(r != 1 for r in reps):
-        if all(isinstance(r, int) for r in reps):
+    if all(isinstance(r, int) for r in reps):
+        if any(r != 1 for r in reps):
             out = mb.tile(x=src, reps=reps)
-        else:
-            dst_shape = mb.shape(x=dst)
-            src_shape = mb.shape(x=src) if "ratio" in reps else None
-            parts = []
-            for axis, r in enumerate(reps):
-                if isinstance(r, int):
-                    parts.append(np.array([r], dtype=np.int32))
-                    continue
-                size = mb.gather(x=dst_shape, indices=[axis], axis=0)
-                parts.append(size if r == "dst" else
-                             mb.floor_div(x=size, y=mb.gather(x=src_shape, indices=[axis], axis=0)))
-            out = mb.tile(x=src, reps=mb.concat(values=parts, axis=0))
+    else:
+        dst_shape, src_shape = mb.shape(x=dst), mb.shape(x=src) if "ratio" in reps else None
+        parts = []
+        for axis, r in enumerate(reps):
+            if isinstance(r, int):
+                parts.append(np.array([r], dtype=np.int32))
+                continue
+            size = mb.gather(x=dst_shape, indices=[axis], axis=0)
+            parts.append(size if r == "dst" else mb.floor_div(x=size, y=mb.gather(x=src_shape, indices=[axis], axis=0)))
+        out = mb.tile(x=src, reps=mb.concat(values=parts, axis=0))
     if out.dtype != dst.dtype:
         out = mb.cast(x=out, dtype=types.builtin_to_string(dst.dtype))
     context.add(out, torch_name=node.name)
@@ -364,11 +370,12 @@ def _broadcasts_to_the_destination(convert: Callable[[Any, Any], None]) -> bool:
 
     a, b = get_new_symbol(), get_new_symbol()
     for _ in range(64):
-        if list({a, b})[0] is b:
+        if next(iter({a, b})) is b:
             break
         a, b = get_new_symbol(), get_new_symbol()
-    quiet = logging.Filter("coremltools.probe")  # passes no record of the "coremltools" logger: the probe
-    coremltools_logger = logging.getLogger("coremltools")  # is no conversion, its warnings would mislead
+    # the probe is no conversion: coremltools' warnings while it runs ("Recklessly broadcast") would mislead
+    quiet = logging.Filter("coremltools.probe")  # lets through only that logger's records, which none are
+    coremltools_logger = logging.getLogger("coremltools")
     coremltools_logger.addFilter(quiet)
     try:
         @mb.program(input_specs=[mb.TensorSpec(shape=(a, 2)), mb.TensorSpec(shape=(b, 2))])
@@ -382,7 +389,7 @@ def _broadcasts_to_the_destination(convert: Callable[[Any, Any], None]) -> bool:
         PASS_REGISTRY["common::dead_code_elimination"](prog)  # the run reads only what the output needs
         src = np.array([[1.0, 2.0]], dtype=np.float32)
         (out,) = evaluate(prog, {"dst": np.zeros((3, 2), dtype=np.float32), "src": src}).values()
-    except Exception:
+    except Exception:  # the converter, MIL's type inference or the run failed: not the right converter
         return False
     finally:
         coremltools_logger.removeFilter(quiet)

@@ -158,7 +158,8 @@ def test_flexible_conversion_is_the_same_program_under_every_hash_seed():
     programs = []
     for seed in ("0", "7"):
         env = dict(os.environ, PYTHONHASHSEED=seed, PYTHONPATH=root)
-        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, env=env, cwd=root)
+        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, env=env,
+                             cwd=root)
         programs.append(json.loads(out.stdout.strip().splitlines()[-1]))
     assert programs[0] == programs[1]
     assert programs[0][1].count("tile") == 1
