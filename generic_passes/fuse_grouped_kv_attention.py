@@ -57,10 +57,13 @@ write ``-1`` for it, the one size they leave to the run time.
 
 Decision on the mask of a flexible decoder. The causal mask ``[1, 1, L, S]`` is a function input, shared by
 every layer, and folded query rows need it ``G`` times (``tile(mask, [1, 1, G, 1])``): no MIL op reads a
-mask broadcast over the folded rows (``scaled_dot_product_attention`` needs the batch dims of Q, K and V
-equal, so the ``G`` axis cannot stay apart). The tile is made once, at the start of the function, and
-every folded attention of the function reads it: one ``tile`` of ``G * L * S`` elements per call where
-repeat_kv made two of ``G * S * E`` per layer.
+mask broadcast over the folded rows. ``scaled_dot_product_attention`` broadcasts the mask, but needs the
+batch dims of Q, K and V equal, so the ``G`` axis cannot stay apart (Q ``[B, Hkv, G, L, E]`` against K
+``[B, Hkv, 1, S, E]`` is rejected), and a mask of ``L`` rows does not broadcast to ``G * L``. The form
+that reads the mask as it is, one attention per query group (``G`` attentions on ``[B, Hkv, L, E]``
+slices of Q), costs a split of Q, ``G - 1`` more attentions and a concat of the outputs per layer. The
+tile is made once, at the start of the function, and every folded attention of the function reads it:
+one ``tile`` of ``G * L * S`` elements per call where repeat_kv made two of ``G * S * E`` per layer.
 
 Runs right after ``generic::fuse_sdpa`` (which makes the ``scaled_dot_product_attention``), override on.
 """

@@ -1,14 +1,16 @@
 """``generic::remove_unit_tile``: a ``tile`` whose reps are proven all ones is its input.
 
 Where it comes from: an in-place cache update ``cache[..., begin:end, :] = k`` exported with flexible
-lengths. ``torch.export`` writes it as ``copy_`` of ``k`` into the slice; coremltools' ``copy``
-broadcasts ``k`` to the slice's shape when the two shapes are different symbols, with a ``tile`` whose
-reps are computed at run time::
+lengths and converted with coremltools' own ``copy`` converter. ``torch.export`` writes the update as
+``copy`` of ``k`` into the slice; coremltools broadcasts ``k`` and the slice both ways when their shapes
+are different symbols, and takes the target's size from one of them in set order (so from
+``PYTHONHASHSEED``), with a ``tile`` whose reps are computed at run time::
 
-    reps = real_div(select(equal(target, -1), shape(k), target), shape(k))     target: the slice's shape
+    reps = real_div(select(equal(target, -1), shape(k), target), shape(k))     target: k's shape or the slice's
 
 coremltools' ``noop_elimination`` removes a ``tile`` only when its reps are constant ones, which these
-are not.
+are not. (``pattern_infra.torch_support.install()`` replaces that converter: it reads the sizes
+``torch.export`` proved equal and writes ``k`` as it is, so a conversion with it has none of these tiles.)
 
 Math: tiling by one along every axis copies the tensor. ::
 
@@ -16,9 +18,10 @@ Math: tiling by one along every axis copies the tensor. ::
 
 Proof: every rep is proven 1 from the program's shape ops (:mod:`generic_passes._shape_proof`; for
 ``target = shape(k)`` itself, ``shape(k) / shape(k)``). Decision on the others: where the target is the
-shape of a slice ``[S - L, S)`` of the cache, its length is ``L`` only when ``S >= L``, which nothing in
-the program proves (the two lengths are independent inputs, and for ``S < L`` the slice is empty and the
-tile really tiles by 0); that tile stays.
+shape of a slice ``[S - L, S)`` of the cache, its length is ``L`` only when ``S >= L``, which the MIL
+program does not carry (its two lengths are independent inputs, each with its own range; for ``S < L``
+the slice is empty and the tile really tiles by 0); that tile stays. ``S >= L`` is a guard of the
+export, which only the converter can read.
 
 Conditions: the output is not a block output, and has the input's dtype.
 """

@@ -23,7 +23,7 @@ contains nodes coremltools 9.0's PyTorch frontend rejects:
 * ``aten._assert_tensor_metadata`` (torch 2.13's ``.to(dtype)`` under ``torch.export``): a check at
   export time with no output, so a converter that adds nothing (coremltools 8.3 lacks it).
 
-Two converters coremltools has are wrong for these graphs, and are replaced where they are:
+Three converters coremltools has are wrong for these graphs, and are replaced where they are:
 
 * ``aten.where.ScalarSelf`` (``torch.where(cond, scalar, tensor)``) hands ``cond`` to ``select`` as it
   comes; a float condition (``tril`` of a bool tensor converts to a float one: the sliding-window mask
@@ -33,6 +33,19 @@ Two converters coremltools has are wrong for these graphs, and are replaced wher
   coremltools 9.0's converter ignores: ``nn.GELU(approximate="tanh")`` (``gelu_pytorch_tanh``: Gemma,
   Gemma2, SigLIP, Starcoder2) becomes the exact gelu, up to 5e-4 off per activation. The replacement
   reads ``approximate`` positionally or as a keyword and emits ``gelu(mode="TANH_APPROXIMATION")``.
+* ``aten.copy`` (``dst.copy_(src)``, how ``torch.export`` writes a slice assignment ``cache[..., b:e] =
+  k``) gives ``src`` ``dst``'s shape: ``src`` broadcasts to it, one way. coremltools 9.0 broadcasts the
+  two both ways, and where their sizes are two symbols it cannot compare (its "Recklessly broadcast"
+  warning) takes the first of a set of them, so the converted program depends on ``PYTHONHASHSEED``:
+  ``src``'s size, which is wrong where it is 1 and PyTorch broadcasts it, or ``dst``'s, a ``tile`` to
+  it with reps computed at run time. The replacement reads what ``torch.export`` proved: the node's
+  ``meta["val"]`` (fake tensors over the export's symbols, valid for every input the exported program
+  accepts, whose guards it checks on each call) gives ``src`` and ``dst`` one size where the export
+  proved them equal; ``src`` is tiled only where its size is the integer 1, or, where nothing is known,
+  by ``shape(dst) // shape(src)`` at run time (1 or ``dst``'s size, the two cases PyTorch accepts).
+  In the KV-cache update of a flexible decoder, the slice ``[S - L, S)`` is ``L`` long under the
+  export's guard ``S - L >= 0`` (``ExportedProgram._guards_code``: the exported program rejects
+  ``S < L``, as the eager module does): the new keys are written as they are, with no ``tile``.
 
 :func:`install` registers them through coremltools' own torch-op registry
 (``coremltools.converters.mil.frontend.torch.torch_op_registry.register_torch_op``): a missing converter
@@ -162,6 +175,110 @@ def _gelu(context: Any, node: Any) -> None:
     context.add(mb.gelu(x=x, mode=mode, name=node.name))
 
 
+def _torch_sizes(val: Any) -> list[Any] | None:
+    """The sizes of a node's ``meta["val"]`` (a fake tensor) as sympy expressions in ``torch.export``'s
+    symbols (ints as sympy integers); None when the node has no tensor value."""
+    import sympy as sp
+    import torch
+
+    shape = getattr(val, "shape", None)
+    if shape is None:
+        return None
+    sizes = []
+    for size in shape:
+        if isinstance(size, torch.SymInt):
+            sizes.append(size.node.expr)  # with the shape env's replacements applied
+        else:
+            sizes.append(sp.Integer(int(size)))
+    return sizes
+
+
+def _torch_sizes_of_input(context: Any, name: str) -> list[Any] | None:
+    """The ``torch.export`` sizes of the node named ``name`` of the graph being converted (None for a
+    placeholder, a literal, or outside a conversion)."""
+    try:
+        graph = context.torch_graph
+    except (AttributeError, ValueError):  # no graph: a stand-in (or a coremltools without the property)
+        return None
+    for node in graph.nodes:
+        if name in node.outputs:
+            return _torch_sizes((node.meta or {}).get("val"))
+    return None
+
+
+def _copy_repeats(dst: Any, src: Any, dst_torch: list[Any] | None, src_torch: list[Any] | None,
+                  name: str) -> list[int | str]:
+    """The repeat of each axis of ``src`` (as ``dst``'s rank) in ``copy(dst, src)`` (:func:`_copy`): an int,
+    ``"dst"`` (``dst``'s size, read at run time) or ``"ratio"`` (``dst``'s size over ``src``'s, at run time)."""
+    import sympy as sp
+    from coremltools.converters.mil.mil.types.symbolic import is_symbolic
+
+    known = dst_torch is not None and src_torch is not None and len(dst_torch) == len(src_torch) == dst.rank
+    reps: list[int | str] = []
+    for axis, (d, s) in enumerate(zip(dst.shape, src.shape)):
+        if (is_symbolic(d) == is_symbolic(s) and d == s) or (
+                known and sp.expand(dst_torch[axis] - src_torch[axis]) == 0):
+            reps.append(1)
+        elif (not is_symbolic(s) and s == 1) or (known and src_torch[axis] == 1):
+            reps.append("dst" if is_symbolic(d) else int(d))
+        elif is_symbolic(d) or is_symbolic(s):
+            reps.append("ratio")
+        else:
+            raise ValueError(f"copy {name}: src of shape {src.shape} does not broadcast to dst's {dst.shape}")
+    return reps
+
+
+def _copy(context: Any, node: Any) -> None:
+    """``aten.copy(dst, src)``: ``src`` broadcast to ``dst``'s shape and cast to ``dst``'s dtype.
+
+    PyTorch's ``dst.copy_(src)`` broadcasts one way: ``src`` (rank at most ``dst``'s) takes ``dst``'s
+    shape, each of its sizes equal to ``dst``'s or 1. Per axis (aligned from the right), the repeat is:
+
+    1. 1 where the sizes are the same: equal integers, one MIL symbol, or one ``torch.export`` size (the
+       ``meta["val"]`` of the copy, which has ``dst``'s shape, and of ``src``'s node: ``torch.export``
+       proved them equal, under the guards the exported program checks on every call);
+    2. ``dst``'s size where ``src``'s is 1 (an integer, or ``torch.export``'s size; ``dst``'s is read with
+       ``shape(dst)`` when symbolic);
+    3. otherwise ``shape(dst) // shape(src)`` at run time: ``dst``'s size when ``src``'s is 1, else 1,
+       the two cases PyTorch accepts.
+
+    Every repeat 1: ``src`` itself (cast when the dtypes differ); else one ``tile``.
+    """
+    import numpy as np
+    import sympy as sp
+    from coremltools.converters.mil import Builder as mb
+    from coremltools.converters.mil.frontend.torch.ops import _get_inputs
+    from coremltools.converters.mil.mil import types
+
+    dst, src = _get_inputs(context, node, expected=[2, 3])[:2]
+    if src.rank > dst.rank:
+        raise ValueError(f"copy {node.name}: src of shape {src.shape} into dst of shape {dst.shape} "
+                         f"(PyTorch broadcasts src to dst's shape, so src's rank cannot be larger)")
+    src_torch = _torch_sizes_of_input(context, node.inputs[1])
+    extra = dst.rank - src.rank
+    if extra:
+        src = mb.expand_dims(x=src, axes=list(range(extra)))
+        src_torch = None if src_torch is None else [sp.Integer(1)] * extra + src_torch
+    reps = _copy_repeats(dst, src, _torch_sizes((node.meta or {}).get("val")), src_torch, node.name)
+    out = src
+    if all(isinstance(r, int) for r in reps):
+        if any(r != 1 for r in reps):
+            out = mb.tile(x=src, reps=reps)
+    else:
+        dst_shape, src_shape = mb.shape(x=dst), mb.shape(x=src) if "ratio" in reps else None
+        parts = []
+        for axis, r in enumerate(reps):
+            if isinstance(r, int):
+                parts.append(np.array([r], dtype=np.int32))
+                continue
+            size = mb.gather(x=dst_shape, indices=[axis], axis=0)
+            parts.append(size if r == "dst" else mb.floor_div(x=size, y=mb.gather(x=src_shape, indices=[axis], axis=0)))
+        out = mb.tile(x=src, reps=mb.concat(values=parts, axis=0))
+    if out.dtype != dst.dtype:
+        out = mb.cast(x=out, dtype=types.builtin_to_string(dst.dtype))
+    context.add(out, torch_name=node.name)
+
+
 CONVERTERS: dict[str, Callable[[Any, Any], None]] = {
     "alias": _alias,
     "where.scalarother": _same_as("where"),
@@ -232,9 +349,57 @@ def _reads_approximate_keyword(convert: Callable[[Any, Any], None]) -> bool:
     return modes == ["TANH_APPROXIMATION"]
 
 
+def _broadcasts_to_the_destination(convert: Callable[[Any, Any], None]) -> bool:
+    """Whether ``convert`` (a ``copy`` converter) broadcasts ``src`` of shape ``(1, 2)`` to ``dst``'s
+    ``(3, 2)`` when the program declares the two first sizes as different symbols.
+
+    PyTorch's ``dst.copy_(src)`` takes ``dst``'s shape. coremltools 9.0 broadcasts both ways and takes
+    the first symbol of a set (``pymil_broadcast_shapes``), ``src``'s or ``dst``'s depending on
+    ``PYTHONHASHSEED``: the probe draws symbols until that set lists ``src``'s first, where taking it
+    leaves ``src`` one row long. The program runs in the reference evaluator.
+    """
+    import numpy as np
+    from coremltools.converters.mil import Builder as mb
+    from coremltools.converters.mil.frontend.torch.converter import TranscriptionContext
+    from coremltools.converters.mil.frontend.torch.internal_graph import InternalTorchIRNode
+    from coremltools.converters.mil.frontend.torch.utils import TorchFrontend
+    from coremltools.converters.mil.mil import get_new_symbol
+    from coremltools.converters.mil.mil.passes.pass_registry import PASS_REGISTRY
+
+    from .verification.evaluator import evaluate
+
+    a, b = get_new_symbol(), get_new_symbol()
+    for _ in range(64):
+        if next(iter({a, b})) is b:
+            break
+        a, b = get_new_symbol(), get_new_symbol()
+    # the probe is no conversion: coremltools' warnings while it runs ("Recklessly broadcast") would mislead
+    quiet = logging.Filter("coremltools.probe")  # lets through only that logger's records, which none are
+    coremltools_logger = logging.getLogger("coremltools")
+    coremltools_logger.addFilter(quiet)
+    try:
+        @mb.program(input_specs=[mb.TensorSpec(shape=(a, 2)), mb.TensorSpec(shape=(b, 2))])
+        def prog(dst: Any, src: Any) -> Any:
+            context = TranscriptionContext(frontend=TorchFrontend.TORCHEXPORT)
+            context.add(dst, torch_name="dst")
+            context.add(src, torch_name="src")
+            convert(context, InternalTorchIRNode(kind="copy", inputs=["dst", "src"], outputs=["out"]))
+            return mb.identity(x=context["out"])
+
+        PASS_REGISTRY["common::dead_code_elimination"](prog)  # the run reads only what the output needs
+        src = np.array([[1.0, 2.0]], dtype=np.float32)
+        (out,) = evaluate(prog, {"dst": np.zeros((3, 2), dtype=np.float32), "src": src}).values()
+    except Exception:  # the converter, MIL's type inference or the run failed: not the right converter
+        return False
+    finally:
+        coremltools_logger.removeFilter(quiet)
+    return np.shape(out) == (3, 2) and bool(np.all(out == src))
+
+
 REPLACEMENTS: dict[str, tuple[Callable[[Any, Any], None], Callable[[Callable[[Any, Any], None]], bool]]] = {
     "where.scalarself": (_where_scalar_self, _selects_with_a_float_condition),
     "gelu": (_gelu, _reads_approximate_keyword),
+    "copy": (_copy, _broadcasts_to_the_destination),
 }
 """Op kinds whose coremltools converter is wrong for some graphs: our converter, and the probe that says
 whether a registered converter gets that case right (:func:`install` replaces it when not)."""

@@ -69,6 +69,18 @@ class ToDtype(torch.nn.Module):
         return (x * 2).to(torch.float32) + 1.0
 
 
+class SliceAssignments(torch.nn.Module):
+    """``x[b:e] = y`` exports as ``copy`` into the slice: one of the same shape, one broadcast from a
+    row, one cast from int32."""
+
+    def forward(self, x):
+        y = x * 2.0
+        y[1:3] = x[3:5] + 1.0
+        y[3:5] = x[0]
+        y[0:1, 1:3] = (x[0:1, 0:2] * 4.0).to(torch.int32)
+        return y - 0.5
+
+
 def convert_as_is(module, args):
     """Export and convert with whatever converters the registry holds (``convert_torch`` installs ours)."""
     exported = torch.export.export(module.eval(), args).run_decompositions({})
@@ -77,9 +89,10 @@ def convert_as_is(module, args):
 
 MODULES = {"alias": Alias, "where.scalarother": WhereScalarOther, "new_ones": AndOfNewOnes,
            "index_add": IndexAdd, "index_add_last_dim": IndexAddLastDim,
-           "where.scalarself": WhereScalarSelfFloatCond, "gelu": GeluTanh, "gelu_next_to_a_tanh": GeluTanhNextToATanh, "_assert_tensor_metadata": ToDtype}
+           "where.scalarself": WhereScalarSelfFloatCond, "gelu": GeluTanh, "gelu_next_to_a_tanh": GeluTanhNextToATanh, "_assert_tensor_metadata": ToDtype,
+           "copy": SliceAssignments}
 
-COREMLTOOLS_OWN = {"where.scalarself": ct_ops.where_scalarself, "gelu": ct_ops.gelu}
+COREMLTOOLS_OWN = {"where.scalarself": ct_ops.where_scalarself, "gelu": ct_ops.gelu, "copy": ct_ops.copy}
 """coremltools' own converters of the op kinds :data:`torch_support.REPLACEMENTS` replaces where wrong."""
 
 
@@ -124,7 +137,8 @@ def test_a_replacement_passes_its_probe_and_a_wrong_converter_fails_it(kind):
         out = mb.gelu(x=inputs[0]) if kind == "gelu" else mb.select(cond=inputs[0], a=inputs[1], b=inputs[2])
         context.add(out, torch_name=node.name)
 
-    assert not right(wrong)
+    # coremltools 9.0's copy: src's shape where the set of the two symbols lists src's first
+    assert not right(ct_ops.copy if kind == "copy" else wrong)
 
 
 @pytest.mark.parametrize("kind", list(torch_support.REPLACEMENTS))
@@ -180,3 +194,45 @@ def test_converted_module_computes_what_torch_computes(without_converters, kind)
     (got,) = evaluate(prog, {name: x.numpy()}).values()
     np.testing.assert_allclose(got, module(x).numpy(), rtol=1e-6, atol=1e-7)
     assert sum(op_counts(prog).values()) > 0
+
+
+class CacheUpdate(torch.nn.Module):
+    """A KV-cache update as Apple's iOS 18 guide writes it: ``L`` new rows written at ``[S - L, S)`` of the
+    cache, read back up to ``S`` (``S`` from the mask's last axis; a cache of ones, not state).
+
+    Args:
+        one_row: Write the first new row into all ``L`` rows (PyTorch broadcasts it to the slice).
+    """
+
+    def __init__(self, one_row: bool = False):
+        super().__init__()
+        self.one_row = one_row
+
+    def forward(self, x, mask):
+        end = mask.shape[-1]
+        begin = end - x.shape[1]
+        cache = torch.ones(1, 16, 4)
+        cache[:, begin:end] = (x[:, :1] if self.one_row else x) * 2.0
+        return cache[:, :end].sum(dim=1, keepdim=True) + mask.sum()
+
+
+@pytest.mark.parametrize("one_row", [False, True], ids=["rows", "one_row"])
+def test_a_flexible_cache_update_writes_the_rows_as_they_are(one_row):
+    """``torch.export`` proves the slice ``[S - L, S)`` ``L`` long under its guard ``S >= L`` (the exported
+    program rejects ``S < L``): no ``tile`` of the new rows (one row is tiled to the slice's length, read
+    at run time), and the program computes what PyTorch does."""
+    torch_support.install()
+    module = CacheUpdate(one_row)
+    query, cache = (torch.export.Dim(name, min=1, max=15) for name in ("query", "cache"))
+    args = (torch.ones(1, 2, 4), torch.zeros(1, 5))
+    exported = torch.export.export(module, args, dynamic_shapes={"x": {1: query}, "mask": {1: cache}})
+    with pytest.raises(AssertionError, match="Guard failed"):
+        exported.module()(torch.ones(1, 3, 4), torch.zeros(1, 2))
+    prog = convert_exported(exported.run_decompositions({}), override=False)
+    assert op_counts(prog).get("tile", 0) == int(one_row)
+    rng = np.random.default_rng(0)
+    for length, end in [(1, 1), (3, 5), (4, 15), (1, 15)]:
+        x, mask = rng.standard_normal((1, length, 4)), rng.standard_normal((1, end))
+        want = module(torch.from_numpy(x).float(), torch.from_numpy(mask).float()).numpy()
+        (got,) = evaluate(prog, {"x": x, "mask": mask}).values()
+        np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)

@@ -229,6 +229,10 @@ def export_decoder(module: StatefulDecoder, *, flexible: bool = True, step: Step
 def convert_decoder(exported: Any, *, override: bool, **convert_kwargs: Any) -> Any:
     """Converts an export of the decoder with its two states (fp16) at iOS18; returns the ``MLModel``.
 
+    The converters of :func:`pattern_infra.torch_support.install` are installed first, as a user converting
+    a PyTorch model installs them: its ``copy`` writes each cache update as it is, the same program
+    under every ``PYTHONHASHSEED`` (``docs/MODELS.md``).
+
     Args:
         exported: From :func:`export_decoder`.
         override: Whether the generic-pass override is on.
@@ -237,8 +241,10 @@ def convert_decoder(exported: Any, *, override: bool, **convert_kwargs: Any) -> 
     """
     import coremltools as ct
 
+    from .. import torch_support
     from .convert import convert_exported_model
 
+    torch_support.install()
     buffers = dict(exported.named_buffers())
     states = [ct.StateType(wrapped_type=ct.TensorType(shape=tuple(buffers[name].shape), dtype=np.float16), name=name)
               for name in STATE_NAMES]
@@ -307,8 +313,7 @@ def measure(seed: int = 0) -> list[dict[str, Any]]:
 
     The flexible program runs a prefill of 4 tokens and two decode steps from an empty cache; the static
     one (exported at the first decode step's shapes) runs that decode step from the cache PyTorch left
-    after the prefill. The flexible conversion's op counts depend on ``PYTHONHASHSEED`` (coremltools'
-    frontend picks the target of each cache update's broadcast in set order; ``docs/MODELS.md``).
+    after the prefill.
 
     Returns:
         One row per variant and override: ``variant``, ``override``, ``ops`` (without ``const``),
