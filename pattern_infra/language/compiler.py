@@ -1,17 +1,11 @@
-"""Turn a pattern written as an ``mb.program`` into a graph the matcher can search.
+"""Turn a pattern written as an ``mb.program`` into plain patterns the matcher can search: one
+:class:`CompiledPattern` per spelling (:mod:`~pattern_infra.language.variants`).
 
-A pattern program is read once, at registration, into a :class:`CompiledPattern`:
-
-1. Every non-``const`` op becomes a :class:`PatternNode` (name, accepted op types, number of outputs,
-   one :class:`Edge` per input slot).
-2. Every function input becomes a *root* (``Edge.kind == "root"``): any program variable may stand there,
-   with any number of consumers outside the match.
-3. Every ``const`` op becomes a *constant placeholder* (``Edge.kind == "const"``), one per use, with a
-   :class:`ConstRule` for the program's variable in that slot: anything not computed inside the match
-   (``"any"``, the default), a compile-time constant (``"const"``), or a constant of the same value
-   within a tolerance (``"value"``).
-4. The *final ops* produce the program's outputs, which may be used anywhere; every other op's outputs
-   must be consumed only inside the match.
+Each non-``const`` op becomes a :class:`PatternNode` with one :class:`Edge` per input slot: from a
+*root* (a function input: any program variable, with any consumers outside the match), from another
+op, or from a *constant placeholder* (one per use, with the :class:`ConstRule` its program variable must
+satisfy). The *final ops* produce the program's outputs, which may be used anywhere; every other op's
+outputs must be consumed only inside the match.
 
 Rules, each enforced with an error naming the pattern, the op and the fix: unique op names, exactly one
 last op unless the program returns several outputs, at least one op, no op named like a reserved
@@ -99,7 +93,7 @@ def compile_pattern(
             of identity names or ``{"<op>": [names]}``; see :mod:`pattern_infra.language.equivalences`.
 
     Returns:
-        The compiled pattern.
+        Its first spelling, holding every spelling in ``variants``.
 
     Raises:
         PatternDefinitionError: The pattern breaks a rule; the message names the rule and the fix.

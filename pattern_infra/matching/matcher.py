@@ -3,18 +3,14 @@
 Algorithm (per pattern, per block):
 
 1. **Spellings and plans, once per pattern.** The pattern's spellings are plain patterns
-   (``compiled.variants``: one, for a pattern without choices). For every
-   pattern op taken as the *anchor*, each spelling's search order is planned (:func:`~.plan.plan`:
-   each further op reached *up*, the producer of a slot of an op already placed, or *down*, a consumer
-   of a variable already bound; up-steps first, ops outside every choice first, a choice's ops together
-   in the order the choices come). The spellings' plans are merged into one tree (:class:`~.search.Branch`):
-   the steps they share come once, and they part where their ops differ.
-2. **Anchor, once per block.** The driver indexes the block's ops by type; the anchor is the pattern op
-   whose type is rarest in the block, so most program ops are never looked at.
-3. **The walk** (:class:`~.search.Search`) binds the anchor op and follows the tree depth first,
-   backtracking; at each leaf, the final checks of that spelling, then the caller's ``accept`` (the
-   user's constraints, the transform) decides: anything but ``True`` backtracks into the walk, which goes
-   on to the next structural match at the same anchor, in the spellings' order.
+   (``compiled.variants``: one, for a pattern without choices). The *anchors* are the places every
+   spelling has: its ops outside the choices, and the choices. From every anchor, each spelling's search
+   order is planned (:func:`~.plan.plan`: up-steps first, ops outside every choice first, a choice's ops
+   together in the order the choices come), and the plans are merged into one tree
+   (:class:`~.search.Branch`): the steps they share come once, and they part where their ops differ.
+2. **Anchor, once per block.** The driver indexes the block's ops by type; the anchor is the one whose
+   types are rarest in the block, so most program ops are never looked at.
+3. **The walk** (:class:`~.search.Search`) binds the anchor op and follows the tree depth first.
 
 Cost: for an anchor candidate, each up-step is O(1) and each down-step O(consumers of one variable), so a
 pattern with only up-steps costs O(pattern size) per anchor op; a choice costs a branch, not a copy of

@@ -1,8 +1,7 @@
 """The search: one anchored, backtracking walk of a plan tree (:class:`Search`), the only search engine.
 
-A pattern's spellings (:mod:`~pattern_infra.language.variants`) are plain patterns; per anchor, their
-plans are merged into one tree of steps (:class:`Branch`, built by :mod:`~pattern_infra.matching.matcher`),
-so what the spellings share is bound once and a choice costs a branch. The walk, from the anchor op:
+The tree (:class:`Branch`, built by :mod:`~pattern_infra.matching.matcher`) holds the spellings' plans
+merged. The walk, from the anchor op:
 
 1. **A step** reaches one pattern op: *up* (the producer of a slot of an op bound: one candidate) or
    *down* (each consumer of a variable bound, of an accepted type, not bound yet).
