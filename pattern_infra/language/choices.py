@@ -1,8 +1,6 @@
-"""Alternatives at any point of a pattern: ``one_of`` and ``optional`` record, while the pattern program
-is built, which ops each alternative made (a :class:`Record` per choice). Their rules and an example are in
-docs/LANGUAGE.md ("Alternatives at any point"); each choice becomes a choice node (:mod:`~.alternatives`)
-and every spelling a plain pattern (:mod:`~.variants`).
-"""
+"""Alternatives at any point of a pattern (rules and examples: docs/LANGUAGE.md): ``one_of`` and ``optional``
+record which ops each alternative made, a :class:`Record` per choice, for :mod:`~.alternatives` and
+:mod:`~.variants`."""
 
 from __future__ import annotations
 
@@ -45,10 +43,8 @@ def one_of(name: str, *alternatives: Callable[[], Var], fallback: bool = False) 
     Alternatives are tried in the order written; write the longest first. When the choice ends the
     pattern, a later alternative is by default never matched inside a match of an earlier one (``norm *
     w`` is the weighted spelling, not the unweighted one and an unrelated ``mul``), whatever the
-    constraints say of that match. Choices nest. Alternatives read pattern inputs, constants and earlier
-    pattern ops (an earlier *op* read by every alternative); op names are unique within an alternative and
-    distinct from those outside the choice, and may repeat across the alternatives (``pattern.<op name>``
-    is whichever matched). ``pattern.choices[name]`` is the index of the alternative that matched.
+    constraints say of that match. Choices nest; ``pattern.choices[name]`` is the index of the alternative
+    that matched. What alternatives may read and how their ops are named: docs/LANGUAGE.md.
 
     Args:
         name: The choice's name: ``pattern.<name>`` is the op computing the variable in a match.
@@ -92,8 +88,7 @@ def one_of(name: str, *alternatives: Callable[[], Var], fallback: bool = False) 
         finally:
             _ACTIVE.pop()
         ops = list(func.operations)[start:]
-        if (not isinstance(out, Var) or out.op is None or out.op.op_type == "const"
-                or all(out.op is not op for op in ops)):
+        if not isinstance(out, Var) or all(out.op is not op for op in ops) or out.op.op_type == "const":
             what = out.name if isinstance(out, Var) else type(out).__name__
             raise PatternDefinitionError(
                 f"one_of({name!r}): alternative {k} returns {what}, which none of its own ops computes. "

@@ -1,12 +1,9 @@
 """Equivalences the matcher knows: ``pow(x, 2)`` also matches ``mul(x, x)``, and so on.
 
-The identities, how exact each is in float32 and how ``equivalences=`` declares them are in docs/LANGUAGE.md
+The identities, how exact each is in float32 and how ``equivalences=`` declares them: docs/LANGUAGE.md
 ("Equivalences the matcher knows"). :func:`with_equivalences` replays the pattern program into one where
-every op an identity applies to is a :func:`~.choices.one_of` choice between the op as written and its
-other spellings; the choice and its alternatives' ops keep the op's name, so ``pattern.<name>`` is
-whichever matched and ``pattern.choices[<name>]`` says which (0: as written). ``reassoc`` (:mod:`~.reassoc`)
-is applied alone on its chain's ops; a constant rule keyed ``"<inner op>.y"`` holds in the order as written
-only, one keyed by const op name in every order.
+every op an identity applies to is a :func:`~.choices.one_of` choice, of the op's name, between the op as
+written and its other spellings (``reassoc``: :mod:`~.reassoc`).
 """
 
 from __future__ import annotations
@@ -56,6 +53,10 @@ class Identity:
     statement: str
     """The identity in words, for messages."""
 
+    def applies(self, op: Operation) -> bool:
+        """Whether it holds for the pattern op ``op``."""
+        return op.op_type == self.op_type and self.holds(op)
+
 
 def _const_y(op: Operation, nonzero: bool = False) -> bool:
     value = constant_value(op.inputs.get("y"))
@@ -67,26 +68,22 @@ def _is_two(op: Operation) -> bool:
     return value is not None and value.size == 1 and float(value.reshape(())) == 2.0
 
 
-def _with_const(op_type: str, fn: Callable[[np.ndarray], np.ndarray]) -> Callable[[Var, Operation], Var]:
-    """Builds ``<op_type>(x, fn(c))`` for an op ``f(x, c)``, ``fn(c)`` in c's float dtype (else float32)."""
-
-    def build(x: Var, op: Operation) -> Var:
-        value = constant_value(op.inputs["y"])
-        y = fn(value.astype(np.float32)).astype(value.dtype if value.dtype.kind == "f" else np.float32)
-        return getattr(mb, op_type)(x=x, y=y, name=op.name)
-
-    return build
+def _with_const(op_type: str, fn: Callable[[np.ndarray], np.ndarray], x: Var, op: Operation) -> Var:
+    """``<op_type>(x, fn(c))`` for an op ``f(x, c)``, ``fn(c)`` in c's float dtype (else float32)."""
+    value = constant_value(op.inputs["y"])
+    y = fn(value.astype(np.float32)).astype(value.dtype if value.dtype.kind == "f" else np.float32)
+    return getattr(mb, op_type)(x=x, y=y, name=op.name)
 
 
 IDENTITIES: dict[str, Identity] = {i.name: i for i in [
     Identity("pow2", "pow", _is_two, lambda x, op: mb.mul(x=x, y=x, name=op.name), True, "pow(x, 2) = mul(x, x)"),
     Identity("square_pow", "mul", lambda op: op.inputs["x"] is op.inputs["y"],
              lambda x, op: mb.pow(x=x, y=np.float32(2.0), name=op.name), True, "mul(x, x) = pow(x, 2)"),
-    Identity("sub_const", "sub", _const_y, _with_const("add", np.negative), True, "sub(x, c) = add(x, -c)"),
-    Identity("add_const", "add", _const_y, _with_const("sub", np.negative), True, "add(x, c) = sub(x, -c)"),
-    Identity("div_const", "real_div", lambda op: _const_y(op, nonzero=True), _with_const("mul", np.reciprocal),
+    Identity("sub_const", "sub", _const_y, partial(_with_const, "add", np.negative), True, "sub(x, c) = add(x, -c)"),
+    Identity("add_const", "add", _const_y, partial(_with_const, "sub", np.negative), True, "add(x, c) = sub(x, -c)"),
+    Identity("div_const", "real_div", partial(_const_y, nonzero=True), partial(_with_const, "mul", np.reciprocal),
              False, "real_div(x, c) = mul(x, 1/c)"),
-    Identity("mul_const", "mul", lambda op: _const_y(op, nonzero=True), _with_const("real_div", np.reciprocal),
+    Identity("mul_const", "mul", partial(_const_y, nonzero=True), partial(_with_const, "real_div", np.reciprocal),
              False, "mul(x, c) = real_div(x, 1/c)"),
     Identity("reassoc", "mul", lambda op: chain_at(op) is not None, lambda x, op: x,  # built by _order
              False, f"a product of 3 to {MAX_FACTORS} factors, one a constant (mul(mul(a, c), b) = mul(a, mul(b, c)) "
@@ -100,11 +97,6 @@ IDENTITIES: dict[str, Identity] = {i.name: i for i in [
 
 def with_equivalences(program: Program, pattern_name: str, equivalences: Equivalences) -> Program:
     """The pattern program with every op an identity applies to turned into a choice of its spellings.
-
-    Args:
-        program: The pattern (not changed).
-        pattern_name: For messages.
-        equivalences: What to apply.
 
     Returns:
         ``program`` itself when nothing applies, else a new pattern program (same names, same inputs).
@@ -132,7 +124,7 @@ def _plan(func: Function, pattern_name: str, equivalences: Equivalences) -> dict
     ops = {op.name: op for op in func.operations if op.op_type != "const"}
     if not isinstance(equivalences, Mapping):
         identities = _known(pattern_name, list(IDENTITIES) if equivalences is True else equivalences or [])
-        return {name: [i for i in identities if _applies(i, op)] for name, op in ops.items()}
+        return {name: [i for i in identities if i.applies(op)] for name, op in ops.items()}
     plan: dict[str, list[Identity]] = {}
     for op_name, names in equivalences.items():
         if op_name not in ops:
@@ -142,7 +134,7 @@ def _plan(func: Function, pattern_name: str, equivalences: Equivalences) -> dict
         op = ops[op_name]
         plan[op_name] = _known(pattern_name, [names] if isinstance(names, str) else names)
         for identity in plan[op_name]:
-            if not _applies(identity, op):
+            if not identity.applies(op):
                 raise PatternDefinitionError(
                     f"Pattern {pattern_name!r}: equivalence {identity.name!r} declared on op "
                     f"{op_name!r} ({op.op_type}), where it does not hold. Rule: {identity.name} is "
@@ -158,10 +150,6 @@ def _known(pattern_name: str, names: Iterable[str]) -> list[Identity]:
             f"Pattern {pattern_name!r}: unknown equivalence(s) {unknown}; the matcher knows "
             f"{sorted(IDENTITIES)} (see pattern_infra.language.equivalences).")
     return [IDENTITIES[n] for n in names]
-
-
-def _applies(identity: Identity, op: Operation) -> bool:
-    return op.op_type == identity.op_type and identity.holds(op)
 
 
 def _lookup(var: Var, scope: Scope) -> Var:

@@ -1,9 +1,6 @@
-"""The ``Pattern`` object: one match of a pattern in a program, handed to the user's callbacks.
-
-``pattern.<name>`` is the program op captured for the pattern op ``<name>``. The design document's surface
-(``root_var``, ``final_op``, ``block``, ``op_set``, ``op_list()``, ``add_attribute``) is extended for several
-inputs and outputs (``root_vars``, ``final_ops``), swapped operands (``operand``) and constants (``consts``).
-"""
+"""The ``Pattern``: one match of a pattern in a program, handed to the user's callbacks. The design
+document's surface (``pattern.<name>``, ``root_var``, ``final_op``, ``block``, ``op_set``, ``op_list()``,
+``add_attribute``), extended for several inputs and outputs, swapped operands and constants."""
 
 from __future__ import annotations
 
@@ -41,13 +38,9 @@ class Pattern:
     """
 
     def __init__(
-        self,
-        compiled: CompiledPattern | None = None,
-        ops: Mapping[str, Operation | list[Operation]] | None = None,
-        root_vars: list[Var] | None = None,
-        block: Block | None = None,
-        operands: Mapping[str, Mapping[str, Any]] | None = None,
-        consts: Mapping[str, Var] | None = None,
+        self, compiled: CompiledPattern | None = None, ops: Mapping[str, Operation | list[Operation]] | None = None,
+        root_vars: list[Var] | None = None, block: Block | None = None,
+        operands: Mapping[str, Mapping[str, Any]] | None = None, consts: Mapping[str, Var] | None = None,
         order: Callable[[list[Operation]], list[Operation]] | None = None,
     ) -> None:
         match = self._of_search(compiled, block, dict(ops or {}), list(root_vars or []), dict(operands or {}),
@@ -90,10 +83,6 @@ class Pattern:
 
     def add_attribute(self, attribute_name: str, attribute: Any) -> None:
         """Adds ``pattern.<attribute_name>`` for later callbacks (e.g. from constraints to transform).
-
-        Args:
-            attribute_name: Name of the new attribute.
-            attribute: Its value.
 
         Raises:
             NameError: The name is a captured op or a reserved attribute of ``Pattern``.
@@ -164,9 +153,10 @@ class Pattern:
         except ValueError as exc:
             if (new_var.dtype, new_var.shape) == (old_var.dtype, old_var.shape):
                 raise
+            new_type, old_type = (f"{tuple(v.shape)} {types.builtin_to_string(v.dtype)}" for v in (new_var, old_var))
             raise ValueError(
-                f"replace_output: {new_var.name} is {_type_label(new_var)}, but {old_var.name}, which it "
-                f"replaces, is {_type_label(old_var)}; build a replacement of the same shape and dtype "
+                f"replace_output: {new_var.name} is {new_type}, but {old_var.name}, which it "
+                f"replaces, is {old_type}; build a replacement of the same shape and dtype "
                 f"(mb.cast, mb.reshape), or return False from the transform to leave the match."
             ) from exc
         self._replacements.append(new_var)
@@ -212,8 +202,3 @@ class Pattern:
 
 def _flat(op: Operation | list[Operation]) -> list[Operation]:
     return op if isinstance(op, list) else [op]
-
-
-def _type_label(var: Var) -> str:
-    """``(1, 4) fp16``: a variable's shape and dtype, for messages."""
-    return f"{tuple(var.shape)} {types.builtin_to_string(var.dtype)}"

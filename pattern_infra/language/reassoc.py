@@ -1,9 +1,6 @@
-"""Constant scalings re-associated (the ``reassoc`` equivalence): which ``mul`` chains, which orders, how exact.
-
-:func:`chain_at` finds the chain of ``mul`` ops ending at one ``mul``; :func:`association_orders` lists
-every way to multiply its factors, ``(2k - 3)!!`` for ``k`` distinct factors (3, 15, 105 for 3, 4, 5),
-bounded by :data:`MAX_FACTORS` so a choice stays a constant number of alternatives per pattern op.
-"""
+"""Constant scalings re-associated (the ``reassoc`` equivalence): which ``mul`` chains (:func:`chain_at`),
+which orders (:func:`association_orders`: ``(2k - 3)!!`` for ``k`` distinct factors, at most
+:data:`MAX_FACTORS`, so a choice stays a constant number of alternatives per pattern op), how exact."""
 
 from __future__ import annotations
 
