@@ -33,8 +33,8 @@ class Record:
 _RECORDS: weakref.WeakKeyDictionary[Any, list[Record]] = weakref.WeakKeyDictionary()
 """Pattern function to the choices declared at its top level while it was built."""
 
-_ACTIVE: list[tuple[Record, int]] = []
-"""The alternatives being built right now (innermost last)."""
+_ACTIVE: list[list[Record]] = []
+"""Per alternative being built right now (innermost last), the choices declared inside it."""
 
 
 def one_of(name: str, *alternatives: Callable[[], Var], fallback: bool = False) -> Var:
@@ -75,14 +75,10 @@ def one_of(name: str, *alternatives: Callable[[], Var], fallback: bool = False) 
             f"one_of({name!r}) needs at least two alternatives, each a function of no argument building "
             f"ops (e.g. lambda: mb.mul(x=x, y=x, name='sq')); got {len(alternatives)}.")
     record = Record(name, [], fallback=fallback)
-    if _ACTIVE:
-        parent, k = _ACTIVE[-1]
-        parent.children.setdefault(k, []).append(record)
-    else:
-        _RECORDS.setdefault(func, []).append(record)
+    (_ACTIVE[-1] if _ACTIVE else _RECORDS.setdefault(func, [])).append(record)
     for k, build in enumerate(alternatives):
         start = len(func.operations)
-        _ACTIVE.append((record, k))
+        _ACTIVE.append(record.children.setdefault(k, []))
         try:
             out = build()
         finally:
@@ -106,7 +102,6 @@ def optional(name: str, base: Callable[[], Var], extra: Callable[[Var], Var], fa
     no op (an optional op on a pattern input).
 
     Args:
-        name: The choice's name.
         base: Builds the ops the optional op reads from, returning their variable.
         extra: Builds the optional op(s) on that variable.
         fallback: As for :func:`one_of`: without the optional op when the match with it is refused.

@@ -32,8 +32,7 @@ REASSOC_RTOL = 2.4e-7
 RSQRT_RTOL = 1.2e-7
 """Relative tolerance of ``rsqrt(x)`` against ``1 / sqrt(x)`` in float32, beyond rsqrt's epsilon term."""
 
-Equivalences = Union[bool, Sequence[str], Mapping[str, Sequence[str]]]
-"""What ``equivalences=`` accepts: a bool, identity names, or ``{"<pattern op>": [names]}``."""
+Equivalences = Union[bool, Sequence[str], Mapping[str, Sequence[str]]]  # what equivalences= accepts
 
 Scope = ChainMap[int, Var]
 """A pattern variable's id to its copy in the replayed program; an alternative reads through a child."""

@@ -61,7 +61,6 @@ class Chain:
     factors: tuple[Var, ...]
     """What is multiplied, left to right as written (constants included)."""
     written: Tree
-    """The order as written."""
 
 
 def chain_at(op: Operation, expandable: Callable[[Operation], bool] = lambda op: True) -> Chain | None:
