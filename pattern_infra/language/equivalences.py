@@ -91,7 +91,6 @@ IDENTITIES: dict[str, Identity] = {i.name: i for i in [
              lambda x, op: mb.real_div(x=np.float32(1.0), y=mb.sqrt(x=x, name=f"{op.name}_sqrt"), name=op.name),
              False, "rsqrt(x) = real_div(1, sqrt(x))"),
 ]}
-"""Every identity the matcher knows, by name."""
 
 
 def with_equivalences(program: Program, pattern_name: str, equivalences: Equivalences) -> Program:
