@@ -34,8 +34,7 @@ RSQRT_RTOL = 1.2e-7
 
 Equivalences = Union[bool, Sequence[str], Mapping[str, Sequence[str]]]  # what equivalences= accepts
 
-Scope = ChainMap[int, Var]
-"""A pattern variable's id to its copy in the replayed program; an alternative reads through a child."""
+Scope = ChainMap[int, Var]  # a pattern variable's id to its copy; an alternative builds in a child scope
 
 
 @dataclass(frozen=True)

@@ -1,6 +1,5 @@
-"""The ``Pattern``: one match of a pattern in a program, handed to the user's callbacks. The design
-document's surface (``pattern.<name>``, ``root_var``, ``final_op``, ``block``, ``op_set``, ``op_list()``,
-``add_attribute``), extended for several inputs and outputs, swapped operands and constants."""
+"""The ``Pattern`` a match hands to the user's callbacks: the design document's surface (``pattern.<name>``,
+``root_var``, ``final_op``, ``block``, ``op_set``, ``op_list()``, ``add_attribute``) and its extensions."""
 
 from __future__ import annotations
 
