@@ -1,44 +1,6 @@
-"""Alternatives at any point of a pattern: ``one_of`` and ``optional``.
-
-A real model writes one computation several ways (``x * x`` or ``pow(x, 2)``; ``x * rsqrt(v)``,
-``x / sqrt(v)`` or ``x * (1 / sqrt(v))``; a weight that may be absent). Instead of one pattern per
-combination (the product of the spellings), a pattern declares, at the point where spellings differ, a
-*choice* of small programs, in the ``mb.program`` style::
-
-    def normed(x, v):
-        return one_of("normed",
-                      lambda: mb.mul(x=x, y=mb.rsqrt(x=v, name="inv"), name="scale"),
-                      lambda: mb.real_div(x=x, y=mb.sqrt(x=v, name="root"), name="scale"),
-                      lambda: mb.mul(x=x, y=mb.real_div(x=1.0, y=mb.sqrt(x=v, name="root"), name="inv"),
-                                     name="scale"))
-
-    @mb.program(input_specs=[mb.TensorSpec(shape=(get_new_symbol(), 8)), mb.TensorSpec(shape=(8,))])
-    def rms_norm(x, w):
-        sq = one_of("square", lambda: mb.mul(x=x, y=x, name="sq"),
-                              lambda: mb.pow(x=x, y=2.0, name="sq"))
-        v = mb.add(x=mb.reduce_mean(x=sq, axes=[-1], keep_dims=True, name="mean"), y=1e-6, name="var")
-        return optional("weighted", lambda: normed(x, v), lambda n: mb.mul(x=n, y=w, name="weight"))
-
-One pattern, 2 x 3 x 2 = 12 spellings.
-
-Rules (checked when the pattern is built or compiled; the message names the rule and the fix):
-
-* An alternative is a function of no arguments that builds ops and returns the choice's variable,
-  computed by one of *its own* ops (not an input, a constant or a variable built elsewhere).
-* Alternatives read variables from outside (pattern inputs, earlier pattern ops, constants). An earlier
-  pattern *op* read by one alternative must be read by every alternative (else nothing would bind it
-  when another matched: move it into the alternatives that read it). A pattern input may be read by only
-  some (``w`` above); when another matched, ``pattern.root_vars`` holds None for it.
-* Names: unique within each alternative and distinct from the ops outside the choice; alternatives of one
-  choice may reuse a name (only one is ever bound): ``pattern.scale`` is whichever matched.
-  ``pattern.<choice name>`` is the op producing the choice's variable; ``pattern.choices`` maps each
-  choice to the index of the alternative that matched; ops of the other alternatives are not attributes.
-* Choices nest (a ``one_of`` inside an alternative). ``optional(name, base, extra)`` is
-  ``one_of(name, lambda: extra(base()), base)``.
-
-Each choice becomes a choice node (:mod:`~.alternatives`) and every spelling a plain pattern
-(:mod:`~.variants`); the search shares what the spellings have in common.
-"""
+"""Alternatives at any point of a pattern (rules and examples: docs/LANGUAGE.md): ``one_of`` and ``optional``
+record which ops each alternative made, a :class:`Record` per choice, for :mod:`~.alternatives` and
+:mod:`~.variants`."""
 
 from __future__ import annotations
 
@@ -71,8 +33,8 @@ class Record:
 _RECORDS: weakref.WeakKeyDictionary[Any, list[Record]] = weakref.WeakKeyDictionary()
 """Pattern function to the choices declared at its top level while it was built."""
 
-_ACTIVE: list[tuple[Record, int]] = []
-"""The alternatives being built right now (innermost last)."""
+_ACTIVE: list[list[Record]] = []
+"""Per alternative being built right now (innermost last), the choices declared inside it."""
 
 
 def one_of(name: str, *alternatives: Callable[[], Var], fallback: bool = False) -> Var:
@@ -81,11 +43,13 @@ def one_of(name: str, *alternatives: Callable[[], Var], fallback: bool = False) 
     Alternatives are tried in the order written; write the longest first. When the choice ends the
     pattern, a later alternative is by default never matched inside a match of an earlier one (``norm *
     w`` is the weighted spelling, not the unweighted one and an unrelated ``mul``), whatever the
-    constraints say of that match.
+    constraints say of that match. Choices nest; ``pattern.choices[name]`` is the index of the alternative
+    that matched. What alternatives may read and how their ops are named: docs/LANGUAGE.md.
 
     Args:
         name: The choice's name: ``pattern.<name>`` is the op computing the variable in a match.
-        *alternatives: Functions of no argument building ops with ``mb`` and returning the variable.
+        *alternatives: Functions of no argument building ops with ``mb`` and returning the variable,
+            computed by one of their own ops.
         fallback: Offer a later alternative inside an earlier one's match too, after it, when the choice
             is reached from one of its inputs (a weight the fusion cannot absorb stays an op after the
             fused one). ``find_matches`` then reports both.
@@ -111,21 +75,16 @@ def one_of(name: str, *alternatives: Callable[[], Var], fallback: bool = False) 
             f"one_of({name!r}) needs at least two alternatives, each a function of no argument building "
             f"ops (e.g. lambda: mb.mul(x=x, y=x, name='sq')); got {len(alternatives)}.")
     record = Record(name, [], fallback=fallback)
-    if _ACTIVE:
-        parent, k = _ACTIVE[-1]
-        parent.children.setdefault(k, []).append(record)
-    else:
-        _RECORDS.setdefault(func, []).append(record)
+    (_ACTIVE[-1] if _ACTIVE else _RECORDS.setdefault(func, [])).append(record)
     for k, build in enumerate(alternatives):
         start = len(func.operations)
-        _ACTIVE.append((record, k))
+        _ACTIVE.append(record.children.setdefault(k, []))
         try:
             out = build()
         finally:
             _ACTIVE.pop()
         ops = list(func.operations)[start:]
-        if (not isinstance(out, Var) or out.op is None or out.op.op_type == "const"
-                or all(out.op is not op for op in ops)):
+        if not isinstance(out, Var) or all(out.op is not op for op in ops) or out.op.op_type == "const":
             what = out.name if isinstance(out, Var) else type(out).__name__
             raise PatternDefinitionError(
                 f"one_of({name!r}): alternative {k} returns {what}, which none of its own ops computes. "
@@ -139,11 +98,10 @@ def one_of(name: str, *alternatives: Callable[[], Var], fallback: bool = False) 
 def optional(name: str, base: Callable[[], Var], extra: Callable[[Var], Var], fallback: bool = False) -> Var:
     """Declares an op that may be absent: ``one_of(name, lambda: extra(base()), base, fallback=fallback)``.
 
-    ``base`` is built once per alternative, so its ops carry the same names in both (a ``one_of`` inside it
-    nests). Not supported: a ``base`` of no op (an optional op on a pattern input).
+    ``base`` is built once per alternative, its ops named the same in both. Not supported: a ``base`` of
+    no op (an optional op on a pattern input).
 
     Args:
-        name: The choice's name.
         base: Builds the ops the optional op reads from, returning their variable.
         extra: Builds the optional op(s) on that variable.
         fallback: As for :func:`one_of`: without the optional op when the match with it is refused.

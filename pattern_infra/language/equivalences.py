@@ -1,46 +1,18 @@
 """Equivalences the matcher knows: ``pow(x, 2)`` also matches ``mul(x, x)``, and so on.
 
-With ``equivalences=`` (``register_generic_pass``, ``find_matches``, ``explain``, ``compile_pattern``), a
-pattern op for which an identity below holds also matches its other spellings. The pattern program is
-replayed into one where every such op is a :func:`~.choices.one_of` choice between the op as written and
-its other spellings; the choice and its alternatives' ops keep the op's name, so ``pattern.<name>`` is
-whichever matched and ``pattern.choices[<name>]`` says which (0: as written).
-
-Identities (``name``: pattern op -> also matched; exactness in float32):
-
-* ``pow2``: ``pow(x, 2)`` -> ``mul(x, x)``. **Exact**: both are one correctly rounded product.
-* ``square_pow``: ``mul(x, x)`` (the same variable twice) -> ``pow(x, 2)``. Exact, as above.
-* ``sub_const``: ``sub(x, c)`` -> ``add(x, -c)``; ``add_const``: ``add(x, c)`` -> ``sub(x, -c)``.
-  **Exact**: negation is exact and ``a - b`` is defined as ``a + (-b)``.
-* ``div_const``: ``real_div(x, c)`` -> ``mul(x, 1/c)``; ``mul_const``: ``mul(x, c)`` -> ``real_div(x,
-  1/c)``. **Approximate** unless c is a power of two: ``x * fl(1/c)`` and ``fl(x / c)`` differ by at most
-  3 units in the last place, relative ``3 * 2**-24 * |x / c|`` (``DIV_RTOL``). The other spelling's
-  constant is ``1/c`` of the pattern's, under the same constant rule.
-* ``rsqrt``: ``rsqrt(x)`` -> ``real_div(1, sqrt(x))``. **Approximate**: MIL's ``rsqrt`` is
-  ``1 / sqrt(x + epsilon)`` (epsilon 1e-12 by default); relative difference at most
-  ``2 * 2**-24 + epsilon / (2 x)`` (``RSQRT_RTOL`` for the rounding part).
-* ``reassoc``: a product of 3 to ``MAX_FACTORS`` = 5 factors written as a chain of ``mul``, at least one
-  factor a constant and one not, also matches every other order of multiplication of the same factors
-  (``mul(mul(a, c), b)`` -> ``mul(a, mul(b, c))``, ``mul(mul(a, b), c)``: 3 orders for 3 factors, 15 for
-  4, 105 for 5, each up to operand order). Declared on the outer ``mul``; the chain is the ``mul`` tree
-  below it through inner ``mul`` ops it alone reads (one use, not an output), cut at 5 factors
-  (:mod:`~.reassoc`); the inner ops join the choice, named in every order in the order they are built.
-  **Approximate**: ``reassoc_rtol(k)`` relative for k factors (``REASSOC_RTOL`` for 3; see
-  :mod:`~.reassoc`). Applied alone on its ops (their other identities left out); a constant rule keyed
-  ``"<inner op>.y"`` holds in the order as written only, one keyed by const op name in every order.
-
-Declaring them (refused at registration with the rule and the fix when wrong): ``False`` (the default:
-the project's passes reproduce coremltools' programs exactly), ``True`` (every identity wherever it
-applies), a list of identity names (wherever they apply), or ``{"<pattern op>": ["pow2", ...]}`` (those
-identities on that op; one that does not hold there, such as ``pow2`` on ``relu`` or ``pow(x, 3)``, is
-refused).
+The identities, how exact each is in float32 and how ``equivalences=`` declares them: docs/LANGUAGE.md
+("Equivalences the matcher knows"). :func:`with_equivalences` replays the pattern program into one where
+every op an identity applies to is a :func:`~.choices.one_of` choice, of the op's name, between the op as
+written and its other spellings (``reassoc``: :mod:`~.reassoc`).
 """
 
 from __future__ import annotations
 
+from collections import ChainMap
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Union
+from functools import partial
+from typing import Union
 
 import numpy as np
 from coremltools.converters.mil import Builder as mb
@@ -60,151 +32,68 @@ REASSOC_RTOL = 2.4e-7
 RSQRT_RTOL = 1.2e-7
 """Relative tolerance of ``rsqrt(x)`` against ``1 / sqrt(x)`` in float32, beyond rsqrt's epsilon term."""
 
-Equivalences = Union[bool, Sequence[str], Mapping[str, Sequence[str]]]
-"""What ``equivalences=`` accepts: see the module docstring."""
+Equivalences = Union[bool, Sequence[str], Mapping[str, Sequence[str]]]  # what equivalences= accepts
+
+Scope = ChainMap[int, Var]  # a pattern variable's id to its copy; an alternative builds in a child scope
 
 
 @dataclass(frozen=True)
 class Identity:
-    """One identity: where it holds, and how the other spelling is built."""
+    """One identity: a pattern op of ``op_type`` for which ``holds`` also matches what ``build`` makes."""
 
     name: str
-    """Its name in ``equivalences=``."""
     op_type: str
-    """The pattern op type it applies to."""
     holds: Callable[[Operation], bool]
-    """Whether it holds for this pattern op (its constants)."""
-    build: Callable[[dict[str, Var], Operation, str], Var]
-    """Builds the other spelling from the op's mapped operands, the original op and the name to give."""
+    build: Callable[[Var, Operation], Var]
+    """The other spelling, from the copy of the op's ``x`` and the op (whose name it takes)."""
     exact: bool
-    """Same float32 values (else see the module docstring)."""
+    """Same float32 values (else within the tolerance docs/LANGUAGE.md states)."""
     statement: str
     """The identity in words, for messages."""
 
-
-def _const(op: Operation, slot: str) -> np.ndarray | None:
-    return constant_value(op.inputs.get(slot))
-
-
-def _is_two(op: Operation) -> bool:
-    value = _const(op, "y")
-    return value is not None and value.size == 1 and float(value.reshape(())) == 2.0
+    def applies(self, op: Operation) -> bool:
+        """Whether it holds for the pattern op ``op``."""
+        return op.op_type == self.op_type and self.holds(op)
 
 
-def _has_const(op: Operation, nonzero: bool = False) -> bool:
-    value = _const(op, "y")
+def _const_y(op: Operation, nonzero: bool = False) -> bool:
+    value = constant_value(op.inputs.get("y"))
     return value is not None and (not nonzero or bool(np.all(value)))
 
 
-def _with_const(op_type: str, fn: Callable[[np.ndarray], np.ndarray]) -> Callable[..., Var]:
-    """Builds ``<op_type>(x, fn(c))`` for an op ``f(x, c)``, ``fn(c)`` in c's float dtype (else float32)."""
+def _is_two(op: Operation) -> bool:
+    value = constant_value(op.inputs.get("y"))
+    return value is not None and value.size == 1 and float(value.reshape(())) == 2.0
 
-    def build(v: dict[str, Var], op: Operation, name: str) -> Var:
-        value = _const(op, "y")
-        assert value is not None  # holds() checked it
-        y = fn(value.astype(np.float32)).astype(value.dtype if value.dtype.kind == "f" else np.float32)
-        return getattr(mb, op_type)(x=v["x"], y=y, name=name)
 
-    return build
+def _with_const(op_type: str, fn: Callable[[np.ndarray], np.ndarray], x: Var, op: Operation) -> Var:
+    """``<op_type>(x, fn(c))`` for an op ``f(x, c)``, ``fn(c)`` in c's float dtype (else float32)."""
+    value = constant_value(op.inputs["y"])
+    y = fn(value.astype(np.float32)).astype(value.dtype if value.dtype.kind == "f" else np.float32)
+    return getattr(mb, op_type)(x=x, y=y, name=op.name)
 
 
 IDENTITIES: dict[str, Identity] = {i.name: i for i in [
-    Identity("pow2", "pow", _is_two,
-             lambda v, op, name: mb.mul(x=v["x"], y=v["x"], name=name), True, "pow(x, 2) = mul(x, x)"),
+    Identity("pow2", "pow", _is_two, lambda x, op: mb.mul(x=x, y=x, name=op.name), True, "pow(x, 2) = mul(x, x)"),
     Identity("square_pow", "mul", lambda op: op.inputs["x"] is op.inputs["y"],
-             lambda v, op, name: mb.pow(x=v["x"], y=np.float32(2.0), name=name), True, "mul(x, x) = pow(x, 2)"),
-    Identity("sub_const", "sub", _has_const, _with_const("add", np.negative), True, "sub(x, c) = add(x, -c)"),
-    Identity("add_const", "add", _has_const, _with_const("sub", np.negative), True, "add(x, c) = sub(x, -c)"),
-    Identity("div_const", "real_div", lambda op: _has_const(op, nonzero=True), _with_const("mul", np.reciprocal),
+             lambda x, op: mb.pow(x=x, y=np.float32(2.0), name=op.name), True, "mul(x, x) = pow(x, 2)"),
+    Identity("sub_const", "sub", _const_y, partial(_with_const, "add", np.negative), True, "sub(x, c) = add(x, -c)"),
+    Identity("add_const", "add", _const_y, partial(_with_const, "sub", np.negative), True, "add(x, c) = sub(x, -c)"),
+    Identity("div_const", "real_div", partial(_const_y, nonzero=True), partial(_with_const, "mul", np.reciprocal),
              False, "real_div(x, c) = mul(x, 1/c)"),
-    Identity("mul_const", "mul", lambda op: _has_const(op, nonzero=True), _with_const("real_div", np.reciprocal),
+    Identity("mul_const", "mul", partial(_const_y, nonzero=True), partial(_with_const, "real_div", np.reciprocal),
              False, "mul(x, c) = real_div(x, 1/c)"),
-    Identity("reassoc", "mul", lambda op: chain_at(op) is not None, lambda v, op, name: v["x"], False,
-             f"a product of 3 to {MAX_FACTORS} factors, one a constant (mul(mul(a, c), b) = mul(a, mul(b, c)) "
+    Identity("reassoc", "mul", lambda op: chain_at(op) is not None, lambda x, op: x,  # built by _order
+             False, f"a product of 3 to {MAX_FACTORS} factors, one a constant (mul(mul(a, c), b) = mul(a, mul(b, c)) "
              f"= mul(mul(a, b), c), ...), in any order of multiplication"),
     Identity("rsqrt", "rsqrt", lambda op: True,
-             lambda v, op, name: mb.real_div(x=np.float32(1.0), y=mb.sqrt(x=v["x"], name=f"{name}_sqrt"), name=name),
+             lambda x, op: mb.real_div(x=np.float32(1.0), y=mb.sqrt(x=x, name=f"{op.name}_sqrt"), name=op.name),
              False, "rsqrt(x) = real_div(1, sqrt(x))"),
 ]}
-"""Every identity the matcher knows, by name."""
-
-
-def _reassociated(chain: Chain, scopes: list[dict[int, Var]]) -> list[Callable[[], Var]]:
-    """The spellings of ``chain`` (``reassoc``): as written (operand slots included), then every other
-    order of its factors, the chain's inner ``mul`` ops named in the order they are built."""
-
-    def spelling(k: int, tree: Tree) -> Callable[[], Var]:
-        def build() -> Var:
-            where = scopes + [{}]  # constants of one alternative stay inside it
-            if k == 0:
-                for op in (*chain.inner, chain.root):
-                    made = mb.mul(**{s: _lookup(v, where) for s, v in op.inputs.items()}, name=op.name)
-                    where[-1][id(op.outputs[0])] = made
-                return made
-            names = iter(op.name for op in chain.inner)
-
-            def make(node: Tree, top: bool) -> Var:
-                if isinstance(node, int):
-                    return _lookup(chain.factors[node], where)
-                x, y = make(node[0], False), make(node[1], False)
-                return mb.mul(x=x, y=y, name=chain.root.name if top else next(names))
-
-            return make(tree, True)
-
-        return build
-
-    return [spelling(k, tree) for k, tree in enumerate(association_orders(chain))]
-
-
-def _plan(func: Function, pattern_name: str, equivalences: Equivalences) -> dict[str, list[Identity]]:
-    """Pattern op name to the identities to apply to it."""
-    ops = [op for op in func.operations if op.op_type != "const"]
-    if isinstance(equivalences, bool):
-        equivalences = list(IDENTITIES) if equivalences else []
-    if isinstance(equivalences, Mapping):
-        by_name = {op.name: op for op in ops}
-        plan: dict[str, list[Identity]] = {}
-        for op_name, names in equivalences.items():
-            if op_name not in by_name:
-                raise PatternDefinitionError(
-                    f"Pattern {pattern_name!r}: equivalences name op {op_name!r}, which the pattern does "
-                    f"not have. Pattern ops: {sorted(by_name)}.")
-            op = by_name[op_name]
-            plan[op_name] = []
-            for identity in _known(pattern_name, [names] if isinstance(names, str) else names):
-                if not _applies(identity, op):
-                    raise PatternDefinitionError(
-                        f"Pattern {pattern_name!r}: equivalence {identity.name!r} declared on op "
-                        f"{op_name!r} ({op.op_type}), where it does not hold. Rule: {identity.name} is "
-                        f"{identity.statement}, for a {identity.op_type} op with such operands. Fix: "
-                        f"declare it on such an op, or drop it for {op_name!r}.")
-                plan[op_name].append(identity)
-        return plan
-    identities = _known(pattern_name, equivalences)
-    return {op.name: [i for i in identities if _applies(i, op)] for op in ops}
-
-
-def _known(pattern_name: str, names: Iterable[str]) -> list[Identity]:
-    names = list(names)
-    unknown = [n for n in names if n not in IDENTITIES]
-    if unknown:
-        raise PatternDefinitionError(
-            f"Pattern {pattern_name!r}: unknown equivalence(s) {unknown}; the matcher knows "
-            f"{sorted(IDENTITIES)} (see pattern_infra.language.equivalences).")
-    return [IDENTITIES[n] for n in names]
-
-
-def _applies(identity: Identity, op: Operation) -> bool:
-    return op.op_type == identity.op_type and identity.holds(op)
 
 
 def with_equivalences(program: Program, pattern_name: str, equivalences: Equivalences) -> Program:
     """The pattern program with every op an identity applies to turned into a choice of its spellings.
-
-    Args:
-        program: The pattern (not changed).
-        pattern_name: For messages.
-        equivalences: What to apply (see the module docstring).
 
     Returns:
         ``program`` itself when nothing applies, else a new pattern program (same names, same inputs).
@@ -218,28 +107,68 @@ def with_equivalences(program: Program, pattern_name: str, equivalences: Equival
         return program
     specs = {name: mb.TensorSpec(shape=var.shape, dtype=var.dtype) for name, var in func.inputs.items()}
     with Function(specs, opset_version=func.opset_version) as new:
-        mapped: dict[int, Var] = {id(var): new.inputs[name] for name, var in func.inputs.items()}
-        outputs = _replay(list(func.operations), records_of(func), plan, [mapped])
-        new.set_outputs([outputs[id(v)] if id(v) in outputs else _lookup(v, [mapped]) for v in func.outputs])
+        scope: Scope = ChainMap({id(var): new.inputs[name] for name, var in func.inputs.items()})
+        _replay(list(func.operations), records_of(func), plan, scope)
+        new.set_outputs([_lookup(v, scope) for v in func.outputs])
     result = Program()
     result.add_function("main", new)
     result._pattern_name = getattr(program, "_pattern_name", None) or pattern_name  # type: ignore[attr-defined]
     return result
 
 
-def _lookup(var: Var, scopes: list[dict[int, Var]]) -> Var:
-    for scope in reversed(scopes):
-        if id(var) in scope:
-            return scope[id(var)]
-    if var.op is not None and var.op.op_type == "const":
-        scopes[-1][id(var)] = new = mb.const(val=var.val, name=var.op.name)
-        return new
-    raise PatternDefinitionError(f"equivalences: variable {var.name!r} is read before it is built.")
+def _plan(func: Function, pattern_name: str, equivalences: Equivalences) -> dict[str, list[Identity]]:
+    """Pattern op name to the identities to apply to it."""
+    ops = {op.name: op for op in func.operations if op.op_type != "const"}
+    if not isinstance(equivalences, Mapping):
+        identities = _known(pattern_name, list(IDENTITIES) if equivalences is True else equivalences or [])
+        return {name: [i for i in identities if i.applies(op)] for name, op in ops.items()}
+    plan: dict[str, list[Identity]] = {}
+    for op_name, names in equivalences.items():
+        if op_name not in ops:
+            raise PatternDefinitionError(
+                f"Pattern {pattern_name!r}: equivalences name op {op_name!r}, which the pattern does "
+                f"not have. Pattern ops: {sorted(ops)}.")
+        op = ops[op_name]
+        plan[op_name] = _known(pattern_name, [names] if isinstance(names, str) else names)
+        for identity in plan[op_name]:
+            if not identity.applies(op):
+                raise PatternDefinitionError(
+                    f"Pattern {pattern_name!r}: equivalence {identity.name!r} declared on op "
+                    f"{op_name!r} ({op.op_type}), where it does not hold. Rule: {identity.name} is "
+                    f"{identity.statement}, for a {identity.op_type} op with such operands. Fix: "
+                    f"declare it on such an op, or drop it for {op_name!r}.")
+    return plan
 
 
-def _replay(
-    ops: list[Operation], records: list[Record], plan: dict[str, list[Identity]], scopes: list[dict[int, Var]]
-) -> dict[int, Var]:
+def _known(pattern_name: str, names: Iterable[str]) -> list[Identity]:
+    unknown = [n for n in names if n not in IDENTITIES]
+    if unknown:
+        raise PatternDefinitionError(
+            f"Pattern {pattern_name!r}: unknown equivalence(s) {unknown}; the matcher knows "
+            f"{sorted(IDENTITIES)} (see pattern_infra.language.equivalences).")
+    return [IDENTITIES[n] for n in names]
+
+
+def _lookup(var: Var, scope: Scope) -> Var:
+    """The copy of ``var``; a constant is copied where it is first read (inside an alternative: for it alone)."""
+    if id(var) not in scope:
+        if var.op is None or var.op.op_type != "const":
+            raise PatternDefinitionError(f"equivalences: variable {var.name!r} is read before it is built.")
+        scope[id(var)] = mb.const(val=var.val, name=var.op.name)
+    return scope[id(var)]
+
+
+def _rebuild(op: Operation, scope: Scope) -> Var:
+    """``op`` built again on the copies of its operands, as written; returns its (first) output."""
+    operands = {slot: tuple(_lookup(v, scope) for v in value) if isinstance(value, (list, tuple))
+                else _lookup(value, scope) for slot, value in op.inputs.items()}
+    made = getattr(mb, op.op_type)(**operands, name=op.name)
+    made = made if isinstance(made, (list, tuple)) else [made]
+    scope.update(zip(map(id, op.outputs), made))
+    return made[0]
+
+
+def _replay(ops: list[Operation], records: list[Record], plan: dict[str, list[Identity]], scope: Scope) -> None:
     """Builds ``ops`` again in the current function, choices as choices, planned ops as new choices."""
     regions = {id(op): r for r in records for alt_ops, _ in r.alternatives for op in alt_ops}
     level = {id(op) for op in ops if id(op) not in regions}
@@ -253,59 +182,50 @@ def _replay(
                 absorbed.update(id(inner) for inner in chain.inner)
     done: set[int] = set()
     for op in ops:
-        if op.op_type == "const" or id(op) in absorbed:
-            continue
         record = regions.get(id(op))
+        if op.op_type == "const" or id(op) in absorbed or id(record) in done:
+            continue
+        identities = [i for i in plan.get(op.name, []) if i.name != "reassoc"]
         if record is not None:
-            if id(record) in done:
-                continue
             done.add(id(record))
-            out = one_of(record.name, *[
-                _alternative(alt_ops, record.children.get(k, []), out, plan, scopes)
+            scope[id(record.alternatives[0][1])] = one_of(record.name, *[
+                partial(_alternative, alt_ops, record.children.get(k, []), out, plan, scope)
                 for k, (alt_ops, out) in enumerate(record.alternatives)
             ])
-            scopes[-1][id(record.alternatives[0][1])] = out
-            continue
-        _replay_op(op, plan, scopes, chains.get(id(op)))
-    return scopes[-1]
+        elif id(op) in chains:  # re-associated alone: the chain's ops take no other identity
+            orders = association_orders(chains[id(op)])
+            scope[id(op.outputs[0])] = one_of(op.name, *[partial(_order, chains[id(op)], t, scope) for t in orders])
+        elif identities:
+            scope[id(op.outputs[0])] = one_of(op.name, *[partial(_spelling, op, i, scope) for i in [None, *identities]])
+        else:
+            _rebuild(op, scope)
 
 
-def _alternative(
-    alt_ops: list[Operation], inner: list[Record], out: Var, plan: dict[str, list[Identity]],
-    scopes: list[dict[int, Var]],
-) -> Callable[[], Var]:
-    def build() -> Var:
-        local: dict[int, Var] = {}
-        _replay(alt_ops, inner, plan, scopes + [local])
-        return _lookup(out, scopes + [local])
-
-    return build
+def _alternative(alt_ops: list[Operation], inner: list[Record], out: Var, plan: dict[str, list[Identity]],
+                 scope: Scope) -> Var:
+    local = scope.new_child()
+    _replay(alt_ops, inner, plan, local)
+    return _lookup(out, local)
 
 
-def _replay_op(
-    op: Operation, plan: dict[str, list[Identity]], scopes: list[dict[int, Var]], chain: Chain | None
-) -> None:
-    def operands(where: list[dict[int, Var]]) -> dict[str, Any]:
-        return {slot: tuple(_lookup(v, where) for v in value) if isinstance(value, (list, tuple))
-                else _lookup(value, where) for slot, value in op.inputs.items()}
+def _spelling(op: Operation, identity: Identity | None, scope: Scope) -> Var:
+    """``op`` as written (``identity`` None) or as ``identity`` spells it; its constants inside the alternative."""
+    where = scope.new_child()
+    return _rebuild(op, where) if identity is None else identity.build(_lookup(op.inputs["x"], where), op)
 
-    if chain is not None:  # re-associated alone: the chain's ops take no other identity
-        scopes[-1][id(op.outputs[0])] = one_of(op.name, *_reassociated(chain, scopes))
-        return
-    identities = [i for i in plan.get(op.name, []) if i.name != "reassoc"]  # no chain left here
-    if not identities:
-        made = getattr(mb, op.op_type)(**operands(scopes), name=op.name)
-        for old, new in zip(op.outputs, made if isinstance(made, (list, tuple)) else [made]):
-            scopes[-1][id(old)] = new
-        return
 
-    def spelling(identity: Identity | None) -> Callable[[], Var]:
-        def build() -> Var:
-            where = scopes + [{}]  # constants of one alternative stay inside it
-            if identity is None:
-                return getattr(mb, op.op_type)(**operands(where), name=op.name)
-            return identity.build({"x": _lookup(op.inputs["x"], where)}, op, op.name)
+def _order(chain: Chain, tree: Tree, scope: Scope) -> Var:
+    """``chain`` multiplied in the order ``tree``: as written (operand slots included) when it is the written
+    order, else its inner ``mul`` ops named in the order they are built."""
+    where = scope.new_child()
+    if tree == chain.written:
+        return [_rebuild(op, where) for op in (*chain.inner, chain.root)][-1]
+    names = iter(op.name for op in chain.inner)
 
-        return build
+    def make(node: Tree, top: bool) -> Var:
+        if isinstance(node, int):
+            return _lookup(chain.factors[node], where)
+        x, y = make(node[0], False), make(node[1], False)
+        return mb.mul(x=x, y=y, name=chain.root.name if top else next(names))
 
-    scopes[-1][id(op.outputs[0])] = one_of(op.name, spelling(None), *[spelling(i) for i in identities])
+    return make(tree, True)

@@ -1,10 +1,8 @@
 """Exceptions raised by the framework: every error a user can cause is a :class:`PatternInfraError`, its
 message naming the pattern, the op and the fix."""
 
-from __future__ import annotations
-
 __all__ = ["PatternInfraError", "PatternDefinitionError", "PassRegistrationError", "PassExecutionError",
-           "FixpointError", "UnsupportedOpError", "VerificationError", "EvaluationError"]
+           "FixpointError", "UnsupportedOpError", "VerificationError", "EvaluationError", "NotElementwiseError"]
 
 
 class PatternInfraError(Exception):
@@ -36,9 +34,8 @@ class VerificationError(PatternInfraError, AssertionError):
 
 
 class EvaluationError(PatternInfraError, ValueError):
-    """The evaluator cannot run a program as asked: inputs not matching the signature, an unknown
-    precision, a semantics registered twice, an op whose value contradicts its declared shape or whose
-    inputs are out of range at run time."""
+    """The evaluator cannot run a program as asked: inputs not matching the signature, an unknown precision,
+    a semantics registered twice, an op's value contradicting its declared shape, inputs out of range."""
 
 
 class NotElementwiseError(PatternInfraError, ValueError):

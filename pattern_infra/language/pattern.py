@@ -1,9 +1,5 @@
-"""The ``Pattern`` object: one match of a pattern in a program, handed to the user's callbacks.
-
-``pattern.<name>`` is the program op captured for the pattern op ``<name>``. The design document's surface
-(``root_var``, ``final_op``, ``block``, ``op_set``, ``op_list()``, ``add_attribute``) is extended for several
-inputs and outputs (``root_vars``, ``final_ops``), swapped operands (``operand``) and constants (``consts``).
-"""
+"""The ``Pattern`` a match hands to the user's callbacks: the design document's surface (``pattern.<name>``,
+``root_var``, ``final_op``, ``block``, ``op_set``, ``op_list()``, ``add_attribute``) and its extensions."""
 
 from __future__ import annotations
 
@@ -41,57 +37,33 @@ class Pattern:
     """
 
     def __init__(
-        self,
-        compiled: CompiledPattern | None = None,
-        ops: Mapping[str, Operation | list[Operation]] | None = None,
-        root_vars: list[Var] | None = None,
-        block: Block | None = None,
-        operands: Mapping[str, Mapping[str, Any]] | None = None,
-        consts: Mapping[str, Var] | None = None,
+        self, compiled: CompiledPattern | None = None, ops: Mapping[str, Operation | list[Operation]] | None = None,
+        root_vars: list[Var] | None = None, block: Block | None = None,
+        operands: Mapping[str, Mapping[str, Any]] | None = None, consts: Mapping[str, Var] | None = None,
         order: Callable[[list[Operation]], list[Operation]] | None = None,
     ) -> None:
-        object.__setattr__(self, "_attributes", {})
-        self._compiled = compiled
-        self._ops: dict[str, Operation | list[Operation]] = dict(ops or {})
-        self._operands = dict(operands or {})
-        self._order = order
-        self.root_vars: list[Var] = list(root_vars or [])
-        self.root_var: Var | None = self.root_vars[0] if self.root_vars else None
-        self.block: Block | None = block
-        self.consts: dict[str, Var] = dict(consts or {})
-        self.choices: dict[str, int] = {}
-        self.pattern_name: str = compiled.name if compiled is not None else ""
-        finals: list[Operation] = []
-        for idx in compiled.final_nodes if compiled is not None else []:
-            captured = self._ops[compiled.nodes[idx].name]
-            finals.extend(captured if isinstance(captured, list) else [captured])
-        self.final_ops: list[Operation] = finals
-        self.final_op: Operation | None = finals[0] if finals else None
-        self.op_set: set[Operation] = set(self._flat_ops())
-        vars(self).update(self._ops)  # pattern.<name>; compile_pattern refuses names Pattern uses
+        match = self._of_search(compiled, block, dict(ops or {}), list(root_vars or []), dict(operands or {}),
+                                dict(consts or {}), order, compiled.final_names if compiled is not None else (), {})
+        vars(self).update(vars(match))
 
     @classmethod
     def _of_search(
-        cls, compiled: CompiledPattern, block: Block, ops: dict[str, Operation], roots: list[Var],
+        cls, compiled: CompiledPattern | None, block: Block | None, ops: dict[str, Any], roots: list[Var],
         operands: dict[str, dict[str, Any]], consts: dict[str, Var],
         order: Callable[[list[Operation]], list[Operation]] | None, final_names: tuple[str, ...],
         choices: dict[str, int],
     ) -> Pattern:
-        """The search's constructor: the dicts and the list become the pattern's own (no copies); no op is
-        a fan-out list."""
+        """The search's constructor: the dicts and the list become the pattern's own (no copies)."""
         self = cls.__new__(cls)
-        fields = self.__dict__
-        fields.update(ops)  # pattern.<name>
-        finals = [ops[name] for name in final_names]
-        fields.update(
-            _attributes={}, _compiled=compiled, _ops=ops, _operands=operands, _order=order, root_vars=roots,
+        finals = [o for name in final_names for o in _flat(ops[name])]
+        vars(self).update(ops)  # pattern.<name>; compile_pattern refuses names Pattern uses
+        vars(self).update(
+            _compiled=compiled, _ops=ops, _operands=operands, _order=order, _replacements=[], root_vars=roots,
             root_var=roots[0] if roots else None, block=block, consts=consts, choices=choices,
-            pattern_name=compiled.name, final_ops=finals, final_op=finals[0] if finals else None,
-            op_set=set(ops.values()),
+            pattern_name=compiled.name if compiled is not None else "", final_ops=finals,
+            final_op=finals[0] if finals else None, op_set={o for op in ops.values() for o in _flat(op)},
         )
         return self
-
-    # -- seed API -----------------------------------------------------------------------------------
 
     def set_root_var(self, root_var: Var) -> None:
         """Sets the root variable (design-document API, kept for hand-built patterns)."""
@@ -102,12 +74,6 @@ class Pattern:
         """Sets the block (design-document API)."""
         self.block = block
 
-    def set_final_op(self, op_name: str, final_op: Operation) -> None:
-        """Records ``final_op`` under ``op_name`` and as the final op (design-document API)."""
-        self.add_op(op_name, final_op)
-        self.final_op = final_op
-        self.final_ops = [final_op]
-
     def add_op(self, op_name: str, op: Operation) -> None:
         """Captures ``op`` as ``pattern.<op_name>`` (design-document API)."""
         self._ops[op_name] = op
@@ -116,10 +82,6 @@ class Pattern:
 
     def add_attribute(self, attribute_name: str, attribute: Any) -> None:
         """Adds ``pattern.<attribute_name>`` for later callbacks (e.g. from constraints to transform).
-
-        Args:
-            attribute_name: Name of the new attribute.
-            attribute: Its value.
 
         Raises:
             NameError: The name is a captured op or a reserved attribute of ``Pattern``.
@@ -130,15 +92,12 @@ class Pattern:
                 f"name in pattern {self.pattern_name!r}; choose another name.")
         if attribute_name in RESERVED_NAMES or attribute_name.startswith("_") or hasattr(type(self), attribute_name):
             raise NameError(f"Pattern attribute {attribute_name!r} is reserved by Pattern; choose another name.")
-        self._attributes[attribute_name] = attribute
         object.__setattr__(self, attribute_name, attribute)
 
     def op_list(self) -> list[Operation]:
         """The captured ops, without duplicates, in program order."""
-        ops = list(dict.fromkeys(self._flat_ops()))
+        ops = list(dict.fromkeys(o for op in self._ops.values() for o in _flat(op)))
         return self._order(ops) if self._order is not None else ops
-
-    # -- extensions ---------------------------------------------------------------------------------
 
     @property
     def ops(self) -> dict[str, Operation | list[Operation]]:
@@ -162,14 +121,15 @@ class Pattern:
                 return value if pos < 0 else value[pos]
             return self._operands[op_name][slot]
         except KeyError:
-            known = {**{k: sorted(v) for k, v in self._operands.items()}, **{k: sorted(v) for k, v in located.items()}}
-            raise KeyError(f"Pattern {self.pattern_name!r} has no operand {op_name}.{slot}; operands: {known}") from None
+            known = {k: sorted(v) for k, v in {**self._operands, **located}.items()}
+            raise KeyError(
+                f"Pattern {self.pattern_name!r} has no operand {op_name}.{slot}; operands: {known}") from None
 
     def replace_output(self, new_var: Var, old_var: Var | None = None) -> None:
         """Makes every user of a final output read ``new_var`` instead: the linear way to rewrite.
 
-        Only the users of ``old_var`` are visited; the matched ops this leaves without users are removed by
-        the framework once the transform returns, so a transform only builds the replacement and calls this.
+        Only the users of ``old_var`` are visited; the framework removes the matched ops left without users
+        once the transform returns.
 
         Args:
             new_var: The replacement, already inserted in the block (e.g. by ``mb.gelu(...,
@@ -192,17 +152,18 @@ class Pattern:
         except ValueError as exc:
             if (new_var.dtype, new_var.shape) == (old_var.dtype, old_var.shape):
                 raise
+            new_type, old_type = (f"{tuple(v.shape)} {types.builtin_to_string(v.dtype)}" for v in (new_var, old_var))
             raise ValueError(
-                f"replace_output: {new_var.name} is {_type_label(new_var)}, but {old_var.name}, which it "
-                f"replaces, is {_type_label(old_var)}; build a replacement of the same shape and dtype "
+                f"replace_output: {new_var.name} is {new_type}, but {old_var.name}, which it "
+                f"replaces, is {old_type}; build a replacement of the same shape and dtype "
                 f"(mb.cast, mb.reshape), or return False from the transform to leave the match."
             ) from exc
-        self.__dict__.setdefault("_replacements", []).append(new_var)
+        self._replacements.append(new_var)
 
     def replacements(self) -> list[Var]:
         """The variables given to :meth:`replace_output` so far (a replacement of an output nothing
         reads has no user, and is still part of the rewrite)."""
-        return self.__dict__.get("_replacements", [])
+        return self._replacements
 
     def replace_outputs(self, new_vars: list[Var]) -> None:
         """``replace_output`` for every output of every final op, in ``output_vars()`` order."""
@@ -234,16 +195,9 @@ class Pattern:
         (a topological order of the pattern), reversed; program order reversed for hand-built matches."""
         if self._compiled is None:
             return list(reversed(self.op_list()))
-        ops = [o for op in reversed(self._ops.values()) for o in (op if isinstance(op, list) else [op])]
         # a choice and its alternative's last op are one op under two names
-        return list(dict.fromkeys(ops)) if self.choices else ops
-
-    def _flat_ops(self) -> Iterator[Operation]:
-        for op in self._ops.values():
-            yield from op if isinstance(op, list) else [op]
+        return list(dict.fromkeys(o for op in reversed(self._ops.values()) for o in _flat(op)))
 
 
-
-def _type_label(var: Var) -> str:
-    """``(1, 4) fp16``: a variable's shape and dtype, for messages."""
-    return f"{tuple(var.shape)} {types.builtin_to_string(var.dtype)}"
+def _flat(op: Operation | list[Operation]) -> list[Operation]:
+    return op if isinstance(op, list) else [op]

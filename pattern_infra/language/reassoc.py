@@ -1,15 +1,6 @@
-"""Constant scalings re-associated (the ``reassoc`` equivalence): which ``mul`` chains, which orders, how exact.
-
-:func:`chain_at` finds the chain of ``mul`` ops ending at one ``mul``; :func:`association_orders` lists
-every other way to multiply its factors: ``(2k - 3)!!`` for ``k`` distinct factors (3, 15, 105 for 3, 4,
-5), bounded by :data:`MAX_FACTORS` so a choice stays a constant number of alternatives per pattern op.
-
-Tolerance (:func:`reassoc_rtol`). Each float32 ``mul`` rounds once, ``fl(p q) = p q (1 + d)`` with ``|d| <=
-u = 2**-24`` (round to nearest, no overflow nor underflow). An order of ``k`` factors makes ``k - 1``
-products, so two orders ``r1``, ``r2`` satisfy ``|r2 - r1| <= (((1 + u) / (1 - u)) ** (k - 1) - 1) |r1|``,
-about ``2 (k - 1) u``: 2.4e-7 for 3 factors, 3.6e-7 for 4, 4.8e-7 for 5. Not when an intermediate
-product overflows or underflows where the other order's does not.
-"""
+"""Constant scalings re-associated (the ``reassoc`` equivalence): which ``mul`` chains (:func:`chain_at`),
+which orders (:func:`association_orders`: ``(2k - 3)!!`` for ``k`` distinct factors, at most
+:data:`MAX_FACTORS`, so a choice stays a constant number of alternatives per pattern op), how exact."""
 
 from __future__ import annotations
 
@@ -20,14 +11,10 @@ from typing import Union
 import numpy as np
 from coremltools.converters.mil.mil import Operation, Var
 
-__all__ = ["MAX_FACTORS", "UNIT_ROUNDOFF", "Chain", "Tree", "association_orders", "chain_at", "constant_value",
-           "reassoc_rtol"]
+__all__ = ["MAX_FACTORS", "Chain", "Tree", "association_orders", "chain_at", "constant_value", "reassoc_rtol"]
 
 MAX_FACTORS = 5
 """Most factors of a chain re-associated (four ``mul``); a longer ``mul`` tree is cut there."""
-
-UNIT_ROUNDOFF = 2.0**-24
-"""Relative error of one float32 rounding to nearest."""
 
 Tree = Union[int, tuple["Tree", "Tree"]]
 """An order of multiplication: a factor's index in :attr:`Chain.factors`, or a pair multiplied together."""
@@ -36,29 +23,27 @@ Tree = Union[int, tuple["Tree", "Tree"]]
 def reassoc_rtol(factors: int) -> float:
     """Relative tolerance of two orders of multiplication of ``factors`` float32 factors.
 
+    Each float32 ``mul`` rounds once, ``fl(p q) = p q (1 + d)`` with ``|d| <= u = 2**-24`` (round to nearest,
+    no overflow nor underflow), and an order makes ``factors - 1`` products.
+
     Args:
         factors: Number of factors of the chain (2 or more).
 
     Returns:
-        ``((1 + u) / (1 - u)) ** (factors - 1) - 1`` with ``u = 2**-24`` (see the module docstring).
+        ``((1 + u) / (1 - u)) ** (factors - 1) - 1``, about ``2 (factors - 1) u``.
 
     Raises:
         ValueError: Fewer than 2 factors.
     """
     if factors < 2:
         raise ValueError(f"reassoc_rtol: a chain has 2 factors or more, got {factors}.")
-    return ((1 + UNIT_ROUNDOFF) / (1 - UNIT_ROUNDOFF)) ** (factors - 1) - 1
+    u = 2.0**-24
+    return ((1 + u) / (1 - u)) ** (factors - 1) - 1
 
 
 def constant_value(var: object) -> np.ndarray | None:
-    """The value of ``var`` when a ``const`` op makes it and it is numeric, else None.
-
-    Args:
-        var: An operand of a pattern op (anything ``op.inputs`` holds).
-
-    Returns:
-        The constant's value as an array, or None.
-    """
+    """The value of ``var`` (anything ``op.inputs`` holds) as an array when a ``const`` op makes it and it
+    is numeric, else None."""
     if not isinstance(var, Var) or var.op is None or var.op.op_type != "const" or var.val is None:
         return None
     value = np.asarray(var.val)
@@ -76,23 +61,15 @@ class Chain:
     factors: tuple[Var, ...]
     """What is multiplied, left to right as written (constants included)."""
     written: Tree
-    """The order as written."""
 
 
 def chain_at(op: Operation, expandable: Callable[[Operation], bool] = lambda op: True) -> Chain | None:
-    """The chain of ``mul`` ops ending at ``op``, if it is one the ``reassoc`` identity applies to.
+    """The chain of ``mul`` ops ending at ``op`` that the ``reassoc`` identity applies to, else None.
 
     The ``mul`` tree below ``op`` is walked depth first, ``x`` before ``y``; an operand is expanded when an
     ``expandable`` ``mul`` makes it, the tree alone reads it (once), it is not a block output, and the
-    tree stays within :data:`MAX_FACTORS` factors.
-
-    Args:
-        op: A pattern op.
-        expandable: Which inner ``mul`` ops may belong to the chain.
-
-    Returns:
-        The chain, or None when ``op`` is not a ``mul``, the tree has fewer than 3 factors, or none (or
-        all) of its factors are numeric constants.
+    tree stays within :data:`MAX_FACTORS` factors. None when ``op`` is not a ``mul``, the tree has fewer
+    than 3 factors, or none (or all) of its factors are numeric constants.
     """
     if op.op_type != "mul":
         return None
@@ -108,8 +85,7 @@ def chain_at(op: Operation, expandable: Callable[[Operation], bool] = lambda op:
         pair = []
         for slot in ("x", "y"):
             var = node.inputs[slot]
-            if expands(var, node) and open_factors[0] < MAX_FACTORS:  # an expansion adds one factor
-                open_factors[0] += 1
+            if expands(var, node) and 2 + len(inner) < MAX_FACTORS:  # each inner op adds one factor
                 inner.append(var.op)
                 pair.append(walk(var.op))
             else:
@@ -117,7 +93,6 @@ def chain_at(op: Operation, expandable: Callable[[Operation], bool] = lambda op:
                 pair.append(len(factors) - 1)
         return (pair[0], pair[1])
 
-    open_factors = [2]  # the factors of the tree so far, operands not yet walked included
     written = walk(op)
     consts = sum(constant_value(v) is not None for v in factors)
     if len(factors) < 3 or consts == 0 or consts == len(factors):
@@ -127,15 +102,8 @@ def chain_at(op: Operation, expandable: Callable[[Operation], bool] = lambda op:
 
 
 def association_orders(chain: Chain) -> list[Tree]:
-    """Every order of multiplication of the chain's factors, each once up to operand order, as written first.
-
-    Args:
-        chain: From :func:`chain_at`.
-
-    Returns:
-        ``chain.written`` then the other binary trees over the factors (a factor that is the very same
-        variable as another counts as that one: ``x * c * x`` has 2 orders, not 3).
-    """
+    """Every order of multiplication of the chain's factors, each once up to operand order: ``chain.written``
+    first (a factor that is the very same variable as another counts as that one: ``x * c * x`` has 2 orders)."""
     same = [next(j for j, v in enumerate(chain.factors) if v is var) for var in chain.factors]
 
     def key(tree: Tree) -> str:
