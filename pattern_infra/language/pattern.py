@@ -32,7 +32,7 @@ class Pattern:
         consts: Pattern constant key (``"<op>.<slot>"`` and the pattern's const op name) to the program
             variable bound there.
         choices: Choice name to the index of the alternative that matched (see ``one_of``); read-only,
-            shared by the matches of one spelling (:class:`~pattern_infra.language.spelling.Spelling`).
+            shared by the matches of one spelling (:class:`~pattern_infra.language.variants.Spelling`).
         pattern_name: Name of the pattern that matched.
     """
 
@@ -74,6 +74,12 @@ class Pattern:
         """Sets the block (design-document API)."""
         self.block = block
 
+    def set_final_op(self, op_name: str, final_op: Operation) -> None:
+        """Records ``final_op`` under ``op_name`` and as the final op (design-document API)."""
+        self.add_op(op_name, final_op)
+        self.final_op = final_op
+        self.final_ops = [final_op]
+
     def add_op(self, op_name: str, op: Operation) -> None:
         """Captures ``op`` as ``pattern.<op_name>`` (design-document API)."""
         self._ops[op_name] = op
@@ -113,7 +119,7 @@ class Pattern:
         Raises:
             KeyError: ``op_name`` or ``slot`` is not in the pattern.
         """
-        located = getattr(self.choices, "slots", {})  # a choice's operands: pattern_infra.language.spelling
+        located = getattr(self.choices, "slots", {})  # a choice's operands: variants.Spelling
         try:
             if op_name in located:
                 held, held_slot, pos = located[op_name][slot]
