@@ -101,6 +101,7 @@ def compile_pattern(
     pattern_name = name or pattern_name_of(ops_arrangement)
     func = _function_of(ops_arrangement, pattern_name)
     if equivalences:
+        regions_of(list(func.operations), records_of(func), pattern_name)  # the choices' rules, as written
         ops_arrangement = with_equivalences(ops_arrangement, pattern_name, equivalences)
         func = ops_arrangement.functions["main"]
     options = dict(commutative=commutative, alternatives=alternatives, constants=constants,
