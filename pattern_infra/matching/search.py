@@ -410,11 +410,6 @@ def build_pattern(
         if var is not None:  # absent: a wildcard slot the matched alternative op type does not have
             consts[key] = var
             consts.setdefault(cname, var)
-    if any(type(op) is list for op in ops):  # a fan-out op: the constructor flattens its list
-        pattern = Pattern(compiled=compiled, ops=by_name, root_vars=list(roots), block=block, operands=operands,
-                          consts=consts, order=order)
-        pattern.choices = variant.choices
-        return pattern
     return Pattern._of_search(compiled, block, by_name, list(roots), operands, consts, order, compiled.final_names,
                               variant.choices)
 
