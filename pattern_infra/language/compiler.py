@@ -113,50 +113,18 @@ def _compile(
     func: Any, program: Program, pattern_name: str, records: list[Any], options: dict[str, Any], top: bool
 ) -> CompiledPattern:
     """Compiles every spelling of a pattern function, or of an alternative's region (``top`` False: its
-    inputs are the choice's slots, the rules naming ops outside it are checked at the top); returns the
-    first spelling, holding them all in ``variants``."""
-    all_ops: list[Operation] = list(func.operations)
-    for op in all_ops:
-        if op.blocks:
-            raise PatternDefinitionError(
-                f"Pattern {pattern_name!r}: op {op.name!r} ({op.op_type}) has nested blocks; "
-                f"control flow cannot be part of a pattern. Match the ops around it instead.")
-    everywhere = {op.name for op in all_ops if op.op_type != "const"}  # alternatives' ops included
-    for key in options["alternatives"] or {}:
-        if key not in everywhere:
-            raise PatternDefinitionError(
-                f"Pattern {pattern_name!r}: alternatives name op {key!r}, which the pattern does not "
-                f"have. Pattern ops: {sorted(everywhere)}.")
-    unknown = set() if isinstance(options["commutative"], bool) else set(options["commutative"]) - everywhere
-    if unknown:
-        raise PatternDefinitionError(f"Pattern {pattern_name!r}: commutative names unknown ops {sorted(unknown)}.")
-    regions = regions_of(all_ops, records, pattern_name)
-    inside = {op.name for found in regions.values() for region in found for op in region.operations} & everywhere
-    if inside & set(options["fanout"]):
-        raise PatternDefinitionError(
-            f"Pattern {pattern_name!r}: fan-out op(s) {sorted(inside & set(options['fanout']))} lie inside an "
-            f"alternative of a one_of choice; a fan-out op must be a last op outside every choice.")
-    total = count(records, regions)
-    if total > MAX_VARIANTS:
-        raise PatternDefinitionError(
-            f"Pattern {pattern_name!r} stands for {total} spellings (the product of its choices' "
-            f"alternatives); at most {MAX_VARIANTS} are searched. Rule: every spelling is compiled as a "
-            f"pattern of its own. Fix: register the pattern's parts as separate patterns (a list of patterns "
-            f"in one register_generic_pass call), or name fewer ops in equivalences=.")
+    inputs are the choice's slots, the options and the pattern as a whole are checked at the top); returns
+    the first spelling, holding them all in ``variants``."""
+    regions = regions_of(list(func.operations), records, pattern_name)
+    if top:
+        _check_pattern(pattern_name, list(func.operations), records, regions, options)
     rule_keys: set[str] = set()
     earlier: dict[tuple[int, int], CompiledPattern] = {}
 
     def alternative(record: Any, k: int) -> CompiledPattern:  # compiled once, for the guards
         if (id(record), k) not in earlier:
-            region = regions[id(record)][k]
-            names = {op.name for op in region.operations}
-            commutative = options["commutative"]
-            earlier[id(record), k] = _compile(region, program, f"{pattern_name}.{record.name}[{k}]",
-                                              record.children.get(k, []), dict(
-                options, fanout=(),
-                commutative=commutative if isinstance(commutative, bool) else [c for c in commutative if c in names],
-                alternatives={key: v for key, v in (options["alternatives"] or {}).items() if key in names},
-            ), top=False)
+            earlier[id(record), k] = _compile(regions[id(record)][k], program, f"{pattern_name}.{record.name}[{k}]",
+                                              record.children.get(k, []), dict(options, fanout=()), top=False)
         return earlier[id(record), k]
 
     variants = []
@@ -179,6 +147,39 @@ def _compile(
         _check_used(pattern_name, func, options, rule_keys, [v.compiled for v in variants])
     variants[0].compiled.variants = variants
     return variants[0].compiled  # type: ignore[no-any-return]
+
+
+def _check_pattern(
+    pattern_name: str, all_ops: list[Operation], records: list[Any], regions: dict[int, Any], options: dict[str, Any]
+) -> None:
+    """The rules of the pattern as a whole: no control flow, options naming its ops, fan-out ops outside
+    the choices, at most :data:`MAX_VARIANTS` spellings."""
+    for op in all_ops:
+        if op.blocks:
+            raise PatternDefinitionError(
+                f"Pattern {pattern_name!r}: op {op.name!r} ({op.op_type}) has nested blocks; "
+                f"control flow cannot be part of a pattern. Match the ops around it instead.")
+    everywhere = {op.name for op in all_ops if op.op_type != "const"}  # alternatives' ops included
+    for key in options["alternatives"] or {}:
+        if key not in everywhere:
+            raise PatternDefinitionError(
+                f"Pattern {pattern_name!r}: alternatives name op {key!r}, which the pattern does not "
+                f"have. Pattern ops: {sorted(everywhere)}.")
+    unknown = set() if isinstance(options["commutative"], bool) else set(options["commutative"]) - everywhere
+    if unknown:
+        raise PatternDefinitionError(f"Pattern {pattern_name!r}: commutative names unknown ops {sorted(unknown)}.")
+    inside = {op.name for found in regions.values() for region in found for op in region.operations}
+    if inside & set(options["fanout"]):
+        raise PatternDefinitionError(
+            f"Pattern {pattern_name!r}: fan-out op(s) {sorted(inside & set(options['fanout']))} lie inside an "
+            f"alternative of a one_of choice; a fan-out op must be a last op outside every choice.")
+    total = count(records, regions)
+    if total > MAX_VARIANTS:
+        raise PatternDefinitionError(
+            f"Pattern {pattern_name!r} stands for {total} spellings (the product of its choices' "
+            f"alternatives); at most {MAX_VARIANTS} are searched. Rule: every spelling is compiled as a "
+            f"pattern of its own. Fix: register the pattern's parts as separate patterns (a list of patterns "
+            f"in one register_generic_pass call), or name fewer ops in equivalences=.")
 
 
 def _compile_graph(
