@@ -9,16 +9,13 @@ from .language.compiler import COMMUTATIVE_OPS, CompiledPattern, ConstRule, comp
 from .rewriting.subpass import DEFAULT_MAX_ITERATIONS, PassStats, SubPass
 from .rewriting.removal import remove_dead_ops
 from .language.errors import (
-    EvaluationError,
     FixpointError,
-    NotElementwiseError,
     PassExecutionError,
     PassRegistrationError,
     PatternDefinitionError,
     PatternInfraError,
-    UnsupportedOpError,
-    VerificationError,
 )
+from .verification.errors import EvaluationError, NotElementwiseError, UnsupportedOpError, VerificationError
 from .language.choices import one_of, optional
 from .explain import Explanation, Explanations, explain
 from .from_torch import TorchCapture, capture_torch, pattern_from_torch

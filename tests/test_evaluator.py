@@ -23,7 +23,7 @@ import coremltools as ct
 from coremltools.converters.mil import Builder as mb
 from coremltools.converters.mil.mil import get_new_symbol, types
 
-from pattern_infra.language.errors import UnsupportedOpError
+from pattern_infra.verification.errors import UnsupportedOpError
 from pattern_infra.verification.evaluator import (
     EvaluationError,
     OpContext,

@@ -13,7 +13,7 @@ import pytest
 from coremltools.converters.mil import Builder as mb
 from coremltools.converters.mil.mil import types
 
-from pattern_infra.language.errors import EvaluationError
+from pattern_infra.verification.errors import EvaluationError
 from pattern_infra.testing.convert import op_counts
 from pattern_infra.verification.evaluator import evaluate, initial_state
 

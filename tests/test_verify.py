@@ -19,7 +19,8 @@ from coremltools.converters.mil import Builder as mb
 from coremltools.converters.mil.mil import get_new_symbol, types
 from coremltools.converters.mil.mil.passes.pass_registry import PASS_REGISTRY
 
-from pattern_infra.language.errors import PassRegistrationError, VerificationError
+from pattern_infra.language.errors import PassRegistrationError
+from pattern_infra.verification.errors import VerificationError
 from pattern_infra.verification.evaluator import evaluate
 from pattern_infra.verification.verify import NotElementwiseError, VerificationReport, assert_programs_equivalent, count_ops, random_inputs, verify_pass
 from pattern_infra.verification.symbolic import ProofStatus, prove_equivalent, to_sympy

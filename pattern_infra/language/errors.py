@@ -2,7 +2,7 @@
 message naming the pattern, the op and the fix."""
 
 __all__ = ["PatternInfraError", "PatternDefinitionError", "PassRegistrationError", "PassExecutionError",
-           "FixpointError", "UnsupportedOpError", "VerificationError", "EvaluationError", "NotElementwiseError"]
+           "FixpointError"]
 
 
 class PatternInfraError(Exception):
@@ -23,20 +23,3 @@ class PassExecutionError(PatternInfraError, RuntimeError):
 
 class FixpointError(PatternInfraError, RuntimeError):
     """A pass kept finding its own pattern after rewriting it, past the iteration cap."""
-
-
-class UnsupportedOpError(PatternInfraError, NotImplementedError):
-    """The reference evaluator met an op it has no semantics for; it never guesses."""
-
-
-class VerificationError(PatternInfraError, AssertionError):
-    """A rewrite changed what the program computes beyond the tolerance."""
-
-
-class EvaluationError(PatternInfraError, ValueError):
-    """The evaluator cannot run a program as asked: inputs not matching the signature, an unknown precision,
-    a semantics registered twice, an op's value contradicting its declared shape, inputs out of range."""
-
-
-class NotElementwiseError(PatternInfraError, ValueError):
-    """A program given to :func:`prove_equivalent` is not made only of elementwise ops."""

@@ -1,4 +1,5 @@
-"""Verification tooling, outside the runtime import path: ``import pattern_infra`` never loads it.
+"""Verification tooling, outside the runtime import path: ``import pattern_infra`` loads only its errors
+(:mod:`.errors`).
 
 * :mod:`.evaluator`: a numpy reference evaluator of MIL programs (the numerics Core ML's runtime would
   give, where the runtime exists only on macOS), with the op table of what it evaluates;

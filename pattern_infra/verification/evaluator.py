@@ -20,7 +20,7 @@ How a program runs:
    function, even when coremltools already inferred a compile-time value for it (coremltools' value
    inference is not always faithful: ``concat(interleave=True)`` folds as a plain concat). An op with
    no semantics but with compile-time values on every output is read from ``var.val``; any other
-   op raises :class:`~pattern_infra.language.errors.UnsupportedOpError`: the evaluator never guesses.
+   op raises :class:`~pattern_infra.verification.errors.UnsupportedOpError`: the evaluator never guesses.
 3. Each result is cast to its output var's dtype (see *Precision*) and its shape is checked against
    every static dimension the program declares, so a wrong semantics or a wrong type inference
    surfaces at the op that produced it.
@@ -65,7 +65,8 @@ import numpy as np
 from coremltools.converters.mil.mil import types
 from coremltools.converters.mil.mil.types.symbolic import is_symbolic
 
-from pattern_infra.language.errors import EvaluationError, PatternInfraError, UnsupportedOpError
+from pattern_infra.language.errors import PatternInfraError
+from pattern_infra.verification.errors import EvaluationError, UnsupportedOpError
 
 __all__ = [
     "EvaluationError",

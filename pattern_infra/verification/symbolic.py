@@ -19,7 +19,7 @@ import sympy as sp
 from coremltools.converters.mil.mil import types
 from coremltools.converters.mil.mil.types.symbolic import is_symbolic
 
-from pattern_infra.language.errors import NotElementwiseError
+from pattern_infra.verification.errors import NotElementwiseError
 from pattern_infra.verification.evaluator import evaluate
 from pattern_infra.verification.sympy_ops import SymOp, sym_value, symbolic_semantics
 from pattern_infra.verification.verify import check_same_interface, compare_arrays, program_function

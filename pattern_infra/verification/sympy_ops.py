@@ -10,7 +10,7 @@ import numpy as np
 import sympy as sp
 from coremltools.converters.mil.mil import types
 
-from pattern_infra.language.errors import NotElementwiseError
+from pattern_infra.verification.errors import NotElementwiseError
 
 __all__ = ["SymOp", "sym_value", "symbolic_semantics"]
 

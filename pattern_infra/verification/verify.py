@@ -23,12 +23,8 @@ from coremltools.converters.mil.mil import types
 from coremltools.converters.mil.mil.passes.pass_registry import PASS_REGISTRY
 from coremltools.converters.mil.mil.types.symbolic import is_symbolic
 
-from pattern_infra.language.errors import (
-    EvaluationError,
-    NotElementwiseError,
-    PassRegistrationError,
-    VerificationError,
-)
+from pattern_infra.language.errors import PassRegistrationError
+from pattern_infra.verification.errors import EvaluationError, NotElementwiseError, VerificationError
 from pattern_infra.clone import clone_program
 from pattern_infra.verification.evaluator import evaluate
 
