@@ -169,6 +169,11 @@ class CompiledPattern:
                 for pos, e in edge_positions(edge) if e.kind == "const"]
 
     @cached_property
+    def has_fanout(self) -> bool:
+        """Whether a node is a fan-out op (captured as a list)."""
+        return any(node.fanout for node in self.nodes)
+
+    @cached_property
     def final_names(self) -> tuple[str, ...]:
         """The names of the final nodes, in the order the pattern returns them."""
         return tuple(self.nodes[i].name for i in self.final_nodes)

@@ -55,13 +55,18 @@ class Pattern:
     ) -> Pattern:
         """The search's constructor: the dicts and the list become the pattern's own (no copies)."""
         self = cls.__new__(cls)
-        finals = [o for name in final_names for o in _flat(ops[name])]
-        vars(self).update(ops)  # pattern.<name>; compile_pattern refuses names Pattern uses
-        vars(self).update(
+        if compiled is not None and not compiled.has_fanout:  # no op is a list
+            finals, op_set = [ops[name] for name in final_names], set(ops.values())
+        else:
+            finals = [o for name in final_names for o in _flat(ops[name])]
+            op_set = {o for op in ops.values() for o in _flat(op)}
+        fields = self.__dict__
+        fields.update(ops)  # pattern.<name>; compile_pattern refuses names Pattern uses
+        fields.update(
             _compiled=compiled, _ops=ops, _operands=operands, _order=order, _replacements=[], root_vars=roots,
             root_var=roots[0] if roots else None, block=block, consts=consts, choices=choices,
             pattern_name=compiled.name if compiled is not None else "", final_ops=finals,
-            final_op=finals[0] if finals else None, op_set={o for op in ops.values() for o in _flat(op)},
+            final_op=finals[0] if finals else None, op_set=op_set,
         )
         return self
 
