@@ -4,10 +4,6 @@ A :class:`PassContainer` is a coremltools graph pass holding sub-passes, stored 
 under ``namespace::pass_name``. Under the id of one of coremltools' own passes it decides *each time it
 runs*: with ``ENABLE_EXPERIMENTAL_PASSES=1`` in the environment then, the generic sub-passes run;
 otherwise coremltools' pass runs, with the same options. Under a new id it always runs.
-
-:func:`run_together` applies several passes in one driver run (one walk and index of the program, one
-journal), as if one by one: each pass reaches its fixpoint before the next, each rewrite is in its own
-pass's scope, each pass keeps its counters.
 """
 
 from __future__ import annotations
@@ -49,11 +45,7 @@ def override_enabled() -> bool:
     ``1``, ``true``, ``yes``, ``on`` (any case) turn it on; unset, empty, ``0``, ``false``, ``no``,
     ``off`` leave it off; any other value leaves it off with a ``RuntimeWarning`` (once per value).
     """
-    value = os.environ.get(ENV_VAR)
-    if value is None:
-        return False
-    if value == "1":
-        return True
+    value = os.environ.get(ENV_VAR, "")
     folded = value.strip().lower()
     if folded in _ON:
         return True
@@ -104,8 +96,7 @@ class PassContainer(AbstractGraphPass):
     """A coremltools graph pass made of generic sub-passes (the design document's ``PassContainer``).
 
     Sub-passes run in order of priority (higher first), then registration order (``order``), on every
-    block. What each rewrite changed is validated (see :attr:`validate`); an inconsistency restores the
-    program and raises ``PassExecutionError``.
+    block.
     """
 
     def __init__(self, pass_name: str, namespace: str = "", replaces: type | None = None) -> None:
@@ -125,10 +116,12 @@ class PassContainer(AbstractGraphPass):
         self.stats = PassStats()
         self.validate: bool | str = True
         """``True`` validates what each rewrite changed, right after it; ``"full"`` the whole program
-        after each sub-pass that rewrote; ``False`` neither."""
+        after each sub-pass that rewrote; ``False`` neither. A failed validation restores the program
+        and raises ``PassExecutionError``."""
         self.followers: list[PassContainer] = []
         """Generic passes registered with ``run_after`` this pass: run right after it, override on."""
-        self._options: list[PassOption] | None = None
+        self.pass_options: list[PassOption] | None = None
+        """The options the pipeline set for this pass, as it gave them (None: none set)."""
         self._declared_options: dict[str, Any] = {}
         self.options: dict[str, Any] = {}
         """Option values in effect: the declared defaults, overridden by the pipeline's options."""
@@ -141,7 +134,8 @@ class PassContainer(AbstractGraphPass):
                 f"{type(pass_function).__name__}."
             )
         self.passes.append(pass_function)
-        self._sort()
+        # Higher priority first; the sort is stable, so equal priorities keep registration order.
+        self.passes.sort(key=lambda p: -(p.priority if isinstance(p, SubPass) else 0))
 
     def __call__(self, prog: Program) -> None:
         """Runs the pass on ``prog``: the generic sub-passes, or coremltools' pass it replaces."""
@@ -149,7 +143,7 @@ class PassContainer(AbstractGraphPass):
             return
         if self.replaces is not None and not override_enabled():
             original = self.replaces()
-            original.set_options(self._options)
+            original.set_options(self.pass_options)
             original(prog)
             return
         followers = with_followers(self)[1:] if self.followers and override_enabled() else []
@@ -170,15 +164,12 @@ class PassContainer(AbstractGraphPass):
     def apply(self, prog: Program) -> None:
         """Runs every sub-pass, in order, on ``prog``."""
         stats = PassStats()
-        structured = [p for p in self.passes if isinstance(p, SubPass)]
-        if len(structured) == len(self.passes):
-            stats = run_subpasses(prog, structured, self.pass_id, validate=self.validate)
-        else:
-            for sub in self.passes:
-                if isinstance(sub, SubPass):
-                    stats.add(run_subpasses(prog, [sub], self.pass_id, validate=self.validate))
-                else:
-                    self.apply_callable(prog, sub)
+        for segment in _segments([(self, sub) for sub in self.passes]):
+            first = segment[0][1]
+            if isinstance(first, SubPass):
+                stats.add(run_subpasses(prog, [sub for _, sub in segment], self.pass_id, validate=self.validate))
+            else:
+                self.apply_callable(prog, first)
         self.record(stats)
 
     def apply_callable(self, prog: Program, sub: Callable[[Program], Any]) -> None:
@@ -198,9 +189,9 @@ class PassContainer(AbstractGraphPass):
     def set_options(self, pass_options: list[PassOption] | None = None) -> None:
         """Receives a pipeline's options for this pass (``None`` clears them); they go to coremltools' pass
         when it runs instead. The generic pass raises ``NotImplementedError`` for an undeclared option."""
-        self._options = list(pass_options) if pass_options else None
+        self.pass_options = list(pass_options) if pass_options else None
         self.options = dict(self._declared_options)
-        for option in self._options or []:
+        for option in self.pass_options or []:
             known = option.option_name in self._declared_options
             if not known and (self.replaces is None or override_enabled()):
                 raise NotImplementedError(
@@ -210,11 +201,6 @@ class PassContainer(AbstractGraphPass):
                 )
             if known:
                 self.options[option.option_name] = option.option_val
-
-    @property
-    def pass_options(self) -> list[PassOption] | None:
-        """The options the pipeline set for this pass, as it gave them (None: none set)."""
-        return self._options
 
     def declare_options(self, options: Mapping[str, Any]) -> None:
         """Declares options the generic pass accepts, with their defaults."""
@@ -237,10 +223,6 @@ class PassContainer(AbstractGraphPass):
         """Names of the sub-passes in the order they run."""
         return [p.name if isinstance(p, SubPass) else getattr(p, "__name__", repr(p)) for p in self.passes]
 
-    def _sort(self) -> None:
-        """Higher priority first; the sort is stable, so equal priorities keep registration order."""
-        self.passes = sorted(self.passes, key=lambda p: -(p.priority if isinstance(p, SubPass) else 0))
-
 
 def with_followers(container: PassContainer) -> list[PassContainer]:
     """``container`` then its ``run_after`` followers (and theirs), in registration order."""
@@ -251,9 +233,10 @@ def with_followers(container: PassContainer) -> list[PassContainer]:
 
 
 def run_together(prog: Program, containers: list[PassContainer], pass_name: str) -> PassStats:
-    """Applies the generic passes ``containers`` to ``prog``, in order, as if one by one, in as few driver
-    runs as possible (a callable sub-pass, or a change of ``validate``, splits a run). Options stay as
-    set; each rewrite runs in its own pass's scope; each pass's counters go to it and to :func:`run_log`.
+    """Applies the generic passes ``containers`` to ``prog``, in order, as if one by one (each reaching its
+    fixpoint before the next), in as few driver runs as possible: one walk and index of the program, one
+    journal (a callable sub-pass, or a change of ``validate``, splits a run). Options stay as set; each
+    rewrite runs in its own pass's scope; each pass's counters go to it and to :func:`run_log`.
 
     Args:
         pass_name: For messages about the run as a whole (a sweep's id).
@@ -270,12 +253,14 @@ def run_together(prog: Program, containers: list[PassContainer], pass_name: str)
                 container.apply_callable(prog, first)
             container.record(PassStats())
             continue
-        before = {id(sub): _snapshot(sub.stats) for _, sub in segment}
+        owners = list(dict.fromkeys(owner for owner, _ in segment))  # one run_log entry each, even if twice
+        before = [_counters(owner) for owner in owners]
         with _scoped_transforms(segment):
             stats = run_subpasses(prog, [sub for _, sub in segment], pass_name, validate=container.validate,
                                   passes=[owner.pass_id for owner, _ in segment])
         total.add(stats)
-        _record_per_pass(segment, before)
+        for owner, counters in zip(owners, before):
+            owner.record(_counters(owner) - counters)
     return total
 
 
@@ -298,22 +283,14 @@ def _segments(
 @contextlib.contextmanager
 def _scoped_transforms(segment: list[tuple[PassContainer, SubPass]]) -> Iterator[None]:
     """Runs each sub-pass's transform inside its pass's graph-pass scope, as when the pass runs alone."""
-    saved: dict[int, tuple[SubPass, Any]] = {}
+    saved = {id(sub): (sub, sub.transform_pattern) for _, sub in segment}
     for container, sub in segment:
-        if id(sub) in saved:
-            continue
-        saved[id(sub)] = (sub, sub.transform_pattern)
-        sub.transform_pattern = _in_scope(sub.transform_pattern, _scope_of(container))
+        sub.transform_pattern = _in_scope(saved[id(sub)][1], _scope_of(container))
     try:
         yield
     finally:
         for sub, transform in saved.values():
             sub.transform_pattern = transform
-
-
-def _scope_of(container: PassContainer) -> ScopeInfo:
-    """The scope coremltools' pipeline gives what a graph pass creates (``AbstractGraphPass.__call__``)."""
-    return ScopeInfo(source=ScopeSource.COREMLTOOLS_GRAPH_PASS, data=[str(container)])
 
 
 def _in_scope(transform: Callable[[Any], Any], scope: ScopeInfo) -> Callable[[Any], Any]:
@@ -324,25 +301,15 @@ def _in_scope(transform: Callable[[Any], Any], scope: ScopeInfo) -> Callable[[An
     return scoped
 
 
-def _record_per_pass(segment: list[tuple[PassContainer, SubPass]], before: dict[int, PassStats]) -> None:
-    """Each pass's share of a run, into its counters and ``run_log()``: one entry per pass, even when
-    the sweep runs it twice in a row."""
-    subs_of: dict[int, tuple[PassContainer, dict[int, SubPass]]] = {}
-    for container, sub in segment:
-        subs_of.setdefault(id(container), (container, {}))[1][id(sub)] = sub
-    for container, subs in subs_of.values():
-        stats = PassStats()
-        for sub in subs.values():
-            stats.add(_difference(sub.stats, before[id(sub)]))
-        container.record(stats)
+def _scope_of(container: PassContainer) -> ScopeInfo:
+    """The scope coremltools' pipeline gives what a graph pass creates (``AbstractGraphPass.__call__``)."""
+    return ScopeInfo(source=ScopeSource.COREMLTOOLS_GRAPH_PASS, data=[str(container)])
 
 
-def _snapshot(stats: PassStats) -> PassStats:
-    """A copy of ``stats`` sharing no mutable counter with it."""
-    copy = PassStats()
-    copy.add(stats)
-    return copy
-
-
-def _difference(after: PassStats, before: PassStats) -> PassStats:
-    return PassStats(**{name: getattr(after, name) - getattr(before, name) for name in PassStats.__dataclass_fields__})
+def _counters(container: PassContainer) -> PassStats:
+    """The counters of ``container``'s sub-passes, summed."""
+    stats = PassStats()
+    for sub in container.passes:
+        if isinstance(sub, SubPass):
+            stats.add(sub.stats)
+    return stats

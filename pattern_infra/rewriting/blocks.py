@@ -11,12 +11,11 @@ from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 from coremltools.converters.mil.mil import Block, Operation, Program, Var
-from coremltools.converters.mil.mil.utils import CacheDoublyLinkedList
 from coremltools.converters.mil.mil.var import InternalVar
 
 from ..matching.matcher import Matcher
 
-__all__ = ["BlockIndex", "LazyBlockContext", "anchored_blocks", "flat_inputs", "is_live", "iter_blocks", "walk_blocks"]
+__all__ = ["BlockIndex", "anchored_blocks", "flat_inputs", "is_live", "iter_blocks", "walk_blocks"]
 
 
 def flat_inputs(op: Operation) -> list[Var]:
@@ -89,8 +88,6 @@ class BlockIndex:
         if self.observed:
             return
         ops_list = self.block.operations
-        if not isinstance(ops_list, CacheDoublyLinkedList):
-            return
         original_insert = ops_list.insert_op_before
         original_remove = ops_list.remove
         inserted, removed, by_type, counts = self.inserted, self.removed, self.by_type, self.counts
@@ -196,36 +193,3 @@ _LAST = float("inf")
 def is_live(block: Block) -> bool:
     """Whether ``block`` is still part of the program (not removed with its op by a rewrite)."""
     return block.outer_op is None or block.outer_op.enclosing_block is not None
-
-
-class LazyBlockContext:
-    """``with block:`` entered on demand, for one sweep.
-
-    A function's block, once entered, stays entered until ``run.close()``: every exit walks the whole
-    block, so a pass pays for it once. A nested block is entered for one sweep. ``run`` (the driver's
-    run) holds ``open_block`` and has ``close()`` and ``keep_block(block)`` (called before a block is left).
-    """
-
-    def __init__(self, run: Any, block: Block) -> None:
-        self.run = run
-        self.block = block
-        self.entered = False
-
-    def enter(self) -> None:
-        if self.entered or self.run.open_block is self.block:
-            return
-        if self.block.outer_op is None:  # a function: keep it open for the rest of the run
-            self.run.close()
-            self.block.__enter__()
-            self.run.open_block = self.block
-            return
-        self.block.__enter__()
-        self.entered = True
-
-    def __enter__(self) -> LazyBlockContext:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        if self.entered:
-            self.run.keep_block(self.block)
-            self.block.__exit__(*exc)

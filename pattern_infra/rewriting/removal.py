@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from coremltools.converters.mil.mil import Block, Operation, Var
-from coremltools.converters.mil.mil.utils import CacheDoublyLinkedList
 from coremltools.converters.mil.mil.var import InternalVar
 
 from .blocks import flat_inputs
@@ -47,13 +46,10 @@ def remove_dead(match: Pattern) -> list[tuple[Operation, list[Var]]]:
 def unlink(block: Block, ops: list[Operation]) -> list[tuple[Operation, list[Var]]]:
     """Takes ``ops``, dead ops of ``block`` (no output used outside ``ops``, none a block output), out of
     the block: ``Block.remove_ops`` without its checks (``remove_dead_ops`` made them) and its copies.
-    Ops with nested blocks or internal inputs, or a block whose op list is not coremltools' linked list,
-    go through ``Block.remove_ops``. Each open journal records the removal (:meth:`Journal.unlinked`)."""
+    Ops with nested blocks or internal inputs go through ``Block.remove_ops``. Each open journal records
+    the removal (:meth:`Journal.unlinked`)."""
     removal = [(op, flat_inputs(op)) for op in ops]
     ops_list = block.operations
-    if type(ops_list) is not CacheDoublyLinkedList and not isinstance(ops_list, CacheDoublyLinkedList):
-        block.remove_ops(ops)
-        return removal
     for op in ops:
         if op.blocks:
             block.remove_ops(ops)

@@ -49,11 +49,11 @@ class PassStats:
     def add(self, other: PassStats) -> None:
         """Adds ``other``'s counters to these."""
         for name in self.__dataclass_fields__:
-            if name == "rejections":
-                if other.rejections:
-                    self.rejections.update(other.rejections)
-            else:
-                setattr(self, name, getattr(self, name) + getattr(other, name))
+            setattr(self, name, getattr(self, name) + getattr(other, name))
+
+    def __sub__(self, before: PassStats) -> PassStats:
+        """What was counted since the counters were ``before``."""
+        return PassStats(**{name: getattr(self, name) - getattr(before, name) for name in self.__dataclass_fields__})
 
 
 @dataclass
