@@ -13,6 +13,7 @@ import logging
 import os
 import warnings
 from collections.abc import Callable, Iterator, Mapping
+from itertools import groupby
 from typing import Any
 
 from coremltools.converters.mil import Builder as mb
@@ -147,30 +148,14 @@ class PassContainer(AbstractGraphPass):
             original(prog)
             return
         followers = with_followers(self)[1:] if self.followers and override_enabled() else []
-        if not followers:
-            self.run_alone(prog)
-            return
-        # With its followers, in one driver run; their options reset as the pipeline resets a pass's.
-        for follower in followers:
+        for follower in followers:  # in one driver run with this pass; options reset as the pipeline does
             follower.set_options(None)
         run_together(prog, [self, *followers], self.pass_id)
 
-    def run_alone(self, prog: Program) -> None:
-        """Runs the generic sub-passes in the pass's graph-pass scope, whatever the override says, and
-        without its ``run_after`` followers."""
-        with mb.scope(_scope_of(self)):
-            self.apply(prog)
-
     def apply(self, prog: Program) -> None:
-        """Runs every sub-pass, in order, on ``prog``."""
-        stats = PassStats()
-        for segment in _segments([(self, sub) for sub in self.passes]):
-            first = segment[0][1]
-            if isinstance(first, SubPass):
-                stats.add(run_subpasses(prog, [sub for _, sub in segment], self.pass_id, validate=self.validate))
-            else:
-                self.apply_callable(prog, first)
-        self.record(stats)
+        """Runs the generic sub-passes on ``prog`` in the pass's graph-pass scope, whatever the override
+        says, and without its ``run_after`` followers."""
+        run_together(prog, [self], self.pass_id)
 
     def apply_callable(self, prog: Program, sub: Callable[[Program], Any]) -> None:
         """Runs a seed-style sub-pass (a callable taking the program), then validates the program unless
@@ -255,50 +240,22 @@ def run_together(prog: Program, containers: list[PassContainer], pass_name: str)
             continue
         owners = list(dict.fromkeys(owner for owner, _ in segment))  # one run_log entry each, even if twice
         before = [_counters(owner) for owner in owners]
-        with _scoped_transforms(segment):
-            stats = run_subpasses(prog, [sub for _, sub in segment], pass_name, validate=container.validate,
-                                  passes=[owner.pass_id for owner, _ in segment])
+        stats = run_subpasses(prog, [sub for _, sub in segment], pass_name, validate=container.validate,
+                              passes=[owner.pass_id for owner, _ in segment],
+                              scopes={owner.pass_id: _scope_of(owner) for owner in owners})
         total.add(stats)
         for owner, counters in zip(owners, before):
             owner.record(_counters(owner) - counters)
     return total
 
 
-def _segments(
-    plan: list[tuple[PassContainer, SubPass | Callable[[Program], Any]]]
-) -> Iterator[list[tuple[PassContainer, Any]]]:
+def _segments(plan: list[tuple[PassContainer, Any]]) -> list[list[tuple[PassContainer, Any]]]:
     """Runs of consecutive structured sub-passes sharing a ``validate`` setting; a callable alone."""
-    segment: list[tuple[PassContainer, Any]] = []
-    for container, sub in plan:
-        joins = (isinstance(sub, SubPass) and segment and isinstance(segment[0][1], SubPass)
-                 and segment[0][0].validate == container.validate)
-        if segment and not joins:
-            yield segment
-            segment = []
-        segment.append((container, sub))
-    if segment:
-        yield segment
 
+    def key(pair: tuple[PassContainer, Any]) -> tuple[bool, object]:
+        return (True, pair[0].validate) if isinstance(pair[1], SubPass) else (False, id(pair))
 
-@contextlib.contextmanager
-def _scoped_transforms(segment: list[tuple[PassContainer, SubPass]]) -> Iterator[None]:
-    """Runs each sub-pass's transform inside its pass's graph-pass scope, as when the pass runs alone."""
-    saved = {id(sub): (sub, sub.transform_pattern) for _, sub in segment}
-    for container, sub in segment:
-        sub.transform_pattern = _in_scope(saved[id(sub)][1], _scope_of(container))
-    try:
-        yield
-    finally:
-        for sub, transform in saved.values():
-            sub.transform_pattern = transform
-
-
-def _in_scope(transform: Callable[[Any], Any], scope: ScopeInfo) -> Callable[[Any], Any]:
-    def scoped(match: Any) -> Any:
-        with mb.scope(scope):
-            return transform(match)
-
-    return scoped
+    return [list(segment) for _, segment in groupby(plan, key=key)]
 
 
 def _scope_of(container: PassContainer) -> ScopeInfo:

@@ -22,7 +22,7 @@ from ..language.errors import PassRegistrationError
 from ..language.pattern import Pattern
 from ..rewriting.subpass import DEFAULT_MAX_ITERATIONS, SubPass
 
-__all__ = ["container_for", "coremltools_namespaces", "generic_passes", "register_generic_pass", "register_graph_pass"]
+__all__ = ["container_for", "generic_passes", "register_generic_pass", "register_graph_pass"]
 
 
 def _split_pass_id(pass_name: str, namespace: str) -> None:
@@ -47,8 +47,9 @@ def container_for(pass_name: str, namespace: str) -> PassContainer:
             f"Pass id {pass_id!r} is taken by {current!r}, which is neither a coremltools pass class "
             f"nor a PassContainer; choose another pass_name or namespace."
         )
-    if current is None and namespace in coremltools_namespaces():
-        near = difflib.get_close_matches(pass_id, _coremltools_ids(namespace), n=3, cutoff=0.6)
+    theirs = _coremltools_ids(namespace)
+    if current is None and theirs:
+        near = difflib.get_close_matches(pass_id, theirs, n=3, cutoff=0.6)
         hint = f"Did you mean {', '.join(repr(n) for n in near)}? " if near else ""
         raise PassRegistrationError(
             f"Pass id {pass_id!r} is in coremltools' namespace {namespace!r}, but coremltools has no pass "
@@ -61,17 +62,12 @@ def container_for(pass_name: str, namespace: str) -> PassContainer:
     return container
 
 
-def coremltools_namespaces() -> list[str]:
-    """The namespaces of coremltools' own passes (``common``, ``mil_backend``, ...), sorted."""
-    return sorted({pass_id.split("::", 1)[0] for pass_id in _coremltools_ids()})
-
-
-def _coremltools_ids(namespace: str | None = None) -> list[str]:
-    """Ids of coremltools' own passes (also those a generic pass replaces)."""
+def _coremltools_ids(namespace: str) -> list[str]:
+    """Ids of coremltools' own passes in ``namespace`` (also those a generic pass replaces)."""
     ids = []
     for pass_id, value in PASS_REGISTRY.passes.items():
         own = value.replaces is not None if isinstance(value, PassContainer) else isinstance(value, type)
-        if own and "::" in pass_id and (namespace is None or pass_id.split("::", 1)[0] == namespace):
+        if own and pass_id.split("::", 1)[0] == namespace and "::" in pass_id:
             ids.append(pass_id)
     return sorted(ids)
 

@@ -1,16 +1,13 @@
 """Runs of passes as single pipeline entries: :func:`pipeline`, for ``coremltools.convert``.
 
-coremltools validates the whole program after every entry of a pipeline. :func:`pipeline` returns a
-pipeline whose runs of passes are one :class:`GenericSweep` entry each, validated once; every rewrite of
-ours is still validated as it happens. The result is the same program as the pass-by-pass pipeline with
-the override on: the same passes in the same order, each rewrite's ops in its own pass's scope, each
-generic pass's counters and ``run_log()`` entry kept per pass.
+coremltools validates the whole program after every entry of a pipeline. In :func:`pipeline`'s, a run of
+passes is one :class:`GenericSweep` entry, validated once (each rewrite of ours is still validated as it
+happens); the program is the same as the pass-by-pass pipeline's with the override on.
 """
 
 from __future__ import annotations
 
 import hashlib
-import logging
 from collections.abc import Mapping, Sequence
 from typing import Literal
 
@@ -24,8 +21,6 @@ from ..language.errors import PassRegistrationError
 from ..rewriting.subpass import PassStats
 
 __all__ = ["SWEEP_NAMESPACE", "GenericSweep", "pipeline"]
-
-logger = logging.getLogger(__name__)
 
 SWEEP_NAMESPACE = "pattern_infra"
 """Namespace of the :class:`GenericSweep` entries :func:`pipeline` registers."""
@@ -84,10 +79,6 @@ class GenericSweep(AbstractGraphPass):
         digest = hashlib.sha1(repr((self.pass_ids, sorted(self.options.items(), key=str))).encode()).hexdigest()
         span = names[0] if len(names) == 1 else f"{names[0]}..{names[-1]}"
         return f"{SWEEP_NAMESPACE}::sweep[{span}]#{digest[:8]}"
-
-    def containers(self) -> list[PassContainer]:
-        """The generic passes in run order, each followed by its ``run_after`` followers."""
-        return [container for step in self.steps if isinstance(step, PassContainer) for container in with_followers(step)]
 
     def set_options(self, pass_options: list[PassOption] | None = None) -> None:
         """A sweep takes no options (coremltools passes None when the pipeline sets none)."""

@@ -68,15 +68,10 @@ class BlockIndex:
     def __init__(self, block: Block, ops: list[Operation] | None = None) -> None:
         """``ops``: the block's ops in program order, if the caller has just listed them."""
         self.block = block
-        self.by_type: dict[str, list[Operation]] = {}
-        by_type = self.by_type
+        by_type: dict[str, list[Operation]] = {}
         for op in block.operations if ops is None else ops:
-            op_type = type(op).__name__  # Operation.op_type, without the property call
-            same = by_type.get(op_type)
-            if same is None:
-                by_type[op_type] = [op]
-            else:
-                same.append(op)
+            by_type.setdefault(type(op).__name__, []).append(op)  # op.op_type, without the property call
+        self.by_type = by_type
         self.counts = Counter({t: len(v) for t, v in by_type.items()})
         self.inserted: list[Operation] = []  # while observed, in order
         self.removed: list[Operation] = []  # while observed, in order
@@ -91,7 +86,6 @@ class BlockIndex:
         original_insert = ops_list.insert_op_before
         original_remove = ops_list.remove
         inserted, removed, by_type, counts = self.inserted, self.removed, self.by_type, self.counts
-        state = self
 
         def insert_op_before(new_op: Operation, before_op: Operation | None = None) -> None:
             original_insert(new_op, before_op)
@@ -99,8 +93,8 @@ class BlockIndex:
             op_type = type(new_op).__name__
             by_type.setdefault(op_type, []).append(new_op)
             counts[op_type] += 1
-            if state._position is not None:
-                state._place(ops_list.op_to_node[new_op])
+            if self._position is not None:
+                self._place(ops_list.op_to_node[new_op])
 
         def remove(op: Operation) -> None:
             original_remove(op)
@@ -148,43 +142,39 @@ class BlockIndex:
         return all(any(counts.get(op_type, 0) > 0 for op_type in types) for types in matcher.type_groups)
 
     def order(self, ops: list[Operation]) -> list[Operation]:
-        """Sorts ``ops`` of this block into program order; ops no longer in the block go last. The
-        positions are indexed on demand, and inserted ops placed between their neighbours (``_place``)."""
-        position = self._position
-        block = self.block
-        if position is None or any(id(op) not in position and op.enclosing_block is block for op in ops):
-            position = self._position = {id(op): float(i) for i, op in enumerate(block.operations)}
+        """Sorts ``ops`` of this block into program order; ops no longer in the block go last."""
+        position = self._positions(op for op in ops if op.enclosing_block is self.block)
         return sorted(ops, key=lambda op: position.get(id(op), _LAST))
 
     def precedes(self, first: Operation, second: Operation) -> bool:
-        """Whether ``first`` stands before ``second`` in the block (both in it); indexes the block as
-        :meth:`order` does, then compares two positions."""
-        position = self._position
-        if position is None or id(first) not in position or id(second) not in position:
-            position = self._position = {id(op): float(i) for i, op in enumerate(self.block.operations)}
+        """Whether ``first`` stands before ``second`` in the block (both in it)."""
+        position = self._positions((first, second))
         return position[id(first)] < position[id(second)]
 
-    def _place(self, node: Any) -> None:
-        """Gives the op of a just-inserted list node a position between its neighbours'."""
+    def _positions(self, ops: Iterable[Operation]) -> dict[int, float]:
+        """The position of each op of the block by id, indexed again if one of ``ops`` has none: indexed on
+        demand, then kept current while observed (:meth:`_place`)."""
         position = self._position
-        if position is None:
-            return
-        before = position.get(id(node.prev.op)) if node.prev is not None else None
-        after = position.get(id(node.next.op)) if node.next is not None else None
-        if before is None and after is None:
-            place = 0.0 if node.prev is None and node.next is None else None
-        elif after is None:
-            place = before + 1.0 if node.next is None else None
-        elif before is None:
-            place = after - 1.0 if node.prev is None else None
-        else:
-            place = (before + after) / 2
-            if not before < place < after:  # out of float precision: index again when next needed
-                place = None
-        if place is None:
-            self._position = None
-        else:
+        if position is None or any(id(op) not in position for op in ops):
+            position = self._position = {id(op): float(i) for i, op in enumerate(self.block.operations)}
+        return position
+
+    def _place(self, node: Any) -> None:
+        """Gives the op of a just-inserted list node a position between its neighbours' (an end of the
+        list counts as a neighbour one step away); forgets the positions if a neighbour has none or the
+        floats run out of precision."""
+        position = self._position
+        low = -1.0 if node.prev is None else position.get(id(node.prev.op))
+        high = None if node.next is None else position.get(id(node.next.op))
+        if low is not None and node.next is None:
+            high = low + 2.0
+        if high is not None and node.prev is None:
+            low = high - 2.0
+        place = None if low is None or high is None else (low + high) / 2
+        if place is not None and low < place < high:
             position[id(node.op)] = place
+        else:
+            self._position = None
 
 
 _LAST = float("inf")

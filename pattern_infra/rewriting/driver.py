@@ -18,12 +18,14 @@ How ``run_subpasses`` runs a group of sub-passes:
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from itertools import groupby
 from operator import itemgetter
 from typing import Any
 
+from coremltools.converters.mil import Builder as mb
 from coremltools.converters.mil.mil import Block, Operation, Program
+from coremltools.converters.mil.mil.scope import ScopeInfo
 
 from .blocks import BlockIndex, flat_inputs, is_live, walk_blocks
 from .changes import Changes, revisit_candidates, validate_rewrite
@@ -105,7 +107,7 @@ class _Run:
 
 def run_subpasses(
     prog: Program, subpasses: list[SubPass], pass_name: str, *, validate: bool | str = True,
-    passes: Sequence[str] | None = None,
+    passes: Sequence[str] | None = None, scopes: Mapping[str, ScopeInfo] | None = None,
 ) -> PassStats:
     """Applies each sub-pass, in order, to every block of ``prog``.
 
@@ -117,6 +119,7 @@ def run_subpasses(
             ``"full"`` validates the program after each sub-pass that rewrote; ``False`` neither.
         passes: The pass id of each sub-pass, to run several passes in one call, each reaching its
             fixpoint before the next starts. None: all sub-passes form the pass ``pass_name``.
+        scopes: By pass id, the scope (``mb.scope``) the pass runs in, if not the caller's.
 
     Returns:
         The counters of this run, summed over the sub-passes.
@@ -135,12 +138,13 @@ def run_subpasses(
                 group = [sub for _, sub in pairs]
                 log = run.changes.log = {} if len(group) > 1 else None
                 seen: list[dict[str, int]] = []
-                for sub in group:
-                    total.add(_apply(run, sub, first=True))
+                with mb.scope(*[scopes[name]] if scopes and name in scopes else []):
+                    for sub in group:
+                        total.add(_apply(run, sub, first=True))
+                        if log is not None:
+                            seen.append({op_type: len(ops) for op_type, ops in log.items()})
                     if log is not None:
-                        seen.append({op_type: len(ops) for op_type, ops in log.items()})
-                if log is not None:
-                    _revisit_earlier(run, group, log, seen, total)
+                        _revisit_earlier(run, group, log, seen, total)
         except PatternInfraError:
             raise
         except Exception as exc:  # an error of coremltools' own while applying the rewrite

@@ -22,6 +22,7 @@ The hooks never read an op's ``__dict__`` unless they save it: CPython keeps att
 from __future__ import annotations
 
 import functools
+import inspect
 import operator
 import threading
 from collections.abc import Callable, Iterable, Mapping
@@ -123,8 +124,7 @@ class Journal:
     def keep_block(self, block: Block) -> None:
         """Saves every variable of ``block`` and its nested blocks, which ``Block.__exit__`` rewrites."""
         for var in _block_vars(block):
-            if var not in self.saved:
-                self.keep_var(var)
+            self.keep_var(var)
 
     def keep_match(self, ops: Iterable[Operation]) -> None:
         """Saves the names of a match's ops and of their outputs, which transforms may write by hand
@@ -246,16 +246,8 @@ def _open(journal: Journal) -> None:
         if not _ACTIVE:
             for cls, name, make in _HOOKS:
                 _originals[(cls, name)] = cls.__dict__.get(name, _ABSENT)
-                setattr(cls, name, make(_resolve(cls, name)))
+                setattr(cls, name, make(inspect.getattr_static(cls, name)))  # a property stays a property
         _ACTIVE.setdefault(journal.thread, []).append(journal)
-
-
-def _resolve(cls: type, name: str) -> Any:
-    """``cls``'s attribute ``name`` as stored (a property stays a property, not its value)."""
-    for klass in cls.__mro__:
-        if name in klass.__dict__:
-            return klass.__dict__[name]
-    raise AttributeError(f"{cls.__name__} has no attribute {name!r}")
 
 
 def _close(journal: Journal) -> None:
