@@ -157,13 +157,6 @@ class PassContainer(AbstractGraphPass):
         says, and without its ``run_after`` followers."""
         run_together(prog, [self], self.pass_id)
 
-    def apply_callable(self, prog: Program, sub: Callable[[Program], Any]) -> None:
-        """Runs a seed-style sub-pass (a callable taking the program), then validates the program unless
-        ``validate`` is False (a plain graph pass: the pipeline validates after the entry)."""
-        sub(prog)
-        if self.validate:
-            prog.validate()
-
     def record(self, stats: PassStats) -> None:
         """Adds one run's counters to :attr:`stats` and to :func:`run_log`."""
         self.stats.add(stats)
@@ -233,9 +226,11 @@ def run_together(prog: Program, containers: list[PassContainer], pass_name: str)
     plan = [(container, sub) for container in containers for sub in container.passes]
     for segment in _segments(plan):
         container, first = segment[0]
-        if not isinstance(first, SubPass):
-            with mb.scope(_scope_of(container)):  # a plain graph pass, in its pass's scope as when alone
-                container.apply_callable(prog, first)
+        if not isinstance(first, SubPass):  # a callable taking the program, in its pass's scope
+            with mb.scope(_scope_of(container)):
+                first(prog)
+            if container.validate:  # False for a plain graph pass: the pipeline validates after the entry
+                prog.validate()
             container.record(PassStats())
             continue
         owners = list(dict.fromkeys(owner for owner, _ in segment))  # one run_log entry each, even if twice

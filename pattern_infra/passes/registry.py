@@ -25,18 +25,14 @@ from ..rewriting.subpass import DEFAULT_MAX_ITERATIONS, SubPass
 __all__ = ["container_for", "generic_passes", "register_generic_pass", "register_graph_pass"]
 
 
-def _split_pass_id(pass_name: str, namespace: str) -> None:
+def container_for(pass_name: str, namespace: str) -> PassContainer:
+    """The PassContainer registered under ``namespace::pass_name``, created if needed."""
     for label, value in (("pass_name", pass_name), ("namespace", namespace)):
         if not isinstance(value, str) or not value or "::" in value:
             raise PassRegistrationError(
                 f"register_generic_pass: {label} must be a non-empty string without '::', got "
                 f"{value!r}. The pass id is '<namespace>::<pass_name>', e.g. 'common::fuse_gelu_exact'."
             )
-
-
-def container_for(pass_name: str, namespace: str) -> PassContainer:
-    """The PassContainer registered under ``namespace::pass_name``, created if needed."""
-    _split_pass_id(pass_name, namespace)
     pass_id = f"{namespace}::{pass_name}"
     current = PASS_REGISTRY.passes.get(pass_id)
     if isinstance(current, PassContainer):
@@ -140,13 +136,8 @@ def register_generic_pass(
     subs = []
     for i, program in enumerate(programs):
         compiled = compile_pattern(
-            program,
-            name=(f"{name}[{i}]" if name and len(programs) > 1 else name),
-            commutative=commutative,
-            alternatives=alternatives,
-            constants=constants,
-            const_rules=const_rules,
-            fanout=fanout,
+            program, name=(f"{name}[{i}]" if name and len(programs) > 1 else name), commutative=commutative,
+            alternatives=alternatives, constants=constants, const_rules=const_rules, fanout=fanout,
             equivalences=equivalences,
         )
         subs.append(SubPass(compiled, var_constraints, transform_pattern, priority, max_iterations))
@@ -217,8 +208,5 @@ def _follow(container: PassContainer, run_after: str) -> None:
 
 def generic_passes() -> dict[str, PassContainer]:
     """Every registered generic pass, by pass id, in id order."""
-    return {
-        pass_id: value
-        for pass_id, value in sorted(PASS_REGISTRY.passes.items())
-        if isinstance(value, PassContainer)
-    }
+    return {pass_id: entry for pass_id, entry in sorted(PASS_REGISTRY.passes.items())
+            if isinstance(entry, PassContainer)}

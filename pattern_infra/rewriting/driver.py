@@ -17,8 +17,10 @@ How ``run_subpasses`` runs a group of sub-passes:
 
 from __future__ import annotations
 
+import gc
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from itertools import groupby
 from operator import itemgetter
 from typing import Any
@@ -31,7 +33,6 @@ from .blocks import BlockIndex, flat_inputs, is_live, walk_blocks
 from .changes import Changes, revisit_candidates, validate_rewrite
 from .contract import USE_THE_NEW_OPS, broken_contract, read_only_constants, returned_names
 from ..language.errors import FixpointError, PassExecutionError, PatternInfraError
-from .gc_pause import paused_gc
 from .journal import Journal
 from ..language.pattern import Pattern
 from .removal import remove_dead
@@ -131,7 +132,7 @@ def run_subpasses(
     run = _Run(prog, validate)
     total = PassStats()
     named = zip(passes or [pass_name] * len(subpasses), subpasses, strict=True)
-    with paused_gc():
+    with _paused_gc():
         try:
             for name, pairs in groupby(named, key=itemgetter(0)):
                 run.pass_name = name
@@ -157,6 +158,31 @@ def run_subpasses(
                 st.release()
             run.journal = None  # its saved states are freed here, by reference counting
     return total
+
+
+_PROMOTE_ABOVE = 20_000  # young objects above which a pass's survivors are promoted, not collected
+
+
+@contextmanager
+def _paused_gc() -> Iterator[None]:
+    """Cyclic GC off for the ``with`` block (with a large graph alive, each collection would walk all of
+    it), back as it was after it.
+
+    Everything the block allocated and still holds is then young, and the first allocation after it
+    would collect all of it; so many survivors are moved to the oldest generation, unexamined, in
+    constant time (``gc.freeze()`` then ``gc.unfreeze()``). Not if the process froze objects itself:
+    they would be unfrozen too (asking, ``gc.get_freeze_count()``, walks them: only for a large pass).
+    """
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if gc.get_count()[0] > _PROMOTE_ABOVE and gc.get_freeze_count() == 0:
+            gc.freeze()
+            gc.unfreeze()
+        if was_enabled:
+            gc.enable()
 
 
 def _apply(run: _Run, sub: SubPass, *, first: bool) -> PassStats:

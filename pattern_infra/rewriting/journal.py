@@ -1,24 +1,18 @@
 """Undo journal: puts a program back as it was before a pass, copying only what the pass changes.
 
-On opening, it saves every block's fields and op list and starts observing the MIL API on its thread.
-The first change to an existing variable or op then saves that object's state (containers copied one
-level deep), while it is hot in the cache; a variable gaining or losing a user saves only its user list.
-``restore()`` writes the saved states back (whole objects first, then the older user lists), then the
-blocks. Objects created during the pass are never saved: once the touched objects are back, nothing in
-the program reaches them.
+On opening, it saves every block's fields and op list and starts observing, on its thread, the methods
+by which coremltools 9.0's MIL changes an existing variable, op or output relation (:data:`_HOOKS`).
+The first change to an existing variable or op saves that object's state (containers copied one level
+deep); a variable gaining or losing a user saves only its user list. Objects created during the pass are
+never saved: once the touched objects are back, nothing in the program reaches them.
 
-The changes seen are those coremltools 9.0's MIL makes through the methods it hooks while a journal is
-open (:data:`_HOOKS`). ``Block.__exit__``, which recomputes ``nonreplaceable_vars_upstream`` of the
-block's variables, is not hooked: the driver calls :meth:`Journal.keep_block` before leaving a nested
-block and closes the journal before leaving a function's block. Plain attribute assignments are not
-hooked (the builder makes dozens per new op), so a transform's writes by hand are not undone, except
-renames (``op.name = ...``): :meth:`Journal.keep_match` saves a match's names before its transform. The
-driver's removal of dead ops bypasses the hooks and records itself (:meth:`Journal.unlinked`).
-
-The hooks never read an op's ``__dict__`` unless they save it: CPython keeps attributes inline until
-``__dict__`` is asked for, and reads on an op whose dict was materialised stay slower for good.
+Not hooked: ``Block.__exit__``, which recomputes ``nonreplaceable_vars_upstream`` (the driver calls
+:meth:`Journal.keep_block` before leaving a nested block, and closes the journal before leaving a
+function's block); plain attribute assignments (the builder makes dozens per new op), so a transform's
+writes by hand are not undone, except renames (:meth:`Journal.keep_match`); the driver's removal of dead
+ops, which records itself (:meth:`Journal.unlinked`). The hooks never read an op's ``__dict__`` unless
+they save it: CPython keeps attributes inline until it is asked for, and reads stay slower after.
 """
-
 from __future__ import annotations
 
 import functools
