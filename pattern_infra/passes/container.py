@@ -94,11 +94,8 @@ def run_log(clear: bool = False) -> list[tuple[str, bool, PassStats]]:
 
 
 class PassContainer(AbstractGraphPass):
-    """A coremltools graph pass made of generic sub-passes (the design document's ``PassContainer``).
-
-    Sub-passes run in order of priority (higher first), then registration order (``order``), on every
-    block.
-    """
+    """A coremltools graph pass made of generic sub-passes (the design document's ``PassContainer``), which
+    run in order of priority (higher first), then registration order (``order``), on every block."""
 
     def __init__(self, pass_name: str, namespace: str = "", replaces: type | None = None) -> None:
         """Creates an empty pass.
@@ -212,9 +209,8 @@ def with_followers(container: PassContainer) -> list[PassContainer]:
 
 def run_together(prog: Program, containers: list[PassContainer], pass_name: str) -> PassStats:
     """Applies the generic passes ``containers`` to ``prog``, in order, as if one by one (each reaching its
-    fixpoint before the next), in as few driver runs as possible: one walk and index of the program, one
-    journal (a callable sub-pass, or a change of ``validate``, splits a run). Options stay as set; each
-    rewrite runs in its own pass's scope; each pass's counters go to it and to :func:`run_log`.
+    fixpoint before the next, in its own scope, its counters to it and to :func:`run_log`), in as few
+    driver runs as possible (a callable sub-pass, or a change of ``validate``, splits a run).
 
     Args:
         pass_name: For messages about the run as a whole (a sweep's id).

@@ -1,9 +1,5 @@
-"""Registering generic passes: ``register_generic_pass``, pass ids and ``run_after`` followers.
-
-Calls with the same ``namespace::pass_name`` add sub-passes to one :class:`PassContainer` in
-``PASS_REGISTRY``. An id in coremltools' namespaces that names no pass of coremltools is refused (no
-pipeline would run it).
-"""
+"""Registering generic passes: ``register_generic_pass``, pass ids and ``run_after`` followers. An id in
+coremltools' namespaces that names no pass of coremltools is refused (no pipeline would run it)."""
 
 from __future__ import annotations
 
@@ -153,10 +149,8 @@ def register_generic_pass(
 def register_graph_pass(
     apply: Callable[[Program], Any], pass_name: str, namespace: str, *, options: Mapping[str, Any] | None = None
 ) -> PassContainer:
-    """Registers a plain graph pass (a function rewriting a whole program) under ``namespace::pass_name``.
-
-    For passes that are not patterns. The container behaves as for a pattern pass (the override,
-    :func:`~pattern_infra.pipeline`'s sweeps); the function runs in the pass's graph-pass scope and the
+    """Registers a plain graph pass (a function rewriting a whole program, not a pattern) under
+    ``namespace::pass_name``: its container behaves as a pattern pass's (the override, the sweeps); the
     program is validated by the pipeline after the entry, as after coremltools' passes.
 
     Args:

@@ -105,7 +105,7 @@ def revisit_candidates(
     """The anchor candidates a round of rewrites may have made matchable.
 
     A new match contains a seed (:attr:`Changes.seeds`): an op of the pattern's types whose inputs or
-    outputs' users changed (for a fan-out pattern, any changed op). No seed, no revisit.
+    outputs' users changed (for a fan-out pattern, any changed op).
 
     Returns:
         The anchor-type ops within the anchor's radius of a seed (not walking through constants); and,
@@ -113,8 +113,6 @@ def revisit_candidates(
         each seed paired with every other pattern op of its type, to be tried as that op's anchor.
     """
     seeds = [op for op in dict.fromkeys(seeds) if op.enclosing_block is block]
-    if not seeds:
-        return [], []
     candidates = near(seeds, block, matcher.nodes[anchor].op_types, matcher.radius[anchor])
     extra: list[tuple[Operation, int]] = []
     if matcher.joins_through_roots:
@@ -125,10 +123,8 @@ def revisit_candidates(
 
 def near(seeds: list[Operation], block: Block, anchor_types: frozenset[str], radius: int) -> list[Operation]:
     """Anchor candidates within ``radius`` producer/consumer steps of a seed op, in discovery order."""
-    seen: dict[int, Operation] = {}
     frontier = list(dict.fromkeys(seeds))
-    for op in frontier:
-        seen[id(op)] = op
+    seen = {id(op): op for op in frontier}
     for _ in range(radius):
         nxt: list[Operation] = []
         for op in frontier:
@@ -147,6 +143,4 @@ def near(seeds: list[Operation], block: Block, anchor_types: frozenset[str], rad
                     seen[id(other)] = other
                     nxt.append(other)
         frontier = nxt
-        if not frontier:
-            break
     return [op for op in seen.values() if op.op_type in anchor_types and op.enclosing_block is block]

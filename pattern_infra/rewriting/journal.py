@@ -175,61 +175,133 @@ class Journal:
             _close(self)
 
 
-def _hook(keep: Callable[[Journal, Any], None], objects: Callable[..., Iterable[Any]] | None = None
-          ) -> Callable[[Any], Any]:
-    """A hook factory: the method (or property setter) it gets, after ``keep(journal, obj)`` for each
-    journal open on the thread and each object the call changes: ``self``, or ``objects(self, ...)``."""
+# Each hook has the hooked method's exact signature (``*args`` would cost more than the hook) and does one
+# dictionary lookup: some run dozens of times per rewrite.
 
-    def make(original: Any) -> Any:
-        if isinstance(original, property):
-            return property(original.fget, make(original.fset), original.fdel, original.__doc__)
 
-        def hook(self: Any, *args: Any, **kwargs: Any) -> Any:
-            journals = _ACTIVE.get(_get_ident())
-            if journals:
-                for obj in (self,) if objects is None else objects(self, *args, **kwargs):
-                    for journal in journals:
-                        keep(journal, obj)
-            return original(self, *args, **kwargs)
+def _hook_add_child_op(original: Callable[..., Any]) -> Callable[..., Any]:
+    def add_child_op(self: Var, new_op: Operation) -> Any:
+        for journal in _ACTIVE.get(_get_ident(), ()):
+            if self not in journal.saved:
+                journal.keep_users(self)
+        return original(self, new_op)
 
-        return hook
+    return add_child_op
 
-    return make
+
+def _hook_remove_child_op(original: Callable[..., Any]) -> Callable[..., Any]:
+    def remove_child_op(self: Var, target_op: Operation, no_check: bool = False) -> Any:
+        for journal in _ACTIVE.get(_get_ident(), ()):
+            if self not in journal.saved:
+                journal.keep_users(self)
+        return original(self, target_op, no_check)
+
+    return remove_child_op
+
+
+def _hook_set_name(original: Callable[..., Any]) -> Callable[..., Any]:
+    def set_name(self: Var, name: str) -> Any:
+        for journal in _ACTIVE.get(_get_ident(), ()):
+            journal.keep_var(self)
+        return original(self, name)
+
+    return set_name
+
+
+def _hook_scopes(prop: property) -> property:
+    """``var.scopes = ...`` writes the scopes of the variable's producer op."""
+    setter = prop.fset
+
+    def set_scopes(self: Var, scopes: Any) -> None:
+        journals = _ACTIVE.get(_get_ident())
+        if journals and self.op is not None:
+            for journal in journals:
+                journal.keep_op(self.op)
+        setter(self, scopes)  # type: ignore[misc]
+
+    return property(prop.fget, set_scopes, prop.fdel, prop.__doc__)
+
+
+def _hook_set_inputs(original: Callable[..., Any]) -> Callable[..., Any]:
+    def _validate_and_set_inputs(self: Operation, input_kvs: Any, no_check_var_types: bool = False) -> Any:
+        for journal in _ACTIVE.get(_get_ident(), ()):
+            if self not in journal.saved:
+                journal.keep_op(self)
+        return original(self, input_kvs, no_check_var_types)
+
+    return _validate_and_set_inputs
 
 
 def _hook_type_value_inference(original: Callable[..., Any]) -> Callable[..., Any]:
     """Re-inference rewrites the op's output variables (types, values, upstream sets)."""
 
     def type_value_inference(self: Operation, overwrite_output: bool = False) -> Any:
-        journals = _ACTIVE.get(_get_ident())
-        if journals:
-            outputs = getattr(self, "_output_vars", None)
-            if outputs is None:  # a new op creating its outputs: new variables, nothing to restore
-                result = original(self, overwrite_output)
-                for journal in journals:
-                    journal.saved.update(self._output_vars)
-                return result
+        journals = _ACTIVE.get(_get_ident(), ())
+        outputs = getattr(self, "_output_vars", None) if journals else ()
+        if outputs is None:  # a new op creating its outputs: new variables, nothing to restore
+            result = original(self, overwrite_output)
             for journal in journals:
+                journal.saved.update(self._output_vars)
+            return result
+        for journal in journals:
+            if self not in journal.saved:
                 journal.keep_op(self)
-                for var in outputs:
+            for var in outputs:
+                if var not in journal.saved:
                     journal.keep_var(var)
         return original(self, overwrite_output)
 
     return type_value_inference
 
 
+def _hook_set_outputs(original: Callable[..., Any]) -> Callable[..., Any]:
+    """Changes ``consuming_blocks`` of the old and the new outputs in place."""
+
+    def set_outputs(self: Block, outputs: Any) -> Any:
+        for journal in _ACTIVE.get(_get_ident(), ()):
+            for var in [*self._outputs, *outputs]:
+                if isinstance(var, Var):
+                    journal.keep_var(var)
+        return original(self, outputs)
+
+    return set_outputs
+
+
+def _hook_replace_block_output_var(original: Callable[..., Any]) -> Callable[..., Any]:
+    """Changes ``consuming_blocks`` (and an output's name) of both variables, when ``old_var`` is an output."""
+
+    def replace_block_output_var(self: Block, old_var: Var, new_var: Var) -> Any:
+        for journal in _ACTIVE.get(_get_ident(), ()):
+            if old_var in self._outputs:
+                journal.keep_var(old_var)
+                journal.keep_var(new_var)
+        return original(self, old_var, new_var)
+
+    return replace_block_output_var
+
+
+def _hook_remove_ops(original: Callable[..., Any]) -> Callable[..., Any]:
+    """Sets ``enclosing_block`` of every removed op to None."""
+
+    def remove_ops(self: Block, ops_to_remove: Any) -> Any:
+        for journal in _ACTIVE.get(_get_ident(), ()):
+            for op in ops_to_remove:
+                journal.keep_op(op)
+        return original(self, ops_to_remove)
+
+    return remove_ops
+
+
 _HOOKS: list[tuple[type, str, Callable[[Any], Any]]] = [
-    (Var, "add_child_op", _hook(Journal.keep_users)),
-    (Var, "remove_child_op", _hook(Journal.keep_users)),
-    (Var, "set_name", _hook(Journal.keep_var)),
-    (Var, "scopes", _hook(Journal.keep_op, lambda var, scopes: () if var.op is None else (var.op,))),
-    (Operation, "_validate_and_set_inputs", _hook(Journal.keep_op)),
+    (Var, "add_child_op", _hook_add_child_op),
+    (Var, "remove_child_op", _hook_remove_child_op),
+    (Var, "set_name", _hook_set_name),
+    (Var, "scopes", _hook_scopes),
+    (Operation, "_validate_and_set_inputs", _hook_set_inputs),
     (Operation, "type_value_inference", _hook_type_value_inference),
-    (Block, "set_outputs", _hook(  # changes consuming_blocks of the old and the new outputs
-        Journal.keep_var, lambda block, outputs: [v for v in [*block._outputs, *outputs] if isinstance(v, Var)])),
-    (Block, "replace_block_output_var", _hook(  # consuming_blocks and an output's name, if old_var is one
-        Journal.keep_var, lambda block, old_var, new_var: (old_var, new_var) if old_var in block._outputs else ())),
-    (Block, "remove_ops", _hook(Journal.keep_op, lambda block, ops_to_remove: ops_to_remove)),
+    (Block, "set_outputs", _hook_set_outputs),
+    (Block, "replace_block_output_var", _hook_replace_block_output_var),
+    (Block, "remove_ops", _hook_remove_ops),
 ]
 """(class, attribute, hook factory taking the attribute as defined): every way coremltools 9.0's MIL
 changes an existing variable, op or output relation."""

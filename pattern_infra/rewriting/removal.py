@@ -15,10 +15,9 @@ __all__ = ["remove_dead", "remove_dead_ops", "unlink"]
 def remove_dead_ops(match: Pattern) -> list[Operation]:
     """Removes the matched ops still in the block whose outputs nothing uses.
 
-    This lets a transform only build the replacement and redirect the outputs. The ops are visited
-    consumers first, so a chain of matched ops dies in one visit. An op is dead when no output is a
-    block output or read by an op outside the dead ones: what ``Block.remove_ops`` checks, so they are
-    then unlinked directly (:func:`unlink`), with the same end state.
+    A transform then only builds the replacement and redirects the outputs. Consumers are visited first,
+    so a chain of matched ops dies in one visit. An op is dead when no output is a block output or read by
+    an op outside the dead ones: what ``Block.remove_ops`` checks, so they are unlinked directly.
 
     Returns:
         The removed ops.
