@@ -175,36 +175,35 @@ class Journal:
             _close(self)
 
 
-# Each hook has the hooked method's exact signature (``*args`` would cost more than the hook) and does one
-# dictionary lookup: some run dozens of times per rewrite.
+# Each hook has the hooked method's exact signature (``*args`` would cost more than the hook): some run
+# dozens of times per rewrite.
+
+
+def _keep(obj: Any, keep: Callable[[Journal, Any], None]) -> None:
+    """``keep(journal, obj)`` for each journal open on this thread that has not saved ``obj``."""
+    for journal in _ACTIVE.get(_get_ident(), ()):
+        if obj not in journal.saved:
+            keep(journal, obj)
 
 
 def _hook_add_child_op(original: Callable[..., Any]) -> Callable[..., Any]:
     def add_child_op(self: Var, new_op: Operation) -> Any:
-        for journal in _ACTIVE.get(_get_ident(), ()):
-            if self not in journal.saved:
-                journal.keep_users(self)
+        _keep(self, Journal.keep_users)
         return original(self, new_op)
-
     return add_child_op
 
 
 def _hook_remove_child_op(original: Callable[..., Any]) -> Callable[..., Any]:
     def remove_child_op(self: Var, target_op: Operation, no_check: bool = False) -> Any:
-        for journal in _ACTIVE.get(_get_ident(), ()):
-            if self not in journal.saved:
-                journal.keep_users(self)
+        _keep(self, Journal.keep_users)
         return original(self, target_op, no_check)
-
     return remove_child_op
 
 
 def _hook_set_name(original: Callable[..., Any]) -> Callable[..., Any]:
     def set_name(self: Var, name: str) -> Any:
-        for journal in _ACTIVE.get(_get_ident(), ()):
-            journal.keep_var(self)
+        _keep(self, Journal.keep_var)
         return original(self, name)
-
     return set_name
 
 
@@ -213,22 +212,16 @@ def _hook_scopes(prop: property) -> property:
     setter = prop.fset
 
     def set_scopes(self: Var, scopes: Any) -> None:
-        journals = _ACTIVE.get(_get_ident())
-        if journals and self.op is not None:
-            for journal in journals:
-                journal.keep_op(self.op)
+        if _ACTIVE and self.op is not None:
+            _keep(self.op, Journal.keep_op)
         setter(self, scopes)  # type: ignore[misc]
-
     return property(prop.fget, set_scopes, prop.fdel, prop.__doc__)
 
 
 def _hook_set_inputs(original: Callable[..., Any]) -> Callable[..., Any]:
     def _validate_and_set_inputs(self: Operation, input_kvs: Any, no_check_var_types: bool = False) -> Any:
-        for journal in _ACTIVE.get(_get_ident(), ()):
-            if self not in journal.saved:
-                journal.keep_op(self)
+        _keep(self, Journal.keep_op)
         return original(self, input_kvs, no_check_var_types)
-
     return _validate_and_set_inputs
 
 
@@ -236,21 +229,16 @@ def _hook_type_value_inference(original: Callable[..., Any]) -> Callable[..., An
     """Re-inference rewrites the op's output variables (types, values, upstream sets)."""
 
     def type_value_inference(self: Operation, overwrite_output: bool = False) -> Any:
-        journals = _ACTIVE.get(_get_ident(), ())
-        outputs = getattr(self, "_output_vars", None) if journals else ()
+        outputs = getattr(self, "_output_vars", None)
         if outputs is None:  # a new op creating its outputs: new variables, nothing to restore
             result = original(self, overwrite_output)
-            for journal in journals:
+            for journal in _ACTIVE.get(_get_ident(), ()):
                 journal.saved.update(self._output_vars)
             return result
-        for journal in journals:
-            if self not in journal.saved:
-                journal.keep_op(self)
-            for var in outputs:
-                if var not in journal.saved:
-                    journal.keep_var(var)
+        _keep(self, Journal.keep_op)
+        for var in outputs:
+            _keep(var, Journal.keep_var)
         return original(self, overwrite_output)
-
     return type_value_inference
 
 
@@ -258,12 +246,10 @@ def _hook_set_outputs(original: Callable[..., Any]) -> Callable[..., Any]:
     """Changes ``consuming_blocks`` of the old and the new outputs in place."""
 
     def set_outputs(self: Block, outputs: Any) -> Any:
-        for journal in _ACTIVE.get(_get_ident(), ()):
-            for var in [*self._outputs, *outputs]:
-                if isinstance(var, Var):
-                    journal.keep_var(var)
+        for var in [*self._outputs, *outputs]:
+            if isinstance(var, Var):
+                _keep(var, Journal.keep_var)
         return original(self, outputs)
-
     return set_outputs
 
 
@@ -271,12 +257,10 @@ def _hook_replace_block_output_var(original: Callable[..., Any]) -> Callable[...
     """Changes ``consuming_blocks`` (and an output's name) of both variables, when ``old_var`` is an output."""
 
     def replace_block_output_var(self: Block, old_var: Var, new_var: Var) -> Any:
-        for journal in _ACTIVE.get(_get_ident(), ()):
-            if old_var in self._outputs:
-                journal.keep_var(old_var)
-                journal.keep_var(new_var)
+        if old_var in self._outputs:
+            _keep(old_var, Journal.keep_var)
+            _keep(new_var, Journal.keep_var)
         return original(self, old_var, new_var)
-
     return replace_block_output_var
 
 
@@ -284,11 +268,9 @@ def _hook_remove_ops(original: Callable[..., Any]) -> Callable[..., Any]:
     """Sets ``enclosing_block`` of every removed op to None."""
 
     def remove_ops(self: Block, ops_to_remove: Any) -> Any:
-        for journal in _ACTIVE.get(_get_ident(), ()):
-            for op in ops_to_remove:
-                journal.keep_op(op)
+        for op in ops_to_remove:
+            _keep(op, Journal.keep_op)
         return original(self, ops_to_remove)
-
     return remove_ops
 
 
