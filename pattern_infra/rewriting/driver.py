@@ -274,23 +274,21 @@ def _sweep(run: _Run, sub: SubPass, st: BlockIndex, stats: PassStats, *, first: 
 
     tries, rounds = st.tries, run.rounds
     attempts = 0
-    try:
-        while candidates or extra:
-            rounds[id(block)] = done = rounds.get(id(block), 0) + 1
-            stats.iterations += 1
-            if done > sub.max_iterations:
-                ops = ", ".join(op.name for op in last.op_list()) if last else "?"
-                raise run.error(sub, f"still rewriting after {sub.max_iterations} rounds (last match: [{ops}]). Its "
-                                     f"transform re-creates the pattern it replaces; make the replacement differ "
-                                     f"from the pattern, or raise max_iterations.", kind=FixpointError)
-            for _ in tries(matcher, anchor, candidates, accept):
+    while candidates or extra:
+        rounds[id(block)] = done = rounds.get(id(block), 0) + 1
+        stats.iterations += 1
+        if done > sub.max_iterations:
+            ops = ", ".join(op.name for op in last.op_list()) if last else "?"
+            raise run.error(sub, f"still rewriting after {sub.max_iterations} rounds (last match: [{ops}]). Its "
+                                 f"transform re-creates the pattern it replaces; make the replacement differ "
+                                 f"from the pattern, or raise max_iterations.", kind=FixpointError)
+        for _ in tries(matcher, anchor, candidates, accept):
+            attempts += 1
+        for op, at in extra:  # a seed tried as another pattern op of its type
+            for _ in tries(matcher, at, (op,), accept):
                 attempts += 1
-            for op, at in extra:  # a seed tried as another pattern op of its type
-                for _ in tries(matcher, at, (op,), accept):
-                    attempts += 1
-            candidates, extra = revisit_candidates(run.changes.take(block), block, matcher, anchor)
-    finally:
-        stats.attempts += attempts
+        candidates, extra = revisit_candidates(run.changes.take(block), block, matcher, anchor)
+    stats.attempts += attempts
 
 
 def _rewrite(run: _Run, sub: SubPass, st: BlockIndex, match: Pattern) -> bool:
