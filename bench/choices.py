@@ -207,7 +207,7 @@ def pass_search_row(row: str, n: int) -> tuple[float, float]:
     before, best = matcher.bind_attempts, float("inf")
     for _ in range(7):
         gc.collect()
-        gc.disable()  # as in a pass (gc_pause): the collector's pauses are not the search's cost
+        gc.disable()  # as in a pass (the driver pauses it): the collector's pauses are not the search's cost
         start = time.perf_counter()
         found = first_matches(matcher, prog)
         best = min(best, time.perf_counter() - start)

@@ -43,7 +43,7 @@ def _phases(subs: list[SubPass]) -> list[tuple[str, list[tuple[str, int, str]]]]
         ("dead matched ops unlinked, per match: remove_dead", [_key(removal.remove_dead)]),
         ("undo journal: opening, names of each match, unlinked ops (hooks not counted)",
          [_key(Journal.__init__), _key(Journal.keep_match), _key(Journal.unlinked)]),
-        ("validation of each rewrite's changes: Changes.validate", [_key(changes.Changes.validate)]),
+        ("validation of each rewrite's changes: validate_rewrite", [_key(changes.validate_rewrite)]),
         ("Block.__exit__ (propagate_nonreplaceable_vars over the whole block)", [_key(Block.__exit__)]),
         ("revisit: revisit_candidates (changed ops of the pattern's types, and their neighbourhood)", [_key(changes.revisit_candidates)]),
         ("indexing: BlockIndex.__init__", [_key(blocks.BlockIndex.__init__)]),

@@ -340,7 +340,7 @@ def run_k_independence(n: int, ks: Sequence[int], repeats: int) -> list[dict[str
             elapsed = time.perf_counter() - start
             results[k]["cpu_seconds"].append(time.thread_time() - cpu_start)
             after = [s.stats for s in gelu_subs + dummy_subs]
-            diffs = [_diff(b, a) for b, a in zip(before, after)]
+            diffs = [a - b for b, a in zip(before, after)]
             gelu_diff, dummy_diff = diffs[: len(gelu_subs)], diffs[len(gelu_subs) :]
             entry = results[k]
             entry["seconds"].append(elapsed)
@@ -362,13 +362,6 @@ def run_k_independence(n: int, ks: Sequence[int], repeats: int) -> list[dict[str
         entry["best_gelu_seconds"] = min(entry["gelu_seconds"])
         entry["n"] = n
         out.append(entry)
-    return out
-
-
-def _diff(before: PassStats, after: PassStats) -> PassStats:
-    out = PassStats()
-    for name in PassStats.__dataclass_fields__:
-        setattr(out, name, getattr(after, name) - getattr(before, name))
     return out
 
 

@@ -39,7 +39,7 @@ def const_elimination(prog: Program) -> None:
         return
     graph_pass = _CONTAINER.replaces()  # coremltools' class (imported through the registry: importing its
     graph_pass.set_options(_CONTAINER.pass_options)  # module by path would shadow the class in its package)
-    graph_pass.apply(prog)  # inside this pass's scope already (run_alone or the sweep)
+    graph_pass.apply(prog)  # inside this pass's scope already (PassContainer.apply or the sweep)
 
 
 _CONTAINER = register_graph_pass(

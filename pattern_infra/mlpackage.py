@@ -383,7 +383,7 @@ def run_passes(
             graph_pass = PASS_REGISTRY[pass_id]
             graph_pass.set_options(None)
             if generic:
-                graph_pass.run_alone(prog)  # without its followers: they have their own place in the plan
+                graph_pass.apply(prog)  # without its followers: they have their own place in the plan
             else:
                 graph_pass(prog)
             prog.validate()

@@ -509,7 +509,7 @@ _GC_SCRIPT = """
 import gc, sys
 from coremltools.converters.mil import Builder as mb
 from pattern_infra import register_generic_pass
-from pattern_infra.rewriting import gc_pause
+from pattern_infra.rewriting import driver
 from pattern_infra.testing.passes import relu_exp, to_softplus
 
 def chain(n):
@@ -520,7 +520,7 @@ def chain(n):
         return x
     return prog
 
-gc_pause._PROMOTE_ABOVE = int(sys.argv[1])
+driver._PROMOTE_ABOVE = int(sys.argv[1])
 c = register_generic_pass(relu_exp, None, to_softplus, "p", "gc_test")
 collections = []
 gc.callbacks.append(lambda phase, info: collections.append(info["generation"]) if phase == "start" else None)

@@ -4,10 +4,6 @@ A :class:`PassContainer` is a coremltools graph pass holding sub-passes, stored 
 under ``namespace::pass_name``. Under the id of one of coremltools' own passes it decides *each time it
 runs*: with ``ENABLE_EXPERIMENTAL_PASSES=1`` in the environment then, the generic sub-passes run;
 otherwise coremltools' pass runs, with the same options. Under a new id it always runs.
-
-:func:`run_together` applies several passes in one driver run (one walk and index of the program, one
-journal), as if one by one: each pass reaches its fixpoint before the next, each rewrite is in its own
-pass's scope, each pass keeps its counters.
 """
 
 from __future__ import annotations
@@ -17,6 +13,7 @@ import logging
 import os
 import warnings
 from collections.abc import Callable, Iterator, Mapping
+from itertools import groupby
 from typing import Any
 
 from coremltools.converters.mil import Builder as mb
@@ -49,11 +46,7 @@ def override_enabled() -> bool:
     ``1``, ``true``, ``yes``, ``on`` (any case) turn it on; unset, empty, ``0``, ``false``, ``no``,
     ``off`` leave it off; any other value leaves it off with a ``RuntimeWarning`` (once per value).
     """
-    value = os.environ.get(ENV_VAR)
-    if value is None:
-        return False
-    if value == "1":
-        return True
+    value = os.environ.get(ENV_VAR, "")
     folded = value.strip().lower()
     if folded in _ON:
         return True
@@ -101,12 +94,8 @@ def run_log(clear: bool = False) -> list[tuple[str, bool, PassStats]]:
 
 
 class PassContainer(AbstractGraphPass):
-    """A coremltools graph pass made of generic sub-passes (the design document's ``PassContainer``).
-
-    Sub-passes run in order of priority (higher first), then registration order (``order``), on every
-    block. What each rewrite changed is validated (see :attr:`validate`); an inconsistency restores the
-    program and raises ``PassExecutionError``.
-    """
+    """A coremltools graph pass made of generic sub-passes (the design document's ``PassContainer``), which
+    run in order of priority (higher first), then registration order (``order``), on every block."""
 
     def __init__(self, pass_name: str, namespace: str = "", replaces: type | None = None) -> None:
         """Creates an empty pass.
@@ -125,10 +114,12 @@ class PassContainer(AbstractGraphPass):
         self.stats = PassStats()
         self.validate: bool | str = True
         """``True`` validates what each rewrite changed, right after it; ``"full"`` the whole program
-        after each sub-pass that rewrote; ``False`` neither."""
+        after each sub-pass that rewrote; ``False`` neither. A failed validation restores the program
+        and raises ``PassExecutionError``."""
         self.followers: list[PassContainer] = []
         """Generic passes registered with ``run_after`` this pass: run right after it, override on."""
-        self._options: list[PassOption] | None = None
+        self.pass_options: list[PassOption] | None = None
+        """The options the pipeline set for this pass, as it gave them (None: none set)."""
         self._declared_options: dict[str, Any] = {}
         self.options: dict[str, Any] = {}
         """Option values in effect: the declared defaults, overridden by the pipeline's options."""
@@ -141,7 +132,8 @@ class PassContainer(AbstractGraphPass):
                 f"{type(pass_function).__name__}."
             )
         self.passes.append(pass_function)
-        self._sort()
+        # Higher priority first; the sort is stable, so equal priorities keep registration order.
+        self.passes.sort(key=lambda p: -(p.priority if isinstance(p, SubPass) else 0))
 
     def __call__(self, prog: Program) -> None:
         """Runs the pass on ``prog``: the generic sub-passes, or coremltools' pass it replaces."""
@@ -149,44 +141,18 @@ class PassContainer(AbstractGraphPass):
             return
         if self.replaces is not None and not override_enabled():
             original = self.replaces()
-            original.set_options(self._options)
+            original.set_options(self.pass_options)
             original(prog)
             return
         followers = with_followers(self)[1:] if self.followers and override_enabled() else []
-        if not followers:
-            self.run_alone(prog)
-            return
-        # With its followers, in one driver run; their options reset as the pipeline resets a pass's.
-        for follower in followers:
+        for follower in followers:  # in one driver run with this pass; options reset as the pipeline does
             follower.set_options(None)
         run_together(prog, [self, *followers], self.pass_id)
 
-    def run_alone(self, prog: Program) -> None:
-        """Runs the generic sub-passes in the pass's graph-pass scope, whatever the override says, and
-        without its ``run_after`` followers."""
-        with mb.scope(_scope_of(self)):
-            self.apply(prog)
-
     def apply(self, prog: Program) -> None:
-        """Runs every sub-pass, in order, on ``prog``."""
-        stats = PassStats()
-        structured = [p for p in self.passes if isinstance(p, SubPass)]
-        if len(structured) == len(self.passes):
-            stats = run_subpasses(prog, structured, self.pass_id, validate=self.validate)
-        else:
-            for sub in self.passes:
-                if isinstance(sub, SubPass):
-                    stats.add(run_subpasses(prog, [sub], self.pass_id, validate=self.validate))
-                else:
-                    self.apply_callable(prog, sub)
-        self.record(stats)
-
-    def apply_callable(self, prog: Program, sub: Callable[[Program], Any]) -> None:
-        """Runs a seed-style sub-pass (a callable taking the program), then validates the program unless
-        ``validate`` is False (a plain graph pass: the pipeline validates after the entry)."""
-        sub(prog)
-        if self.validate:
-            prog.validate()
+        """Runs the generic sub-passes on ``prog`` in the pass's graph-pass scope, whatever the override
+        says, and without its ``run_after`` followers."""
+        run_together(prog, [self], self.pass_id)
 
     def record(self, stats: PassStats) -> None:
         """Adds one run's counters to :attr:`stats` and to :func:`run_log`."""
@@ -198,9 +164,9 @@ class PassContainer(AbstractGraphPass):
     def set_options(self, pass_options: list[PassOption] | None = None) -> None:
         """Receives a pipeline's options for this pass (``None`` clears them); they go to coremltools' pass
         when it runs instead. The generic pass raises ``NotImplementedError`` for an undeclared option."""
-        self._options = list(pass_options) if pass_options else None
+        self.pass_options = list(pass_options) if pass_options else None
         self.options = dict(self._declared_options)
-        for option in self._options or []:
+        for option in self.pass_options or []:
             known = option.option_name in self._declared_options
             if not known and (self.replaces is None or override_enabled()):
                 raise NotImplementedError(
@@ -210,11 +176,6 @@ class PassContainer(AbstractGraphPass):
                 )
             if known:
                 self.options[option.option_name] = option.option_val
-
-    @property
-    def pass_options(self) -> list[PassOption] | None:
-        """The options the pipeline set for this pass, as it gave them (None: none set)."""
-        return self._options
 
     def declare_options(self, options: Mapping[str, Any]) -> None:
         """Declares options the generic pass accepts, with their defaults."""
@@ -237,10 +198,6 @@ class PassContainer(AbstractGraphPass):
         """Names of the sub-passes in the order they run."""
         return [p.name if isinstance(p, SubPass) else getattr(p, "__name__", repr(p)) for p in self.passes]
 
-    def _sort(self) -> None:
-        """Higher priority first; the sort is stable, so equal priorities keep registration order."""
-        self.passes = sorted(self.passes, key=lambda p: -(p.priority if isinstance(p, SubPass) else 0))
-
 
 def with_followers(container: PassContainer) -> list[PassContainer]:
     """``container`` then its ``run_after`` followers (and theirs), in registration order."""
@@ -251,9 +208,9 @@ def with_followers(container: PassContainer) -> list[PassContainer]:
 
 
 def run_together(prog: Program, containers: list[PassContainer], pass_name: str) -> PassStats:
-    """Applies the generic passes ``containers`` to ``prog``, in order, as if one by one, in as few driver
-    runs as possible (a callable sub-pass, or a change of ``validate``, splits a run). Options stay as
-    set; each rewrite runs in its own pass's scope; each pass's counters go to it and to :func:`run_log`.
+    """Applies the generic passes ``containers`` to ``prog``, in order, as if one by one (each reaching its
+    fixpoint before the next, in its own scope, its counters to it and to :func:`run_log`), in as few
+    driver runs as possible (a callable sub-pass, or a change of ``validate``, splits a run).
 
     Args:
         pass_name: For messages about the run as a whole (a sweep's id).
@@ -265,50 +222,31 @@ def run_together(prog: Program, containers: list[PassContainer], pass_name: str)
     plan = [(container, sub) for container in containers for sub in container.passes]
     for segment in _segments(plan):
         container, first = segment[0]
-        if not isinstance(first, SubPass):
-            with mb.scope(_scope_of(container)):  # a plain graph pass, in its pass's scope as when alone
-                container.apply_callable(prog, first)
+        if not isinstance(first, SubPass):  # a callable taking the program, in its pass's scope
+            with mb.scope(_scope_of(container)):
+                first(prog)
+            if container.validate:  # False for a plain graph pass: the pipeline validates after the entry
+                prog.validate()
             container.record(PassStats())
             continue
-        before = {id(sub): _snapshot(sub.stats) for _, sub in segment}
-        with _scoped_transforms(segment):
-            stats = run_subpasses(prog, [sub for _, sub in segment], pass_name, validate=container.validate,
-                                  passes=[owner.pass_id for owner, _ in segment])
+        owners = list(dict.fromkeys(owner for owner, _ in segment))  # one run_log entry each, even if twice
+        before = [_counters(owner) for owner in owners]
+        stats = run_subpasses(prog, [sub for _, sub in segment], pass_name, validate=container.validate,
+                              passes=[owner.pass_id for owner, _ in segment],
+                              scopes={owner.pass_id: _scope_of(owner) for owner in owners})
         total.add(stats)
-        _record_per_pass(segment, before)
+        for owner, counters in zip(owners, before):
+            owner.record(_counters(owner) - counters)
     return total
 
 
-def _segments(
-    plan: list[tuple[PassContainer, SubPass | Callable[[Program], Any]]]
-) -> Iterator[list[tuple[PassContainer, Any]]]:
+def _segments(plan: list[tuple[PassContainer, Any]]) -> list[list[tuple[PassContainer, Any]]]:
     """Runs of consecutive structured sub-passes sharing a ``validate`` setting; a callable alone."""
-    segment: list[tuple[PassContainer, Any]] = []
-    for container, sub in plan:
-        joins = (isinstance(sub, SubPass) and segment and isinstance(segment[0][1], SubPass)
-                 and segment[0][0].validate == container.validate)
-        if segment and not joins:
-            yield segment
-            segment = []
-        segment.append((container, sub))
-    if segment:
-        yield segment
 
+    def key(pair: tuple[PassContainer, Any]) -> tuple[bool, object]:
+        return (True, pair[0].validate) if isinstance(pair[1], SubPass) else (False, id(pair))
 
-@contextlib.contextmanager
-def _scoped_transforms(segment: list[tuple[PassContainer, SubPass]]) -> Iterator[None]:
-    """Runs each sub-pass's transform inside its pass's graph-pass scope, as when the pass runs alone."""
-    saved: dict[int, tuple[SubPass, Any]] = {}
-    for container, sub in segment:
-        if id(sub) in saved:
-            continue
-        saved[id(sub)] = (sub, sub.transform_pattern)
-        sub.transform_pattern = _in_scope(sub.transform_pattern, _scope_of(container))
-    try:
-        yield
-    finally:
-        for sub, transform in saved.values():
-            sub.transform_pattern = transform
+    return [list(segment) for _, segment in groupby(plan, key=key)]
 
 
 def _scope_of(container: PassContainer) -> ScopeInfo:
@@ -316,33 +254,10 @@ def _scope_of(container: PassContainer) -> ScopeInfo:
     return ScopeInfo(source=ScopeSource.COREMLTOOLS_GRAPH_PASS, data=[str(container)])
 
 
-def _in_scope(transform: Callable[[Any], Any], scope: ScopeInfo) -> Callable[[Any], Any]:
-    def scoped(match: Any) -> Any:
-        with mb.scope(scope):
-            return transform(match)
-
-    return scoped
-
-
-def _record_per_pass(segment: list[tuple[PassContainer, SubPass]], before: dict[int, PassStats]) -> None:
-    """Each pass's share of a run, into its counters and ``run_log()``: one entry per pass, even when
-    the sweep runs it twice in a row."""
-    subs_of: dict[int, tuple[PassContainer, dict[int, SubPass]]] = {}
-    for container, sub in segment:
-        subs_of.setdefault(id(container), (container, {}))[1][id(sub)] = sub
-    for container, subs in subs_of.values():
-        stats = PassStats()
-        for sub in subs.values():
-            stats.add(_difference(sub.stats, before[id(sub)]))
-        container.record(stats)
-
-
-def _snapshot(stats: PassStats) -> PassStats:
-    """A copy of ``stats`` sharing no mutable counter with it."""
-    copy = PassStats()
-    copy.add(stats)
-    return copy
-
-
-def _difference(after: PassStats, before: PassStats) -> PassStats:
-    return PassStats(**{name: getattr(after, name) - getattr(before, name) for name in PassStats.__dataclass_fields__})
+def _counters(container: PassContainer) -> PassStats:
+    """The counters of ``container``'s sub-passes, summed."""
+    stats = PassStats()
+    for sub in container.passes:
+        if isinstance(sub, SubPass):
+            stats.add(sub.stats)
+    return stats

@@ -1,9 +1,5 @@
-"""Registering generic passes: ``register_generic_pass``, pass ids and ``run_after`` followers.
-
-Calls with the same ``namespace::pass_name`` add sub-passes to one :class:`PassContainer` in
-``PASS_REGISTRY``. An id in coremltools' namespaces that names no pass of coremltools is refused (no
-pipeline would run it).
-"""
+"""Registering generic passes: ``register_generic_pass``, pass ids and ``run_after`` followers. An id in
+coremltools' namespaces that names no pass of coremltools is refused (no pipeline would run it)."""
 
 from __future__ import annotations
 
@@ -22,21 +18,17 @@ from ..language.errors import PassRegistrationError
 from ..language.pattern import Pattern
 from ..rewriting.subpass import DEFAULT_MAX_ITERATIONS, SubPass
 
-__all__ = ["container_for", "coremltools_namespaces", "generic_passes", "register_generic_pass", "register_graph_pass"]
+__all__ = ["container_for", "generic_passes", "register_generic_pass", "register_graph_pass"]
 
 
-def _split_pass_id(pass_name: str, namespace: str) -> None:
+def container_for(pass_name: str, namespace: str) -> PassContainer:
+    """The PassContainer registered under ``namespace::pass_name``, created if needed."""
     for label, value in (("pass_name", pass_name), ("namespace", namespace)):
         if not isinstance(value, str) or not value or "::" in value:
             raise PassRegistrationError(
                 f"register_generic_pass: {label} must be a non-empty string without '::', got "
                 f"{value!r}. The pass id is '<namespace>::<pass_name>', e.g. 'common::fuse_gelu_exact'."
             )
-
-
-def container_for(pass_name: str, namespace: str) -> PassContainer:
-    """The PassContainer registered under ``namespace::pass_name``, created if needed."""
-    _split_pass_id(pass_name, namespace)
     pass_id = f"{namespace}::{pass_name}"
     current = PASS_REGISTRY.passes.get(pass_id)
     if isinstance(current, PassContainer):
@@ -47,8 +39,9 @@ def container_for(pass_name: str, namespace: str) -> PassContainer:
             f"Pass id {pass_id!r} is taken by {current!r}, which is neither a coremltools pass class "
             f"nor a PassContainer; choose another pass_name or namespace."
         )
-    if current is None and namespace in coremltools_namespaces():
-        near = difflib.get_close_matches(pass_id, _coremltools_ids(namespace), n=3, cutoff=0.6)
+    theirs = _coremltools_ids(namespace)
+    if current is None and theirs:
+        near = difflib.get_close_matches(pass_id, theirs, n=3, cutoff=0.6)
         hint = f"Did you mean {', '.join(repr(n) for n in near)}? " if near else ""
         raise PassRegistrationError(
             f"Pass id {pass_id!r} is in coremltools' namespace {namespace!r}, but coremltools has no pass "
@@ -61,17 +54,12 @@ def container_for(pass_name: str, namespace: str) -> PassContainer:
     return container
 
 
-def coremltools_namespaces() -> list[str]:
-    """The namespaces of coremltools' own passes (``common``, ``mil_backend``, ...), sorted."""
-    return sorted({pass_id.split("::", 1)[0] for pass_id in _coremltools_ids()})
-
-
-def _coremltools_ids(namespace: str | None = None) -> list[str]:
-    """Ids of coremltools' own passes (also those a generic pass replaces)."""
+def _coremltools_ids(namespace: str) -> list[str]:
+    """Ids of coremltools' own passes in ``namespace`` (also those a generic pass replaces)."""
     ids = []
     for pass_id, value in PASS_REGISTRY.passes.items():
         own = value.replaces is not None if isinstance(value, PassContainer) else isinstance(value, type)
-        if own and "::" in pass_id and (namespace is None or pass_id.split("::", 1)[0] == namespace):
+        if own and pass_id.split("::", 1)[0] == namespace and "::" in pass_id:
             ids.append(pass_id)
     return sorted(ids)
 
@@ -144,13 +132,8 @@ def register_generic_pass(
     subs = []
     for i, program in enumerate(programs):
         compiled = compile_pattern(
-            program,
-            name=(f"{name}[{i}]" if name and len(programs) > 1 else name),
-            commutative=commutative,
-            alternatives=alternatives,
-            constants=constants,
-            const_rules=const_rules,
-            fanout=fanout,
+            program, name=(f"{name}[{i}]" if name and len(programs) > 1 else name), commutative=commutative,
+            alternatives=alternatives, constants=constants, const_rules=const_rules, fanout=fanout,
             equivalences=equivalences,
         )
         subs.append(SubPass(compiled, var_constraints, transform_pattern, priority, max_iterations))
@@ -166,10 +149,8 @@ def register_generic_pass(
 def register_graph_pass(
     apply: Callable[[Program], Any], pass_name: str, namespace: str, *, options: Mapping[str, Any] | None = None
 ) -> PassContainer:
-    """Registers a plain graph pass (a function rewriting a whole program) under ``namespace::pass_name``.
-
-    For passes that are not patterns. The container behaves as for a pattern pass (the override,
-    :func:`~pattern_infra.pipeline`'s sweeps); the function runs in the pass's graph-pass scope and the
+    """Registers a plain graph pass (a function rewriting a whole program, not a pattern) under
+    ``namespace::pass_name``: its container behaves as a pattern pass's (the override, the sweeps); the
     program is validated by the pipeline after the entry, as after coremltools' passes.
 
     Args:
@@ -221,8 +202,5 @@ def _follow(container: PassContainer, run_after: str) -> None:
 
 def generic_passes() -> dict[str, PassContainer]:
     """Every registered generic pass, by pass id, in id order."""
-    return {
-        pass_id: value
-        for pass_id, value in sorted(PASS_REGISTRY.passes.items())
-        if isinstance(value, PassContainer)
-    }
+    return {pass_id: entry for pass_id, entry in sorted(PASS_REGISTRY.passes.items())
+            if isinstance(entry, PassContainer)}

@@ -1,16 +1,13 @@
 """Runs of passes as single pipeline entries: :func:`pipeline`, for ``coremltools.convert``.
 
-coremltools validates the whole program after every entry of a pipeline. :func:`pipeline` returns a
-pipeline whose runs of passes are one :class:`GenericSweep` entry each, validated once; every rewrite of
-ours is still validated as it happens. The result is the same program as the pass-by-pass pipeline with
-the override on: the same passes in the same order, each rewrite's ops in its own pass's scope, each
-generic pass's counters and ``run_log()`` entry kept per pass.
+coremltools validates the whole program after every entry of a pipeline. In :func:`pipeline`'s, a run of
+passes is one :class:`GenericSweep` entry, validated once (each rewrite of ours is still validated as it
+happens); the program is the same as the pass-by-pass pipeline's with the override on.
 """
 
 from __future__ import annotations
 
 import hashlib
-import logging
 from collections.abc import Mapping, Sequence
 from typing import Literal
 
@@ -23,13 +20,7 @@ from .container import PassContainer, run_together, with_followers
 from ..language.errors import PassRegistrationError
 from ..rewriting.subpass import PassStats
 
-__all__ = ["SWEEP_NAMESPACE", "GenericSweep", "pipeline"]
-
-logger = logging.getLogger(__name__)
-
-SWEEP_NAMESPACE = "pattern_infra"
-"""Namespace of the :class:`GenericSweep` entries :func:`pipeline` registers."""
-
+__all__ = ["GenericSweep", "pipeline"]
 
 class GenericSweep(AbstractGraphPass):
     """A graph pass applying several passes in one pipeline entry, in the order given.
@@ -83,11 +74,7 @@ class GenericSweep(AbstractGraphPass):
         names = [i.split("::", 1)[-1] for i in self.pass_ids]
         digest = hashlib.sha1(repr((self.pass_ids, sorted(self.options.items(), key=str))).encode()).hexdigest()
         span = names[0] if len(names) == 1 else f"{names[0]}..{names[-1]}"
-        return f"{SWEEP_NAMESPACE}::sweep[{span}]#{digest[:8]}"
-
-    def containers(self) -> list[PassContainer]:
-        """The generic passes in run order, each followed by its ``run_after`` followers."""
-        return [container for step in self.steps if isinstance(step, PassContainer) for container in with_followers(step)]
+        return f"pattern_infra::sweep[{span}]#{digest[:8]}"
 
     def set_options(self, pass_options: list[PassOption] | None = None) -> None:
         """A sweep takes no options (coremltools passes None when the pipeline sets none)."""
@@ -118,7 +105,7 @@ class GenericSweep(AbstractGraphPass):
                 graph_pass = PASS_REGISTRY[step]
                 graph_pass.set_options(self.options.get(step))
                 graph_pass(prog)
-                if step == _DEAD_CODE_ELIMINATION:
+                if step == "common::dead_code_elimination":
                     for function in prog.functions.values():
                         function._check_has_scope_info()  # what apply_pipeline checks after this pass
 
@@ -129,20 +116,13 @@ class GenericSweep(AbstractGraphPass):
         return f"GenericSweep({list(self.pass_ids)!r})"
 
 
-_DEAD_CODE_ELIMINATION = "common::dead_code_elimination"
-
-
-Grouping = Literal["all", "generic"]
-
-
-def pipeline(base: PassPipeline | None = None, *, group: Grouping = "all") -> PassPipeline:
+def pipeline(base: PassPipeline | None = None, *, group: Literal["all", "generic"] = "all") -> PassPipeline:
     """A copy of a coremltools pipeline in which runs of passes are single entries (sweeps).
 
-    Pass the result to ``coremltools.convert(..., pass_pipeline=pattern_infra.pipeline())``. It gives
-    the same program as ``base`` with ``ENABLE_EXPERIMENTAL_PASSES=1``, with fewer whole-program
-    validations. The generic passes of the sweeps run whatever the variable says; it still decides for
-    those outside them (the backend's passes, which ``convert`` runs after the main pipeline). Call it
-    once per conversion: ``convert`` edits the pipeline it gets.
+    Pass the result to ``coremltools.convert(..., pass_pipeline=pattern_infra.pipeline())``, once per
+    conversion (``convert`` edits the pipeline it gets). The generic passes of the sweeps run whatever
+    ``ENABLE_EXPERIMENTAL_PASSES`` says; it still decides for those outside them (the backend's passes,
+    which ``convert`` runs after the main pipeline).
 
     Args:
         base: The pipeline to copy (default: ``PassPipeline.DEFAULT``).

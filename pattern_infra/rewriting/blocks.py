@@ -11,12 +11,11 @@ from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 from coremltools.converters.mil.mil import Block, Operation, Program, Var
-from coremltools.converters.mil.mil.utils import CacheDoublyLinkedList
 from coremltools.converters.mil.mil.var import InternalVar
 
 from ..matching.matcher import Matcher
 
-__all__ = ["BlockIndex", "LazyBlockContext", "anchored_blocks", "flat_inputs", "is_live", "iter_blocks", "walk_blocks"]
+__all__ = ["BlockIndex", "anchored_blocks", "flat_inputs", "is_live", "iter_blocks", "walk_blocks"]
 
 
 def flat_inputs(op: Operation) -> list[Var]:
@@ -69,15 +68,10 @@ class BlockIndex:
     def __init__(self, block: Block, ops: list[Operation] | None = None) -> None:
         """``ops``: the block's ops in program order, if the caller has just listed them."""
         self.block = block
-        self.by_type: dict[str, list[Operation]] = {}
-        by_type = self.by_type
+        by_type: dict[str, list[Operation]] = {}
         for op in block.operations if ops is None else ops:
-            op_type = type(op).__name__  # Operation.op_type, without the property call
-            same = by_type.get(op_type)
-            if same is None:
-                by_type[op_type] = [op]
-            else:
-                same.append(op)
+            by_type.setdefault(type(op).__name__, []).append(op)  # op.op_type, without the property call
+        self.by_type = by_type
         self.counts = Counter({t: len(v) for t, v in by_type.items()})
         self.inserted: list[Operation] = []  # while observed, in order
         self.removed: list[Operation] = []  # while observed, in order
@@ -89,12 +83,9 @@ class BlockIndex:
         if self.observed:
             return
         ops_list = self.block.operations
-        if not isinstance(ops_list, CacheDoublyLinkedList):
-            return
         original_insert = ops_list.insert_op_before
         original_remove = ops_list.remove
         inserted, removed, by_type, counts = self.inserted, self.removed, self.by_type, self.counts
-        state = self
 
         def insert_op_before(new_op: Operation, before_op: Operation | None = None) -> None:
             original_insert(new_op, before_op)
@@ -102,8 +93,8 @@ class BlockIndex:
             op_type = type(new_op).__name__
             by_type.setdefault(op_type, []).append(new_op)
             counts[op_type] += 1
-            if state._position is not None:
-                state._place(ops_list.op_to_node[new_op])
+            if self._position is not None:
+                self._place(ops_list.op_to_node[new_op])
 
         def remove(op: Operation) -> None:
             original_remove(op)
@@ -151,43 +142,41 @@ class BlockIndex:
         return all(any(counts.get(op_type, 0) > 0 for op_type in types) for types in matcher.type_groups)
 
     def order(self, ops: list[Operation]) -> list[Operation]:
-        """Sorts ``ops`` of this block into program order; ops no longer in the block go last. The
-        positions are indexed on demand, and inserted ops placed between their neighbours (``_place``)."""
+        """Sorts ``ops`` of this block into program order; ops no longer in the block go last."""
         position = self._position
-        block = self.block
-        if position is None or any(id(op) not in position and op.enclosing_block is block for op in ops):
-            position = self._position = {id(op): float(i) for i, op in enumerate(block.operations)}
+        if position is None or any(id(op) not in position and op.enclosing_block is self.block for op in ops):
+            position = self._reindex()
         return sorted(ops, key=lambda op: position.get(id(op), _LAST))
 
     def precedes(self, first: Operation, second: Operation) -> bool:
-        """Whether ``first`` stands before ``second`` in the block (both in it); indexes the block as
-        :meth:`order` does, then compares two positions."""
+        """Whether ``first`` stands before ``second`` in the block (both in it)."""
         position = self._position
         if position is None or id(first) not in position or id(second) not in position:
-            position = self._position = {id(op): float(i) for i, op in enumerate(self.block.operations)}
+            position = self._reindex()
         return position[id(first)] < position[id(second)]
 
+    def _reindex(self) -> dict[int, float]:
+        """The position of each op of the block, by id: indexed on demand, then kept current while the
+        block is observed (:meth:`_place`)."""
+        self._position = {id(op): float(i) for i, op in enumerate(self.block.operations)}
+        return self._position
+
     def _place(self, node: Any) -> None:
-        """Gives the op of a just-inserted list node a position between its neighbours'."""
+        """Gives the op of a just-inserted list node a position between its neighbours' (an end of the
+        list counts as a neighbour one step away); forgets the positions if a neighbour has none or the
+        floats run out of precision."""
         position = self._position
-        if position is None:
-            return
-        before = position.get(id(node.prev.op)) if node.prev is not None else None
-        after = position.get(id(node.next.op)) if node.next is not None else None
-        if before is None and after is None:
-            place = 0.0 if node.prev is None and node.next is None else None
-        elif after is None:
-            place = before + 1.0 if node.next is None else None
-        elif before is None:
-            place = after - 1.0 if node.prev is None else None
-        else:
-            place = (before + after) / 2
-            if not before < place < after:  # out of float precision: index again when next needed
-                place = None
-        if place is None:
-            self._position = None
-        else:
+        low = -1.0 if node.prev is None else position.get(id(node.prev.op))
+        high = None if node.next is None else position.get(id(node.next.op))
+        if low is not None and node.next is None:
+            high = low + 2.0
+        if high is not None and node.prev is None:
+            low = high - 2.0
+        place = None if low is None or high is None else (low + high) / 2
+        if place is not None and low < place < high:
             position[id(node.op)] = place
+        else:
+            self._position = None
 
 
 _LAST = float("inf")
@@ -196,36 +185,3 @@ _LAST = float("inf")
 def is_live(block: Block) -> bool:
     """Whether ``block`` is still part of the program (not removed with its op by a rewrite)."""
     return block.outer_op is None or block.outer_op.enclosing_block is not None
-
-
-class LazyBlockContext:
-    """``with block:`` entered on demand, for one sweep.
-
-    A function's block, once entered, stays entered until ``run.close()``: every exit walks the whole
-    block, so a pass pays for it once. A nested block is entered for one sweep. ``run`` (the driver's
-    run) holds ``open_block`` and has ``close()`` and ``keep_block(block)`` (called before a block is left).
-    """
-
-    def __init__(self, run: Any, block: Block) -> None:
-        self.run = run
-        self.block = block
-        self.entered = False
-
-    def enter(self) -> None:
-        if self.entered or self.run.open_block is self.block:
-            return
-        if self.block.outer_op is None:  # a function: keep it open for the rest of the run
-            self.run.close()
-            self.block.__enter__()
-            self.run.open_block = self.block
-            return
-        self.block.__enter__()
-        self.entered = True
-
-    def __enter__(self) -> LazyBlockContext:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        if self.entered:
-            self.run.keep_block(self.block)
-            self.block.__exit__(*exc)

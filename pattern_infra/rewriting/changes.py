@@ -1,5 +1,5 @@
-"""What a pass's rewrites changed: where to look again (:func:`revisit_candidates`), and what to
-validate (:meth:`Changes.validate`, coremltools' ``Block.validate`` invariants on the changed ops only)."""
+"""What a pass's rewrites changed: where to look again (:func:`revisit_candidates`), and whether the
+changed ops keep coremltools' ``Block.validate`` invariants (:func:`validate_rewrite`)."""
 
 from __future__ import annotations
 
@@ -10,22 +10,13 @@ from coremltools.converters.mil.mil import Block, Operation, Var
 from .blocks import flat_inputs
 from ..matching.matcher import Matcher
 
-__all__ = ["Changes", "check_op", "near", "revisit_candidates"]
+__all__ = ["Changes", "near", "revisit_candidates", "validate_rewrite"]
 
 
 @dataclass
 class Changes:
-    """The ops a sub-pass's rewrites created, removed and rewired, in order: only these can take part in
-    a new match (:func:`revisit_candidates`) or break the block's invariants (:meth:`validate`)."""
+    """Where a sub-pass's rewrites may have made a new match: the seeds of :func:`revisit_candidates`."""
 
-    created: list[Operation] = field(default_factory=list)
-    """Ops inserted by the transforms."""
-    rewired: list[Operation] = field(default_factory=list)
-    """Ops outside the matches that read a match output before the transform (their inputs moved)."""
-    removed_by_transforms: list[Operation] = field(default_factory=list)
-    """Ops a transform removed itself (not through :func:`remove_dead_ops`)."""
-    checked: tuple[int, int, int] = (0, 0, 0)
-    """How many of ``removed_by_transforms``, ``created`` and ``rewired`` :meth:`validate` has checked."""
     log: dict[str, list[Operation]] | None = None
     """The run's log of changed ops by type, shared by the sub-passes (None: no other sub-pass)."""
     seeds: dict[int, list[Operation]] = field(default_factory=dict)
@@ -40,90 +31,72 @@ class Changes:
         """The blocks among ``blocks`` (in that order) with seeds to revisit; seeds in other blocks (created
         by a transform) are dropped: the next run of the pass searches those."""
         seeds = self.seeds
-        if not seeds:
-            return []
         found = [block for block in blocks if id(block) in seeds]
         if len(found) != len(seeds):
-            keep = {id(block) for block in found}
-            self.seeds = {k: v for k, v in seeds.items() if k in keep}
+            self.seeds = {id(block): seeds[id(block)] for block in found}
         return found
 
     def seed(self, op: Operation) -> None:
         """Adds ``op`` to the seeds of its block (none if it is no longer in one)."""
         block = op.enclosing_block
         if block is not None:
-            same = self.seeds.get(id(block))
-            if same is None:
-                self.seeds[id(block)] = [op]
-            else:
-                same.append(op)
+            self.seeds.setdefault(id(block), []).append(op)
 
-    def record(
-        self,
-        types: frozenset[str] | None,
-        created: list[Operation],
-        dead: list[tuple[Operation, list[Var]]],
-        removed_by_transform: list[Operation],
-        rewired: list[Operation],
-    ) -> None:
-        """Adds one rewrite's changes, and their seeds (of every type when ``types`` is None). ``dead``:
-        the matched ops the framework removed, each with the variables it read (:func:`remove_dead`)."""
-        self.created += created
-        self.rewired += rewired
-        removed_inputs = [inputs for _, inputs in dead]
-        if removed_by_transform:
-            self.removed_by_transforms += removed_by_transform
-            removed_inputs += [flat_inputs(op) for op in removed_by_transform]
-        # A constant joins no match (no pattern op is a const): not a seed, unless every type is one (a
-        # fan-out pattern depends on the users of what it reads); nor logged for the other sub-passes.
-        consts = types is not None
-        changed = [*created, *rewired]
-        for inputs in removed_inputs:
+    def record(self, types: frozenset[str] | None, touched: list[Operation], removed: list[list[Var]]) -> None:
+        """Logs one rewrite's changed ops and seeds those of ``types`` (every type when None): the ops it
+        created or rewired (``touched``), and the producers of what the ops it removed read (``removed``)."""
+        changed = list(touched)
+        for inputs in removed:
             for var in inputs:
                 producer = var._op  # of any block; a removed producer has none and is left out
-                if (
-                    producer is not None
-                    and producer.enclosing_block is not None
-                    and not (consts and type(producer).__name__ == "const")
-                ):
+                if producer is not None and producer.enclosing_block is not None:
                     changed.append(producer)
+        # A constant joins no match (no pattern op is a const): not a seed, unless every type is one (a
+        # fan-out pattern depends on the users of what it reads); nor logged for the other sub-passes.
         log = self.log
         for op in changed:
             op_type = type(op).__name__
-            if op_type == "const" and consts:
+            if op_type == "const" and types is not None:
                 continue
             if log is not None:
-                same_type = log.get(op_type)
-                if same_type is None:
-                    log[op_type] = [op]
-                else:
-                    same_type.append(op)
+                log.setdefault(op_type, []).append(op)
             if types is None or op_type in types:
                 self.seed(op)
 
-    def validate(self) -> None:
-        """Checks Block.validate's invariants on the changes recorded since the last call.
 
-        A removed op is no longer listed as a user of its inputs; every created or rewired op still in
-        its block is listed by each variable it reads as often as it reads it, its outputs' users are
-        all in a block, and the blocks its outputs claim to be returned by do return them.
+def validate_rewrite(created: list[Operation], rewired: list[Operation], removed: list[Operation]) -> None:
+    """Checks ``Block.validate``'s invariants on the ops one rewrite changed.
 
-        Raises:
-            ValueError: An invariant does not hold (the caller restores the program).
-        """
-        removed, created, rewired = self.removed_by_transforms, self.created, self.rewired
-        start_removed, start_created, start_rewired = self.checked
-        self.checked = (len(removed), len(created), len(rewired))
-        for i in range(start_removed, len(removed)):
-            op = removed[i]
-            for var in flat_inputs(op):
-                if op in var._child_ops:
-                    raise ValueError(f"removed op {op.name} is still listed as a user of {var.name}")
-        for ops, start in ((created, start_created), (rewired, start_rewired)):
-            for i in range(start, len(ops)):
-                op = ops[i]
-                if op.enclosing_block is not None:  # else removed since
-                    check_op(op)
+    An op the transform removed (``removed``) is no longer listed as a user of its inputs; every created or
+    rewired op still in its block is listed by each variable it reads as often as it reads it, its
+    outputs' users are all in a block, and the blocks its outputs claim to be returned by do return them.
+
+    Raises:
+        ValueError: An invariant does not hold (the caller restores the program).
+    """
+    for op in removed:
+        for var in flat_inputs(op):
+            if op in var._child_ops:
+                raise ValueError(f"removed op {op.name} is still listed as a user of {var.name}")
+    for op in [*created, *rewired]:
+        if op.enclosing_block is None:
+            continue  # removed since
+        inputs = flat_inputs(op)
+        for var in inputs:
+            listed = var._child_ops.count(op)
+            uses = inputs.count(var) if len(inputs) > 1 else 1
+            if listed != uses:
+                raise ValueError(
+                    f"after the rewrite, {var.name} lists op {op.name} {listed} times among its "
+                    f"users, but the op reads it {uses} times"
+                )
+        for var in op._output_vars:
+            for user in var._child_ops:
+                if user.enclosing_block is None:
+                    raise ValueError(f"op {user.name} reads {var.name} but is no longer in a block")
+            for consumer_block in var.consuming_blocks:
+                if var not in consumer_block.outputs:
+                    raise ValueError(f"{var.name} claims to be an output of {consumer_block.name}")
 
 
 def revisit_candidates(
@@ -132,7 +105,7 @@ def revisit_candidates(
     """The anchor candidates a round of rewrites may have made matchable.
 
     A new match contains a seed (:attr:`Changes.seeds`): an op of the pattern's types whose inputs or
-    outputs' users changed (for a fan-out pattern, any changed op). No seed, no revisit.
+    outputs' users changed (for a fan-out pattern, any changed op).
 
     Returns:
         The anchor-type ops within the anchor's radius of a seed (not walking through constants); and,
@@ -140,8 +113,6 @@ def revisit_candidates(
         each seed paired with every other pattern op of its type, to be tried as that op's anchor.
     """
     seeds = [op for op in dict.fromkeys(seeds) if op.enclosing_block is block]
-    if not seeds:
-        return [], []
     candidates = near(seeds, block, matcher.nodes[anchor].op_types, matcher.radius[anchor])
     extra: list[tuple[Operation, int]] = []
     if matcher.joins_through_roots:
@@ -150,32 +121,10 @@ def revisit_candidates(
     return candidates, extra
 
 
-def check_op(op: Operation) -> None:
-    """The invariants of :meth:`Changes.validate` for one op still in a block."""
-    inputs = flat_inputs(op)
-    for var in inputs:
-        listed = var._child_ops.count(op)
-        uses = inputs.count(var) if len(inputs) > 1 else 1
-        if listed != uses:
-            raise ValueError(
-                f"after the rewrite, {var.name} lists op {op.name} {listed} times among its "
-                f"users, but the op reads it {uses} times"
-            )
-    for var in op._output_vars:
-        for user in var._child_ops:
-            if user.enclosing_block is None:
-                raise ValueError(f"op {user.name} reads {var.name} but is no longer in a block")
-        for consumer_block in var.consuming_blocks:
-            if var not in consumer_block.outputs:
-                raise ValueError(f"{var.name} claims to be an output of {consumer_block.name}")
-
-
 def near(seeds: list[Operation], block: Block, anchor_types: frozenset[str], radius: int) -> list[Operation]:
     """Anchor candidates within ``radius`` producer/consumer steps of a seed op, in discovery order."""
-    seen: dict[int, Operation] = {}
     frontier = list(dict.fromkeys(seeds))
-    for op in frontier:
-        seen[id(op)] = op
+    seen = {id(op): op for op in frontier}
     for _ in range(radius):
         nxt: list[Operation] = []
         for op in frontier:
@@ -194,6 +143,4 @@ def near(seeds: list[Operation], block: Block, anchor_types: frozenset[str], rad
                     seen[id(other)] = other
                     nxt.append(other)
         frontier = nxt
-        if not frontier:
-            break
     return [op for op in seen.values() if op.op_type in anchor_types and op.enclosing_block is block]

@@ -1,8 +1,6 @@
 """The contract of one rewrite (README, "What a match guarantees"), checked right after it on the ops it
-touched (:func:`broken_contract`): every op it created is used, each stands before its users, the
-block's outputs are kept. A breach is a mistake of the transform; the driver restores the program and
-raises it with the fix. The constants a match reads are read-only while its transform runs
-(:func:`read_only_constants`)."""
+touched (:func:`broken_contract`); a breach is a mistake of the transform, raised with its fix. The
+constants a match reads are read-only while its transform runs (:func:`read_only_constants`)."""
 
 from __future__ import annotations
 
@@ -20,22 +18,18 @@ USE_THE_NEW_OPS = (
     "Call pattern.replace_output(new_var) (or replace_outputs) to redirect the match's users to the "
     "replacement, and build only the ops the replacement needs; the framework then removes the matched ops."
 )
-"""The fix of a rewrite that leaves a new op unused (a forgotten ``replace_output``)."""
 
 BEFORE_ITS_USERS = (
     "Insert each new op before its first user: mb.<op>(..., before_op=pattern.<final op>) (an op built "
     "without before_op goes to the end of the block, after the ops that read it), inside the match's block."
 )
-"""The fix of a rewrite that leaves an op reading a variable it cannot see."""
 
 KEEP_THE_OUTPUTS = (
     "Leave a block's outputs to pattern.replace_output(new_var): it keeps a returned variable's name "
     "(the model's output names); never set the outputs in a transform."
 )
-"""The fix of a rewrite that renamed, dropped or added an output of its block."""
 
-Precedes = Callable[[Block, Operation, Operation], bool]
-"""Whether an op stands before another in a block (:meth:`~pattern_infra.rewriting.blocks.BlockIndex.precedes`)."""
+Precedes = Callable[[Block, Operation, Operation], bool]  # whether an op stands before another in a block
 
 
 def returned_names(block: Block) -> tuple[str, ...] | int:
@@ -54,13 +48,11 @@ def broken_contract(
     """What one rewrite broke of its contract, as (the mistake, its fix); None when it kept it.
 
     The contract: every op the rewrite created is used (read by an op, returned by a block, or given to
-    ``replace_output`` for an output nothing read); each
-    created op reads only variables defined before it, in its block or an enclosing one, and stands
-    before each of its users (before the op holding the user's block, for a user in a nested block);
-    so do the ops outside the match whose inputs moved (``rewired``), and the block's returned
-    variables are its own or an enclosing block's; the block returns what it returned (``returned``,
-    from :func:`returned_names` before the rewrite). Only these ops are looked at: linear in the size
-    of the rewrite (plus the block's outputs).
+    ``replace_output`` for an output nothing read); each created op reads only variables defined before
+    it, in its block or an enclosing one, and stands before each of its users (before the op holding the
+    user's block, for a user in a nested block); so do the ops outside the match whose inputs moved
+    (``rewired``); the block's returned variables are its own or an enclosing block's, and it returns
+    what it returned. Only these ops are looked at: linear in the size of the rewrite.
 
     Args:
         created: The ops the rewrite inserted into ``block`` (those removed again are skipped).
@@ -83,27 +75,17 @@ def broken_contract(
     ]
     if unused:
         return f"built [{', '.join(op.name for op in unused)}] but nothing uses them", USE_THE_NEW_OPS
-    for op in live:
-        for var in op._output_vars:
-            for user in var._child_ops:
-                problem = _unseen(var, user, precedes)
-                if problem is not None:
-                    return problem, BEFORE_ITS_USERS
-    for op in live:
-        for var in flat_inputs(op):
-            problem = _unseen(var, op, precedes)
-            if problem is not None:
-                return problem, BEFORE_ITS_USERS
-    for op in rewired:
+    reads = [(var, user) for op in live for var in op._output_vars for user in var._child_ops]
+    reads += [(var, op) for op in live for var in flat_inputs(op)]
+    for op in rewired:  # what it reads from a removed op, or from another block (rewrites move no op)
         here = op.enclosing_block
         if here is not None:
-            for var in flat_inputs(op):
-                producer = var._op
-                if producer is None or producer in live or producer.enclosing_block is here:
-                    continue  # a new op's users are checked above; rewrites move no op that was there
-                problem = _unseen(var, op, precedes)  # a removed op, or one of another block
-                if problem is not None:
-                    return problem, BEFORE_ITS_USERS
+            reads += [(var, op) for var in flat_inputs(op)
+                      if var._op is not None and var._op not in live and var._op.enclosing_block is not here]
+    for var, user in reads:
+        problem = _unseen(var, user, precedes)
+        if problem is not None:
+            return problem, BEFORE_ITS_USERS
     for var in block._outputs:
         producer = var._op
         if producer is not None and not _encloses(producer.enclosing_block, block):
@@ -148,9 +130,9 @@ def _encloses(home: Block | None, block: Block) -> bool:
 
 def read_only_constants(ops: Iterable[Operation]) -> list[np.ndarray]:
     """Makes the tensor values of the constants ``ops`` read read-only, and returns those that were
-    writable (to make them writable again). Only arrays that own their memory: numpy may refuse to make
-    a view writable again. A transform writing into one, which may be shared by other
-    ops and which the undo journal does not copy, then raises instead of changing them."""
+    writable (to make them writable again): a transform writing into one (shared by other ops, not copied
+    by the undo journal) then raises. Only arrays that own their memory: numpy may refuse to make a view
+    writable again."""
     frozen: list[np.ndarray] = []
     for op in ops:
         for operand in op._input_vars.values():  # flat_inputs' walk, without building its list

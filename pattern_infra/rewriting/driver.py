@@ -5,8 +5,8 @@ How ``run_subpasses`` runs a group of sub-passes:
 1. Every block, nested ones included, is listed once and its ops indexed by type (:mod:`.blocks`);
    the op list is observed for the run, so inserted ops join the index and changes are recorded.
 2. Per sub-pass and block, only ops of the rarest pattern op type are tried as anchors. Each match is
-   offered, inside the search, to the constraints then the transform (:func:`_offer`); one they turn
-   down lets the search go on. Matched ops left unused are removed (:mod:`.removal`).
+   offered, inside the search, to the constraints then the transform; one they turn down lets the
+   search go on. Matched ops left unused are removed (:mod:`.removal`).
 3. Nothing is rescanned: only anchor candidates near what a rewrite changed are tried again
    (:mod:`.changes`); past ``max_iterations`` rounds, :class:`FixpointError`. Each sub-pass then
    revisits what the later ones changed (:func:`_revisit_earlier`) until a round rewrites nothing.
@@ -17,19 +17,22 @@ How ``run_subpasses`` runs a group of sub-passes:
 
 from __future__ import annotations
 
+import gc
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from itertools import groupby
 from operator import itemgetter
 from typing import Any
 
+from coremltools.converters.mil import Builder as mb
 from coremltools.converters.mil.mil import Block, Operation, Program
+from coremltools.converters.mil.mil.scope import ScopeInfo
 
-from .blocks import BlockIndex, LazyBlockContext, is_live, walk_blocks
-from .changes import Changes, revisit_candidates
-from .contract import broken_contract, read_only_constants, returned_names
+from .blocks import BlockIndex, flat_inputs, is_live, walk_blocks
+from .changes import Changes, revisit_candidates, validate_rewrite
+from .contract import USE_THE_NEW_OPS, broken_contract, read_only_constants, returned_names
 from ..language.errors import FixpointError, PassExecutionError, PatternInfraError
-from .gc_pause import paused_gc
 from .journal import Journal
 from ..language.pattern import Pattern
 from .removal import remove_dead
@@ -43,39 +46,18 @@ _RESTORED = "The program was restored to its state before the pass."
 class _Run:
     """One application of a group of sub-passes to a program."""
 
-    def __init__(self, prog: Program, pass_name: str, validate: bool | str) -> None:
-        self.prog, self.pass_name, self.validate = prog, pass_name, validate
+    def __init__(self, prog: Program, validate: bool | str) -> None:
+        self.prog, self.validate = prog, validate
+        self.pass_name = ""
         self.journal: Journal | None = None  # opened before the first transform runs
         walked = list(walk_blocks(prog))
         self.blocks: list[Block] = [block for block, _ in walked]
         self.ops_at_start: dict[int, list[Operation]] = {id(block): ops for block, ops in walked}
         """Each block's ops at the start, for its index while nothing has been rewritten."""
         self.states: dict[int, BlockIndex] = {}
-        self.log: dict[str, list[Operation]] | None = None
-        """Ops the rewrites changed, by type, for the other sub-passes to revisit (None: no other one)."""
-        self.changes = Changes()  # what the current sub-pass's rewrites did
+        self.changes = Changes()  # the current sub-pass's seeds, and the log of the pass's sub-passes
         self.rounds: dict[int, int] = {}  # per block id, the current sub-pass's sweeps: the fixpoint cap
-        self.open_block: Block | None = None
-
-    def precedes(self, block: Block, first: Operation, second: Operation) -> bool:
-        """Whether ``first`` stands before ``second`` in ``block`` (see :meth:`BlockIndex.precedes`)."""
-        return self.state(block).precedes(first, second)
-
-    def close(self) -> None:
-        """Leaves the function block kept open by :class:`LazyBlockContext`, if any."""
-        if self.open_block is not None:
-            block, self.open_block = self.open_block, None
-            self.keep_block(block)
-            block.__exit__(None, None, None)
-
-    def log_position(self) -> dict[str, int]:
-        """How much of :attr:`log` there is now, per type."""
-        return {op_type: len(ops) for op_type, ops in self.log.items()} if self.log else {}
-
-    def keep_block(self, block: Block) -> None:
-        """Saves the variables ``Block.__exit__`` is about to rewrite, while the journal is open."""
-        if self.journal is not None and not self.journal.closed:
-            self.journal.keep_block(block)
+        self.entered: list[Block] = []  # the blocks whose builder context is entered, innermost last
 
     def state(self, block: Block) -> BlockIndex:
         """The index of ``block``, made on first use."""
@@ -85,39 +67,48 @@ class _Run:
             st = self.states[id(block)] = BlockIndex(block, ops)
         return st
 
-    def fail(self, sub: SubPass, what: str, match: Pattern, exc: BaseException) -> PassExecutionError:
-        """Restores the program (first: the message names the ops as they were); the error for a callback."""
-        note = _RESTORED if self.restore() else "The program had not been changed yet."
-        ops = ", ".join(f"{op.name} ({op.op_type})" for op in match.op_list())
-        return PassExecutionError(f"Pass {self.pass_name!r}, pattern {sub.name!r}: {what} raised "
-                                  f"{type(exc).__name__}: {exc}, on the match [{ops}]. {note}")
+    def enter(self, block: Block) -> None:
+        """Enters ``block``'s builder context, for a rewrite in it: a nested block's until the sweep over it
+        ends, a function's until the run ends (leaving it walks the whole block: a run pays for it once)."""
+        if self.entered and self.entered[-1] is block:
+            return
+        if block.outer_op is None:
+            self.leave(nested_only=False)
+        block.__enter__()
+        self.entered.append(block)
 
-    def refuse(self, sub: SubPass, match: Pattern, problem: str, fix: str) -> PassExecutionError:
-        """Restores the program; the error for a transform that broke the rules without raising."""
-        note = f" {_RESTORED}" if self.restore() else ""
-        ops = ", ".join(f"{op.name} ({op.op_type})" for op in match.op_list())
-        return PassExecutionError(f"Pass {self.pass_name!r}, pattern {sub.name!r}: on the match [{ops}], "
-                                  f"transform_pattern {problem}. {fix}{note}")
+    def leave(self, *, nested_only: bool) -> None:
+        """Leaves the entered nested block (``nested_only``) or every entered block, saving first the
+        variables ``Block.__exit__`` rewrites while the journal is open."""
+        entered = self.entered
+        while entered and not (nested_only and entered[-1].outer_op is None):
+            block = entered.pop()
+            if self.journal is not None and not self.journal.closed:
+                self.journal.keep_block(block)
+            block.__exit__(None, None, None)
 
     def restore(self) -> bool:
         """Puts the program back as it was before the pass; False if nothing had been changed."""
-        self.release()
+        for st in self.states.values():
+            st.release()
         if self.journal is not None:
             self.journal.restore()
         return self.journal is not None
 
-    def release(self) -> None:
-        for st in self.states.values():
-            st.release()
-
-    def close_journal(self) -> None:
-        if self.journal is not None:
-            self.journal.close()
+    def error(self, sub: SubPass | None, text: str, match: Pattern | None = None, fix: str = "",
+              kind: type[PatternInfraError] = PassExecutionError) -> PatternInfraError:
+        """Restores the program; the error saying ``text`` about ``sub`` (None: about the pass), then the ops
+        of ``match`` as restored (a transform may have renamed them), then ``fix``."""
+        note = _RESTORED if self.restore() else "The program had not been changed yet."
+        where = f"Pass {self.pass_name!r}" if sub is None else f"Pass {self.pass_name!r}, pattern {sub.name!r}"
+        if match is not None:
+            text += f", on the match [{', '.join(f'{op.name} ({op.op_type})' for op in match.op_list())}]."
+        return kind(" ".join(part for part in (f"{where}: {text}", fix, note) if part))
 
 
 def run_subpasses(
     prog: Program, subpasses: list[SubPass], pass_name: str, *, validate: bool | str = True,
-    passes: Sequence[str] | None = None,
+    passes: Sequence[str] | None = None, scopes: Mapping[str, ScopeInfo] | None = None,
 ) -> PassStats:
     """Applies each sub-pass, in order, to every block of ``prog``.
 
@@ -129,6 +120,7 @@ def run_subpasses(
             ``"full"`` validates the program after each sub-pass that rewrote; ``False`` neither.
         passes: The pass id of each sub-pass, to run several passes in one call, each reaching its
             fixpoint before the next starts. None: all sub-passes form the pass ``pass_name``.
+        scopes: By pass id, the scope (``mb.scope``) the pass runs in, if not the caller's.
 
     Returns:
         The counters of this run, summed over the sub-passes.
@@ -137,70 +129,77 @@ def run_subpasses(
         PassExecutionError: A callback raised; the program is as it was before the call.
         FixpointError: A sub-pass kept re-creating its pattern; the program is as it was before.
     """
-    run = _Run(prog, pass_name, validate)
+    run = _Run(prog, validate)
     total = PassStats()
-    with paused_gc():
-        _run_groups(run, _groups(subpasses, pass_name, passes), total)
+    named = zip(passes or [pass_name] * len(subpasses), subpasses, strict=True)
+    with _paused_gc():
+        try:
+            for name, pairs in groupby(named, key=itemgetter(0)):
+                run.pass_name = name
+                group = [sub for _, sub in pairs]
+                log = run.changes.log = {} if len(group) > 1 else None
+                seen: list[dict[str, int]] = []
+                with mb.scope(*[scopes[name]] if scopes and name in scopes else []):
+                    for sub in group:
+                        total.add(_apply(run, sub, first=True))
+                        if log is not None:
+                            seen.append({op_type: len(ops) for op_type, ops in log.items()})
+                    if log is not None:
+                        _revisit_earlier(run, group, log, seen, total)
+        except PatternInfraError:
+            raise
+        except Exception as exc:  # an error of coremltools' own while applying the rewrite
+            raise run.error(None, f"failed while rewriting: {type(exc).__name__}: {exc}.") from exc
+        finally:
+            if run.journal is not None:
+                run.journal.close()  # first: leaving the function block rewrites every variable of it
+            run.leave(nested_only=False)
+            for st in run.states.values():
+                st.release()
+            run.journal = None  # its saved states are freed here, by reference counting
     return total
 
 
-def _run_groups(run: _Run, groups: list[tuple[str, list[SubPass]]], total: PassStats) -> None:
-    """The body of :func:`run_subpasses`: each pass's sub-passes, then their revisits of each other."""
+_PROMOTE_ABOVE = 20_000  # young objects above which a pass's survivors are promoted, not collected
+
+
+@contextmanager
+def _paused_gc() -> Iterator[None]:
+    """Cyclic GC off for the ``with`` block (with a large graph alive, each collection would walk all of
+    it), back as it was after it.
+
+    Everything the block allocated and still holds is then young, and the first allocation after it
+    would collect all of it; so many survivors are moved to the oldest generation, unexamined, in
+    constant time (``gc.freeze()`` then ``gc.unfreeze()``). Not if the process froze objects itself:
+    they would be unfrozen too (asking, ``gc.get_freeze_count()``, walks them: only for a large pass).
+    """
+    was_enabled = gc.isenabled()
+    gc.disable()
     try:
-        for name, group in groups:
-            run.pass_name = name
-            seen: list[dict[str, int]] = []
-            run.log = {} if len(group) > 1 else None
-            run.changes.log = run.log
-            for sub in group:
-                if any(run.state(block).possible(sub.matcher) for block in run.blocks):
-                    total.add(_apply(run, sub, first=True))
-                else:
-                    sub.stats.runs += 1  # no block holds every op type of the pattern
-                    total.runs += 1
-                if run.log is not None:
-                    seen.append(run.log_position())
-            if run.log is not None:
-                _revisit_earlier(run, group, seen, total)
-    except PatternInfraError:
-        raise
-    except Exception as exc:  # an error of coremltools' own while applying the rewrite
-        run.restore()
-        raise PassExecutionError(
-            f"Pass {run.pass_name!r} failed while rewriting: {type(exc).__name__}: {exc}. {_RESTORED}"
-        ) from exc
+        yield
     finally:
-        run.close_journal()  # first: leaving the function block rewrites every variable of it
-        run.close()
-        run.release()
-        run.journal = None  # its saved states are freed here, by reference counting
-
-
-def _groups(subpasses: list[SubPass], pass_name: str, passes: Sequence[str] | None) -> list[tuple[str, list[SubPass]]]:
-    """The sub-passes cut into runs of one pass each, with its id (see ``run_subpasses``' ``passes``)."""
-    if passes is None:
-        return [(pass_name, subpasses)] if subpasses else []
-    if len(passes) != len(subpasses):
-        raise ValueError(f"passes names {len(passes)} sub-passes, but {len(subpasses)} were given")
-    return [(name, [sub for _, sub in run]) for name, run in groupby(zip(passes, subpasses), key=itemgetter(0))]
+        if gc.get_count()[0] > _PROMOTE_ABOVE and gc.get_freeze_count() == 0:
+            gc.freeze()
+            gc.unfreeze()
+        if was_enabled:
+            gc.enable()
 
 
 def _apply(run: _Run, sub: SubPass, *, first: bool) -> PassStats:
     """One sub-pass over every block (``first``) or the blocks with seeds, until none has seeds left
     (a rewrite may free a match in another block)."""
-    blocks = run.blocks
     stats = PassStats(runs=1 if first else 0)
     start = time.perf_counter()
     bind_before = sub.matcher.bind_attempts
     run.rounds = {}
-    pending = blocks if first else run.changes.pending(blocks)
+    pending = run.blocks if first else run.changes.pending(run.blocks)
     while pending:
         for block in pending:
             if is_live(block):
-                with LazyBlockContext(run, block) as context:
-                    _sweep(run, sub, run.state(block), stats, context, first=first)
+                _sweep(run, sub, run.state(block), stats, first=first)
+                run.leave(nested_only=True)
         first = False
-        pending = run.changes.pending(blocks)
+        pending = run.changes.pending(run.blocks)
     stats.bind_attempts = sub.matcher.bind_attempts - bind_before
     stats.seconds = time.perf_counter() - start
     sub.stats.add(stats)
@@ -208,44 +207,36 @@ def _apply(run: _Run, sub: SubPass, *, first: bool) -> PassStats:
         try:
             run.prog.validate()
         except Exception as exc:
-            raise _inconsistent(run, sub, exc) from exc
-    run.changes = Changes(log=run.log)
+            raise run.error(sub, f"the program is inconsistent after its rewrites: {exc}.") from exc
     return stats
 
 
-def _revisit_earlier(run: _Run, subpasses: list[SubPass], seen: list[dict[str, int]], total: PassStats) -> None:
-    """Lets each sub-pass revisit the logged ops of its types the others changed after it ran, until a
-    round rewrites nothing."""
+def _revisit_earlier(run: _Run, subpasses: list[SubPass], log: dict[str, list[Operation]],
+                     seen: list[dict[str, int]], total: PassStats) -> None:
+    """Lets each sub-pass revisit the ops of its types in ``log`` the others changed after it ran (``seen``:
+    how much of the log it had seen), until a round rewrites nothing."""
     limit = max(sub.max_iterations for sub in subpasses)
     for _ in range(limit):
         rewrites = total.rewrites
         for k, sub in enumerate(subpasses):
-            if not any(run.state(block).possible(sub.matcher) for block in run.blocks if is_live(block)):
-                continue  # no block holds every op type of its pattern (its position stays: still correct)
-            position = seen[k]
-            types = sorted(sub.seed_types) if sub.seed_types is not None else list(run.log)
-            for op_type in types:
-                for op in run.log.get(op_type, ())[position.get(op_type, 0):]:
+            for op_type in sorted(sub.seed_types) if sub.seed_types is not None else list(log):
+                for op in log.get(op_type, ())[seen[k].get(op_type, 0):]:
                     run.changes.seed(op)
             if run.changes.seeds:
                 total.add(_apply(run, sub, first=False))
-            seen[k] = run.log_position()
+            seen[k] = {op_type: len(ops) for op_type, ops in log.items()}
         if total.rewrites == rewrites:
             return
-    run.restore()
-    raise FixpointError(
-        f"Pass {run.pass_name!r}: its sub-passes kept re-creating each other's patterns for {limit} rounds "
-        f"({', '.join(sub.name for sub in subpasses)}); make each replacement differ from the other "
-        f"patterns. {_RESTORED}"
-    )
+    raise run.error(None, f"its sub-passes kept re-creating each other's patterns for {limit} rounds "
+                          f"({', '.join(sub.name for sub in subpasses)}); make each replacement differ from the "
+                          f"other patterns.", kind=FixpointError)
 
 
-def _sweep(run: _Run, sub: SubPass, st: BlockIndex, stats: PassStats, context: LazyBlockContext, *,
-           first: bool) -> None:
+def _sweep(run: _Run, sub: SubPass, st: BlockIndex, stats: PassStats, *, first: bool) -> None:
     """One sub-pass over one block (every anchor candidate if ``first``, else from the block's seeds),
-    then over what its rewrites touched, until nothing changes there."""
-    matcher = sub.matcher
-    block = st.block
+    then over what its rewrites touched, until nothing changes there. Each match is offered to the
+    constraints, then to the transform (:func:`_rewrite`)."""
+    matcher, block = sub.matcher, st.block
     if first:
         found = st.anchor_candidates(matcher)
         if found is None:
@@ -258,71 +249,46 @@ def _sweep(run: _Run, sub: SubPass, st: BlockIndex, stats: PassStats, context: L
             return
         anchor = matcher.choose_anchor(st.counts)
         candidates, extra = revisit_candidates(run.changes.take(block), block, matcher, anchor)
-    accept, last = _offer(run, sub, st, stats, context)
-    tries = st.tries
-    rounds = run.rounds
-    attempts = 0
-    try:
-        while candidates or extra:
-            rounds[id(block)] = done = rounds.get(id(block), 0) + 1
-            stats.iterations += 1
-            if done > sub.max_iterations:
-                ops = ", ".join(op.name for op in last[0].op_list()) if last else "?"
-                run.restore()
-                raise FixpointError(
-                    f"Pass {run.pass_name!r}, pattern {sub.name!r}: still rewriting after "
-                    f"{sub.max_iterations} rounds (last match: [{ops}]). Its transform re-creates the "
-                    f"pattern it replaces; make the replacement differ from the pattern, or raise "
-                    f"max_iterations. {_RESTORED}"
-                )
-            for _ in tries(matcher, anchor, candidates, accept):
-                attempts += 1
-            for op, at in extra:  # a seed tried as another pattern op of its type
-                for _ in tries(matcher, at, (op,), accept):
-                    attempts += 1
-            candidates, extra = revisit_candidates(run.changes.take(block), block, matcher, anchor)
-    finally:
-        stats.attempts += attempts
-
-
-def _offer(run: _Run, sub: SubPass, st: BlockIndex, stats: PassStats,
-           context: LazyBlockContext) -> tuple[Callable[[Pattern], Any], list[Pattern]]:
-    """The ``accept`` of the driver's searches in one block (constraints, then the transform), and a list
-    holding the last match rewritten (for the fixpoint message)."""
     constraints = sub.var_constraints
-    last: list[Pattern] = []
+    last: Pattern | None = None  # the last match rewritten, for the fixpoint message
 
     def accept(match: Pattern) -> Any:
+        nonlocal last
         stats.matches += 1
         if constraints is not None:
-            reason = _rejection(run, sub, match)
+            try:
+                reason = constraint_verdict(constraints(match))
+            except Exception as exc:
+                raise run.error(sub, f"var_constraints raised {type(exc).__name__}: {exc}", match) from exc
             if reason is not None:
                 stats.rejected += 1
                 stats.rejections[reason] += 1
                 return reason
-        context.enter()
+        run.enter(block)
         if not _rewrite(run, sub, st, match):
             stats.declined += 1
             return "transform declined"
         stats.rewrites += 1
-        last[:] = [match]
+        last = match
         return True
 
-    return accept, last
-
-
-def _inconsistent(run: _Run, sub: SubPass, exc: Exception) -> PassExecutionError:
-    """Restores the program; the error for a validation that failed after ``sub``'s rewrites."""
-    run.restore()
-    return PassExecutionError(f"Pass {run.pass_name!r}, pattern {sub.name!r}: the program is inconsistent after "
-                              f"its rewrites: {exc}. {_RESTORED}")
-
-
-def _rejection(run: _Run, sub: SubPass, match: Pattern) -> str | None:
-    try:
-        return constraint_verdict(sub.var_constraints(match))  # type: ignore[misc]
-    except Exception as exc:
-        raise run.fail(sub, "var_constraints", match, exc) from exc
+    tries, rounds = st.tries, run.rounds
+    attempts = 0
+    while candidates or extra:
+        rounds[id(block)] = done = rounds.get(id(block), 0) + 1
+        stats.iterations += 1
+        if done > sub.max_iterations:
+            ops = ", ".join(op.name for op in last.op_list()) if last else "?"
+            raise run.error(sub, f"still rewriting after {sub.max_iterations} rounds (last match: [{ops}]). Its "
+                                 f"transform re-creates the pattern it replaces; make the replacement differ "
+                                 f"from the pattern, or raise max_iterations.", kind=FixpointError)
+        for _ in tries(matcher, anchor, candidates, accept):
+            attempts += 1
+        for op, at in extra:  # a seed tried as another pattern op of its type
+            for _ in tries(matcher, at, (op,), accept):
+                attempts += 1
+        candidates, extra = revisit_candidates(run.changes.take(block), block, matcher, anchor)
+    stats.attempts += attempts
 
 
 def _rewrite(run: _Run, sub: SubPass, st: BlockIndex, match: Pattern) -> bool:
@@ -330,9 +296,9 @@ def _rewrite(run: _Run, sub: SubPass, st: BlockIndex, match: Pattern) -> bool:
 
     A transform declines by returning False before changing anything. Any other result must come with a
     rewrite: inserting and removing nothing is an error naming the missing ``replace_output``. Then the
-    rewrite's contract is checked on the ops it touched (:func:`~.changes.broken_contract`: every new op
-    used, each before its users, the block's outputs kept); a breach restores the program and names the
-    fix. The constants the match reads are read-only while the transform runs.
+    rewrite's contract is checked on the ops it touched (:func:`~.contract.broken_contract`); a breach
+    restores the program and names the fix. The constants the match reads are read-only while the
+    transform runs.
     """
     if run.journal is None:
         run.journal = Journal(run.blocks, run.ops_at_start)  # nothing was rewritten before
@@ -342,51 +308,43 @@ def _rewrite(run: _Run, sub: SubPass, st: BlockIndex, match: Pattern) -> bool:
     outside_users = [user for var in match.output_vars() for user in var._child_ops if user not in matched]
     run.journal.keep_match(matched)
     n_inserted, n_removed = len(st.inserted), len(st.removed)
-    before = -1 if st.observed else len(block.operations)  # an unobservable op list: count the ops
     returned = returned_names(block)
     frozen = read_only_constants(matched)  # the journal copies no tensor: writing into one must raise
     try:
         result = sub.transform_pattern(match)
     except Exception as exc:
         if frozen and isinstance(exc, ValueError) and "read-only" in str(exc):
-            raise run.refuse(sub, match, f"wrote into a constant in place ({exc})", _NEW_CONSTANT) from exc
-        raise run.fail(sub, "transform_pattern", match, exc) from exc
+            problem = f"transform_pattern wrote into a constant in place ({exc})"
+            raise run.error(sub, problem, match, _NEW_CONSTANT) from exc
+        raise run.error(sub, f"transform_pattern raised {type(exc).__name__}: {exc}", match) from exc
     finally:
         for value in frozen:
             value.flags.writeable = True
-    if result is False:
-        if _changed_structure(st, n_inserted, n_removed, before):
-            raise run.fail(
-                sub,
-                "transform_pattern",
-                match,
-                RuntimeError("it returned False (declined) after changing the program"),
-            )
-        return False
     n_removed_by_transform = len(st.removed)
+    if result is False:
+        if len(st.inserted) != n_inserted or n_removed_by_transform != n_removed:
+            raise run.error(sub, "transform_pattern returned False (declined) after changing the program", match)
+        return False
     dead = remove_dead(match)
-    if not _changed_structure(st, n_inserted, n_removed, before):
-        raise run.refuse(sub, match, f"returned {result!r} without changing the program (no op inserted "
-                         f"or removed)", _REPLACE_OUTPUT + " To leave a match as it is, return False.")
+    if len(st.inserted) == n_inserted and len(st.removed) == n_removed:
+        raise run.error(sub, f"transform_pattern returned {result!r} without changing the program (no op inserted or "
+                             f"removed)", match, f"{USE_THE_NEW_OPS} To leave a match as it is, return False.")
     created = st.inserted[n_inserted:]
-    run.changes.record(
-        sub.seed_types,
-        created=created,
-        dead=dead,
-        removed_by_transform=st.removed[n_removed:n_removed_by_transform],
-        rewired=outside_users,
-    )
+    removed = st.removed[n_removed:n_removed_by_transform]
+    inputs_of_removed = [inputs for _, inputs in dead] + [flat_inputs(op) for op in removed]
+    run.changes.record(sub.seed_types, [*created, *outside_users], inputs_of_removed)
     if run.validate and run.validate != "full":
         try:
-            run.changes.validate()
+            validate_rewrite(created, outside_users, removed)
         except Exception as exc:
-            raise _inconsistent(run, sub, exc) from exc
-    breach = broken_contract(created, outside_users, block, returned, run.precedes, match.replacements())
+            raise run.error(sub, f"the program is inconsistent after its rewrites: {exc}.") from exc
+    breach = broken_contract(created, outside_users, block, returned,
+                             lambda home, first, second: run.state(home).precedes(first, second),
+                             match.replacements())
     if breach is not None:
-        raise run.refuse(sub, match, *breach)
-    if rewrite_listeners:  # a trace is open (pattern_infra.trace)
-        for listener in rewrite_listeners:
-            listener(run.prog, run.pass_name, sub.name, block, match.op_list(), created, st.removed[n_removed:])
+        raise run.error(sub, f"transform_pattern {breach[0]}", match, breach[1])
+    for listener in rewrite_listeners:  # a trace is open (pattern_infra.trace)
+        listener(run.prog, run.pass_name, sub.name, block, match.op_list(), created, st.removed[n_removed:])
     return True
 
 
@@ -394,18 +352,7 @@ rewrite_listeners: list[Callable[..., None]] = []
 """Called after each rewrite with (program, pass id, pattern name, block, matched ops, created ops,
 removed ops): :func:`pattern_infra.trace` registers one while a trace is open."""
 
-_REPLACE_OUTPUT = ("Call pattern.replace_output(new_var) (or replace_outputs) to redirect the match's users to "
-                   "the replacement; the framework then removes the matched ops.")
-
 _NEW_CONSTANT = (
     "Build a new constant for the new value (mb.const(val=..., before_op=...)): a program constant may "
     "be read by other ops, and the undo journal does not copy tensors."
 )
-
-
-def _changed_structure(st: BlockIndex, n_inserted: int, n_removed: int, before: int) -> bool:
-    """Whether ops were inserted into or removed from ``st``'s block since the counts were taken
-    (``before``: the op count of an unobserved block, else -1)."""
-    if len(st.inserted) != n_inserted or len(st.removed) != n_removed:
-        return True
-    return before >= 0 and len(st.block.operations) != before

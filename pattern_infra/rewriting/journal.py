@@ -1,27 +1,22 @@
 """Undo journal: puts a program back as it was before a pass, copying only what the pass changes.
 
-On opening, it saves every block's fields and op list and starts observing the MIL API on its thread.
-The first change to an existing variable or op then saves that object's state (containers copied one
-level deep), while it is hot in the cache; a variable gaining or losing a user saves only its user list.
-``restore()`` writes the saved states back (whole objects first, then the older user lists), then the
-blocks. Objects created during the pass are never saved: once the touched objects are back, nothing in
-the program reaches them.
+On opening, it saves every block's fields and op list and starts observing, on its thread, the methods
+by which coremltools 9.0's MIL changes an existing variable, op or output relation (:data:`_HOOKS`).
+The first change to an existing variable or op saves that object's state (containers copied one level
+deep); a variable gaining or losing a user saves only its user list. Objects created during the pass are
+never saved: once the touched objects are back, nothing in the program reaches them.
 
-The changes seen are those coremltools 9.0's MIL makes through the methods it hooks while a journal is
-open (:data:`_HOOKS`). ``Block.__exit__``, which recomputes ``nonreplaceable_vars_upstream`` of the
-block's variables, is not hooked: the driver calls :meth:`Journal.keep_block` before leaving a nested
-block and closes the journal before leaving a function's block. Plain attribute assignments are not
-hooked (the builder makes dozens per new op), so a transform's writes by hand are not undone, except
-renames (``op.name = ...``): :meth:`Journal.keep_match` saves a match's names before its transform. The
-driver's removal of dead ops bypasses the hooks and records itself (:meth:`Journal.unlinked`).
-
-The hooks never read an op's ``__dict__`` unless they save it: CPython keeps attributes inline until
-``__dict__`` is asked for, and reads on an op whose dict was materialised stay slower for good.
+Not hooked: ``Block.__exit__``, which recomputes ``nonreplaceable_vars_upstream`` (the driver calls
+:meth:`Journal.keep_block` before leaving a nested block, and closes the journal before leaving a
+function's block); plain attribute assignments (the builder makes dozens per new op), so a transform's
+writes by hand are not undone, except renames (:meth:`Journal.keep_match`); the driver's removal of dead
+ops, which records itself (:meth:`Journal.unlinked`). The hooks never read an op's ``__dict__`` unless
+they save it: CPython keeps attributes inline until it is asked for, and reads stay slower after.
 """
-
 from __future__ import annotations
 
 import functools
+import inspect
 import operator
 import threading
 from collections.abc import Callable, Iterable, Mapping
@@ -57,7 +52,7 @@ def journals_on_this_thread() -> list[Journal]:
 class Journal:
     """Saved states of the blocks, ops and variables a pass touched (see the module docstring).
 
-    A context manager (or call :meth:`close`); :meth:`restore` before closing puts the program back."""
+    :meth:`restore` before :meth:`close` puts the program back."""
 
     def __init__(self, blocks: Iterable[Block], op_lists: Mapping[int, list[Operation]] | None = None) -> None:
         """``op_lists``: block id to the block's ops in program order, where the caller has them (kept,
@@ -123,8 +118,7 @@ class Journal:
     def keep_block(self, block: Block) -> None:
         """Saves every variable of ``block`` and its nested blocks, which ``Block.__exit__`` rewrites."""
         for var in _block_vars(block):
-            if var not in self.saved:
-                self.keep_var(var)
+            self.keep_var(var)
 
     def keep_match(self, ops: Iterable[Operation]) -> None:
         """Saves the names of a match's ops and of their outputs, which transforms may write by hand
@@ -180,44 +174,35 @@ class Journal:
             self.closed = True
             _close(self)
 
-    def __enter__(self) -> Journal:
-        return self
 
-    def __exit__(self, *exc: object) -> None:
-        self.close()
+# Each hook has the hooked method's exact signature (``*args`` would cost more than the hook): some run
+# dozens of times per rewrite.
 
 
-# Each hook has the hooked method's exact signature and does one dictionary lookup (dozens per rewrite).
+def _keep(obj: Any, keep: Callable[[Journal, Any], None]) -> None:
+    """``keep(journal, obj)`` for each journal open on this thread that has not saved ``obj``."""
+    for journal in _ACTIVE.get(_get_ident(), ()):
+        if obj not in journal.saved:
+            keep(journal, obj)
 
 
 def _hook_add_child_op(original: Callable[..., Any]) -> Callable[..., Any]:
     def add_child_op(self: Var, new_op: Operation) -> Any:
-        journals = _ACTIVE.get(_get_ident())
-        if journals:
-            for journal in journals:
-                if self not in journal.saved:
-                    journal.keep_users(self)
+        _keep(self, Journal.keep_users)
         return original(self, new_op)
     return add_child_op
 
 
 def _hook_remove_child_op(original: Callable[..., Any]) -> Callable[..., Any]:
     def remove_child_op(self: Var, target_op: Operation, no_check: bool = False) -> Any:
-        journals = _ACTIVE.get(_get_ident())
-        if journals:
-            for journal in journals:
-                if self not in journal.saved:
-                    journal.keep_users(self)
+        _keep(self, Journal.keep_users)
         return original(self, target_op, no_check)
     return remove_child_op
 
 
 def _hook_set_name(original: Callable[..., Any]) -> Callable[..., Any]:
     def set_name(self: Var, name: str) -> Any:
-        journals = _ACTIVE.get(_get_ident())
-        if journals:
-            for journal in journals:
-                journal.keep_var(self)
+        _keep(self, Journal.keep_var)
         return original(self, name)
     return set_name
 
@@ -227,21 +212,15 @@ def _hook_scopes(prop: property) -> property:
     setter = prop.fset
 
     def set_scopes(self: Var, scopes: Any) -> None:
-        journals = _ACTIVE.get(_get_ident())
-        if journals and self.op is not None:
-            for journal in journals:
-                journal.keep_op(self.op)
+        if _ACTIVE and self.op is not None:
+            _keep(self.op, Journal.keep_op)
         setter(self, scopes)  # type: ignore[misc]
     return property(prop.fget, set_scopes, prop.fdel, prop.__doc__)
 
 
 def _hook_set_inputs(original: Callable[..., Any]) -> Callable[..., Any]:
     def _validate_and_set_inputs(self: Operation, input_kvs: Any, no_check_var_types: bool = False) -> Any:
-        journals = _ACTIVE.get(_get_ident())
-        if journals:
-            for journal in journals:
-                if self not in journal.saved:
-                    journal.keep_op(self)
+        _keep(self, Journal.keep_op)
         return original(self, input_kvs, no_check_var_types)
     return _validate_and_set_inputs
 
@@ -250,38 +229,26 @@ def _hook_type_value_inference(original: Callable[..., Any]) -> Callable[..., An
     """Re-inference rewrites the op's output variables (types, values, upstream sets)."""
 
     def type_value_inference(self: Operation, overwrite_output: bool = False) -> Any:
-        journals = _ACTIVE.get(_get_ident())
-        if journals:
-            outputs = getattr(self, "_output_vars", None)
-            if outputs is None:  # a new op creating its outputs: new variables, nothing to restore
-                result = original(self, overwrite_output)
-                for journal in journals:
-                    journal.saved.update(self._output_vars)
-                return result
-            for journal in journals:
-                if self not in journal.saved:
-                    journal.keep_op(self)
-                for var in outputs:
-                    if var not in journal.saved:
-                        journal.keep_var(var)
+        outputs = getattr(self, "_output_vars", None)
+        if outputs is None:  # a new op creating its outputs: new variables, nothing to restore
+            result = original(self, overwrite_output)
+            for journal in _ACTIVE.get(_get_ident(), ()):
+                journal.saved.update(self._output_vars)
+            return result
+        _keep(self, Journal.keep_op)
+        for var in outputs:
+            _keep(var, Journal.keep_var)
         return original(self, overwrite_output)
     return type_value_inference
-
-
-def _keep_vars_of(journals: list[Journal], values: Iterable[Any]) -> None:
-    for value in values:
-        if isinstance(value, Var):
-            for journal in journals:
-                journal.keep_var(value)
 
 
 def _hook_set_outputs(original: Callable[..., Any]) -> Callable[..., Any]:
     """Changes ``consuming_blocks`` of the old and the new outputs in place."""
 
     def set_outputs(self: Block, outputs: Any) -> Any:
-        journals = _ACTIVE.get(_get_ident())
-        if journals:
-            _keep_vars_of(journals, list(self._outputs) + list(outputs))
+        for var in [*self._outputs, *outputs]:
+            if isinstance(var, Var):
+                _keep(var, Journal.keep_var)
         return original(self, outputs)
     return set_outputs
 
@@ -290,9 +257,9 @@ def _hook_replace_block_output_var(original: Callable[..., Any]) -> Callable[...
     """Changes ``consuming_blocks`` (and an output's name) of both variables, when ``old_var`` is an output."""
 
     def replace_block_output_var(self: Block, old_var: Var, new_var: Var) -> Any:
-        journals = _ACTIVE.get(_get_ident())
-        if journals and old_var in self._outputs:
-            _keep_vars_of(journals, (old_var, new_var))
+        if old_var in self._outputs:
+            _keep(old_var, Journal.keep_var)
+            _keep(new_var, Journal.keep_var)
         return original(self, old_var, new_var)
     return replace_block_output_var
 
@@ -301,12 +268,8 @@ def _hook_remove_ops(original: Callable[..., Any]) -> Callable[..., Any]:
     """Sets ``enclosing_block`` of every removed op to None."""
 
     def remove_ops(self: Block, ops_to_remove: Any) -> Any:
-        journals = _ACTIVE.get(_get_ident())
-        if journals:
-            for journal in journals:
-                for op in ops_to_remove:
-                    if op not in journal.saved:
-                        journal.keep_op(op)
+        for op in ops_to_remove:
+            _keep(op, Journal.keep_op)
         return original(self, ops_to_remove)
     return remove_ops
 
@@ -331,16 +294,8 @@ def _open(journal: Journal) -> None:
         if not _ACTIVE:
             for cls, name, make in _HOOKS:
                 _originals[(cls, name)] = cls.__dict__.get(name, _ABSENT)
-                setattr(cls, name, make(_resolve(cls, name)))
+                setattr(cls, name, make(inspect.getattr_static(cls, name)))  # a property stays a property
         _ACTIVE.setdefault(journal.thread, []).append(journal)
-
-
-def _resolve(cls: type, name: str) -> Any:
-    """``cls``'s attribute ``name`` as stored (a property stays a property, not its value)."""
-    for klass in cls.__mro__:
-        if name in klass.__dict__:
-            return klass.__dict__[name]
-    raise AttributeError(f"{cls.__name__} has no attribute {name!r}")
 
 
 def _close(journal: Journal) -> None:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from coremltools.converters.mil.mil import Block, Operation, Var
-from coremltools.converters.mil.mil.utils import CacheDoublyLinkedList
 from coremltools.converters.mil.mil.var import InternalVar
 
 from .blocks import flat_inputs
@@ -16,10 +15,9 @@ __all__ = ["remove_dead", "remove_dead_ops", "unlink"]
 def remove_dead_ops(match: Pattern) -> list[Operation]:
     """Removes the matched ops still in the block whose outputs nothing uses.
 
-    This lets a transform only build the replacement and redirect the outputs. The ops are visited
-    consumers first, so a chain of matched ops dies in one visit. An op is dead when no output is a
-    block output or read by an op outside the dead ones: what ``Block.remove_ops`` checks, so they are
-    then unlinked directly (:func:`unlink`), with the same end state.
+    A transform then only builds the replacement and redirects the outputs. Consumers are visited first,
+    so a chain of matched ops dies in one visit. An op is dead when no output is a block output or read by
+    an op outside the dead ones: what ``Block.remove_ops`` checks, so they are unlinked directly.
 
     Returns:
         The removed ops.
@@ -47,13 +45,10 @@ def remove_dead(match: Pattern) -> list[tuple[Operation, list[Var]]]:
 def unlink(block: Block, ops: list[Operation]) -> list[tuple[Operation, list[Var]]]:
     """Takes ``ops``, dead ops of ``block`` (no output used outside ``ops``, none a block output), out of
     the block: ``Block.remove_ops`` without its checks (``remove_dead_ops`` made them) and its copies.
-    Ops with nested blocks or internal inputs, or a block whose op list is not coremltools' linked list,
-    go through ``Block.remove_ops``. Each open journal records the removal (:meth:`Journal.unlinked`)."""
+    Ops with nested blocks or internal inputs go through ``Block.remove_ops``. Each open journal records
+    the removal (:meth:`Journal.unlinked`)."""
     removal = [(op, flat_inputs(op)) for op in ops]
     ops_list = block.operations
-    if type(ops_list) is not CacheDoublyLinkedList and not isinstance(ops_list, CacheDoublyLinkedList):
-        block.remove_ops(ops)
-        return removal
     for op in ops:
         if op.blocks:
             block.remove_ops(ops)

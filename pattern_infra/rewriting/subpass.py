@@ -18,7 +18,6 @@ DEFAULT_MAX_ITERATIONS = 32
 """Rounds of re-visiting touched ops before a pass is declared to re-create its own pattern."""
 
 Constraints = Callable[[Pattern], Any]
-Transform = Callable[[Pattern], Any]
 
 
 @dataclass
@@ -49,11 +48,11 @@ class PassStats:
     def add(self, other: PassStats) -> None:
         """Adds ``other``'s counters to these."""
         for name in self.__dataclass_fields__:
-            if name == "rejections":
-                if other.rejections:
-                    self.rejections.update(other.rejections)
-            else:
-                setattr(self, name, getattr(self, name) + getattr(other, name))
+            setattr(self, name, getattr(self, name) + getattr(other, name))
+
+    def __sub__(self, before: PassStats) -> PassStats:
+        """What was counted since the counters were ``before``."""
+        return PassStats(**{name: getattr(self, name) - getattr(before, name) for name in self.__dataclass_fields__})
 
 
 @dataclass
@@ -64,7 +63,7 @@ class SubPass:
     """The pattern."""
     var_constraints: Constraints | None
     """Returns truthy to accept a match (None accepts all)."""
-    transform_pattern: Transform
+    transform_pattern: Callable[[Pattern], Any]
     """Rewrites a match; returning False declines (and must change nothing)."""
     priority: int = 0
     """Higher runs earlier in its group; equal priorities keep registration order."""
@@ -79,8 +78,7 @@ class SubPass:
 
     def __post_init__(self) -> None:
         self.matcher = Matcher(self.compiled)
-        fanout = any(node.fanout for node in self.compiled.nodes)
-        self.seed_types = None if fanout else self.matcher.op_types
+        self.seed_types = None if any(node.fanout for node in self.compiled.nodes) else self.matcher.op_types
 
     @property
     def name(self) -> str:
