@@ -78,7 +78,7 @@ class SubPass:
 
     def __post_init__(self) -> None:
         self.matcher = Matcher(self.compiled)
-        self.seed_types = None if any(node.fanout for node in self.compiled.nodes) else self.matcher.op_types
+        self.seed_types = None if self.compiled.has_fanout else self.matcher.op_types
 
     @property
     def name(self) -> str:
