@@ -176,7 +176,7 @@ class Journal:
 
 
 # Each hook has the hooked method's exact signature (``*args`` would cost more than the hook): some run
-# dozens of times per rewrite.
+# dozens of times per rewrite, so the three hottest (a user list, an op's inputs) write _keep's loop out.
 
 
 def _keep(obj: Any, keep: Callable[[Journal, Any], None]) -> None:
@@ -188,14 +188,18 @@ def _keep(obj: Any, keep: Callable[[Journal, Any], None]) -> None:
 
 def _hook_add_child_op(original: Callable[..., Any]) -> Callable[..., Any]:
     def add_child_op(self: Var, new_op: Operation) -> Any:
-        _keep(self, Journal.keep_users)
+        for journal in _ACTIVE.get(_get_ident(), ()):
+            if self not in journal.saved:
+                journal.keep_users(self)
         return original(self, new_op)
     return add_child_op
 
 
 def _hook_remove_child_op(original: Callable[..., Any]) -> Callable[..., Any]:
     def remove_child_op(self: Var, target_op: Operation, no_check: bool = False) -> Any:
-        _keep(self, Journal.keep_users)
+        for journal in _ACTIVE.get(_get_ident(), ()):
+            if self not in journal.saved:
+                journal.keep_users(self)
         return original(self, target_op, no_check)
     return remove_child_op
 
@@ -220,7 +224,9 @@ def _hook_scopes(prop: property) -> property:
 
 def _hook_set_inputs(original: Callable[..., Any]) -> Callable[..., Any]:
     def _validate_and_set_inputs(self: Operation, input_kvs: Any, no_check_var_types: bool = False) -> Any:
-        _keep(self, Journal.keep_op)
+        for journal in _ACTIVE.get(_get_ident(), ()):
+            if self not in journal.saved:
+                journal.keep_op(self)
         return original(self, input_kvs, no_check_var_types)
     return _validate_and_set_inputs
 
