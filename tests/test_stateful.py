@@ -16,6 +16,7 @@ from coremltools.converters.mil.mil import types
 from pattern_infra.verification.errors import EvaluationError
 from pattern_infra.testing.convert import op_counts
 from pattern_infra.verification.evaluator import evaluate, initial_state
+from test_torch_support import RUN_TIME_SLICE_END
 
 STATE_OPS = ("read_state", "coreml_update_state", "slice_update")
 RTOL = 1e-5
@@ -115,6 +116,7 @@ def test_static_decode_step_equals_pytorch(decoder, static_step, override):
         np.testing.assert_allclose(state[name], want, rtol=RTOL, atol=1e-6)
 
 
+@RUN_TIME_SLICE_END
 @pytest.mark.slow
 def test_flexible_decoder_fuses_and_equals_pytorch_over_prefill_and_two_decode_steps(decoder):
     exported = stateful.export_decoder(decoder, flexible=True)
@@ -140,6 +142,7 @@ def test_flexible_decoder_fuses_and_equals_pytorch_over_prefill_and_two_decode_s
         assert stateful.relative_error(stateful.run_steps(progs[on_off], steps), want) < RTOL
 
 
+@RUN_TIME_SLICE_END
 @pytest.mark.slow
 def test_flexible_conversion_is_the_same_program_under_every_hash_seed():
     """Two processes with hash seeds under which coremltools' own ``copy`` converter gave different
