@@ -372,6 +372,21 @@ def test_fallback_offers_the_shorter_spelling_when_the_longer_is_refused(fallbac
     assert [m.choices for m in explain(pattern, prog).matches] == [{"weighted": 0}]
 
 
+def test_an_op_every_alternative_has_is_not_an_anchor():
+    """Anchors are the ops outside the choices and the choices themselves: an op that every alternative of
+    a choice builds alike is inside the choice, so a ``fallback`` guard means the same from every anchor."""
+    from pattern_infra.matching.matcher import Matcher
+
+    @mb.program(input_specs=ROW)
+    def shared_inner(x):
+        return one_of("c", lambda: mb.exp(x=mb.relu(x=x, name="r"), name="e"),
+                      lambda: mb.sigmoid(x=mb.relu(x=x, name="r"), name="s"))
+
+    matcher = Matcher(compile_pattern(shared_inner))
+    assert "r" in matcher.places and [a.name for a in matcher.nodes] == ["c"]
+    assert matcher.nodes[0].op_types == {"exp", "sigmoid"}
+
+
 def test_choices_come_last_in_the_plans():
     """A search that fails on the plain ops never searches the alternatives: in both tanh-GELU patterns,
     on every path of the plan tree from every anchor but the cube (a choice), the cube's ops come last."""
