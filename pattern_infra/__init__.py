@@ -25,10 +25,10 @@ from .language.pattern import Pattern
 from .rewrite import replace_with
 from .tracing import Rewrite, Trace, trace
 from . import predicates
-from .passes.container import ENV_VAR, PassContainer, override, override_enabled, run_log
+from .pipeline.container import ENV_VAR, PassContainer, override, override_enabled, run_log
 from .find import find_matches, fuse_all_blocks, fuse_one_block
-from .passes.registry import generic_passes, register_generic_pass, register_graph_pass
-from .passes.sweep import GenericSweep, pipeline
+from .pipeline.registry import generic_passes, register_generic_pass, register_graph_pass
+from .pipeline.sweep import GenericSweep, pipeline
 
 __all__ = [
     "EvaluationError",

@@ -227,8 +227,8 @@ def explain(source: Path, pattern: str, top: int) -> None:
 def _resolve_pattern(spec: str) -> Any:
     from coremltools.converters.mil.mil.passes.pass_registry import PASS_REGISTRY
 
-    from .passes.container import PassContainer
-    from .passes.registry import generic_passes
+    from .pipeline.container import PassContainer
+    from .pipeline.registry import generic_passes
 
     if "::" in spec:
         found = PASS_REGISTRY.passes.get(spec)
@@ -257,7 +257,7 @@ def _resolve_pattern(spec: str) -> Any:
 def list_passes(as_json: bool) -> None:
     """List the generic passes in the order `optimize` runs them, with what each replaces."""
     from .mlpackage import pass_plan
-    from .passes.registry import generic_passes
+    from .pipeline.registry import generic_passes
 
     registered = generic_passes()
     leaders = {f.pass_id: c.pass_id for c in registered.values() for f in c.followers}

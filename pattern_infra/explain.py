@@ -19,7 +19,7 @@ from coremltools.converters.mil.mil import Program
 from .rewriting.blocks import BlockIndex, anchored_blocks, iter_blocks
 from .matching.matcher import Failure, Matcher
 from .language.pattern import Pattern
-from .passes.container import PassContainer
+from .pipeline.container import PassContainer
 from .language.variants import has_fallback
 from .find import ALREADY_FOUND, COLLECTED, INSIDE_LONGER, PatternSource, distinct_matches, resolve_patterns
 

@@ -22,8 +22,8 @@ from .rewriting.driver import run_subpasses
 from .language.errors import PassRegistrationError
 from .matching.matcher import Matcher
 from .language.pattern import Pattern
-from .passes.container import PassContainer
-from .passes.registry import generic_passes
+from .pipeline.container import PassContainer
+from .pipeline.registry import generic_passes
 from .rewriting.removal import remove_dead_ops
 from .rewriting.subpass import Constraints, PassStats, SubPass, constraint_verdict
 

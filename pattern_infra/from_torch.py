@@ -144,7 +144,7 @@ def capture_passes(before: str | None = None, after: str | None = None) -> tuple
 
 
 def _leader_of(pass_id: str) -> str | None:
-    from .passes.registry import generic_passes  # the registry imports the driver; keep this module light
+    from .pipeline.registry import generic_passes  # the registry imports the driver; keep this module light
 
     default = PassPipeline.DEFAULT.passes
     for leader_id, container in generic_passes().items():

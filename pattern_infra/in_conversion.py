@@ -20,7 +20,7 @@ from coremltools.converters.mil.mil.passes.graph_pass import AbstractGraphPass
 from coremltools.converters.mil.mil.passes.pass_registry import PASS_REGISTRY
 
 from .language.errors import PassRegistrationError, PatternInfraError
-from .passes.container import PassContainer, override
+from .pipeline.container import PassContainer, override
 
 __all__ = ["explain_in_conversion", "program_before"]
 

@@ -33,8 +33,8 @@ from coremltools.converters.mil.mil.passes.pass_pipeline import PassPipeline
 from coremltools.converters.mil.mil.passes.pass_registry import PASS_REGISTRY
 
 from .language.errors import PassRegistrationError, PatternInfraError
-from .passes.container import PassContainer, override
-from .passes.registry import generic_passes
+from .pipeline.container import PassContainer, override
+from .pipeline.registry import generic_passes
 from .quiet import no_progress_bars
 from .tracing import Trace, trace
 

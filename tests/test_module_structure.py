@@ -1,11 +1,13 @@
 """The package's module structure (docs/ARCHITECTURE.md): the core in four packages whose imports flow
-one way, language -> matching -> rewriting -> passes -> the tools beside them; no import cycle (imports
+one way, language -> matching -> rewriting -> pipeline -> the tools beside them; no import cycle (imports
 inside functions and under ``TYPE_CHECKING`` counted); no module reaching into another's private names;
 no core module over 450 lines, no other over 500."""
 
 from __future__ import annotations
 
 import ast
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -24,7 +26,7 @@ def _modules() -> dict[str, Path]:
     }
 
 
-LAYERS = ("language", "matching", "rewriting", "passes")
+LAYERS = ("language", "matching", "rewriting", "pipeline")
 """The core's packages, in the order imports may flow (each may import those before it)."""
 
 
@@ -86,7 +88,7 @@ def test_no_module_of_the_package_imports_another_into_a_cycle():
 
 
 def test_the_core_imports_flow_one_way():
-    """language -> matching -> rewriting -> passes -> tools: no module imports one of a later stage."""
+    """language -> matching -> rewriting -> pipeline -> tools: no module imports one of a later stage."""
     modules = _modules()
     backward = [
         f"{path.relative_to(PACKAGE.parent)}:{line} imports {target}"
@@ -131,3 +133,20 @@ def test_no_module_generates_or_executes_code():
         if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in {"exec", "eval", "compile"}
     ]
     assert calls == []
+
+
+def test_pattern_infra_pipeline_is_the_function_and_its_package_imports_by_full_name():
+    """The fourth stage is the package ``pattern_infra/pipeline/``; the package's ``pipeline`` name is the
+    public function (as ``pattern_infra.explain`` is, beside ``explain.py``), with a module of the package
+    imported first in a fresh interpreter."""
+    code = (
+        "from pattern_infra.pipeline.container import PassContainer\n"
+        "from pattern_infra.pipeline import sweep\n"
+        "import inspect, pattern_infra\n"
+        "assert inspect.isfunction(pattern_infra.pipeline) and pattern_infra.pipeline is sweep.pipeline\n"
+        "assert PassContainer is pattern_infra.PassContainer\n"
+        "print(pattern_infra.pipeline().pipeline_name)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=PACKAGE.parent)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "pattern_infra"

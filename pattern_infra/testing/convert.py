@@ -30,7 +30,7 @@ from typing import Any
 import coremltools
 from coremltools.converters.mil.mil import Block, Program
 
-from ..passes.container import ENV_VAR, override
+from ..pipeline.container import ENV_VAR, override
 
 __all__ = [
     "DEFAULT_TARGET",

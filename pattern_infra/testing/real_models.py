@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from ..passes.container import run_log
+from ..pipeline.container import run_log
 from .convert import DEFAULT_TARGET, convert_exported, op_counts
 from .models import ZOO, ModelAndArgs
 
