@@ -1,21 +1,7 @@
-"""Find a compiled pattern in a block: anchored, typed, backtracking search over a plan tree.
-
-Algorithm (per pattern, per block):
-
-1. **Spellings and plans, once per pattern.** The pattern's spellings are plain patterns
-   (``compiled.variants``: one, for a pattern without choices). The *anchors* are the places every
-   spelling has: its ops outside the choices, and the choices. From every anchor, each spelling's search
-   order is planned (:func:`~.plan.plan`: up-steps first, ops outside every choice first, a choice's ops
-   together in the order the choices come), and the plans are merged into one tree
-   (:class:`~.search.Branch`): the steps they share come once, and they part where their ops differ.
-2. **Anchor, once per block.** The driver indexes the block's ops by type; the anchor is the one whose
-   types are rarest in the block, so most program ops are never looked at.
-3. **The walk** (:class:`~.search.Search`) binds the anchor op and follows the tree depth first.
-
-Cost: for an anchor candidate, each up-step is O(1) and each down-step O(consumers of one variable), so a
-pattern with only up-steps costs O(pattern size) per anchor op; a choice costs a branch, not a copy of
-what comes before it; the consumers of a variable are never permuted (each pattern op picks one at a time).
-"""
+"""A pattern's plan trees: its spellings' ops merged into places, the anchors every spelling has, and per
+anchor the spellings' plans (:func:`~.plan.plan`) merged into one tree (:class:`~.search.Branch`), so the
+steps they share come once; :class:`~.search.Search` walks it. The driver anchors at the anchor whose op
+types are rarest in the block (docs/ARCHITECTURE.md, "Alternatives: expanded when a pattern compiles")."""
 
 from __future__ import annotations
 
@@ -25,10 +11,10 @@ from typing import Any
 
 from coremltools.converters.mil.mil import Block, Operation, Var
 
-from ..language.graph import CompiledPattern, Edge, PatternNode
+from ..language.graph import CompiledPattern, Edge, PatternNode, distances
 from ..language.pattern import Pattern
 from ..language.variants import Variant
-from .plan import DOWN, Accept, Failure, Step, parts_meet_only_at_inputs, plan, radii
+from .plan import DOWN, Accept, Failure, Step, plan
 from .search import Branch, Leaf, Search
 
 __all__ = ["Anchor", "Failure", "Matcher"]
@@ -54,36 +40,34 @@ class Matcher:
         self.variants: list[Variant] = compiled.variants
         """The pattern's spellings, each a plain pattern."""
         self.ops: list[PatternNode] = []
-        """Every op of every spelling, each distinct op once (same name, types, operands, constants):
-        the ops of the plan trees, whose edges index this list and :attr:`consts`."""
+        """Every distinct op of every spelling, once: the plan trees' ops; their edges index it and :attr:`consts`."""
         self.consts: list[tuple[str, Any, Any]] = []
         """Every constant use of every spelling, each distinct one once."""
         self.place: list[int] = []
         """Per op of :attr:`ops`, its place in the search state (:attr:`places`)."""
         self.within: list[tuple[str, str] | None] = []
         """Per op of :attr:`ops`, the innermost choice it belongs to and its alternative, in words."""
-        self.places: list[str] = []
-        """The search state's places, by name: an op's name, or the choice whose variable it computes (the
-        ops of different spellings that never meet in one match share a place)."""
         self._keys: dict[tuple[Any, ...], int] = {}
         self._const_keys: dict[tuple[Any, ...], int] = {}
         self._places: dict[str, int] = {}
         self.index: list[list[int]] = [self._merge(variant) for variant in self.variants]
         """Per spelling, its ops' indices in :attr:`ops`."""
+        self.places: list[str] = list(self._places)
+        """The search state's places: an op's name, or the choice whose variable it computes."""
         self.state: list[list[int]] = [[self.place[i] for i in index] for index in self.index]
         """Per spelling, its ops' places in the search state."""
         self.nodes: list[Anchor] = self._anchors()
         """The anchors, in the first spelling's order."""
-        self.joins_through_roots: bool = any(parts_meet_only_at_inputs(v.compiled) for v in self.variants)
-        """Whether some parts of the pattern are joined only through a pattern input they both read: in
-        the program they may meet only at a variable shared widely (a deduplicated constant), which a
-        revisit does not walk through, so the driver tries a changed op itself as each pattern op of its
-        type. Otherwise every op of a match is reachable from any other through data edges."""
-        spelling_radii = [radii(v.compiled, self.joins_through_roots) for v in self.variants]
-        self.radius: list[int] = [max(r[self._local(v, a.name)] for v, r in enumerate(spelling_radii))
-                                  for a in self.nodes]
-        """Per anchor: producer/consumer hops from the anchor op within which any op of a match lies,
-        plus one (an op just outside the match, such as a root's producer, can unblock it)."""
+        self.joins_through_roots: bool = any(len(distances(v.compiled.hops(False), 0)) < len(v.compiled.nodes)
+                                             for v in self.variants)
+        """Whether parts of the pattern meet only at a pattern input they both read: in the program maybe a
+        widely shared constant, which a revisit does not walk through, so the driver also tries a changed op
+        as each pattern op of its type."""
+        hops = [v.compiled.hops(self.joins_through_roots) for v in self.variants]
+        self.radius: list[int] = [1 + max(max(distances(hops[v], self._local(v, a.name)).values())
+                                          for v in range(len(hops))) for a in self.nodes]
+        """Per anchor: producer/consumer hops from the anchor op within which any op of a match lies, plus
+        one (an op just outside the match, such as a root's producer, can unblock it)."""
         self.trees: list[list[Branch]] = [self._tree(a) for a in self.nodes]
         """Per anchor, the spellings' plans merged into one tree."""
         self.op_types: frozenset[str] = frozenset(t for node in self.ops for t in node.op_types)
@@ -115,14 +99,13 @@ class Matcher:
         consts: dict[int, int] = {}
         for e, (key, value, rule) in enumerate(spelling.consts):
             entry = (key, None if value is None else (value.dtype.str, value.shape, value.tobytes()), rule)
-            found = self._const_keys.get(entry)
-            if found is None:
-                found = self._const_keys[entry] = len(self.consts)
+            consts[e] = self._const_keys.setdefault(entry, len(self._const_keys))
+            if consts[e] == len(self.consts):
                 self.consts.append((key, value, rule))
-            consts[e] = found
         # an op's place in the search state: its name, or for the op computing a choice's variable the
         # outermost such choice's (the ops a choice's alternatives end with share it)
-        places = [self._place(variant.aliases.get(node.name, (node.name,))[-1]) for node in spelling.nodes]
+        names = [variant.aliases.get(node.name, (node.name,))[-1] for node in spelling.nodes]
+        places = [self._places.setdefault(name, len(self._places)) for name in names]
 
         def moved(edge: Edge) -> Edge:
             if edge.kind == "op":
@@ -134,9 +117,8 @@ class Matcher:
                       for slot, edge in node.inputs.items()}
             key = (places[node.index], node.name, node.op_types, node.num_outputs, tuple(inputs.items()),
                    node.commutative, node.swap_any_type, node.fanout)
-            found = self._keys.get(key)
-            if found is None:
-                found = self._keys[key] = len(self.ops)
+            found = self._keys.setdefault(key, len(self._keys))
+            if found == len(self.ops):
                 self.ops.append(PatternNode(found, node.name, node.op_type, node.op_types, node.num_outputs, inputs,
                                             node.commutative, node.swap_any_type, fanout=node.fanout))
                 self.place.append(places[node.index])
@@ -148,13 +130,6 @@ class Matcher:
                 if entry not in self.ops[index[node.index]].consumers:
                     self.ops[index[node.index]].consumers.append(entry)
         return index
-
-    def _place(self, name: str) -> int:
-        found = self._places.get(name)
-        if found is None:
-            found = self._places[name] = len(self.places)
-            self.places.append(name)
-        return found
 
     def _anchors(self) -> list[Anchor]:
         """The places every spelling has, outside its choices or as a choice's variable."""
@@ -205,14 +180,8 @@ class Matcher:
 
     def choose_anchor(self, type_counts: Mapping[str, int]) -> int:
         """The anchor whose accepted types are rarest among ``type_counts``; ties go to the last."""
-        best_cost, best = None, 0
-        for anchor in reversed(self.nodes):
-            if anchor.fanout:
-                continue
-            cost = sum(type_counts.get(t, 0) for t in anchor.op_types)
-            if best_cost is None or cost < best_cost:
-                best_cost, best = cost, anchor.index
-        return best
+        anchors = [a for a in reversed(self.nodes) if not a.fanout]
+        return min(anchors, key=lambda a: sum(type_counts.get(t, 0) for t in a.op_types)).index if anchors else 0
 
     def alternative_matcher(self, alternative: CompiledPattern) -> Matcher:
         """The matcher of an alternative of one of this pattern's choices, built on first use."""
@@ -221,17 +190,9 @@ class Matcher:
             matcher = self._alternatives[id(alternative)] = Matcher(alternative)
         return matcher
 
-    def match_at(
-        self,
-        op: Operation,
-        block: Block,
-        anchor: int,
-        *,
-        order: Callable[[list[Operation]], list[Operation]] | None = None,
-        trace: bool = False,
-        root_hint: Var | None = None,
-        accept: Accept | None = None,
-    ) -> Pattern | Failure | None:
+    def match_at(self, op: Operation, block: Block, anchor: int, *,
+                 order: Callable[[list[Operation]], list[Operation]] | None = None, trace: bool = False,
+                 root_hint: Var | None = None, accept: Accept | None = None) -> Pattern | Failure | None:
         """Tries to match with ``op`` bound to pattern op number ``anchor``.
 
         Args:

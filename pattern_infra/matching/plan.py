@@ -10,9 +10,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..language.graph import CompiledPattern, PatternNode, distances, edge_positions
+from ..language.graph import CompiledPattern, PatternNode, edge_positions
 
-__all__ = ["DOWN", "UP", "Accept", "Failure", "Step", "parts_meet_only_at_inputs", "plan", "radii"]
+__all__ = ["DOWN", "UP", "Accept", "Failure", "Step", "plan"]
 
 Accept = Callable[[Any], Any]
 """Offered each complete structural match (a :class:`~pattern_infra.language.pattern.Pattern`): ``True``
@@ -83,13 +83,6 @@ def plan(compiled: CompiledPattern, anchor: int, rank: list[int] | None = None) 
     return steps
 
 
-def radii(compiled: CompiledPattern, joins_through_roots: bool) -> list[int]:
-    """Per anchor: producer/consumer hops from the anchor op within which any op of a match lies, plus one
-    (an op just outside the match, such as a root's producer, can unblock it)."""
-    hops = compiled.hops(joins_through_roots)
-    return [max(distances(hops, anchor).values()) + 1 for anchor in range(len(compiled.nodes))]
-
-
 def _next_up(nodes: list[PatternNode], placed: set[int], allowed: set[int]) -> Step | None:
     for n in sorted(placed):
         for slot, edge in nodes[n].inputs.items():
@@ -97,6 +90,7 @@ def _next_up(nodes: list[PatternNode], placed: set[int], allowed: set[int]) -> S
                 if e.kind == "op" and e.index not in placed and e.index in allowed:
                     return Step(UP, e.index, "op", n, slot, pos, e.output)
     return None
+
 
 def _next_down(nodes: list[PatternNode], placed: set[int], roots_bound: set[int], allowed: set[int]) -> Step | None:
     best: tuple[int, int, Step] | None = None
@@ -116,8 +110,3 @@ def _next_down(nodes: list[PatternNode], placed: set[int], roots_bound: set[int]
                 if best is None or rank < best[:2]:
                     best = (*rank, step)
     return best[2] if best else None
-
-
-def parts_meet_only_at_inputs(compiled: CompiledPattern) -> bool:
-    """Whether the pattern's ops fall apart once the edges through pattern inputs are left out."""
-    return len(distances(compiled.hops(False), 0)) < len(compiled.nodes)

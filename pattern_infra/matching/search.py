@@ -16,6 +16,10 @@ merged. The walk, from the anchor op:
    anything but ``True`` backtracks, and the walk goes on to the next match at the same anchor.
 
 ``explain`` walks with ``trace=True``: each failure records how far it got, and the deepest is kept.
+
+Cost per anchor candidate: an up-step is O(1), a down-step O(consumers of one variable), so a pattern of
+up-steps costs O(pattern size); a choice costs a branch, not a copy of what comes before it; the consumers
+of a variable are never permuted (each pattern op picks one at a time).
 """
 
 from __future__ import annotations
@@ -60,14 +64,8 @@ class Search:
     __slots__ = ("m", "block", "trace", "ops", "assign", "which", "roots", "used", "failure", "depth", "order",
                  "accept", "result")
 
-    def __init__(
-        self,
-        matcher: Any,
-        block: Block,
-        trace: bool,
-        order: Callable[[list[Operation]], list[Operation]] | None = None,
-        accept: Accept | None = None,
-    ) -> None:
+    def __init__(self, matcher: Any, block: Block, trace: bool,
+                 order: Callable[[list[Operation]], list[Operation]] | None = None, accept: Accept | None = None) -> None:
         n = len(matcher.places)
         self.m = matcher  # the Matcher: its ops, constants, spellings, plan trees and counters
         self.block = block
@@ -94,7 +92,8 @@ class Search:
                 node=self.m.ops[node].name,
                 reason=(reason() if callable(reason) else reason) + (
                     f" (alternative {within[1]} of {within[0]!r})" if within else ""),
-                ops={self.m.ops[self.which[i]].name: _name(o) for i, o in enumerate(self.ops) if o is not None},
+                ops={self.m.ops[self.which[i]].name: f"[{', '.join(x.name for x in o)}]" if isinstance(o, list)
+                     else o.name for i, o in enumerate(self.ops) if o is not None},
             )
         return False
 
@@ -217,10 +216,12 @@ class Search:
         compile-time constants in the pattern's constant slots is tried first.
         """
         values: dict[str, Any] = {}
+        read = op._input_vars  # read-only use of the private map: op.inputs copies it
         for slot, edge in node.inputs.items():
-            value = input_value(op, slot)
-            if value is None:
-                if optional_const(self.m.consts, edge) and op.op_type != node.op_type:
+            value = read.get(slot)
+            if value is None or isinstance(value, InternalVar):
+                wildcard = type(edge) is Edge and edge.kind == "const" and self.m.consts[edge.index][2].mode == "any"
+                if wildcard and op.op_type != node.op_type:
                     continue
                 self.fail(node.index, lambda: f"{op.name} has no operand {slot!r}")
                 return
@@ -381,18 +382,8 @@ def _const_fit(node: PatternNode, assignment: dict[str, Any]) -> int:
     return fit
 
 
-def _name(op: Any) -> str:
-    return f"[{', '.join(o.name for o in op)}]" if isinstance(op, list) else op.name
-
-
-def build_pattern(
-    variant: Variant,
-    block: Block,
-    ops: list[Any],
-    assign: list[dict[str, Any] | None],
-    roots: list[Var | None],
-    order: Callable[[list[Operation]], list[Operation]] | None,
-) -> Pattern:
+def build_pattern(variant: Variant, block: Block, ops: list[Any], assign: list[dict[str, Any] | None],
+                  roots: list[Var | None], order: Callable[[list[Operation]], list[Operation]] | None) -> Pattern:
     """The :class:`Pattern` of a complete binding of ``variant``: ``ops`` and ``assign`` per op of the
     spelling (a list for a fan-out op; operands after any swap), ``roots`` per pattern input (None where
     the spelling reads none), ``order`` sorting ops into program order for ``Pattern.op_list``."""
@@ -414,14 +405,6 @@ def build_pattern(
                               variant.choices)
 
 
-def input_value(op: Operation, slot: str) -> Any:
-    """The variable ``op`` reads at ``slot``, or None (absent, or an internal variable)."""
-    value = op._input_vars.get(slot)  # read-only use of the private map: op.inputs copies it
-    if value is None or isinstance(value, InternalVar):
-        return None
-    return value
-
-
 def slot_value(assign: list[dict[str, Any] | None], node: int, slot: str, pos: int) -> Any:
     assigned = assign[node]
     if assigned is None:
@@ -430,9 +413,3 @@ def slot_value(assign: list[dict[str, Any] | None], node: int, slot: str, pos: i
     if pos >= 0:
         return value[pos] if isinstance(value, (list, tuple)) and pos < len(value) else None
     return value
-
-
-
-def optional_const(consts: list[tuple[str, Any, Any]], edge: Edge | tuple[Edge, ...]) -> bool:
-    """Whether ``edge`` is one constant slot of rule ``"any"`` (a wildcard slot: it may be absent)."""
-    return not isinstance(edge, tuple) and edge.kind == "const" and consts[edge.index][2].mode == "any"

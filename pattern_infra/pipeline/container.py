@@ -66,17 +66,14 @@ def override_enabled() -> bool:
 def override(enabled: bool = True) -> Iterator[None]:
     """Sets ``ENABLE_EXPERIMENTAL_PASSES`` to ``"1"`` (``enabled``) or unsets it for the ``with`` block;
     its previous value (or absence) is restored on exit, also when the block raises."""
-    previous = os.environ.get(ENV_VAR)
+    previous = os.environ.pop(ENV_VAR, None)
     if enabled:
         os.environ[ENV_VAR] = "1"
-    else:
-        os.environ.pop(ENV_VAR, None)
     try:
         yield
     finally:
-        if previous is None:
-            os.environ.pop(ENV_VAR, None)
-        else:
+        os.environ.pop(ENV_VAR, None)
+        if previous is not None:
             os.environ[ENV_VAR] = previous
 
 
@@ -208,19 +205,13 @@ def with_followers(container: PassContainer) -> list[PassContainer]:
 
 
 def run_together(prog: Program, containers: list[PassContainer], pass_name: str) -> PassStats:
-    """Applies the generic passes ``containers`` to ``prog``, in order, as if one by one (each reaching its
-    fixpoint before the next, in its own scope, its counters to it and to :func:`run_log`), in as few
-    driver runs as possible (a callable sub-pass, or a change of ``validate``, splits a run).
-
-    Args:
-        pass_name: For messages about the run as a whole (a sweep's id).
-
-    Returns:
-        The counters of the whole run.
-    """
+    """Applies ``containers`` to ``prog`` in order, as if one by one (each to its fixpoint, in its own scope,
+    its counters to it and to :func:`run_log`), in as few driver runs as possible: a callable sub-pass or a
+    change of ``validate`` splits a run. ``pass_name`` names the whole run in messages."""
     total = PassStats()
     plan = [(container, sub) for container in containers for sub in container.passes]
-    for segment in _segments(plan):
+    for _, run in groupby(plan, key=lambda p: (True, p[0].validate) if isinstance(p[1], SubPass) else (False, id(p))):
+        segment = list(run)
         container, first = segment[0]
         if not isinstance(first, SubPass):  # a callable taking the program, in its pass's scope
             with mb.scope(_scope_of(container)):
@@ -238,15 +229,6 @@ def run_together(prog: Program, containers: list[PassContainer], pass_name: str)
         for owner, counters in zip(owners, before):
             owner.record(_counters(owner) - counters)
     return total
-
-
-def _segments(plan: list[tuple[PassContainer, Any]]) -> list[list[tuple[PassContainer, Any]]]:
-    """Runs of consecutive structured sub-passes sharing a ``validate`` setting; a callable alone."""
-
-    def key(pair: tuple[PassContainer, Any]) -> tuple[bool, object]:
-        return (True, pair[0].validate) if isinstance(pair[1], SubPass) else (False, id(pair))
-
-    return [list(segment) for _, segment in groupby(plan, key=key)]
 
 
 def _scope_of(container: PassContainer) -> ScopeInfo:
