@@ -61,8 +61,8 @@ class Branch:
 class Search:
     """State of one anchored walk; undone on backtracking."""
 
-    __slots__ = ("m", "block", "trace", "ops", "assign", "which", "roots", "used", "failure", "depth", "order",
-                 "accept", "result")
+    __slots__ = ("m", "block", "trace", "ops", "assign", "which", "roots", "used", "failure", "order", "accept",
+                 "result")
 
     def __init__(self, matcher: Any, block: Block, trace: bool,
                  order: Callable[[list[Operation]], list[Operation]] | None = None, accept: Accept | None = None) -> None:
@@ -79,16 +79,17 @@ class Search:
         self.roots: list[Var | None] = [None] * len(matcher.compiled.root_names)
         self.used: dict[int, int] = {}
         self.failure: Failure | None = None
-        self.depth = 0
         self.order = order
         self.accept = accept
         self.result: Pattern | None = None  # the match taken, once the search succeeded
 
     def fail(self, node: int, reason: str | Callable[[], str]) -> bool:
-        if self.trace and (self.failure is None or self.depth > self.failure.bound):
+        """Returns False; when tracing, keeps the failure if more ops are bound than at the deepest so far."""
+        bound = sum(o is not None for o in self.ops) if self.trace else 0
+        if self.trace and (self.failure is None or bound > self.failure.bound):
             within = self.m.within[node]
             self.failure = Failure(
-                bound=self.depth,
+                bound=bound,
                 node=self.m.ops[node].name,
                 reason=(reason() if callable(reason) else reason) + (
                     f" (alternative {within[1]} of {within[0]!r})" if within else ""),
@@ -160,10 +161,8 @@ class Search:
                 self.assign[place] = assignment
                 self.which[place] = n
                 self.used[id(op)] = n
-                self.depth += 1
                 if self.next(branch):
                     return True
-                self.depth -= 1
                 del self.used[id(op)]
                 self.ops[place] = None
                 self.assign[place] = None
@@ -198,10 +197,8 @@ class Search:
         self.ops[place], self.assign[place], self.which[place] = members, assigned[0], n
         for op in members:
             self.used[id(op)] = n
-        self.depth += 1
         if self.next(branch):
             return True
-        self.depth -= 1
         for op in members:
             del self.used[id(op)]
         self.ops[place], self.assign[place], self.which[place] = None, None, -1
