@@ -140,14 +140,12 @@ def _check_pattern(
                 f"Pattern {pattern_name!r}: op {op.name!r} ({op.op_type}) has nested blocks; "
                 f"control flow cannot be part of a pattern. Match the ops around it instead.")
     everywhere = {op.name for op in all_ops if op.op_type != "const"}  # alternatives' ops included
-    for key in options["alternatives"]:
-        if key not in everywhere:
+    for option in ("alternatives", "commutative", "fanout"):
+        unknown = set() if isinstance(options[option], bool) else set(options[option]) - everywhere
+        if unknown:
             raise PatternDefinitionError(
-                f"Pattern {pattern_name!r}: alternatives name op {key!r}, which the pattern does not "
+                f"Pattern {pattern_name!r}: {option} names op(s) {sorted(unknown)}, which the pattern does not "
                 f"have. Pattern ops: {sorted(everywhere)}.")
-    unknown = set() if isinstance(options["commutative"], bool) else options["commutative"] - everywhere
-    if unknown:
-        raise PatternDefinitionError(f"Pattern {pattern_name!r}: commutative names unknown ops {sorted(unknown)}.")
     inside = {op.name for found in regions.values() for region in found for op in region.operations}
     if inside & options["fanout"]:
         raise PatternDefinitionError(
@@ -313,10 +311,6 @@ def _final_nodes(
 
 def _mark_fanout(pattern_name: str, nodes: list[PatternNode], fanout: set[str], by_name: dict[str, int]) -> None:
     for name in sorted(fanout):
-        if name not in by_name:
-            raise PatternDefinitionError(
-                f"Pattern {pattern_name!r}: fanout names op {name!r}, which the pattern does not have. "
-                f"Pattern ops: {sorted(by_name)}.")
         node = nodes[by_name[name]]
         if not node.is_final:
             raise PatternDefinitionError(

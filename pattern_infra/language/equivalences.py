@@ -210,35 +210,33 @@ def _replay(ops: list[Operation], records: list[Record], plan: dict[str, list[Id
         if record is not None:
             done.add(id(record))
             scope[id(record.alternatives[0][1])] = one_of(record.name, *[
-                partial(_alternative, alt_ops, record.children.get(k, []), out, plan, scope)
+                partial(_alternative, alt_ops, record.children.get(k, []), out, plan, scope.new_child())
                 for k, (alt_ops, out) in enumerate(record.alternatives)
             ])
         elif id(op) in chains:  # re-associated alone: the chain's ops take no other identity
             orders = association_orders(chains[id(op)])
-            scope[id(op.outputs[0])] = one_of(op.name, *[partial(_order, chains[id(op)], t, scope) for t in orders])
+            scope[id(op.outputs[0])] = one_of(op.name, *[partial(_order, chains[id(op)], t, scope.new_child()) for t in orders])
         elif identities:
-            scope[id(op.outputs[0])] = one_of(op.name, *[partial(_spelling, op, i, scope) for i in [None, *identities]])
+            spellings = [partial(_spelling, op, i, scope.new_child()) for i in [None, *identities]]
+            scope[id(op.outputs[0])] = one_of(op.name, *spellings)
         else:
             _rebuild(op, scope)
 
 
 def _alternative(alt_ops: list[Operation], inner: list[Record], out: Var, plan: dict[str, list[Identity]],
                  scope: Scope) -> Var:
-    local = scope.new_child()
-    _replay(alt_ops, inner, plan, local)
-    return _lookup(out, local)
+    _replay(alt_ops, inner, plan, scope)
+    return _lookup(out, scope)
 
 
 def _spelling(op: Operation, identity: Identity | None, scope: Scope) -> Var:
-    """``op`` as written (``identity`` None) or as ``identity`` spells it; its constants inside the alternative."""
-    where = scope.new_child()
-    return _rebuild(op, where) if identity is None else identity.build(_lookup(op.inputs["x"], where), op)
+    """``op`` as written (``identity`` None) or as ``identity`` spells it."""
+    return _rebuild(op, scope) if identity is None else identity.build(_lookup(op.inputs["x"], scope), op)
 
 
-def _order(chain: Chain, tree: Tree, scope: Scope) -> Var:
+def _order(chain: Chain, tree: Tree, where: Scope) -> Var:
     """``chain`` multiplied in the order ``tree``: as written (operand slots included) when it is the written
     order, else its inner ``mul`` ops named in the order they are built."""
-    where = scope.new_child()
     if tree == chain.written:
         return [_rebuild(op, where) for op in (*chain.inner, chain.root)][-1]
     names = iter(op.name for op in chain.inner)
