@@ -11,7 +11,7 @@ from coremltools.converters.mil.mil.passes.pass_registry import PASS_REGISTRY
 from pattern_infra import Matcher, PatternDefinitionError, compile_pattern, find_matches, register_generic_pass
 from pattern_infra.language.equivalences import DIV_RTOL, IDENTITIES, MAX_FACTORS, REASSOC_RTOL, RSQRT_RTOL, reassoc_rtol
 from pattern_infra.find import find_in_program
-from pattern_infra.language.reassoc import association_orders, chain_at, constant_value
+from pattern_infra.language.equivalences import association_orders, chain_at, constant_value
 from pattern_infra.verification.evaluator import evaluate
 
 SHAPE = (4, 64)

@@ -1,6 +1,7 @@
 """Alternatives at any point of a pattern (rules and examples: docs/LANGUAGE.md): ``one_of`` and ``optional``
-record which ops each alternative made, a :class:`Record` per choice, for :mod:`~.alternatives` and
-:mod:`~.variants`."""
+record which ops each alternative made, a :class:`Record` per choice; :func:`regions_of` checks the choice
+rules at every level and returns each alternative as a :class:`Region` whose inputs (the choice's *slots*)
+are the outside variables it reads, for :mod:`~.variants`."""
 
 from __future__ import annotations
 
@@ -9,12 +10,13 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 from coremltools.converters.mil.mil import Operation, Var
 from coremltools.converters.mil.mil import block as _block
 
 from .errors import PatternDefinitionError
 
-__all__ = ["Record", "one_of", "optional", "records_of"]
+__all__ = ["Record", "Region", "one_of", "optional", "records_of", "regions_of"]
 
 
 @dataclass
@@ -115,3 +117,123 @@ def optional(name: str, base: Callable[[], Var], extra: Callable[[Var], Var], fa
 def records_of(func: Any) -> list[Record]:
     """The choices declared at the top level of a pattern function, in the order they were declared."""
     return list(_RECORDS.get(func, []))
+
+
+@dataclass
+class Region:
+    """The ops of one alternative, read by the compiler as if they were a function."""
+
+    operations: list[Any]
+    inputs: dict[str, Var]
+    """Slot name to the outside variable it stands for."""
+    outputs: list[Var]
+    label: str = ""
+    """The alternative as an expression of its output, e.g. ``mul(x, rsqrt(var))``, for ``explain``."""
+
+
+def regions_of(ops: list[Any], records: list[Record], pattern_name: str) -> dict[int, list[Region]]:
+    """Per choice among ``ops`` and nested in its alternatives (keyed by ``id`` of its :class:`Record`),
+    its alternatives as regions, in order; a :class:`PatternDefinitionError` where a choice rule is broken."""
+    found: dict[int, list[Region]] = {}
+    level = [op for op in ops if op.op_type != "const"]
+    for record in records:
+        region = {id(op) for alt_ops, _ in record.alternatives for op in alt_ops}
+        if not any(id(op) in region for op in level):
+            continue
+        outside = [op for op in level if id(op) not in region]
+        for op in outside:
+            for var in _vars_read(op):
+                if var is not record.alternatives[0][1] and var.op is not None and id(var.op) in region:
+                    raise PatternDefinitionError(
+                        f"Pattern {pattern_name!r}: op {op.name!r} reads {var.name!r}, built inside choice "
+                        f"{record.name!r}. Only the choice's own variable (what one_of returns) may be used "
+                        f"outside it; build the rest inside every alternative.")
+        regions = found[id(record)] = _regions(record, {op.name for op in outside}, pattern_name)
+        for k, (alt_ops, _) in enumerate(record.alternatives):
+            found.update(regions_of(alt_ops, record.children.get(k, []), pattern_name))
+        # an outside op's output is read as many times by every alternative: whether it has a consumer
+        # outside the match must not depend on the alternative
+        for var in regions[0].inputs.values():
+            if var.op is None or var.op.op_type == "const":
+                continue
+            per_alt = [_reads(ops, record.children.get(k, []), var) for k, (ops, _) in enumerate(record.alternatives)]
+            if len(set(per_alt)) > 1:
+                raise PatternDefinitionError(
+                    f"Pattern {pattern_name!r}: the alternatives of choice {record.name!r} read {var.name!r} a "
+                    f"different number of times ({per_alt}), so whether it has a consumer outside the match "
+                    "would depend on the alternative. Read it the same number of times in each (e.g. through one op).")
+    return found
+
+
+def _vars_read(op: Any) -> list[Var]:
+    return [v for value in op.inputs.values() for v in (value if isinstance(value, (list, tuple)) else [value])]
+
+
+def _regions(record: Record, outside_names: set[str], pattern_name: str) -> list[Region]:
+    """The alternatives of ``record`` as regions whose inputs are the choice's slots."""
+    owner = {id(op): k for k, (alt_ops, _) in enumerate(record.alternatives) for op in alt_ops}
+    external: list[list[Var]] = []
+    for k, (alt_ops, _) in enumerate(record.alternatives):
+        reads: dict[int, Var] = {}
+        for op in alt_ops:
+            if op.op_type != "const" and op.name in outside_names:
+                raise PatternDefinitionError(
+                    f"Pattern {pattern_name!r}: op name {op.name!r} in alternative {k} of choice "
+                    f"{record.name!r} is also used outside the choice. Alternatives of one choice may "
+                    f"share names; rename it so it differs from the ops outside.")
+            for var in _vars_read(op):
+                other = owner.get(id(var.op)) if var.op is not None else None
+                if other is None:
+                    reads.setdefault(id(var), var)
+                elif other != k:
+                    raise PatternDefinitionError(
+                        f"Pattern {pattern_name!r}: alternative {k} of choice {record.name!r} reads "
+                        f"{var.name!r}, built by alternative {other}. Alternatives are independent: "
+                        f"build it again inside alternative {k}.")
+        external.append(list(reads.values()))
+    slots: dict[int, str] = {}
+    inputs: dict[str, Var] = {}
+    for var in (var for reads in external for var in reads if id(var) not in slots):
+        slot = slots[id(var)] = var.name if var.name.isidentifier() and var.name not in inputs else f"in{len(inputs)}"
+        inputs[slot] = var
+    for var in inputs.values():
+        missing = [k for k, reads in enumerate(external) if all(v is not var for v in reads)]
+        if var.op is not None and var.op.op_type != "const" and missing:
+            raise PatternDefinitionError(
+                f"Pattern {pattern_name!r}: op {var.op.name!r} is read by some alternatives of choice "
+                f"{record.name!r} but not by alternative(s) {missing}, so nothing would match it when "
+                f"those do. Build it inside the alternatives that read it.")
+    return [Region(list(alt_ops), {slots[id(v)]: v for v in external[k]}, [out], _label(out, slots))
+            for k, (alt_ops, out) in enumerate(record.alternatives)]
+
+
+def _reads(ops: list[Any], nested: list[Record], var: Var) -> int:
+    """How many times one spelling of ``ops`` (nested choices at their first alternative) reads ``var``."""
+    inner = {id(op) for record in nested for alt_ops, _ in record.alternatives for op in alt_ops}
+    own = sum(v is var for op in ops if id(op) not in inner for v in _vars_read(op))
+    return own + sum(_reads(r.alternatives[0][0], r.children.get(0, []), var) for r in nested)
+
+
+def _label(out: Var, slots: dict[int, str]) -> str:
+    """The alternative as an expression of its output, e.g. ``mul(x, rsqrt(var))`` (12 ops at most)."""
+    budget = [12]
+
+    def text(var: Var) -> str:
+        if id(var) in slots:
+            return slots[id(var)]
+        op = var.op
+        budget[0] -= 1
+        if budget[0] < 0:
+            return "..."
+        args = []
+        for slot, value in op.inputs.items():
+            for v in value if isinstance(value, (list, tuple)) else [value]:
+                if v.op is None or v.op.op_type != "const" or id(v) in slots:
+                    args.append(text(v))
+                elif slot in ("x", "y") and v.val is not None:  # an operand; other constants are attributes
+                    value = np.asarray(v.val)
+                    if value.size == 1 and value.dtype.kind in "biuf":
+                        args.append(f"{value.reshape(()).item():g}")
+        return f"{op.op_type}({', '.join(args)})"
+
+    return text(out)

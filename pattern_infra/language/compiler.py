@@ -1,16 +1,7 @@
 """Turn a pattern written as an ``mb.program`` into plain patterns the matcher can search: one
-:class:`CompiledPattern` per spelling (:mod:`~pattern_infra.language.variants`).
-
-Each non-``const`` op becomes a :class:`PatternNode` with one :class:`Edge` per input slot: from a
-*root* (a function input: any program variable, with any consumers outside the match), from another
-op, or from a *constant placeholder* (one per use, with the :class:`ConstRule` its program variable must
-satisfy). The *final ops* produce the program's outputs, which may be used anywhere; every other op's
-outputs must be consumed only inside the match.
-
-Rules, each enforced with an error naming the pattern, the op and the fix: unique op names, exactly one
-last op unless the program returns several outputs, at least one op, no op named like a reserved
-:class:`~pattern_infra.language.pattern.Pattern` attribute, no unused input, one connected pattern.
-"""
+:class:`CompiledPattern` per spelling (:mod:`~pattern_infra.language.variants`), each rule of the
+pattern enforced with an error naming the pattern, the op and the fix (docs/ARCHITECTURE.md, "The
+pattern graph")."""
 
 from __future__ import annotations
 
@@ -21,31 +12,18 @@ from typing import Any
 import numpy as np
 from coremltools.converters.mil.mil import Operation, Program, Var
 
-from .alternatives import regions_of
-from .choices import records_of
+from .choices import records_of, regions_of
 from .equivalences import Equivalences, with_equivalences
 from .errors import PatternDefinitionError
 from .graph import (COMMUTATIVE_OPS, CompiledPattern, ConstMode, ConstRule, Edge, PatternNode, distances,
                     edge_positions)
 from .pattern import RESERVED_NAMES
-from .variants import MAX_VARIANTS, Guard, Variant, combos, count, renamed
+from .variants import MAX_VARIANTS, Combo, Guard, Variant, combos, count, renamed
 
 __all__ = ["COMMUTATIVE_OPS", "RESERVED_NAMES", "ConstRule", "Edge", "PatternNode", "CompiledPattern",
            "compile_pattern", "edge_positions"]
 
 logger = logging.getLogger(__name__)
-
-
-def _function_of(ops_arrangement: Any, pattern_name: str):
-    if not isinstance(ops_arrangement, Program):
-        raise PatternDefinitionError(
-            f"Pattern {pattern_name!r} must be a MIL program built with @mb.program, got "
-            f"{type(ops_arrangement).__name__}. Decorate the pattern function with @mb.program(input_specs=[...]).")
-    functions = ops_arrangement.functions
-    if "main" not in functions or len(functions) != 1:
-        raise PatternDefinitionError(
-            f"Pattern {pattern_name!r} must have exactly one function named 'main'; it has {sorted(functions)}.")
-    return functions["main"]
 
 
 def pattern_name_of(ops_arrangement: Any) -> str:
@@ -99,42 +77,46 @@ def compile_pattern(
         PatternDefinitionError: The pattern breaks a rule; the message names the rule and the fix.
     """
     pattern_name = name or pattern_name_of(ops_arrangement)
-    func = _function_of(ops_arrangement, pattern_name)
+    if not isinstance(ops_arrangement, Program):
+        raise PatternDefinitionError(
+            f"Pattern {pattern_name!r} must be a MIL program built with @mb.program, got "
+            f"{type(ops_arrangement).__name__}. Decorate the pattern function with @mb.program(input_specs=[...]).")
+    if set(ops_arrangement.functions) != {"main"}:
+        raise PatternDefinitionError(f"Pattern {pattern_name!r} must have exactly one function named 'main'; it "
+                                     f"has {sorted(ops_arrangement.functions)}.")
+    func = ops_arrangement.functions["main"]
     if equivalences:
         regions_of(list(func.operations), records_of(func), pattern_name)  # the choices' rules, as written
         ops_arrangement = with_equivalences(ops_arrangement, pattern_name, equivalences)
         func = ops_arrangement.functions["main"]
-    options = dict(commutative=commutative, alternatives=alternatives, constants=constants,
-                   const_rules=const_rules, fanout=fanout)
-    return _compile(func, ops_arrangement, pattern_name, records_of(func), options, top=True)
-
-
-def _compile(
-    func: Any, program: Program, pattern_name: str, records: list[Any], options: dict[str, Any], top: bool
-) -> CompiledPattern:
-    """Compiles every spelling of a pattern function, or of an alternative's region (``top`` False: its
-    inputs are the choice's slots, the options and the pattern as a whole are checked at the top); returns
-    the first spelling, holding them all in ``variants``."""
+    options = dict(commutative=commutative if isinstance(commutative, bool) else set(commutative),
+                   alternatives=dict(alternatives or {}), fanout=set(fanout),
+                   default_rule=constants if isinstance(constants, ConstRule) else ConstRule(constants),
+                   rules={k: v if isinstance(v, ConstRule) else ConstRule(v) for k, v in (const_rules or {}).items()})
+    records = records_of(func)
     regions = regions_of(list(func.operations), records, pattern_name)
-    if top:
-        _check_pattern(pattern_name, list(func.operations), records, regions, options)
+    _check_pattern(pattern_name, list(func.operations), records, regions, options)
     rule_keys: set[str] = set()
+    compiled = _compile(func, ops_arrangement, pattern_name, records, regions, options, rule_keys)
+    _check_used(pattern_name, func, options, rule_keys, [v.compiled for v in compiled.variants])
+    return compiled
+
+
+def _compile(func: Any, program: Program, pattern_name: str, records: list[Any], regions: dict[int, Any],
+             options: dict[str, Any], rule_keys: set[str]) -> CompiledPattern:
+    """Compiles every spelling of a pattern function, or of an alternative's region (its inputs the
+    choice's slots); returns the first spelling, holding them all in ``variants``."""
     earlier: dict[tuple[int, int], CompiledPattern] = {}
 
     def alternative(record: Any, k: int) -> CompiledPattern:  # compiled once, for the guards
         if (id(record), k) not in earlier:
             earlier[id(record), k] = _compile(regions[id(record)][k], program, f"{pattern_name}.{record.name}[{k}]",
-                                              record.children.get(k, []), dict(options, fanout=()), top=False)
+                                              record.children.get(k, []), regions, dict(options, fanout=set()), set())
         return earlier[id(record), k]
 
     variants = []
     for combo in combos(records, list(func.outputs), regions):
-        compiled = _compile_graph(func, program, pattern_name, options, rule_keys, combo.dropped, combo.renames)
-        aliases = combo.aliases()
-        for name in set(combo.chosen) & set(compiled.by_name) - {n for n in aliases if n in aliases[n]}:
-            raise PatternDefinitionError(
-                f"Pattern {pattern_name!r}: two ops are named {name!r}. Give every op a unique "
-                f"`name=` argument.")
+        compiled = _compile_graph(func, program, pattern_name, options, rule_keys, combo)
         guards = []
         for record, k, out in combo.guards:
             alternatives = tuple(alternative(record, j) for j in range(k))
@@ -142,9 +124,7 @@ def _compile(
             guards.append(Guard(record.name, k, renamed(out, combo.renames).op.name, record.fallback, alternatives,
                                 max(map(_depth, spellings)),
                                 frozenset(t for c in spellings for n in c.final_nodes for t in c.nodes[n].op_types)))
-        variants.append(Variant(compiled, combo.spelling(), aliases, combo.groups, tuple(guards), combo.within))
-    if top:
-        _check_used(pattern_name, func, options, rule_keys, [v.compiled for v in variants])
+        variants.append(Variant(compiled, combo.spelling(), combo.aliases, combo.groups, tuple(guards), combo.within))
     variants[0].compiled.variants = variants
     return variants[0].compiled  # type: ignore[no-any-return]
 
@@ -160,18 +140,16 @@ def _check_pattern(
                 f"Pattern {pattern_name!r}: op {op.name!r} ({op.op_type}) has nested blocks; "
                 f"control flow cannot be part of a pattern. Match the ops around it instead.")
     everywhere = {op.name for op in all_ops if op.op_type != "const"}  # alternatives' ops included
-    for key in options["alternatives"] or {}:
-        if key not in everywhere:
+    for option in ("alternatives", "commutative", "fanout"):
+        unknown = set() if isinstance(options[option], bool) else set(options[option]) - everywhere
+        if unknown:
             raise PatternDefinitionError(
-                f"Pattern {pattern_name!r}: alternatives name op {key!r}, which the pattern does not "
+                f"Pattern {pattern_name!r}: {option} names op(s) {sorted(unknown)}, which the pattern does not "
                 f"have. Pattern ops: {sorted(everywhere)}.")
-    unknown = set() if isinstance(options["commutative"], bool) else set(options["commutative"]) - everywhere
-    if unknown:
-        raise PatternDefinitionError(f"Pattern {pattern_name!r}: commutative names unknown ops {sorted(unknown)}.")
     inside = {op.name for found in regions.values() for region in found for op in region.operations}
-    if inside & set(options["fanout"]):
+    if inside & options["fanout"]:
         raise PatternDefinitionError(
-            f"Pattern {pattern_name!r}: fan-out op(s) {sorted(inside & set(options['fanout']))} lie inside an "
+            f"Pattern {pattern_name!r}: fan-out op(s) {sorted(inside & options['fanout'])} lie inside an "
             f"alternative of a one_of choice; a fan-out op must be a last op outside every choice.")
     total = count(records, regions)
     if total > MAX_VARIANTS:
@@ -183,32 +161,25 @@ def _check_pattern(
 
 
 def _compile_graph(
-    func: Any,
-    program: Program,
-    pattern_name: str,
-    options: dict[str, Any],
-    rule_keys: set[str],
-    dropped: set[int],
-    renames: dict[int, Var],
+    func: Any, program: Program, pattern_name: str, options: dict[str, Any], rule_keys: set[str], combo: Combo
 ) -> CompiledPattern:
-    """One spelling of a pattern function or region as a plain pattern: its ops but those in ``dropped``
-    (the alternatives not taken), each choice's variable read as ``renames`` says; collects the keys of
+    """One spelling of a pattern function or region as a plain pattern: its ops but the alternatives not
+    taken, each choice's variable read as the one the alternative taken computes; collects the keys of
     the const rules it uses in ``rule_keys``."""
-    commutative = options["commutative"]
-    all_ops = [op for op in func.operations if id(op) not in dropped]
+    renames = combo.renames
+    all_ops = [op for op in func.operations if id(op) not in combo.dropped]
     real_ops = [op for op in all_ops if op.op_type != "const"]
     if not real_ops:
         raise PatternDefinitionError(
             f"Pattern {pattern_name!r} has no op other than constants. A pattern needs at least one "
             f"op to find, e.g. `return mb.relu(x=x, name='relu')`.")
-    constants = options["constants"]
-    default_rule = constants if isinstance(constants, ConstRule) else ConstRule(constants)
-    rules = {k: (v if isinstance(v, ConstRule) else ConstRule(v)) for k, v in (options["const_rules"] or {}).items()}
-    alternatives = dict(options["alternatives"] or {})
+    rules, alternatives, commutative = options["rules"], options["alternatives"], options["commutative"]
+    any_type = not isinstance(commutative, bool)
 
     by_name: dict[str, int] = {}
     for i, op in enumerate(real_ops):
-        if op.name in by_name:
+        # a choice may share its name only with the op computing its variable
+        if op.name in by_name or op.name in combo.chosen and op.name not in combo.aliases.get(op.name, ()):
             raise PatternDefinitionError(
                 f"Pattern {pattern_name!r}: two ops are named {op.name!r}. Give every op a unique "
                 f"`name=` argument.")
@@ -221,15 +192,7 @@ def _compile_graph(
                 f"Pattern {pattern_name!r}: op name {op.name!r} is not a Python identifier, so "
                 f"`pattern.{op.name}` cannot read it. Use letters, digits and underscores.")
         by_name[op.name] = i
-    if isinstance(commutative, bool):
-        # decided per matched program op: an op may swap when any type it accepts is commutative
-        swappable = {op.name for op in real_ops
-                     if commutative and COMMUTATIVE_OPS.intersection(alternatives.get(op.name) or (op.op_type,))}
-    else:
-        swappable = set(commutative)
-
-    root_vars: list[Var] = list(func.inputs.values())
-    root_index = {id(v): i for i, v in enumerate(root_vars)}
+    root_index = {id(v): i for i, v in enumerate(func.inputs.values())}
     op_of_output = {id(o): (by_name[op.name], j) for op in real_ops for j, o in enumerate(op.outputs)}
     const_op_ids = {id(op) for op in all_ops if op.op_type == "const"}
     consts: list[tuple[str, np.ndarray | None, ConstRule]] = []
@@ -245,7 +208,7 @@ def _compile_graph(
             key = f"{op.name}.{slot}"
             rule_keys.update(k for k in (key, var.op.name) if k in rules)
             value = None if var.val is None else np.asarray(var.val)
-            consts.append((key, value, rules.get(key) or rules.get(var.op.name) or default_rule))
+            consts.append((key, value, rules.get(key) or rules.get(var.op.name) or options["default_rule"]))
             const_names.append(var.op.name)
             return Edge("const", len(consts) - 1)
         raise PatternDefinitionError(
@@ -264,14 +227,16 @@ def _compile_graph(
             raise PatternDefinitionError(
                 f"Pattern {pattern_name!r}: alternatives for op {op.name!r} are {sorted(op_types)} "
                 f"but the op itself is {op.op_type!r}; include it.")
-        can_swap = op.name in swappable and "x" in inputs and "y" in inputs
+        # decided per matched program op: an op may swap when any type it accepts is commutative
+        can_swap = "x" in inputs and "y" in inputs and (
+            op.name in commutative if any_type else commutative and bool(COMMUTATIVE_OPS & op_types))
         nodes.append(PatternNode(
             index=i, name=op.name, op_type=op.op_type, num_outputs=len(op.outputs), inputs=inputs,
-            op_types=op_types, commutative=can_swap, swap_any_type=can_swap and not isinstance(commutative, bool),
+            op_types=op_types, commutative=can_swap, swap_any_type=can_swap and any_type,
             output_uses=[0] * len(op.outputs),
         ))
 
-    root_consumers: list[list[tuple[int, str, int]]] = [[] for _ in root_vars]
+    root_consumers: list[list[tuple[int, str, int]]] = [[] for _ in func.inputs]
     for node in nodes:
         for slot, edge in node.inputs.items():
             for pos, e in edge_positions(edge):
@@ -282,9 +247,7 @@ def _compile_graph(
                     nodes[e.index].consumers.append((node.index, slot, pos, e.output))
 
     final_nodes = _final_nodes(pattern_name, [renamed(v, renames) for v in func.outputs], nodes, op_of_output)
-    for idx in final_nodes:
-        nodes[idx].is_final = True
-    _mark_fanout(pattern_name, nodes, set(options["fanout"]), by_name)
+    _mark_fanout(pattern_name, nodes, options["fanout"], by_name)
     compiled = CompiledPattern(
         name=pattern_name, program=program, nodes=nodes, root_names=list(func.inputs),
         root_consumers=root_consumers, consts=consts, const_names=const_names, final_nodes=final_nodes,
@@ -302,7 +265,7 @@ def _compile_graph(
 def _check_used(pattern_name: str, func: Any, options: dict[str, Any], rule_keys: set[str],
                 spellings: list[CompiledPattern]) -> None:
     """Every const rule names a constant of some spelling, and every input is read by some spelling."""
-    unused_rules = set(options["const_rules"] or {}) - rule_keys
+    unused_rules = set(options["rules"]) - rule_keys
     if unused_rules:
         known = {key for c in spellings for key in c.const_keys} | {n for c in spellings for n in c.const_names}
         raise PatternDefinitionError(
@@ -328,14 +291,12 @@ def _depth(compiled: CompiledPattern) -> int:
 def _final_nodes(
     pattern_name: str, outputs: list[Var], nodes: list[PatternNode], op_of_output: dict[int, tuple[int, int]]
 ) -> list[int]:
-    finals: list[int] = []
     for out in outputs:
         if id(out) not in op_of_output:
             raise PatternDefinitionError(
                 f"Pattern {pattern_name!r} returns {out.name!r}, which no pattern op computes. Return "
                 f"the output of the pattern's last op.")
-        if op_of_output[id(out)][0] not in finals:
-            finals.append(op_of_output[id(out)][0])
+    finals = list(dict.fromkeys(op_of_output[id(out)][0] for out in outputs))
     stray = [n.name for n in nodes if not n.consumers and n.index not in finals]
     if stray:
         last = [nodes[i].name for i in finals]
@@ -343,15 +304,13 @@ def _final_nodes(
             f"Pattern {pattern_name!r} has more than one last op: {stray + last} have no consumer in "
             f"the pattern but only {last} is returned. A pattern has one last op; to match several "
             f"outputs, return every one of them from the pattern program.")
+    for idx in finals:
+        nodes[idx].is_final = True
     return finals
 
 
 def _mark_fanout(pattern_name: str, nodes: list[PatternNode], fanout: set[str], by_name: dict[str, int]) -> None:
     for name in sorted(fanout):
-        if name not in by_name:
-            raise PatternDefinitionError(
-                f"Pattern {pattern_name!r}: fanout names op {name!r}, which the pattern does not have. "
-                f"Pattern ops: {sorted(by_name)}.")
         node = nodes[by_name[name]]
         if not node.is_final:
             raise PatternDefinitionError(

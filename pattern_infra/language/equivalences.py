@@ -3,7 +3,9 @@
 The identities, how exact each is in float32 and how ``equivalences=`` declares them: docs/LANGUAGE.md
 ("Equivalences the matcher knows"). :func:`with_equivalences` replays the pattern program into one where
 every op an identity applies to is a :func:`~.choices.one_of` choice, of the op's name, between the op as
-written and its other spellings (``reassoc``: :mod:`~.reassoc`).
+written and its other spellings. ``reassoc`` re-associates constant scalings: which ``mul`` chains
+(:func:`chain_at`), which orders (:func:`association_orders`: ``(2k - 3)!!`` for ``k`` distinct factors, at
+most :data:`MAX_FACTORS`, so a choice stays a constant number of alternatives per pattern op).
 """
 
 from __future__ import annotations
@@ -20,10 +22,9 @@ from coremltools.converters.mil.mil import Function, Operation, Program, Var
 
 from .choices import Record, one_of, records_of
 from .errors import PatternDefinitionError
-from .reassoc import MAX_FACTORS, Chain, Tree, association_orders, chain_at, constant_value, reassoc_rtol
 
-__all__ = ["DIV_RTOL", "MAX_FACTORS", "REASSOC_RTOL", "RSQRT_RTOL", "IDENTITIES", "Identity", "Equivalences",
-           "reassoc_rtol", "with_equivalences"]
+__all__ = ["DIV_RTOL", "MAX_FACTORS", "REASSOC_RTOL", "RSQRT_RTOL", "IDENTITIES", "Chain", "Identity", "Equivalences",
+           "Tree", "association_orders", "chain_at", "constant_value", "reassoc_rtol", "with_equivalences"]
 
 DIV_RTOL = 2.4e-7
 """Relative tolerance of ``x / c`` against ``x * (1/c)`` in float32 (3 units in the last place, rounded up)."""
@@ -32,9 +33,35 @@ REASSOC_RTOL = 2.4e-7
 RSQRT_RTOL = 1.2e-7
 """Relative tolerance of ``rsqrt(x)`` against ``1 / sqrt(x)`` in float32, beyond rsqrt's epsilon term."""
 
+MAX_FACTORS = 5
+"""Most factors of a chain re-associated (four ``mul``); a longer ``mul`` tree is cut there."""
+
+Tree = Union[int, tuple["Tree", "Tree"]]
+"""An order of multiplication: a factor's index in :attr:`Chain.factors`, or a pair multiplied together."""
+
 Equivalences = Union[bool, Sequence[str], Mapping[str, Sequence[str]]]  # what equivalences= accepts
 
 Scope = ChainMap[int, Var]  # a pattern variable's id to its copy; an alternative builds in a child scope
+
+
+def reassoc_rtol(factors: int) -> float:
+    """Relative tolerance of two orders of multiplication of ``factors`` (2 or more) float32 factors:
+    ``((1 + u) / (1 - u)) ** (factors - 1) - 1``, about ``2 (factors - 1) u``, as each float32 ``mul`` rounds
+    once, ``fl(p q) = p q (1 + d)`` with ``|d| <= u = 2**-24`` (round to nearest, no overflow nor underflow),
+    and an order makes ``factors - 1`` products."""
+    if factors < 2:
+        raise ValueError(f"reassoc_rtol: a chain has 2 factors or more, got {factors}.")
+    u = 2.0**-24
+    return ((1 + u) / (1 - u)) ** (factors - 1) - 1
+
+
+def constant_value(var: object) -> np.ndarray | None:
+    """The value of ``var`` (anything ``op.inputs`` holds) as an array when a ``const`` op makes it and it
+    is numeric, else None."""
+    if not isinstance(var, Var) or var.op is None or var.op.op_type != "const" or var.val is None:
+        return None
+    value = np.asarray(var.val)
+    return value if value.dtype.kind in "iuf" else None
 
 
 @dataclass(frozen=True)
@@ -56,14 +83,13 @@ class Identity:
         return op.op_type == self.op_type and self.holds(op)
 
 
-def _const_y(op: Operation, nonzero: bool = False) -> bool:
+def _const_y(op: Operation, test: Callable[[np.ndarray], bool] = lambda value: True) -> bool:
     value = constant_value(op.inputs.get("y"))
-    return value is not None and (not nonzero or bool(np.all(value)))
+    return value is not None and bool(test(value))
 
 
-def _is_two(op: Operation) -> bool:
-    value = constant_value(op.inputs.get("y"))
-    return value is not None and value.size == 1 and float(value.reshape(())) == 2.0
+def _is_two(value: np.ndarray) -> bool:
+    return value.size == 1 and float(value.reshape(())) == 2.0
 
 
 def _with_const(op_type: str, fn: Callable[[np.ndarray], np.ndarray], x: Var, op: Operation) -> Var:
@@ -74,14 +100,15 @@ def _with_const(op_type: str, fn: Callable[[np.ndarray], np.ndarray], x: Var, op
 
 
 IDENTITIES: dict[str, Identity] = {i.name: i for i in [
-    Identity("pow2", "pow", _is_two, lambda x, op: mb.mul(x=x, y=x, name=op.name), True, "pow(x, 2) = mul(x, x)"),
+    Identity("pow2", "pow", partial(_const_y, test=_is_two), lambda x, op: mb.mul(x=x, y=x, name=op.name), True,
+             "pow(x, 2) = mul(x, x)"),
     Identity("square_pow", "mul", lambda op: op.inputs["x"] is op.inputs["y"],
              lambda x, op: mb.pow(x=x, y=np.float32(2.0), name=op.name), True, "mul(x, x) = pow(x, 2)"),
     Identity("sub_const", "sub", _const_y, partial(_with_const, "add", np.negative), True, "sub(x, c) = add(x, -c)"),
     Identity("add_const", "add", _const_y, partial(_with_const, "sub", np.negative), True, "add(x, c) = sub(x, -c)"),
-    Identity("div_const", "real_div", partial(_const_y, nonzero=True), partial(_with_const, "mul", np.reciprocal),
+    Identity("div_const", "real_div", partial(_const_y, test=np.all), partial(_with_const, "mul", np.reciprocal),
              False, "real_div(x, c) = mul(x, 1/c)"),
-    Identity("mul_const", "mul", partial(_const_y, nonzero=True), partial(_with_const, "real_div", np.reciprocal),
+    Identity("mul_const", "mul", partial(_const_y, test=np.all), partial(_with_const, "real_div", np.reciprocal),
              False, "mul(x, c) = real_div(x, 1/c)"),
     Identity("reassoc", "mul", lambda op: chain_at(op) is not None, lambda x, op: x,  # built by _order
              False, f"a product of 3 to {MAX_FACTORS} factors, one a constant (mul(mul(a, c), b) = mul(a, mul(b, c)) "
@@ -93,14 +120,8 @@ IDENTITIES: dict[str, Identity] = {i.name: i for i in [
 
 
 def with_equivalences(program: Program, pattern_name: str, equivalences: Equivalences) -> Program:
-    """The pattern program with every op an identity applies to turned into a choice of its spellings.
-
-    Returns:
-        ``program`` itself when nothing applies, else a new pattern program (same names, same inputs).
-
-    Raises:
-        PatternDefinitionError: An unknown identity, or one declared on an op where it does not hold.
-    """
+    """The pattern program with every op an identity applies to turned into a choice of its spellings (a
+    new program of the same names and inputs; ``program`` itself when nothing applies)."""
     func = program.functions["main"]
     plan = {name: ids for name, ids in _plan(func, pattern_name, equivalences).items() if ids}
     if not plan:
@@ -189,35 +210,33 @@ def _replay(ops: list[Operation], records: list[Record], plan: dict[str, list[Id
         if record is not None:
             done.add(id(record))
             scope[id(record.alternatives[0][1])] = one_of(record.name, *[
-                partial(_alternative, alt_ops, record.children.get(k, []), out, plan, scope)
+                partial(_alternative, alt_ops, record.children.get(k, []), out, plan, scope.new_child())
                 for k, (alt_ops, out) in enumerate(record.alternatives)
             ])
         elif id(op) in chains:  # re-associated alone: the chain's ops take no other identity
             orders = association_orders(chains[id(op)])
-            scope[id(op.outputs[0])] = one_of(op.name, *[partial(_order, chains[id(op)], t, scope) for t in orders])
+            scope[id(op.outputs[0])] = one_of(op.name, *[partial(_order, chains[id(op)], t, scope.new_child()) for t in orders])
         elif identities:
-            scope[id(op.outputs[0])] = one_of(op.name, *[partial(_spelling, op, i, scope) for i in [None, *identities]])
+            spellings = [partial(_spelling, op, i, scope.new_child()) for i in [None, *identities]]
+            scope[id(op.outputs[0])] = one_of(op.name, *spellings)
         else:
             _rebuild(op, scope)
 
 
 def _alternative(alt_ops: list[Operation], inner: list[Record], out: Var, plan: dict[str, list[Identity]],
                  scope: Scope) -> Var:
-    local = scope.new_child()
-    _replay(alt_ops, inner, plan, local)
-    return _lookup(out, local)
+    _replay(alt_ops, inner, plan, scope)
+    return _lookup(out, scope)
 
 
 def _spelling(op: Operation, identity: Identity | None, scope: Scope) -> Var:
-    """``op`` as written (``identity`` None) or as ``identity`` spells it; its constants inside the alternative."""
-    where = scope.new_child()
-    return _rebuild(op, where) if identity is None else identity.build(_lookup(op.inputs["x"], where), op)
+    """``op`` as written (``identity`` None) or as ``identity`` spells it."""
+    return _rebuild(op, scope) if identity is None else identity.build(_lookup(op.inputs["x"], scope), op)
 
 
-def _order(chain: Chain, tree: Tree, scope: Scope) -> Var:
+def _order(chain: Chain, tree: Tree, where: Scope) -> Var:
     """``chain`` multiplied in the order ``tree``: as written (operand slots included) when it is the written
     order, else its inner ``mul`` ops named in the order they are built."""
-    where = scope.new_child()
     if tree == chain.written:
         return [_rebuild(op, where) for op in (*chain.inner, chain.root)][-1]
     names = iter(op.name for op in chain.inner)
@@ -229,3 +248,79 @@ def _order(chain: Chain, tree: Tree, scope: Scope) -> Var:
         return mb.mul(x=x, y=y, name=chain.root.name if top else next(names))
 
     return make(tree, True)
+
+
+@dataclass(frozen=True)
+class Chain:
+    """A chain of ``mul`` ops ending at :attr:`root`, as the pattern writes it."""
+
+    root: Operation
+    """The outer ``mul``, the op the identity is declared on (the choice takes its name)."""
+    inner: tuple[Operation, ...]
+    """The chain's other ``mul`` ops, in the pattern's op order (their names are reused in every order)."""
+    factors: tuple[Var, ...]
+    """What is multiplied, left to right as written (constants included)."""
+    written: Tree
+
+
+def chain_at(op: Operation, expandable: Callable[[Operation], bool] = lambda op: True) -> Chain | None:
+    """The chain of ``mul`` ops ending at ``op`` that the ``reassoc`` identity applies to, else None.
+
+    The ``mul`` tree below ``op`` is walked depth first, ``x`` before ``y``; an operand is expanded when an
+    ``expandable`` ``mul`` makes it, the tree alone reads it (once), it is not a block output, and the
+    tree stays within :data:`MAX_FACTORS` factors. None when ``op`` is not a ``mul``, the tree has fewer
+    than 3 factors, or none (or all) of its factors are numeric constants.
+    """
+    if op.op_type != "mul":
+        return None
+    factors: list[Var] = []
+    inner: list[Operation] = []
+
+    def walk(node: Operation) -> Tree:
+        return (operand(node.inputs["x"], node), operand(node.inputs["y"], node))
+
+    def operand(var: Var, parent: Operation) -> Tree:
+        if (var.op is not None and var.op.op_type == "mul" and expandable(var.op) and len(var.child_ops) == 1
+                and var not in var.op.enclosing_block.outputs and sum(v is var for v in parent.inputs.values()) == 1
+                and 2 + len(inner) < MAX_FACTORS):  # each inner op adds one factor
+            inner.append(var.op)
+            return walk(var.op)
+        factors.append(var)
+        return len(factors) - 1
+
+    written = walk(op)
+    consts = sum(constant_value(v) is not None for v in factors)
+    if len(factors) < 3 or consts == 0 or consts == len(factors):
+        return None
+    order = {id(o): k for k, o in enumerate(op.enclosing_block.operations)}
+    return Chain(op, tuple(sorted(inner, key=lambda o: order[id(o)])), tuple(factors), written)
+
+
+def association_orders(chain: Chain) -> list[Tree]:
+    """Every order of multiplication of the chain's factors, each once up to operand order: ``chain.written``
+    first (a factor that is the very same variable as another counts as that one: ``x * c * x`` has 2 orders)."""
+    same = [next(j for j, v in enumerate(chain.factors) if v is var) for var in chain.factors]
+
+    def key(tree: Tree) -> str:
+        if isinstance(tree, int):
+            return f"f{same[tree]}"
+        return "(" + ",".join(sorted(key(t) for t in tree)) + ")"
+
+    orders = {key(chain.written): chain.written}
+    for tree in _trees(tuple(range(len(chain.factors)))):
+        orders.setdefault(key(tree), tree)
+    return list(orders.values())
+
+
+def _trees(indices: tuple[int, ...]) -> list[Tree]:
+    """Every binary tree over ``indices`` up to operand order: the first index with each proper subset of
+    the others on its side, the rest on the other side."""
+    if len(indices) == 1:
+        return [indices[0]]
+    first, rest = indices[0], indices[1:]
+    trees: list[Tree] = []
+    for mask in range(2 ** len(rest) - 1):  # the other side is never empty
+        left = (first, *(r for k, r in enumerate(rest) if mask >> k & 1))
+        right = tuple(r for k, r in enumerate(rest) if not mask >> k & 1)
+        trees.extend((a, b) for a in _trees(left) for b in _trees(right))
+    return trees

@@ -1,29 +1,18 @@
 """A pattern's spellings, each a plain pattern: every choice (``one_of``, ``optional``, ``equivalences=``)
-expanded when the pattern compiles.
-
-A pattern with choices stands for the product of their alternatives, nested choices included.
-:func:`combos` lists the ways of taking one alternative of each choice; the compiler compiles each as a
-plain pattern (a :class:`Variant`): the pattern's ops less the alternatives not taken, a choice's
-variable read as the one its alternative computes. The search merges the variants' plans into one tree
-per anchor, so what the spellings share is searched once.
-
-A choice ending its pattern (or alternative), taken at a later alternative, is refused when an earlier
-alternative matches further down with the choice's op inside (a :class:`Guard`: the longest spelling
-wins); with ``fallback=True`` not when the choice is reached from one of its inputs rather than as the
-anchor. A pattern of more than :data:`MAX_VARIANTS` spellings is refused when it compiles.
-"""
+expanded when the pattern compiles, :func:`combos` listing the ways of taking one alternative of each,
+a :class:`Guard` keeping the longest spelling (docs/ARCHITECTURE.md, "Alternatives")."""
 
 from __future__ import annotations
 
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any, NoReturn
 
 from coremltools.converters.mil.mil import Var
 
-from .alternatives import Region
-from .choices import Record
+from .choices import Record, Region
 from .graph import CompiledPattern
 
 __all__ = ["MAX_VARIANTS", "Combo", "Guard", "Spelling", "Variant", "combos", "count", "has_fallback", "renamed"]
@@ -46,14 +35,12 @@ class Spelling(dict):  # type: ignore[type-arg]
 
     __setitem__ = __delitem__ = clear = pop = popitem = setdefault = update = __ior__ = _refuse  # type: ignore
 
+    def __init__(self, chosen: Mapping[str, int], slots: dict[str, dict[str, tuple[str, str, int]]]) -> None:
+        super().__init__(chosen)
+        self.slots = slots
+
     def __reduce__(self) -> tuple[Any, ...]:  # copy, deepcopy and pickle: a Spelling again
-        return _spelling, (dict(self), self.slots)
-
-
-def _spelling(chosen: Mapping[str, int], slots: dict[str, dict[str, tuple[str, str, int]]]) -> Spelling:
-    spelling = Spelling(chosen)
-    spelling.slots = slots
-    return spelling
+        return Spelling, (dict(self), self.slots)
 
 
 @dataclass(frozen=True)
@@ -101,7 +88,6 @@ class Combo:
     """``id`` of the ops of the alternatives not taken."""
     renames: dict[int, Var] = field(default_factory=dict)
     """``id`` of a choice's variable (its first alternative's) to the variable of the alternative taken."""
-    ends: list[tuple[str, Var]] = field(default_factory=list)
     guards: list[tuple[Record, int, Var]] = field(default_factory=list)
     within: dict[str, tuple[str, str]] = field(default_factory=dict)
     groups: dict[str, str] = field(default_factory=dict)
@@ -120,14 +106,15 @@ class Combo:
                             if id(v) in names:
                                 held.setdefault(names[id(v)], (op.name, op_slot, pos))
             slots[choice] = {slot: held[slot] for slot in region.inputs if slot in held}
-        return _spelling(self.chosen, slots)
+        return Spelling(self.chosen, slots)
 
+    @cached_property
     def aliases(self) -> dict[str, tuple[str, ...]]:
-        """Op name to the choices whose variable it computes, innermost first."""
+        """Op name to the choices whose variable it computes, innermost first (``taken`` is outermost first)."""
         aliases: dict[str, tuple[str, ...]] = {}
-        for choice, var in self.ends:
-            end = renamed(var, self.renames).op.name
-            aliases[end] = (*aliases.get(end, ()), choice)
+        for choice, region in self.taken:
+            end = renamed(region.outputs[0], self.renames).op.name
+            aliases[end] = (choice, *aliases.get(end, ()))
         return aliases
 
 
@@ -150,7 +137,6 @@ def combos(records: list[Record], outputs: list[Var], regions: Mapping[int, list
                     grown.append(Combo(
                         {**combo.chosen, record.name: k, **inner.chosen},
                         combo.dropped | inner.dropped | others, renames,
-                        combo.ends + inner.ends + [(record.name, out)],
                         combo.guards + inner.guards + ([(record, k, out)] if final and k else []),
                         {**combo.within, **{op.name: (record.name, region.label) for op in ops}, **inner.within},
                         {**combo.groups, **{op.name: record.name for op in ops}},
