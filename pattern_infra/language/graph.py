@@ -54,21 +54,29 @@ class ConstRule:
         got = np.asarray(var.val)
         if got.dtype.kind not in "biuf" or expected.dtype.kind not in "biuf":
             return None if np.array_equal(got, expected) else f"constant {var.name} differs"
-        if expected.size == 1 and got.size != 1:
-            return f"constant {var.name} has {got.size} elements where the pattern has a scalar"
-        if expected.size != 1 and got.shape != expected.shape:
+        if expected.size == 1:
+            if got.size != 1:
+                return f"constant {var.name} has {got.size} elements where the pattern has a scalar"
+            g, written = float(got.reshape(())), float(expected.reshape(()))
+            e = float(_in_dtype(expected, got.dtype).reshape(()))
+            if abs(g - e) <= self.atol + self.rtol * abs(e):
+                return None
+            rounded = f" (in {got.dtype}: {e!r})" if e != written else ""
+            return f"constant {var.name} = {g!r} differs from the pattern's {written!r}{rounded}"
+        if got.shape != expected.shape:
             return f"constant {var.name} has shape {got.shape}, the pattern's has {expected.shape}"
-        rounded = expected
-        if expected.dtype.kind == "f" and got.dtype.kind == "f" and expected.dtype != got.dtype:
-            with np.errstate(over="ignore"):
-                rounded = expected.astype(got.dtype)
-        if np.allclose(got, rounded, rtol=self.rtol, atol=self.atol):
+        if np.allclose(got, _in_dtype(expected, got.dtype), rtol=self.rtol, atol=self.atol):
             return None
-        if expected.size != 1:
-            return f"constant {var.name} = array{got.shape} differs from the pattern's array{expected.shape}"
-        g, written, e = (float(a.reshape(())) for a in (got, expected, rounded))
-        in_dtype = f" (in {got.dtype}: {e!r})" if e != written else ""
-        return f"constant {var.name} = {g!r} differs from the pattern's {written!r}{in_dtype}"
+        return f"constant {var.name} = array{got.shape} differs from the pattern's array{expected.shape}"
+
+
+def _in_dtype(expected: np.ndarray, dtype: np.dtype[Any]) -> np.ndarray:
+    """``expected`` rounded to ``dtype`` when both are floating-point (a float16 program holds the float16
+    rounding of the pattern's value), else as it is."""
+    if expected.dtype.kind == "f" and dtype.kind == "f" and expected.dtype != dtype:
+        with np.errstate(over="ignore"):
+            return expected.astype(dtype)
+    return expected
 
 
 @dataclass(frozen=True)
