@@ -43,18 +43,18 @@ class Pattern:
         order: Callable[[list[Operation]], list[Operation]] | None = None,
     ) -> None:
         match = self._of_search(compiled, block, dict(ops or {}), list(root_vars or []), dict(operands or {}),
-                                dict(consts or {}), order, compiled.final_names if compiled is not None else (), {})
+                                dict(consts or {}), order, {})
         vars(self).update(vars(match))
 
     @classmethod
     def _of_search(
         cls, compiled: CompiledPattern | None, block: Block | None, ops: dict[str, Any], roots: list[Var],
         operands: dict[str, dict[str, Any]], consts: dict[str, Var],
-        order: Callable[[list[Operation]], list[Operation]] | None, final_names: tuple[str, ...],
-        choices: dict[str, int],
+        order: Callable[[list[Operation]], list[Operation]] | None, choices: dict[str, int],
     ) -> Pattern:
         """The search's constructor: the dicts and the list become the pattern's own (no copies)."""
         self = cls.__new__(cls)
+        final_names = compiled.final_names if compiled is not None else ()
         if compiled is not None and not compiled.has_fanout:  # no op is a list
             finals, op_set = [ops[name] for name in final_names], set(ops.values())
         else:

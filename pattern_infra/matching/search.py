@@ -398,8 +398,7 @@ def build_pattern(variant: Variant, block: Block, ops: list[Any], assign: list[d
         if var is not None:  # absent: a wildcard slot the matched alternative op type does not have
             consts[key] = var
             consts.setdefault(cname, var)
-    return Pattern._of_search(compiled, block, by_name, list(roots), operands, consts, order, compiled.final_names,
-                              variant.choices)
+    return Pattern._of_search(compiled, block, by_name, list(roots), operands, consts, order, variant.choices)
 
 
 def slot_value(assign: list[dict[str, Any] | None], node: int, slot: str, pos: int) -> Any:

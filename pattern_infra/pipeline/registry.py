@@ -87,6 +87,8 @@ def register_generic_pass(
 
     Calls with the same ``namespace`` and ``pass_name`` group into one :class:`PassContainer`. If that id
     names a coremltools pass, the container replaces it when ``ENABLE_EXPERIMENTAL_PASSES=1`` at run time.
+    The pattern's options (``commutative``, ``alternatives``, ``constants``, ``const_rules``, ``fanout``,
+    ``equivalences``) are :func:`~pattern_infra.language.compiler.compile_pattern`'s.
 
     Args:
         ops_arrangement: The pattern, an ``mb.program`` with uniquely named ops; or a sequence of them,
@@ -95,13 +97,6 @@ def register_generic_pass(
         transform_pattern: ``f(pattern)`` rewriting the match; returning False declines it.
         pass_name: Pass name, e.g. ``"fuse_gelu_exact"``.
         namespace: Namespace, e.g. ``"common"``.
-        commutative: See :func:`~pattern_infra.language.compiler.compile_pattern`.
-        alternatives: Op types accepted per pattern op, e.g. ``{"add_or_sub": ["add", "sub"]}``.
-        constants: Default rule for pattern constants (``"any"``, ``"const"``, ``"value"``).
-        const_rules: Rules per constant, keyed ``"<op>.<slot>"`` or by const op name.
-        fanout: Pattern ops standing for every consumer of their input, captured as a list.
-        equivalences: Identities the matcher also matches (``pow(x, 2)`` = ``mul(x, x)``, ...), per pass:
-            see :mod:`pattern_infra.language.equivalences` (default off).
         priority: Sub-passes with higher priority run first within the pass.
         max_iterations: Re-visit rounds before :class:`~pattern_infra.language.errors.FixpointError`.
         options: Pipeline options the pass accepts, with defaults (read as ``container.options``).
