@@ -1,6 +1,4 @@
-"""Rewriting: a pass's run over a program (:mod:`.driver`): the op index and the anchor loop
-(:mod:`.blocks`), revisits after a rewrite (:mod:`.changes`), dead matched ops (:mod:`.removal`), the
-undo journal (:mod:`.journal`), and a pattern with its callbacks and counters (:mod:`.subpass`).
+"""Rewriting: a pass's run over a program, its modules listed in docs/ARCHITECTURE.md ("The packages").
 Imports the language and matching."""
 
 from .driver import run_subpasses

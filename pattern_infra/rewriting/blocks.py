@@ -1,8 +1,5 @@
-"""The blocks of a program, and an index of each block's ops by type kept current while a pass runs.
-
-:meth:`BlockIndex.tries` is the one loop that runs a search at anchor candidates: the driver's sweeps,
-``find_matches``, ``explain`` and ``fuse_one_block`` all go through it.
-"""
+"""The blocks of a program, and an index of each block's ops by type kept current while a pass runs,
+with the one anchor loop (:meth:`BlockIndex.tries`)."""
 
 from __future__ import annotations
 
@@ -15,7 +12,7 @@ from coremltools.converters.mil.mil.var import InternalVar
 
 from ..matching.matcher import Matcher
 
-__all__ = ["BlockIndex", "anchored_blocks", "flat_inputs", "is_live", "iter_blocks", "walk_blocks"]
+__all__ = ["BlockIndex", "anchored_blocks", "flat_inputs", "iter_blocks", "walk_blocks"]
 
 
 def flat_inputs(op: Operation) -> list[Var]:
@@ -34,8 +31,7 @@ def flat_inputs(op: Operation) -> list[Var]:
 
 def iter_blocks(prog: Program) -> Iterator[Block]:
     """Every block of every function, outer blocks before the blocks nested in their ops."""
-    for block, _ in walk_blocks(prog):
-        yield block
+    return (block for block, _ in walk_blocks(prog))
 
 
 def anchored_blocks(prog: Program, matcher: Matcher) -> Iterator[tuple[BlockIndex, int, list[Operation]]]:
@@ -50,16 +46,12 @@ def anchored_blocks(prog: Program, matcher: Matcher) -> Iterator[tuple[BlockInde
 
 def walk_blocks(prog: Program) -> Iterator[tuple[Block, list[Operation]]]:
     """Every block, outer blocks first, with its ops in program order (one walk over each op list)."""
-    for func in prog.functions.values():
-        yield from _walk_block(func)
-
-
-def _walk_block(block: Block) -> Iterator[tuple[Block, list[Operation]]]:
-    ops = list(block.operations)
-    yield block, ops
-    for op in ops:
-        for inner in op.blocks:
-            yield from _walk_block(inner)
+    stack: list[Block] = list(prog.functions.values())[::-1]
+    while stack:
+        block = stack.pop()
+        ops = list(block.operations)
+        yield block, ops
+        stack += reversed([inner for op in ops for inner in op.blocks])  # the first on top
 
 
 class BlockIndex:
@@ -108,14 +100,12 @@ class BlockIndex:
     def release(self) -> None:
         """Stops observing the block."""
         if self.observed:
-            ops_list = self.block.operations
             for attr in ("insert_op_before", "remove"):
-                ops_list.__dict__.pop(attr, None)
+                self.block.operations.__dict__.pop(attr, None)
             self.observed = False
 
-    def tries(
-        self, matcher: Matcher, anchor: int, ops: Iterable[Operation], accept: Callable[[Any], Any], **options: Any
-    ) -> Iterator[Any]:
+    def tries(self, matcher: Matcher, anchor: int, ops: Iterable[Operation], accept: Callable[[Any], Any],
+              **options: Any) -> Iterator[Any]:
         """The anchor loop: runs ``matcher.match_at`` at each of ``ops`` still in the block, as pattern op
         ``anchor``, offering each structural match to ``accept``; yields what each search returned.
         ``options`` go to ``match_at``."""
@@ -180,8 +170,3 @@ class BlockIndex:
 
 
 _LAST = float("inf")
-
-
-def is_live(block: Block) -> bool:
-    """Whether ``block`` is still part of the program (not removed with its op by a rewrite)."""
-    return block.outer_op is None or block.outer_op.enclosing_block is not None

@@ -19,28 +19,28 @@ class Changes:
 
     log: dict[str, list[Operation]] | None = None
     """The run's log of changed ops by type, shared by the sub-passes (None: no other sub-pass)."""
-    seeds: dict[int, list[Operation]] = field(default_factory=dict)
-    """Per block (by id), ops of the pattern's types whose surroundings changed: created and rewired
+    seeds: dict[Block, list[Operation]] = field(default_factory=dict)
+    """Per block, ops of the pattern's types whose surroundings changed: created and rewired
     ops, and the producers of removed ops' inputs, in any block."""
 
     def take(self, block: Block) -> list[Operation]:
         """The seeds of ``block`` recorded so far, which are then forgotten."""
-        return self.seeds.pop(id(block), [])
+        return self.seeds.pop(block, [])
 
     def pending(self, blocks: list[Block]) -> list[Block]:
         """The blocks among ``blocks`` (in that order) with seeds to revisit; seeds in other blocks (created
         by a transform) are dropped: the next run of the pass searches those."""
         seeds = self.seeds
-        found = [block for block in blocks if id(block) in seeds]
+        found = [block for block in blocks if block in seeds]
         if len(found) != len(seeds):
-            self.seeds = {id(block): seeds[id(block)] for block in found}
+            self.seeds = {block: seeds[block] for block in found}
         return found
 
     def seed(self, op: Operation) -> None:
         """Adds ``op`` to the seeds of its block (none if it is no longer in one)."""
         block = op.enclosing_block
         if block is not None:
-            self.seeds.setdefault(id(block), []).append(op)
+            self.seeds.setdefault(block, []).append(op)
 
     def record(self, types: frozenset[str] | None, touched: list[Operation], removed: list[list[Var]]) -> None:
         """Logs one rewrite's changed ops and seeds those of ``types`` (every type when None): the ops it
@@ -65,15 +65,9 @@ class Changes:
 
 
 def validate_rewrite(created: list[Operation], rewired: list[Operation], removed: list[Operation]) -> None:
-    """Checks ``Block.validate``'s invariants on the ops one rewrite changed.
-
-    An op the transform removed (``removed``) is no longer listed as a user of its inputs; every created or
-    rewired op still in its block is listed by each variable it reads as often as it reads it, its
-    outputs' users are all in a block, and the blocks its outputs claim to be returned by do return them.
-
-    Raises:
-        ValueError: An invariant does not hold (the caller restores the program).
-    """
+    """Raises ValueError where ``Block.validate``'s invariants fail on the ops one rewrite changed: a
+    removed op still a user of its inputs; a created or rewired op listed by a variable it reads not as
+    often as it reads it, an output read by an op out of its block or not returned by a block it claims."""
     for op in removed:
         for var in flat_inputs(op):
             if op in var._child_ops:
@@ -102,16 +96,10 @@ def validate_rewrite(created: list[Operation], rewired: list[Operation], removed
 def revisit_candidates(
     seeds: list[Operation], block: Block, matcher: Matcher, anchor: int
 ) -> tuple[list[Operation], list[tuple[Operation, int]]]:
-    """The anchor candidates a round of rewrites may have made matchable.
-
-    A new match contains a seed (:attr:`Changes.seeds`): an op of the pattern's types whose inputs or
-    outputs' users changed (for a fan-out pattern, any changed op).
-
-    Returns:
-        The anchor-type ops within the anchor's radius of a seed (not walking through constants); and,
-        for a pattern whose parts may meet only at a pattern input (:attr:`Matcher.joins_through_roots`),
-        each seed paired with every other pattern op of its type, to be tried as that op's anchor.
-    """
+    """The anchor candidates a round of rewrites may have made matchable (a new match contains a seed):
+    the anchor-type ops within the anchor's radius of a seed; and, for a pattern whose parts may meet only
+    at a pattern input (:attr:`Matcher.joins_through_roots`), each seed with every other pattern op of its
+    type, to be tried as that op's anchor."""
     seeds = [op for op in dict.fromkeys(seeds) if op.enclosing_block is block]
     candidates = near(seeds, block, matcher.nodes[anchor].op_types, matcher.radius[anchor])
     extra: list[tuple[Operation, int]] = []
@@ -123,8 +111,8 @@ def revisit_candidates(
 
 def near(seeds: list[Operation], block: Block, anchor_types: frozenset[str], radius: int) -> list[Operation]:
     """Anchor candidates within ``radius`` producer/consumer steps of a seed op, in discovery order."""
-    frontier = list(dict.fromkeys(seeds))
-    seen = {id(op): op for op in frontier}
+    seen = dict.fromkeys(seeds)  # ops hash by identity
+    frontier = list(seen)
     for _ in range(radius):
         nxt: list[Operation] = []
         for op in frontier:
@@ -139,8 +127,8 @@ def near(seeds: list[Operation], block: Block, anchor_types: frozenset[str], rad
             for var in op._output_vars:
                 neighbours.extend(var._child_ops)
             for other in neighbours:
-                if id(other) not in seen and other.enclosing_block is block:
-                    seen[id(other)] = other
+                if other not in seen and other.enclosing_block is block:
+                    seen[other] = None
                     nxt.append(other)
         frontier = nxt
-    return [op for op in seen.values() if op.op_type in anchor_types and op.enclosing_block is block]
+    return [op for op in seen if op.op_type in anchor_types and op.enclosing_block is block]

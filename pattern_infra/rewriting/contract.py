@@ -11,8 +11,7 @@ from coremltools.converters.mil.mil import Block, Function, Operation, Var
 
 from .blocks import flat_inputs
 
-__all__ = ["BEFORE_ITS_USERS", "KEEP_THE_OUTPUTS", "USE_THE_NEW_OPS", "broken_contract", "read_only_constants",
-           "returned_names"]
+__all__ = ["USE_THE_NEW_OPS", "broken_contract", "read_only_constants", "returned_names"]
 
 USE_THE_NEW_OPS = (
     "Call pattern.replace_output(new_var) (or replace_outputs) to redirect the match's users to the "
@@ -47,20 +46,12 @@ def broken_contract(
 ) -> tuple[str, str] | None:
     """What one rewrite broke of its contract, as (the mistake, its fix); None when it kept it.
 
-    The contract: every op the rewrite created is used (read by an op, returned by a block, or given to
-    ``replace_output`` for an output nothing read); each created op reads only variables defined before
-    it, in its block or an enclosing one, and stands before each of its users (before the op holding the
-    user's block, for a user in a nested block); so do the ops outside the match whose inputs moved
-    (``rewired``); the block's returned variables are its own or an enclosing block's, and it returns
-    what it returned. Only these ops are looked at: linear in the size of the rewrite.
-
-    Args:
-        created: The ops the rewrite inserted into ``block`` (those removed again are skipped).
-        rewired: The ops outside the match that read its outputs before the rewrite.
-        block: The match's block.
-        returned: :func:`returned_names` of ``block`` before the rewrite.
-        precedes: Whether an op stands before another in a block.
-        replacements: The variables the transform gave to ``replace_output``.
+    Every op it created (``created``; those removed again skipped) is used: read, returned, or given to
+    ``replace_output`` (``replacements``); each reads only variables defined before it, in its block or an
+    enclosing one, and stands before its users (before the op holding a nested user's block); so do the
+    ops outside the match that read its outputs (``rewired``), for what they read from another block; the
+    block returns what it returned (``returned``), its own or an enclosing block's variables. Linear in
+    the size of the rewrite: only these ops are looked at.
     """
     now = returned_names(block)
     if now != returned:
@@ -129,10 +120,9 @@ def _encloses(home: Block | None, block: Block) -> bool:
 
 
 def read_only_constants(ops: Iterable[Operation]) -> list[np.ndarray]:
-    """Makes the tensor values of the constants ``ops`` read read-only, and returns those that were
-    writable (to make them writable again): a transform writing into one (shared by other ops, not copied
-    by the undo journal) then raises. Only arrays that own their memory: numpy may refuse to make a view
-    writable again."""
+    """Makes the constant tensors ``ops`` read read-only (shared by other ops and not copied by the undo
+    journal: a transform writing into one raises), returning them to make them writable again; only arrays
+    that own their memory (numpy may refuse to make a view writable again)."""
     frozen: list[np.ndarray] = []
     for op in ops:
         for operand in op._input_vars.values():  # flat_inputs' walk, without building its list

@@ -1,18 +1,5 @@
-"""Apply compiled patterns to a program in time linear in its size, and lose nothing on failure.
-
-How ``run_subpasses`` runs a group of sub-passes:
-
-1. Every block, nested ones included, is listed once and its ops indexed by type (:mod:`.blocks`);
-   the op list is observed for the run, so inserted ops join the index and changes are recorded.
-2. Per sub-pass and block, only ops of the rarest pattern op type are tried as anchors. Each match is
-   offered, inside the search, to the constraints then the transform; one they turn down lets the
-   search go on. Matched ops left unused are removed (:mod:`.removal`).
-3. Nothing is rescanned: only anchor candidates near what a rewrite changed are tried again
-   (:mod:`.changes`); past ``max_iterations`` rounds, :class:`FixpointError`. Each sub-pass then
-   revisits what the later ones changed (:func:`_revisit_earlier`) until a round rewrites nothing.
-4. An undo journal (:mod:`.journal`) opens before the first transform. If a callback raises or a
-   validation fails, the program is restored as it was and :class:`PassExecutionError` says why.
-5. A block's builder context is entered only when a rewrite needs it; cyclic GC is paused for the run.
+"""A pass's run over a program (:func:`run_subpasses`): the op index, sweeps from anchor candidates,
+revisits, the rewrite's checks and undo on failure; its steps are in docs/ARCHITECTURE.md, "Rewriting".
 """
 
 from __future__ import annotations
@@ -29,7 +16,7 @@ from coremltools.converters.mil import Builder as mb
 from coremltools.converters.mil.mil import Block, Operation, Program
 from coremltools.converters.mil.mil.scope import ScopeInfo
 
-from .blocks import BlockIndex, flat_inputs, is_live, walk_blocks
+from .blocks import BlockIndex, flat_inputs, walk_blocks
 from .changes import Changes, revisit_candidates, validate_rewrite
 from .contract import USE_THE_NEW_OPS, broken_contract, read_only_constants, returned_names
 from ..language.errors import FixpointError, PassExecutionError, PatternInfraError
@@ -40,8 +27,6 @@ from .subpass import PassStats, SubPass, constraint_verdict
 
 __all__ = ["run_subpasses"]
 
-_RESTORED = "The program was restored to its state before the pass."
-
 
 class _Run:
     """One application of a group of sub-passes to a program."""
@@ -50,26 +35,25 @@ class _Run:
         self.prog, self.validate = prog, validate
         self.pass_name = ""
         self.journal: Journal | None = None  # opened before the first transform runs
-        walked = list(walk_blocks(prog))
-        self.blocks: list[Block] = [block for block, _ in walked]
-        self.ops_at_start: dict[int, list[Operation]] = {id(block): ops for block, ops in walked}
-        """Each block's ops at the start, for its index while nothing has been rewritten."""
-        self.states: dict[int, BlockIndex] = {}
+        self.ops_at_start: dict[Block, list[Operation]] = dict(walk_blocks(prog))
+        """Each block (outer blocks first) with its ops at the start, its index while nothing is rewritten."""
+        self.blocks: list[Block] = list(self.ops_at_start)
+        self.states: dict[Block, BlockIndex] = {}
         self.changes = Changes()  # the current sub-pass's seeds, and the log of the pass's sub-passes
-        self.rounds: dict[int, int] = {}  # per block id, the current sub-pass's sweeps: the fixpoint cap
+        self.rounds: dict[Block, int] = {}  # per block, the current sub-pass's sweeps: the fixpoint cap
         self.entered: list[Block] = []  # the blocks whose builder context is entered, innermost last
 
     def state(self, block: Block) -> BlockIndex:
         """The index of ``block``, made on first use."""
-        st = self.states.get(id(block))
+        st = self.states.get(block)
         if st is None:
-            ops = self.ops_at_start.get(id(block)) if self.journal is None else None
-            st = self.states[id(block)] = BlockIndex(block, ops)
+            ops = self.ops_at_start.get(block) if self.journal is None else None
+            st = self.states[block] = BlockIndex(block, ops)
         return st
 
     def enter(self, block: Block) -> None:
-        """Enters ``block``'s builder context, for a rewrite in it: a nested block's until the sweep over it
-        ends, a function's until the run ends (leaving it walks the whole block: a run pays for it once)."""
+        """Enters ``block``'s builder context for a rewrite in it, a function's until the run ends (leaving
+        it walks the whole block), a nested block's until the sweep over it ends."""
         if self.entered and self.entered[-1] is block:
             return
         if block.outer_op is None:
@@ -87,19 +71,14 @@ class _Run:
                 self.journal.keep_block(block)
             block.__exit__(None, None, None)
 
-    def restore(self) -> bool:
-        """Puts the program back as it was before the pass; False if nothing had been changed."""
-        for st in self.states.values():
-            st.release()
-        if self.journal is not None:
-            self.journal.restore()
-        return self.journal is not None
-
     def error(self, sub: SubPass | None, text: str, match: Pattern | None = None, fix: str = "",
               kind: type[PatternInfraError] = PassExecutionError) -> PatternInfraError:
         """Restores the program; the error saying ``text`` about ``sub`` (None: about the pass), then the ops
         of ``match`` as restored (a transform may have renamed them), then ``fix``."""
-        note = _RESTORED if self.restore() else "The program had not been changed yet."
+        note = "The program had not been changed yet."
+        if self.journal is not None:
+            self.journal.restore()
+            note = "The program was restored to its state before the pass."
         where = f"Pass {self.pass_name!r}" if sub is None else f"Pass {self.pass_name!r}, pattern {sub.name!r}"
         if match is not None:
             text += f", on the match [{', '.join(f'{op.name} ({op.op_type})' for op in match.op_list())}]."
@@ -110,24 +89,13 @@ def run_subpasses(
     prog: Program, subpasses: list[SubPass], pass_name: str, *, validate: bool | str = True,
     passes: Sequence[str] | None = None, scopes: Mapping[str, ScopeInfo] | None = None,
 ) -> PassStats:
-    """Applies each sub-pass, in order, to every block of ``prog``.
+    """Applies each sub-pass, in order, to every block of ``prog`` (in place); the counters, summed.
 
-    Args:
-        prog: The program, changed in place.
-        subpasses: The sub-passes, already in run order.
-        pass_name: Pass id, for messages and traces.
-        validate: ``True`` checks ``Block.validate``'s invariants on what each rewrite changed;
-            ``"full"`` validates the program after each sub-pass that rewrote; ``False`` neither.
-        passes: The pass id of each sub-pass, to run several passes in one call, each reaching its
-            fixpoint before the next starts. None: all sub-passes form the pass ``pass_name``.
-        scopes: By pass id, the scope (``mb.scope``) the pass runs in, if not the caller's.
-
-    Returns:
-        The counters of this run, summed over the sub-passes.
-
-    Raises:
-        PassExecutionError: A callback raised; the program is as it was before the call.
-        FixpointError: A sub-pass kept re-creating its pattern; the program is as it was before.
+    ``validate``: True checks ``Block.validate``'s invariants on what each rewrite changed, ``"full"``
+    validates the program after each sub-pass that rewrote. ``passes``: the pass id of each sub-pass
+    (None: all form ``pass_name``), each pass reaching its fixpoint before the next. ``scopes``: by pass
+    id, the ``mb.scope`` a pass runs in. A callback's error raises :class:`PassExecutionError`, a pattern
+    re-created without end :class:`FixpointError`; the program is then as it was before the call.
     """
     run = _Run(prog, validate)
     total = PassStats()
@@ -136,16 +104,8 @@ def run_subpasses(
         try:
             for name, pairs in groupby(named, key=itemgetter(0)):
                 run.pass_name = name
-                group = [sub for _, sub in pairs]
-                log = run.changes.log = {} if len(group) > 1 else None
-                seen: list[dict[str, int]] = []
                 with mb.scope(*[scopes[name]] if scopes and name in scopes else []):
-                    for sub in group:
-                        total.add(_apply(run, sub, first=True))
-                        if log is not None:
-                            seen.append({op_type: len(ops) for op_type, ops in log.items()})
-                    if log is not None:
-                        _revisit_earlier(run, group, log, seen, total)
+                    _run_pass(run, [sub for _, sub in pairs], total)
         except PatternInfraError:
             raise
         except Exception as exc:  # an error of coremltools' own while applying the rewrite
@@ -165,14 +125,8 @@ _PROMOTE_ABOVE = 20_000  # young objects above which a pass's survivors are prom
 
 @contextmanager
 def _paused_gc() -> Iterator[None]:
-    """Cyclic GC off for the ``with`` block (with a large graph alive, each collection would walk all of
-    it), back as it was after it.
-
-    Everything the block allocated and still holds is then young, and the first allocation after it
-    would collect all of it; so many survivors are moved to the oldest generation, unexamined, in
-    constant time (``gc.freeze()`` then ``gc.unfreeze()``). Not if the process froze objects itself:
-    they would be unfrozen too (asking, ``gc.get_freeze_count()``, walks them: only for a large pass).
-    """
+    """Cyclic GC off for the ``with`` block, many survivors then promoted unexamined (why and how:
+    docs/ARCHITECTURE.md, "Rewriting")."""
     was_enabled = gc.isenabled()
     gc.disable()
     try:
@@ -195,7 +149,7 @@ def _apply(run: _Run, sub: SubPass, *, first: bool) -> PassStats:
     pending = run.blocks if first else run.changes.pending(run.blocks)
     while pending:
         for block in pending:
-            if is_live(block):
+            if block.outer_op is None or block.outer_op.enclosing_block is not None:  # not removed with its op
                 _sweep(run, sub, run.state(block), stats, first=first)
                 run.leave(nested_only=True)
         first = False
@@ -211,21 +165,24 @@ def _apply(run: _Run, sub: SubPass, *, first: bool) -> PassStats:
     return stats
 
 
-def _revisit_earlier(run: _Run, subpasses: list[SubPass], log: dict[str, list[Operation]],
-                     seen: list[dict[str, int]], total: PassStats) -> None:
-    """Lets each sub-pass revisit the ops of its types in ``log`` the others changed after it ran (``seen``:
-    how much of the log it had seen), until a round rewrites nothing."""
+def _run_pass(run: _Run, subpasses: list[SubPass], total: PassStats) -> None:
+    """Applies each sub-pass to every block; with several, each then revisits the ops of its types the
+    others changed after it ran (``run.changes.log``), in rounds until one rewrites nothing."""
+    log = run.changes.log = {} if len(subpasses) > 1 else None
+    seen: list[dict[str, int]] = [{} for _ in subpasses]  # per sub-pass, how much of the log it has seen
     limit = max(sub.max_iterations for sub in subpasses)
-    for _ in range(limit):
+    for revisit in range(limit + 1):
         rewrites = total.rewrites
         for k, sub in enumerate(subpasses):
-            for op_type in sorted(sub.seed_types) if sub.seed_types is not None else list(log):
-                for op in log.get(op_type, ())[seen[k].get(op_type, 0):]:
-                    run.changes.seed(op)
-            if run.changes.seeds:
-                total.add(_apply(run, sub, first=False))
-            seen[k] = {op_type: len(ops) for op_type, ops in log.items()}
-        if total.rewrites == rewrites:
+            if revisit:
+                for op_type in sorted(sub.seed_types) if sub.seed_types is not None else list(log):
+                    for op in log.get(op_type, ())[seen[k].get(op_type, 0):]:
+                        run.changes.seed(op)
+            if not revisit or run.changes.seeds:
+                total.add(_apply(run, sub, first=not revisit))
+            if log is not None:
+                seen[k] = {op_type: len(ops) for op_type, ops in log.items()}
+        if log is None or total.rewrites == rewrites:
             return
     raise run.error(None, f"its sub-passes kept re-creating each other's patterns for {limit} rounds "
                           f"({', '.join(sub.name for sub in subpasses)}); make each replacement differ from the "
@@ -234,8 +191,7 @@ def _revisit_earlier(run: _Run, subpasses: list[SubPass], log: dict[str, list[Op
 
 def _sweep(run: _Run, sub: SubPass, st: BlockIndex, stats: PassStats, *, first: bool) -> None:
     """One sub-pass over one block (every anchor candidate if ``first``, else from the block's seeds),
-    then over what its rewrites touched, until nothing changes there. Each match is offered to the
-    constraints, then to the transform (:func:`_rewrite`)."""
+    then over what its rewrites touched, until nothing changes there."""
     matcher, block = sub.matcher, st.block
     if first:
         found = st.anchor_candidates(matcher)
@@ -275,7 +231,7 @@ def _sweep(run: _Run, sub: SubPass, st: BlockIndex, stats: PassStats, *, first: 
     tries, rounds = st.tries, run.rounds
     attempts = 0
     while candidates or extra:
-        rounds[id(block)] = done = rounds.get(id(block), 0) + 1
+        rounds[block] = done = rounds.get(block, 0) + 1
         stats.iterations += 1
         if done > sub.max_iterations:
             ops = ", ".join(op.name for op in last.op_list()) if last else "?"
@@ -292,14 +248,9 @@ def _sweep(run: _Run, sub: SubPass, st: BlockIndex, stats: PassStats, *, first: 
 
 
 def _rewrite(run: _Run, sub: SubPass, st: BlockIndex, match: Pattern) -> bool:
-    """Runs the transform and removes the matched ops it left dead; False if it declined.
-
-    A transform declines by returning False before changing anything. Any other result must come with a
-    rewrite: inserting and removing nothing is an error naming the missing ``replace_output``. Then the
-    rewrite's contract is checked on the ops it touched (:func:`~.contract.broken_contract`); a breach
-    restores the program and names the fix. The constants the match reads are read-only while the
-    transform runs.
-    """
+    """Runs the transform (the constants the match reads read-only), removes the matched ops it left dead
+    and checks the rewrite (:func:`~.contract.broken_contract`); False if it declined, returning False
+    before changing anything. Any other result without an op inserted or removed is an error."""
     if run.journal is None:
         run.journal = Journal(run.blocks, run.ops_at_start)  # nothing was rewritten before
     st.observe()

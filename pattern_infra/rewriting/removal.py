@@ -15,9 +15,8 @@ __all__ = ["remove_dead", "remove_dead_ops", "unlink"]
 def remove_dead_ops(match: Pattern) -> list[Operation]:
     """Removes the matched ops still in the block whose outputs nothing uses.
 
-    A transform then only builds the replacement and redirects the outputs. Consumers are visited first,
-    so a chain of matched ops dies in one visit. An op is dead when no output is a block output or read by
-    an op outside the dead ones: what ``Block.remove_ops`` checks, so they are unlinked directly.
+    A transform then only builds the replacement and redirects the outputs. An op is dead when no output
+    is a block output or read by an op outside the dead ones (consumers first: a chain dies in one visit).
 
     Returns:
         The removed ops.
@@ -43,10 +42,8 @@ def remove_dead(match: Pattern) -> list[tuple[Operation, list[Var]]]:
 
 
 def unlink(block: Block, ops: list[Operation]) -> list[tuple[Operation, list[Var]]]:
-    """Takes ``ops``, dead ops of ``block`` (no output used outside ``ops``, none a block output), out of
-    the block: ``Block.remove_ops`` without its checks (``remove_dead_ops`` made them) and its copies.
-    Ops with nested blocks or internal inputs go through ``Block.remove_ops``. Each open journal records
-    the removal (:meth:`Journal.unlinked`)."""
+    """Takes ``ops``, dead ops of ``block``, out of it: ``Block.remove_ops`` without its checks and copies
+    (ops with nested blocks or internal inputs go through it). Each open journal records the removal."""
     removal = [(op, flat_inputs(op)) for op in ops]
     ops_list = block.operations
     for op in ops:

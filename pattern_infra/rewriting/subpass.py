@@ -93,9 +93,7 @@ def constraint_verdict(result: Any) -> str | None:
     or a string, which is the reason itself (``"rank 3, not 2"``).
     """
     if isinstance(result, tuple) and len(result) == 2 and isinstance(result[1], str):
-        if result[0]:
-            return None
-        result = result[1]  # the reason
-    if isinstance(result, str):
-        return f"constraint returned False: {result}" if result else "constraint returned False"
-    return None if result else "constraint returned False"
+        result = True if result[0] else result[1]  # accepted, or the reason
+    if result and not isinstance(result, str):
+        return None
+    return f"constraint returned False: {result}" if result else "constraint returned False"
