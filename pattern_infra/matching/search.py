@@ -304,8 +304,7 @@ class Search:
         return True
 
     def structure_ok(self, compiled: Any, index: list[int], ops: list[Any], assign: list[Any]) -> bool:
-        """The checks of a complete binding of one spelling (uses of intermediates, inputs and constants
-        not computed inside the match), before the match is built."""
+        """A complete binding's checks: uses of intermediates, no input or constant computed inside the match."""
         for node in compiled.nodes:
             if node.is_final or node.fanout:
                 continue
@@ -381,9 +380,8 @@ def _const_fit(node: PatternNode, assignment: dict[str, Any]) -> int:
 
 def build_pattern(variant: Variant, block: Block, ops: list[Any], assign: list[dict[str, Any] | None],
                   roots: list[Var | None], order: Callable[[list[Operation]], list[Operation]] | None) -> Pattern:
-    """The :class:`Pattern` of a complete binding of ``variant``: ``ops`` and ``assign`` per op of the
-    spelling (a list for a fan-out op; operands after any swap), ``roots`` per pattern input (None where
-    the spelling reads none), ``order`` sorting ops into program order for ``Pattern.op_list``."""
+    """The :class:`Pattern` of a complete binding of ``variant``: ``ops`` and ``assign`` (operands after any
+    swap) per op of the spelling, ``roots`` per pattern input (None where the spelling reads none)."""
     compiled = variant.compiled
     by_name: dict[str, Any] = {}
     operands: dict[str, dict[str, Any]] = {}

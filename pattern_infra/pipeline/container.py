@@ -55,10 +55,7 @@ def override_enabled() -> bool:
         warnings.warn(
             f"{ENV_VAR}={value!r} is not understood, so the generic passes do NOT replace coremltools' "
             f"passes. Set {ENV_VAR}=1 to turn the override on (also accepted: true, yes, on), or 0 / "
-            f"unset it to leave it off (also: false, no, off).",
-            RuntimeWarning,
-            stacklevel=2,
-        )
+            f"unset it to leave it off (also: false, no, off).", RuntimeWarning, stacklevel=2)
     return False
 
 
@@ -126,8 +123,7 @@ class PassContainer(AbstractGraphPass):
         if not isinstance(pass_function, SubPass) and not callable(pass_function):
             raise PassRegistrationError(
                 f"Pass {self.pass_id!r}: add() takes a SubPass or a callable taking a Program, got "
-                f"{type(pass_function).__name__}."
-            )
+                f"{type(pass_function).__name__}.")
         self.passes.append(pass_function)
         # Higher priority first; the sort is stable, so equal priorities keep registration order.
         self.passes.sort(key=lambda p: -(p.priority if isinstance(p, SubPass) else 0))
@@ -169,8 +165,7 @@ class PassContainer(AbstractGraphPass):
                 raise NotImplementedError(
                     f"The graph pass `{self.pass_id}` doesn't support option "
                     f"`{option.option_name}`; declare it with register_generic_pass(..., "
-                    f"options={{'{option.option_name}': default}})."
-                )
+                    f"options={{'{option.option_name}': default}}).")
             if known:
                 self.options[option.option_name] = option.option_val
 

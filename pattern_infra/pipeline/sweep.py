@@ -50,8 +50,7 @@ class GenericSweep(AbstractGraphPass):
             if entry is None:
                 raise PassRegistrationError(
                     f"GenericSweep: {pass_id!r} is not a registered pass; `import generic_passes` (or "
-                    f"register it) first, or leave it out of the sweep."
-                )
+                    f"register it) first, or leave it out of the sweep.")
             undeclared = [
                 o.option_name for o in options.get(pass_id) or [] if o.option_name not in entry.options
             ] if isinstance(entry, PassContainer) else []
@@ -59,8 +58,7 @@ class GenericSweep(AbstractGraphPass):
                 raise PassRegistrationError(
                     f"GenericSweep: options {undeclared} are set for the generic pass {pass_id!r}, which "
                     f"does not declare them; declare them (register_generic_pass(..., options=...)) or "
-                    f"leave them out of the pipeline."
-                )
+                    f"leave them out of the pipeline.")
             self.steps.append(entry if isinstance(entry, PassContainer) else pass_id)
         self.pass_ids = tuple(pass_ids)
         self.options = {k: list(v) for k, v in options.items() if v and k in self.pass_ids}
@@ -81,8 +79,7 @@ class GenericSweep(AbstractGraphPass):
         if pass_options:
             raise NotImplementedError(
                 f"The graph pass `{self.pass_id}` takes no options; set the options of its passes before "
-                f"calling pattern_infra.pipeline()."
-            )
+                f"calling pattern_infra.pipeline().")
 
     def __call__(self, prog: Program) -> None:
         """Runs :meth:`apply` outside any scope of its own: each op created carries its own pass's scope."""
