@@ -16,12 +16,12 @@ from typing import Any
 
 from coremltools.converters.mil.mil import Program
 
-from .rewriting.blocks import BlockIndex, anchored_blocks, iter_blocks
+from .rewriting.blocks import BlockIndex, iter_blocks
 from .matching.matcher import Failure, Matcher
 from .language.pattern import Pattern
 from .pipeline.container import PassContainer
 from .language.variants import has_fallback
-from .find import ALREADY_FOUND, COLLECTED, INSIDE_LONGER, PatternSource, distinct_matches, resolve_patterns
+from .find import ALREADY_FOUND, anchored_blocks, COLLECTED, INSIDE_LONGER, PatternSource, distinct_matches, resolve_patterns
 
 __all__ = ["Explanation", "Explanations", "explain"]
 

@@ -12,10 +12,10 @@ import difflib
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
-from coremltools.converters.mil.mil import Block, Program
+from coremltools.converters.mil.mil import Block, Operation, Program
 from coremltools.converters.mil.mil.passes.pass_registry import PASS_REGISTRY
 
-from .rewriting.blocks import anchored_blocks
+from .rewriting.blocks import BlockIndex, iter_blocks
 from .language.variants import has_fallback
 from .language.compiler import CompiledPattern, compile_pattern
 from .rewriting.driver import run_subpasses
@@ -29,6 +29,7 @@ from .rewriting.subpass import Constraints, PassStats, SubPass, constraint_verdi
 
 __all__ = [
     "PatternSource",
+    "anchored_blocks",
     "distinct_matches",
     "find_in_program",
     "find_matches",
@@ -39,6 +40,16 @@ __all__ = [
 
 ALREADY_FOUND, INSIDE_LONGER, COLLECTED = "already found", "inside a longer spelling found", "collected"
 """What :func:`distinct_matches` answers for a match it does not refuse (not search failures)."""
+
+
+def anchored_blocks(prog: Program, matcher: Matcher) -> Iterator[tuple[BlockIndex, int, list[Operation]]]:
+    """Each block of ``prog`` that may hold a match, freshly indexed, with its anchor and candidates
+    (:meth:`BlockIndex.anchor_candidates`), outer blocks first: for searches outside a pass."""
+    for block in iter_blocks(prog):
+        index = BlockIndex(block)
+        found = index.anchor_candidates(matcher)
+        if found is not None:
+            yield index, *found
 
 
 def distinct_matches(

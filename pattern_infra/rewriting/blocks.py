@@ -12,7 +12,7 @@ from coremltools.converters.mil.mil.var import InternalVar
 
 from ..matching.matcher import Matcher
 
-__all__ = ["BlockIndex", "anchored_blocks", "flat_inputs", "iter_blocks", "walk_blocks"]
+__all__ = ["BlockIndex", "flat_inputs", "iter_blocks", "walk_blocks"]
 
 
 def flat_inputs(op: Operation) -> list[Var]:
@@ -32,16 +32,6 @@ def flat_inputs(op: Operation) -> list[Var]:
 def iter_blocks(prog: Program) -> Iterator[Block]:
     """Every block of every function, outer blocks before the blocks nested in their ops."""
     return (block for block, _ in walk_blocks(prog))
-
-
-def anchored_blocks(prog: Program, matcher: Matcher) -> Iterator[tuple[BlockIndex, int, list[Operation]]]:
-    """Each block of ``prog`` that may hold a match, freshly indexed, with its anchor and candidates
-    (:meth:`BlockIndex.anchor_candidates`), outer blocks first: for searches outside a pass."""
-    for block in iter_blocks(prog):
-        index = BlockIndex(block)
-        found = index.anchor_candidates(matcher)
-        if found is not None:
-            yield index, *found
 
 
 def walk_blocks(prog: Program) -> Iterator[tuple[Block, list[Operation]]]:

@@ -82,8 +82,7 @@ def validate_rewrite(created: list[Operation], rewired: list[Operation], removed
             if listed != uses:
                 raise ValueError(
                     f"after the rewrite, {var.name} lists op {op.name} {listed} times among its "
-                    f"users, but the op reads it {uses} times"
-                )
+                    f"users, but the op reads it {uses} times")
         for var in op._output_vars:
             for user in var._child_ops:
                 if user.enclosing_block is None:

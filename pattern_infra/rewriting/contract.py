@@ -15,18 +15,15 @@ __all__ = ["USE_THE_NEW_OPS", "broken_contract", "read_only_constants", "returne
 
 USE_THE_NEW_OPS = (
     "Call pattern.replace_output(new_var) (or replace_outputs) to redirect the match's users to the "
-    "replacement, and build only the ops the replacement needs; the framework then removes the matched ops."
-)
+    "replacement, and build only the ops the replacement needs; the framework then removes the matched ops.")
 
 BEFORE_ITS_USERS = (
     "Insert each new op before its first user: mb.<op>(..., before_op=pattern.<final op>) (an op built "
-    "without before_op goes to the end of the block, after the ops that read it), inside the match's block."
-)
+    "without before_op goes to the end of the block, after the ops that read it), inside the match's block.")
 
 KEEP_THE_OUTPUTS = (
     "Leave a block's outputs to pattern.replace_output(new_var): it keeps a returned variable's name "
-    "(the model's output names); never set the outputs in a transform."
-)
+    "(the model's output names); never set the outputs in a transform.")
 
 Precedes = Callable[[Block, Operation, Operation], bool]  # whether an op stands before another in a block
 

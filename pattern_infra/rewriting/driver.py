@@ -238,11 +238,9 @@ def _sweep(run: _Run, sub: SubPass, st: BlockIndex, stats: PassStats, *, first: 
             raise run.error(sub, f"still rewriting after {sub.max_iterations} rounds (last match: [{ops}]). Its "
                                  f"transform re-creates the pattern it replaces; make the replacement differ "
                                  f"from the pattern, or raise max_iterations.", kind=FixpointError)
-        for _ in tries(matcher, anchor, candidates, accept):
-            attempts += 1
+        attempts += sum(1 for _ in tries(matcher, anchor, candidates, accept))
         for op, at in extra:  # a seed tried as another pattern op of its type
-            for _ in tries(matcher, at, (op,), accept):
-                attempts += 1
+            attempts += sum(1 for _ in tries(matcher, at, (op,), accept))
         candidates, extra = revisit_candidates(run.changes.take(block), block, matcher, anchor)
     stats.attempts += attempts
 
@@ -305,5 +303,4 @@ removed ops): :func:`pattern_infra.trace` registers one while a trace is open.""
 
 _NEW_CONSTANT = (
     "Build a new constant for the new value (mb.const(val=..., before_op=...)): a program constant may "
-    "be read by other ops, and the undo journal does not copy tensors."
-)
+    "be read by other ops, and the undo journal does not copy tensors.")
