@@ -1,7 +1,6 @@
-"""Alternatives at any point of a pattern (rules and examples: docs/LANGUAGE.md): ``one_of`` and ``optional``
-record which ops each alternative made, a :class:`Record` per choice; :func:`regions_of` checks the choice
-rules at every level and returns each alternative as a :class:`Region` whose inputs (the choice's *slots*)
-are the outside variables it reads, for :mod:`~.variants`."""
+"""Alternatives at any point of a pattern (rules and examples: docs/LANGUAGE.md): ``one_of`` records the ops
+of each alternative, a :class:`Record` per choice; :func:`regions_of` checks the choice rules and returns each
+alternative as a :class:`Region` whose inputs (the choice's *slots*) are the outside variables it reads."""
 
 from __future__ import annotations
 
@@ -65,17 +64,14 @@ def one_of(name: str, *alternatives: Callable[[], Var], fallback: bool = False) 
     """
     func = _block.curr_block() if _block.BLOCK_STACK else None
     if func is None:
-        raise PatternDefinitionError(
-            f"one_of({name!r}) must be called while an @mb.program pattern is built, inside the "
-            f"decorated function.")
+        raise PatternDefinitionError(f"one_of({name!r}) must be called while an @mb.program pattern is built, "
+                                     f"inside the decorated function.")
     if not isinstance(name, str) or not name.isidentifier() or name.startswith("_"):
-        raise PatternDefinitionError(
-            f"one_of: the choice name {name!r} must be a Python identifier not starting with '_' (it "
-            f"is read as pattern.<name>).")
+        raise PatternDefinitionError(f"one_of: the choice name {name!r} must be a Python identifier not starting "
+                                     f"with '_' (it is read as pattern.<name>).")
     if len(alternatives) < 2 or not all(callable(a) for a in alternatives):
-        raise PatternDefinitionError(
-            f"one_of({name!r}) needs at least two alternatives, each a function of no argument building "
-            f"ops (e.g. lambda: mb.mul(x=x, y=x, name='sq')); got {len(alternatives)}.")
+        raise PatternDefinitionError(f"one_of({name!r}) needs at least two alternatives, each a function of no "
+                                     f"argument building ops (lambda: mb.relu(x=x)); got {len(alternatives)}.")
     record = Record(name, [], fallback=fallback)
     (_ACTIVE[-1] if _ACTIVE else _RECORDS.setdefault(func, [])).append(record)
     for k, build in enumerate(alternatives):
@@ -89,10 +85,9 @@ def one_of(name: str, *alternatives: Callable[[], Var], fallback: bool = False) 
         if not isinstance(out, Var) or all(out.op is not op for op in ops) or out.op.op_type == "const":
             what = out.name if isinstance(out, Var) else type(out).__name__
             raise PatternDefinitionError(
-                f"one_of({name!r}): alternative {k} returns {what}, which none of its own ops computes. "
-                f"Rule: every alternative produces the choice's variable with one of the ops it builds. "
-                f"Fix: return the output of the alternative's last op (e.g. lambda: mb.mul(x=x, y=x, "
-                f"name='sq')), not a pattern input, a constant or a variable built outside it.")
+                f"one_of({name!r}): alternative {k} returns {what}, which none of its own ops computes. Rule: every "
+                f"alternative produces the choice's variable with one of the ops it builds. Fix: return the output "
+                f"of the alternative's last op, not a pattern input, a constant or a variable built outside it.")
         record.alternatives.append((ops, out))
     return record.alternatives[0][1]
 
@@ -178,18 +173,16 @@ def _regions(record: Record, outside_names: set[str], pattern_name: str) -> list
         for op in alt_ops:
             if op.op_type != "const" and op.name in outside_names:
                 raise PatternDefinitionError(
-                    f"Pattern {pattern_name!r}: op name {op.name!r} in alternative {k} of choice "
-                    f"{record.name!r} is also used outside the choice. Alternatives of one choice may "
-                    f"share names; rename it so it differs from the ops outside.")
+                    f"Pattern {pattern_name!r}: op name {op.name!r} in alternative {k} of choice {record.name!r} is "
+                    f"also used outside the choice; rename it (only alternatives of one choice may share names).")
             for var in _vars_read(op):
                 other = owner.get(id(var.op)) if var.op is not None else None
                 if other is None:
                     reads.setdefault(id(var), var)
                 elif other != k:
                     raise PatternDefinitionError(
-                        f"Pattern {pattern_name!r}: alternative {k} of choice {record.name!r} reads "
-                        f"{var.name!r}, built by alternative {other}. Alternatives are independent: "
-                        f"build it again inside alternative {k}.")
+                        f"Pattern {pattern_name!r}: alternative {k} of choice {record.name!r} reads {var.name!r}, "
+                        f"built by alternative {other}; alternatives are independent: rebuild it in alternative {k}.")
         external.append(list(reads.values()))
     slots: dict[int, str] = {}
     inputs: dict[str, Var] = {}
@@ -200,9 +193,8 @@ def _regions(record: Record, outside_names: set[str], pattern_name: str) -> list
         missing = [k for k, reads in enumerate(external) if all(v is not var for v in reads)]
         if var.op is not None and var.op.op_type != "const" and missing:
             raise PatternDefinitionError(
-                f"Pattern {pattern_name!r}: op {var.op.name!r} is read by some alternatives of choice "
-                f"{record.name!r} but not by alternative(s) {missing}, so nothing would match it when "
-                f"those do. Build it inside the alternatives that read it.")
+                f"Pattern {pattern_name!r}: op {var.op.name!r} is read by some alternatives of choice {record.name!r} "
+                f"but not by alternative(s) {missing}, so nothing would match it: build it inside the ones reading it.")
     return [Region(list(alt_ops), {slots[id(v)]: v for v in external[k]}, [out], _label(out, slots))
             for k, (alt_ops, out) in enumerate(record.alternatives)]
 

@@ -1,7 +1,6 @@
-"""Turn a pattern written as an ``mb.program`` into plain patterns the matcher can search: one
-:class:`CompiledPattern` per spelling (:mod:`~pattern_infra.language.variants`), each rule of the
-pattern enforced with an error naming the pattern, the op and the fix (docs/ARCHITECTURE.md, "The
-pattern graph")."""
+"""Turn a pattern written as an ``mb.program`` into plain patterns the matcher can search, one
+:class:`CompiledPattern` per spelling (:mod:`~.variants`), each rule enforced with an error naming the
+pattern, the op and the fix (docs/ARCHITECTURE.md, "The pattern graph")."""
 
 from __future__ import annotations
 
@@ -27,15 +26,12 @@ logger = logging.getLogger(__name__)
 
 
 def pattern_name_of(ops_arrangement: Any) -> str:
-    """Best-effort name of a pattern program, for messages."""
-    name = getattr(ops_arrangement, "_pattern_name", None)
-    if name:
-        return str(name)
-    try:
-        ops = list(ops_arrangement.functions["main"].operations)
-    except (AttributeError, KeyError):
+    """Best-effort name of a pattern program, for messages: its ``_pattern_name``, else its last op's name."""
+    if getattr(ops_arrangement, "_pattern_name", None):
+        return str(ops_arrangement._pattern_name)
+    if not isinstance(ops_arrangement, Program) or "main" not in ops_arrangement.functions:
         return "<pattern>"
-    real = [op.name for op in ops if op.op_type != "const"]
+    real = [op.name for op in ops_arrangement.functions["main"].operations if op.op_type != "const"]
     return real[-1] if real else "<empty pattern>"
 
 
@@ -55,10 +51,9 @@ def compile_pattern(
     Args:
         ops_arrangement: The pattern, an ``mb.program`` whose ops all carry unique names.
         name: Name used in messages; defaults to the name of the pattern's last op.
-        commutative: ``True``: an op matches either operand order when the program op it matches is in
-            :data:`COMMUTATIVE_OPS`; ``False``: operand order exactly; an iterable: the pattern ops whose
-            ``x`` and ``y`` are tried in both orders *whatever op type matched* (e.g. an ``add``/``sub``
-            alternative whose transform reads the sides with ``pattern.operand``), the others in order.
+        commutative: ``True``: either operand order where the program op matched is in :data:`COMMUTATIVE_OPS`;
+            ``False``: as written; an iterable: the ops whose ``x`` and ``y`` are tried in both orders *whatever op type
+            matched* (an ``add``/``sub`` alternative read with ``pattern.operand``), the others as written.
         alternatives: Pattern op name to the op types accepted there, e.g. ``{"add_or_sub": ["add",
             "sub"]}``; the op's own type must be among them.
         constants: Default rule for every pattern constant (``"any"``, ``"const"``, ``"value"`` or a
@@ -79,8 +74,8 @@ def compile_pattern(
     pattern_name = name or pattern_name_of(ops_arrangement)
     if not isinstance(ops_arrangement, Program):
         raise PatternDefinitionError(
-            f"Pattern {pattern_name!r} must be a MIL program built with @mb.program, got "
-            f"{type(ops_arrangement).__name__}. Decorate the pattern function with @mb.program(input_specs=[...]).")
+            f"Pattern {pattern_name!r} is a {type(ops_arrangement).__name__}, not a MIL program; decorate the "
+            f"pattern function with @mb.program(input_specs=[...]).")
     if set(ops_arrangement.functions) != {"main"}:
         raise PatternDefinitionError(f"Pattern {pattern_name!r} must have exactly one function named 'main'; it "
                                      f"has {sorted(ops_arrangement.functions)}.")
@@ -96,14 +91,13 @@ def compile_pattern(
     records = records_of(func)
     regions = regions_of(list(func.operations), records, pattern_name)
     _check_pattern(pattern_name, list(func.operations), records, regions, options)
-    rule_keys: set[str] = set()
-    compiled = _compile(func, ops_arrangement, pattern_name, records, regions, options, rule_keys)
-    _check_used(pattern_name, func, options, rule_keys, [v.compiled for v in compiled.variants])
+    compiled = _compile(func, ops_arrangement, pattern_name, records, regions, options)
+    _check_used(pattern_name, func, options, [v.compiled for v in compiled.variants])
     return compiled
 
 
 def _compile(func: Any, program: Program, pattern_name: str, records: list[Any], regions: dict[int, Any],
-             options: dict[str, Any], rule_keys: set[str]) -> CompiledPattern:
+             options: dict[str, Any]) -> CompiledPattern:
     """Compiles every spelling of a pattern function, or of an alternative's region (its inputs the
     choice's slots); returns the first spelling, holding them all in ``variants``."""
     earlier: dict[tuple[int, int], CompiledPattern] = {}
@@ -111,12 +105,12 @@ def _compile(func: Any, program: Program, pattern_name: str, records: list[Any],
     def alternative(record: Any, k: int) -> CompiledPattern:  # compiled once, for the guards
         if (id(record), k) not in earlier:
             earlier[id(record), k] = _compile(regions[id(record)][k], program, f"{pattern_name}.{record.name}[{k}]",
-                                              record.children.get(k, []), regions, dict(options, fanout=set()), set())
+                                              record.children.get(k, []), regions, dict(options, fanout=set()))
         return earlier[id(record), k]
 
     variants = []
     for combo in combos(records, list(func.outputs), regions):
-        compiled = _compile_graph(func, program, pattern_name, options, rule_keys, combo)
+        compiled = _compile_graph(func, program, pattern_name, options, combo)
         guards = []
         for record, k, out in combo.guards:
             alternatives = tuple(alternative(record, j) for j in range(k))
@@ -129,50 +123,41 @@ def _compile(func: Any, program: Program, pattern_name: str, records: list[Any],
     return variants[0].compiled  # type: ignore[no-any-return]
 
 
-def _check_pattern(
-    pattern_name: str, all_ops: list[Operation], records: list[Any], regions: dict[int, Any], options: dict[str, Any]
-) -> None:
+def _check_pattern(pattern_name: str, all_ops: list[Operation], records: list[Any], regions: dict[int, Any],
+                   options: dict[str, Any]) -> None:
     """The rules of the pattern as a whole: no control flow, options naming its ops, fan-out ops outside
     the choices, at most :data:`MAX_VARIANTS` spellings."""
     for op in all_ops:
         if op.blocks:
-            raise PatternDefinitionError(
-                f"Pattern {pattern_name!r}: op {op.name!r} ({op.op_type}) has nested blocks; "
-                f"control flow cannot be part of a pattern. Match the ops around it instead.")
+            raise PatternDefinitionError(f"Pattern {pattern_name!r}: op {op.name!r} ({op.op_type}) has nested blocks: "
+                                         f"control flow cannot be part of a pattern; match the ops around it.")
     everywhere = {op.name for op in all_ops if op.op_type != "const"}  # alternatives' ops included
     for option in ("alternatives", "commutative", "fanout"):
         unknown = set() if isinstance(options[option], bool) else set(options[option]) - everywhere
         if unknown:
-            raise PatternDefinitionError(
-                f"Pattern {pattern_name!r}: {option} names op(s) {sorted(unknown)}, which the pattern does not "
-                f"have. Pattern ops: {sorted(everywhere)}.")
+            raise PatternDefinitionError(f"Pattern {pattern_name!r}: {option} names op(s) {sorted(unknown)}, which the "
+                                         f"pattern does not have. Pattern ops: {sorted(everywhere)}.")
     inside = {op.name for found in regions.values() for region in found for op in region.operations}
     if inside & options["fanout"]:
-        raise PatternDefinitionError(
-            f"Pattern {pattern_name!r}: fan-out op(s) {sorted(inside & options['fanout'])} lie inside an "
-            f"alternative of a one_of choice; a fan-out op must be a last op outside every choice.")
+        raise PatternDefinitionError(f"Pattern {pattern_name!r}: fan-out op(s) {sorted(inside & options['fanout'])} "
+                                     f"lie inside a choice; a fan-out op must be a last op outside every choice.")
     total = count(records, regions)
     if total > MAX_VARIANTS:
         raise PatternDefinitionError(
-            f"Pattern {pattern_name!r} stands for {total} spellings (the product of its choices' "
-            f"alternatives); at most {MAX_VARIANTS} are searched. Rule: every spelling is compiled as a "
-            f"pattern of its own. Fix: register the pattern's parts as separate patterns (a list of patterns "
-            f"in one register_generic_pass call), or name fewer ops in equivalences=.")
+            f"Pattern {pattern_name!r} stands for {total} spellings (the product of its choices' alternatives), "
+            f"at most {MAX_VARIANTS} are searched (each compiles as a pattern of its own). Fix: register its parts "
+            f"as separate patterns (a list in one register_generic_pass call), or name fewer ops in equivalences=.")
 
 
-def _compile_graph(
-    func: Any, program: Program, pattern_name: str, options: dict[str, Any], rule_keys: set[str], combo: Combo
-) -> CompiledPattern:
+def _compile_graph(func: Any, program: Program, pattern_name: str, options: dict[str, Any],
+                   combo: Combo) -> CompiledPattern:
     """One spelling of a pattern function or region as a plain pattern: its ops but the alternatives not
-    taken, each choice's variable read as the one the alternative taken computes; collects the keys of
-    the const rules it uses in ``rule_keys``."""
-    renames = combo.renames
+    taken, each choice's variable read as the one the alternative taken computes."""
     all_ops = [op for op in func.operations if id(op) not in combo.dropped]
     real_ops = [op for op in all_ops if op.op_type != "const"]
     if not real_ops:
-        raise PatternDefinitionError(
-            f"Pattern {pattern_name!r} has no op other than constants. A pattern needs at least one "
-            f"op to find, e.g. `return mb.relu(x=x, name='relu')`.")
+        raise PatternDefinitionError(f"Pattern {pattern_name!r} has no op other than constants; give it one to find, "
+                                     f"e.g. `return mb.relu(x=x, name='relu')`.")
     rules, alternatives, commutative = options["rules"], options["alternatives"], options["commutative"]
     any_type = not isinstance(commutative, bool)
 
@@ -181,16 +166,13 @@ def _compile_graph(
         # a choice may share its name only with the op computing its variable
         if op.name in by_name or op.name in combo.chosen and op.name not in combo.aliases.get(op.name, ()):
             raise PatternDefinitionError(
-                f"Pattern {pattern_name!r}: two ops are named {op.name!r}. Give every op a unique "
-                f"`name=` argument.")
+                f"Pattern {pattern_name!r}: two ops are named {op.name!r}. Give every op a unique `name=` argument.")
         if op.name in RESERVED_NAMES or op.name.startswith("_"):
-            raise PatternDefinitionError(
-                f"Pattern {pattern_name!r}: op name {op.name!r} is reserved by Pattern (or private). "
-                f"Rename the op, e.g. name='{op.name.strip('_')}_op'.")
+            raise PatternDefinitionError(f"Pattern {pattern_name!r}: op name {op.name!r} is reserved by Pattern (or "
+                                         f"private). Rename the op, e.g. name='{op.name.strip('_')}_op'.")
         if not op.name.isidentifier():
-            raise PatternDefinitionError(
-                f"Pattern {pattern_name!r}: op name {op.name!r} is not a Python identifier, so "
-                f"`pattern.{op.name}` cannot read it. Use letters, digits and underscores.")
+            raise PatternDefinitionError(f"Pattern {pattern_name!r}: op name {op.name!r} is not a Python identifier "
+                                         f"(`pattern.{op.name}` reads it). Use letters, digits and underscores.")
         by_name[op.name] = i
     root_index = {id(v): i for i, v in enumerate(func.inputs.values())}
     op_of_output = {id(o): (by_name[op.name], j) for op in real_ops for j, o in enumerate(op.outputs)}
@@ -199,23 +181,22 @@ def _compile_graph(
     const_names: list[str] = []
 
     def edge_for(var: Var, op: Operation, slot: str) -> Edge:
-        var = renamed(var, renames)
+        var = renamed(var, combo.renames)
         if id(var) in root_index:
             return Edge("root", root_index[id(var)])
         if id(var) in op_of_output:
             return Edge("op", *op_of_output[id(var)])
         if var.op is not None and id(var.op) in const_op_ids:
             key = f"{op.name}.{slot}"
-            rule_keys.update(k for k in (key, var.op.name) if k in rules)
             value = None if var.val is None else np.asarray(var.val)
             consts.append((key, value, rules.get(key) or rules.get(var.op.name) or options["default_rule"]))
             const_names.append(var.op.name)
             return Edge("const", len(consts) - 1)
-        raise PatternDefinitionError(
-            f"Pattern {pattern_name!r}: input {slot!r} of op {op.name!r} comes from {var.name!r}, "
-            f"which is neither a pattern input, a pattern op nor a constant.")
+        raise PatternDefinitionError(f"Pattern {pattern_name!r}: input {slot!r} of op {op.name!r} comes from "
+                                     f"{var.name!r}, which is neither a pattern input, a pattern op nor a constant.")
 
     nodes: list[PatternNode] = []
+    root_consumers: list[list[tuple[int, str, int]]] = [[] for _ in func.inputs]
     for i, op in enumerate(real_ops):
         inputs: dict[str, Edge | tuple[Edge, ...]] = {
             slot: tuple(edge_for(v, op, slot) for v in value) if isinstance(value, (tuple, list))
@@ -224,9 +205,8 @@ def _compile_graph(
         }
         op_types = frozenset(alternatives.get(op.name) or {op.op_type})
         if op.op_type not in op_types:
-            raise PatternDefinitionError(
-                f"Pattern {pattern_name!r}: alternatives for op {op.name!r} are {sorted(op_types)} "
-                f"but the op itself is {op.op_type!r}; include it.")
+            raise PatternDefinitionError(f"Pattern {pattern_name!r}: alternatives for op {op.name!r} are "
+                                         f"{sorted(op_types)} but the op itself is {op.op_type!r}; include it.")
         # decided per matched program op: an op may swap when any type it accepts is commutative
         can_swap = "x" in inputs and "y" in inputs and (
             op.name in commutative if any_type else commutative and bool(COMMUTATIVE_OPS & op_types))
@@ -235,48 +215,40 @@ def _compile_graph(
             op_types=op_types, commutative=can_swap, swap_any_type=can_swap and any_type,
             output_uses=[0] * len(op.outputs),
         ))
-
-    root_consumers: list[list[tuple[int, str, int]]] = [[] for _ in func.inputs]
-    for node in nodes:
-        for slot, edge in node.inputs.items():
+        for slot, edge in inputs.items():  # a producer comes before its consumers
             for pos, e in edge_positions(edge):
                 if e.kind == "root":
-                    root_consumers[e.index].append((node.index, slot, pos))
+                    root_consumers[e.index].append((i, slot, pos))
                 elif e.kind == "op":
                     nodes[e.index].output_uses[e.output] += 1
-                    nodes[e.index].consumers.append((node.index, slot, pos, e.output))
+                    nodes[e.index].consumers.append((i, slot, pos, e.output))
 
-    final_nodes = _final_nodes(pattern_name, [renamed(v, renames) for v in func.outputs], nodes, op_of_output)
+    final_nodes = _final_nodes(pattern_name, [renamed(v, combo.renames) for v in func.outputs], nodes, op_of_output)
     _mark_fanout(pattern_name, nodes, options["fanout"], by_name)
-    compiled = CompiledPattern(
-        name=pattern_name, program=program, nodes=nodes, root_names=list(func.inputs),
-        root_consumers=root_consumers, consts=consts, const_names=const_names, final_nodes=final_nodes,
-        by_name=by_name,
-    )
+    compiled = CompiledPattern(name=pattern_name, program=program, nodes=nodes, root_names=list(func.inputs),
+                               root_consumers=root_consumers, consts=consts, const_names=const_names,
+                               final_nodes=final_nodes, by_name=by_name)
     reached = distances(compiled.hops(True), 0)
     if len(reached) != len(nodes):
-        raise PatternDefinitionError(
-            f"Pattern {pattern_name!r} falls apart: ops {[n.name for n in nodes if n.index not in reached]} share "
-            f"no variable with op {nodes[0].name!r}. Register unrelated sequences as separate patterns.")
+        apart = [n.name for n in nodes if n.index not in reached]
+        raise PatternDefinitionError(f"Pattern {pattern_name!r} falls apart: ops {apart} share no variable with op "
+                                     f"{nodes[0].name!r}. Register unrelated sequences as separate patterns.")
     logger.debug("compiled %s", compiled.describe())
     return compiled
 
 
-def _check_used(pattern_name: str, func: Any, options: dict[str, Any], rule_keys: set[str],
-                spellings: list[CompiledPattern]) -> None:
+def _check_used(pattern_name: str, func: Any, options: dict[str, Any], spellings: list[CompiledPattern]) -> None:
     """Every const rule names a constant of some spelling, and every input is read by some spelling."""
-    unused_rules = set(options["rules"]) - rule_keys
-    if unused_rules:
-        known = {key for c in spellings for key in c.const_keys} | {n for c in spellings for n in c.const_names}
+    known = {key for c in spellings for key in (*c.const_keys, *c.const_names)}
+    unknown = set(options["rules"]) - known
+    if unknown:
         raise PatternDefinitionError(
-            f"Pattern {pattern_name!r}: const_rules name {sorted(unused_rules)}, which are not "
-            f"constants of the pattern. Keys are '<op name>.<slot>' or a const op's name; constants: "
-            f"{sorted(known)}.")
+            f"Pattern {pattern_name!r}: const_rules name {sorted(unknown)}, which are not "
+            f"constants of the pattern. Keys are '<op name>.<slot>' or a const op's name; constants: {sorted(known)}.")
     unused = [name for r, name in enumerate(func.inputs) if not any(c.root_consumers[r] for c in spellings)]
     if unused:
         raise PatternDefinitionError(
-            f"Pattern {pattern_name!r}: input {unused[0]!r} is used by no op. Remove it from input_specs, "
-            f"or use it.")
+            f"Pattern {pattern_name!r}: input {unused[0]!r} is used by no op. Remove it from input_specs, or use it.")
 
 
 def _depth(compiled: CompiledPattern) -> int:
@@ -288,22 +260,19 @@ def _depth(compiled: CompiledPattern) -> int:
     return max(depth)
 
 
-def _final_nodes(
-    pattern_name: str, outputs: list[Var], nodes: list[PatternNode], op_of_output: dict[int, tuple[int, int]]
-) -> list[int]:
+def _final_nodes(pattern_name: str, outputs: list[Var], nodes: list[PatternNode],
+                 op_of_output: dict[int, tuple[int, int]]) -> list[int]:
     for out in outputs:
         if id(out) not in op_of_output:
-            raise PatternDefinitionError(
-                f"Pattern {pattern_name!r} returns {out.name!r}, which no pattern op computes. Return "
-                f"the output of the pattern's last op.")
+            raise PatternDefinitionError(f"Pattern {pattern_name!r} returns {out.name!r}, which no op of it computes; "
+                                         f"return the output of the pattern's last op.")
     finals = list(dict.fromkeys(op_of_output[id(out)][0] for out in outputs))
     stray = [n.name for n in nodes if not n.consumers and n.index not in finals]
     if stray:
         last = [nodes[i].name for i in finals]
         raise PatternDefinitionError(
-            f"Pattern {pattern_name!r} has more than one last op: {stray + last} have no consumer in "
-            f"the pattern but only {last} is returned. A pattern has one last op; to match several "
-            f"outputs, return every one of them from the pattern program.")
+            f"Pattern {pattern_name!r} has more than one last op: {stray + last} have no consumer in the pattern but "
+            f"only {last} is returned. To match several outputs, return every one of them from the pattern program.")
     for idx in finals:
         nodes[idx].is_final = True
     return finals
@@ -313,15 +282,12 @@ def _mark_fanout(pattern_name: str, nodes: list[PatternNode], fanout: set[str], 
     for name in sorted(fanout):
         node = nodes[by_name[name]]
         if not node.is_final:
-            raise PatternDefinitionError(
-                f"Pattern {pattern_name!r}: fan-out op {name!r} is consumed inside the pattern; a fan-out "
-                f"op stands for a set of ops and must be a last op (return it from the pattern).")
+            raise PatternDefinitionError(f"Pattern {pattern_name!r}: fan-out op {name!r} is consumed in the pattern; "
+                                         f"a fan-out op must be a last op (return it from the pattern).")
         sources = [e for edge in node.inputs.values() for _, e in edge_positions(edge) if e.kind != "const"]
         if len(sources) != 1:
-            raise PatternDefinitionError(
-                f"Pattern {pattern_name!r}: fan-out op {name!r} must read exactly one pattern input or "
-                f"pattern op output (the variable whose consumers it captures); it reads {len(sources)}.")
+            raise PatternDefinitionError(f"Pattern {pattern_name!r}: fan-out op {name!r} reads {len(sources)} variables"
+                                         f"; it must read one (an input or op output), whose consumers it captures.")
         node.fanout = True
-    if nodes and all(n.fanout for n in nodes):
-        raise PatternDefinitionError(
-            f"Pattern {pattern_name!r}: every op is a fan-out op; the pattern needs one ordinary op.")
+    if all(n.fanout for n in nodes):  # nodes is never empty
+        raise PatternDefinitionError(f"Pattern {pattern_name!r}: every op is a fan-out op; it needs one ordinary op.")

@@ -1,12 +1,9 @@
-"""Equivalences the matcher knows: ``pow(x, 2)`` also matches ``mul(x, x)``, and so on.
-
-The identities, how exact each is in float32 and how ``equivalences=`` declares them: docs/LANGUAGE.md
-("Equivalences the matcher knows"). :func:`with_equivalences` replays the pattern program into one where
-every op an identity applies to is a :func:`~.choices.one_of` choice, of the op's name, between the op as
-written and its other spellings. ``reassoc`` re-associates constant scalings: which ``mul`` chains
-(:func:`chain_at`), which orders (:func:`association_orders`: ``(2k - 3)!!`` for ``k`` distinct factors, at
-most :data:`MAX_FACTORS`, so a choice stays a constant number of alternatives per pattern op).
-"""
+"""Equivalences the matcher knows: ``pow(x, 2)`` also matches ``mul(x, x)``, and so on (the identities, how
+exact each is in float32, how ``equivalences=`` declares them: docs/LANGUAGE.md). :func:`with_equivalences`
+replays the pattern program into one where every op an identity applies to is a :func:`~.choices.one_of`
+choice, of the op's name, between the op as written and its other spellings; ``reassoc`` re-associates the
+``mul`` chains of :func:`chain_at` in the ``(2k - 3)!!`` orders of :func:`association_orders` (``k`` distinct
+factors, at most :data:`MAX_FACTORS`, so a choice stays a constant number of alternatives per pattern op)."""
 
 from __future__ import annotations
 
@@ -45,10 +42,8 @@ Scope = ChainMap[int, Var]  # a pattern variable's id to its copy; an alternativ
 
 
 def reassoc_rtol(factors: int) -> float:
-    """Relative tolerance of two orders of multiplication of ``factors`` (2 or more) float32 factors:
-    ``((1 + u) / (1 - u)) ** (factors - 1) - 1``, about ``2 (factors - 1) u``, as each float32 ``mul`` rounds
-    once, ``fl(p q) = p q (1 + d)`` with ``|d| <= u = 2**-24`` (round to nearest, no overflow nor underflow),
-    and an order makes ``factors - 1`` products."""
+    """Relative tolerance of two orders of multiplication of ``factors`` (2 or more) float32 factors, each making
+    ``factors - 1`` products: ``((1 + u) / (1 - u)) ** (factors - 1) - 1``, ``u = 2**-24`` (docs/LANGUAGE.md)."""
     if factors < 2:
         raise ValueError(f"reassoc_rtol: a chain has 2 factors or more, got {factors}.")
     u = 2.0**-24
@@ -56,8 +51,7 @@ def reassoc_rtol(factors: int) -> float:
 
 
 def constant_value(var: object) -> np.ndarray | None:
-    """The value of ``var`` (anything ``op.inputs`` holds) as an array when a ``const`` op makes it and it
-    is numeric, else None."""
+    """``var`` (anything ``op.inputs`` holds) as an array when a numeric ``const`` op makes it, else None."""
     if not isinstance(var, Var) or var.op is None or var.op.op_type != "const" or var.val is None:
         return None
     value = np.asarray(var.val)
@@ -88,10 +82,6 @@ def _const_y(op: Operation, test: Callable[[np.ndarray], bool] = lambda value: T
     return value is not None and bool(test(value))
 
 
-def _is_two(value: np.ndarray) -> bool:
-    return value.size == 1 and float(value.reshape(())) == 2.0
-
-
 def _with_const(op_type: str, fn: Callable[[np.ndarray], np.ndarray], x: Var, op: Operation) -> Var:
     """``<op_type>(x, fn(c))`` for an op ``f(x, c)``, ``fn(c)`` in c's float dtype (else float32)."""
     value = constant_value(op.inputs["y"])
@@ -100,8 +90,8 @@ def _with_const(op_type: str, fn: Callable[[np.ndarray], np.ndarray], x: Var, op
 
 
 IDENTITIES: dict[str, Identity] = {i.name: i for i in [
-    Identity("pow2", "pow", partial(_const_y, test=_is_two), lambda x, op: mb.mul(x=x, y=x, name=op.name), True,
-             "pow(x, 2) = mul(x, x)"),
+    Identity("pow2", "pow", partial(_const_y, test=lambda c: c.size == 1 and float(c.reshape(())) == 2.0),
+             lambda x, op: mb.mul(x=x, y=x, name=op.name), True, "pow(x, 2) = mul(x, x)"),
     Identity("square_pow", "mul", lambda op: op.inputs["x"] is op.inputs["y"],
              lambda x, op: mb.pow(x=x, y=np.float32(2.0), name=op.name), True, "mul(x, x) = pow(x, 2)"),
     Identity("sub_const", "sub", _const_y, partial(_with_const, "add", np.negative), True, "sub(x, c) = add(x, -c)"),
@@ -146,27 +136,24 @@ def _plan(func: Function, pattern_name: str, equivalences: Equivalences) -> dict
     plan: dict[str, list[Identity]] = {}
     for op_name, names in equivalences.items():
         if op_name not in ops:
-            raise PatternDefinitionError(
-                f"Pattern {pattern_name!r}: equivalences name op {op_name!r}, which the pattern does "
-                f"not have. Pattern ops: {sorted(ops)}.")
+            raise PatternDefinitionError(f"Pattern {pattern_name!r}: equivalences name op {op_name!r}, which the "
+                                         f"pattern does not have. Pattern ops: {sorted(ops)}.")
         op = ops[op_name]
         plan[op_name] = _known(pattern_name, [names] if isinstance(names, str) else names)
         for identity in plan[op_name]:
             if not identity.applies(op):
                 raise PatternDefinitionError(
-                    f"Pattern {pattern_name!r}: equivalence {identity.name!r} declared on op "
-                    f"{op_name!r} ({op.op_type}), where it does not hold. Rule: {identity.name} is "
-                    f"{identity.statement}, for a {identity.op_type} op with such operands. Fix: "
-                    f"declare it on such an op, or drop it for {op_name!r}.")
+                    f"Pattern {pattern_name!r}: equivalence {identity.name!r} declared on op {op_name!r} "
+                    f"({op.op_type}), where it does not hold. Rule: {identity.name} is {identity.statement}, for a "
+                    f"{identity.op_type} op with such operands. Fix: declare it on such an op or drop it.")
     return plan
 
 
 def _known(pattern_name: str, names: Iterable[str]) -> list[Identity]:
     unknown = [n for n in names if n not in IDENTITIES]
     if unknown:
-        raise PatternDefinitionError(
-            f"Pattern {pattern_name!r}: unknown equivalence(s) {unknown}; the matcher knows "
-            f"{sorted(IDENTITIES)} (see pattern_infra.language.equivalences).")
+        raise PatternDefinitionError(f"Pattern {pattern_name!r}: unknown equivalence(s) {unknown}; the matcher knows "
+                                     f"{sorted(IDENTITIES)} (docs/LANGUAGE.md).")
     return [IDENTITIES[n] for n in names]
 
 
@@ -214,8 +201,8 @@ def _replay(ops: list[Operation], records: list[Record], plan: dict[str, list[Id
                 for k, (alt_ops, out) in enumerate(record.alternatives)
             ])
         elif id(op) in chains:  # re-associated alone: the chain's ops take no other identity
-            orders = association_orders(chains[id(op)])
-            scope[id(op.outputs[0])] = one_of(op.name, *[partial(_order, chains[id(op)], t, scope.new_child()) for t in orders])
+            orders = [partial(_order, chains[id(op)], t, scope.new_child()) for t in association_orders(chains[id(op)])]
+            scope[id(op.outputs[0])] = one_of(op.name, *orders)
         elif identities:
             spellings = [partial(_spelling, op, i, scope.new_child()) for i in [None, *identities]]
             scope[id(op.outputs[0])] = one_of(op.name, *spellings)
@@ -264,13 +251,10 @@ class Chain:
 
 
 def chain_at(op: Operation, expandable: Callable[[Operation], bool] = lambda op: True) -> Chain | None:
-    """The chain of ``mul`` ops ending at ``op`` that the ``reassoc`` identity applies to, else None.
-
-    The ``mul`` tree below ``op`` is walked depth first, ``x`` before ``y``; an operand is expanded when an
-    ``expandable`` ``mul`` makes it, the tree alone reads it (once), it is not a block output, and the
-    tree stays within :data:`MAX_FACTORS` factors. None when ``op`` is not a ``mul``, the tree has fewer
-    than 3 factors, or none (or all) of its factors are numeric constants.
-    """
+    """The chain of ``mul`` ops ending at ``op`` that ``reassoc`` applies to (docs/LANGUAGE.md), else None: the
+    ``mul`` tree below ``op``, ``x`` first, an operand expanded when an ``expandable`` ``mul`` makes it for the
+    tree alone (read once, not a block output), within :data:`MAX_FACTORS` factors: 3 or more, some not all
+    numeric constants."""
     if op.op_type != "mul":
         return None
     factors: list[Var] = []

@@ -37,8 +37,7 @@ class ConstRule:
 
     def __post_init__(self) -> None:
         if self.mode not in ("any", "const", "value"):
-            raise PatternDefinitionError(
-                f"ConstRule mode {self.mode!r} is not one of 'any', 'const', 'value'.")
+            raise PatternDefinitionError(f"ConstRule mode {self.mode!r} is not one of 'any', 'const', 'value'.")
 
     def accepts(self, var: Var, expected: np.ndarray | None) -> str | None:
         """Returns None when ``var`` satisfies the rule, else the reason it does not.
@@ -71,8 +70,7 @@ class ConstRule:
 
 
 def _in_dtype(expected: np.ndarray, dtype: np.dtype[Any]) -> np.ndarray:
-    """``expected`` rounded to ``dtype`` when both are floating-point (a float16 program holds the float16
-    rounding of the pattern's value), else as it is."""
+    """``expected`` rounded to ``dtype`` when both are floating-point, else as it is."""
     if expected.dtype.kind == "f" and dtype.kind == "f" and expected.dtype != dtype:
         with np.errstate(over="ignore"):
             return expected.astype(dtype)
@@ -187,10 +185,8 @@ class CompiledPattern:
         edge, 2 through a pattern input both read (counted only ``through_roots``)."""
         hops: list[dict[int, int]] = [{} for _ in self.nodes]
         for node in self.nodes:
-            for edge in node.inputs.values():
-                for _, e in edge_positions(edge):
-                    if e.kind == "op":
-                        hops[node.index][e.index] = hops[e.index][node.index] = 1
+            for consumer, _, _, _ in node.consumers:
+                hops[node.index][consumer] = hops[consumer][node.index] = 1
         for users in self.root_consumers if through_roots else ():
             for a, _, _ in users:
                 for b, _, _ in users:

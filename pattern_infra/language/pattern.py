@@ -98,9 +98,8 @@ class Pattern:
             NameError: The name is a captured op or a reserved attribute of ``Pattern``.
         """
         if attribute_name in self._ops:
-            raise NameError(
-                f"Pattern attribute {attribute_name!r} would overwrite the captured op of the same "
-                f"name in pattern {self.pattern_name!r}; choose another name.")
+            raise NameError(f"Pattern attribute {attribute_name!r} would overwrite the captured op of that name in "
+                            f"pattern {self.pattern_name!r}; choose another name.")
         if attribute_name in RESERVED_NAMES or attribute_name.startswith("_") or hasattr(type(self), attribute_name):
             raise NameError(f"Pattern attribute {attribute_name!r} is reserved by Pattern; choose another name.")
         object.__setattr__(self, attribute_name, attribute)
@@ -153,9 +152,8 @@ class Pattern:
         if old_var is None:
             outputs = self.output_vars()
             if len(outputs) != 1:
-                raise ValueError(
-                    f"Pattern {self.pattern_name!r} has {len(outputs)} outputs; name the one to "
-                    f"replace: replace_output(new_var, old_var=...).")
+                raise ValueError(f"Pattern {self.pattern_name!r} has {len(outputs)} outputs; name the one to replace: "
+                                 f"replace_output(new_var, old_var=...).")
             old_var = outputs[0]
         block = old_var.op.enclosing_block if old_var.op is not None else self.block
         try:
@@ -165,24 +163,21 @@ class Pattern:
                 raise
             new_type, old_type = (f"{tuple(v.shape)} {types.builtin_to_string(v.dtype)}" for v in (new_var, old_var))
             raise ValueError(
-                f"replace_output: {new_var.name} is {new_type}, but {old_var.name}, which it "
-                f"replaces, is {old_type}; build a replacement of the same shape and dtype "
-                f"(mb.cast, mb.reshape), or return False from the transform to leave the match."
-            ) from exc
+                f"replace_output: {new_var.name} is {new_type}, but {old_var.name}, which it replaces, is {old_type}; "
+                f"build a replacement of the same shape and dtype (mb.cast, mb.reshape), or return False from the "
+                f"transform to leave the match.") from exc
         self._replacements.append(new_var)
 
     def replacements(self) -> list[Var]:
-        """The variables given to :meth:`replace_output` so far (a replacement of an output nothing
-        reads has no user, and is still part of the rewrite)."""
+        """The variables given to :meth:`replace_output` so far (part of the rewrite even with no user)."""
         return self._replacements
 
     def replace_outputs(self, new_vars: list[Var]) -> None:
         """``replace_output`` for every output of every final op, in ``output_vars()`` order."""
         outputs = self.output_vars()
         if len(new_vars) != len(outputs):
-            raise ValueError(
-                f"Pattern {self.pattern_name!r} has {len(outputs)} outputs but {len(new_vars)} "
-                f"replacements were given.")
+            raise ValueError(f"Pattern {self.pattern_name!r} has {len(outputs)} outputs but got {len(new_vars)} "
+                             f"replacements; give one per output_vars().")
         for old, new in zip(outputs, new_vars):
             self.replace_output(new, old)
 

@@ -53,7 +53,6 @@ class Guard:
     end: str
     """The variant's op computing the choice's variable."""
     fallback: bool
-    """The choice's ``fallback``."""
     earlier: tuple[CompiledPattern, ...]
     """The alternatives before the one taken, each compiled as a pattern of the choice's slots."""
     depth: int
@@ -67,7 +66,6 @@ class Variant:
     """One spelling of a pattern, as a plain pattern."""
 
     compiled: CompiledPattern
-    """The spelling."""
     choices: Spelling
     """``pattern.choices`` of its matches."""
     aliases: dict[str, tuple[str, ...]]
