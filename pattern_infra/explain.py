@@ -20,8 +20,8 @@ from .rewriting.blocks import BlockIndex, iter_blocks
 from .matching.matcher import Failure, Matcher
 from .language.pattern import Pattern
 from .pipeline.container import PassContainer
-from .language.variants import has_fallback
-from .find import ALREADY_FOUND, anchored_blocks, COLLECTED, INSIDE_LONGER, PatternSource, distinct_matches, resolve_patterns
+from .find import (ALREADY_FOUND, COLLECTED, INSIDE_LONGER, PatternSource, anchored_blocks, distinct_matches,
+                   has_fallback, resolve_patterns)
 
 __all__ = ["Explanation", "Explanations", "explain"]
 

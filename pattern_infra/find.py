@@ -16,7 +16,6 @@ from coremltools.converters.mil.mil import Block, Operation, Program
 from coremltools.converters.mil.mil.passes.pass_registry import PASS_REGISTRY
 
 from .rewriting.blocks import BlockIndex, iter_blocks
-from .language.variants import has_fallback
 from .language.compiler import CompiledPattern, compile_pattern
 from .rewriting.driver import run_subpasses
 from .language.errors import PassRegistrationError
@@ -30,6 +29,7 @@ from .rewriting.subpass import Constraints, PassStats, SubPass, constraint_verdi
 __all__ = [
     "PatternSource",
     "anchored_blocks",
+    "has_fallback",
     "distinct_matches",
     "find_in_program",
     "find_matches",
@@ -40,6 +40,11 @@ __all__ = [
 
 ALREADY_FOUND, INSIDE_LONGER, COLLECTED = "already found", "inside a longer spelling found", "collected"
 """What :func:`distinct_matches` answers for a match it does not refuse (not search failures)."""
+
+
+def has_fallback(compiled: CompiledPattern) -> bool:
+    """Whether a choice of ``compiled``, at any depth, was declared with ``fallback=True``."""
+    return any(guard.fallback for variant in compiled.variants for guard in variant.guards)
 
 
 def anchored_blocks(prog: Program, matcher: Matcher) -> Iterator[tuple[BlockIndex, int, list[Operation]]]:
@@ -65,7 +70,7 @@ def distinct_matches(
     A set refused under one assignment (operand order) is offered again under the next; each refusal goes
     to ``on_refusal`` with its reason. Shared by :func:`find_in_program` and ``explain``.
 
-    ``longest`` (a pattern with a ``fallback`` choice, :func:`~pattern_infra.language.variants.has_fallback`):
+    ``longest`` (a pattern with a ``fallback`` choice, :func:`has_fallback`):
     a set inside one already accepted is skipped, so the shorter spelling is reported only where the
     longer one is refused, as the pass would rewrite (the search offers the longer spelling first).
     """

@@ -10,13 +10,16 @@ from coremltools.converters.mil.mil import Block, Operation, Var, types
 
 from .graph import CompiledPattern
 
-__all__ = ["Pattern"]
+__all__ = ["Order", "Pattern"]
 
 RESERVED_NAMES: frozenset[str] = frozenset({
     "root_var", "root_vars", "final_op", "final_ops", "block", "op_set", "op_list", "add_attribute", "operand",
     "consts", "ops", "groups", "pattern_name", "replace_output", "replace_outputs", "insert_before", "choices",
 })
 """Names a pattern op may not take, because :class:`Pattern` uses them."""
+
+Order = Callable[[list[Operation]], list[Operation]]
+"""Sorts ops of one block into program order (``Pattern.op_list``)."""
 
 
 class Pattern:
@@ -40,7 +43,7 @@ class Pattern:
         self, compiled: CompiledPattern | None = None, ops: Mapping[str, Operation | list[Operation]] | None = None,
         root_vars: list[Var] | None = None, block: Block | None = None,
         operands: Mapping[str, Mapping[str, Any]] | None = None, consts: Mapping[str, Var] | None = None,
-        order: Callable[[list[Operation]], list[Operation]] | None = None,
+        order: Order | None = None,
     ) -> None:
         match = self._of_search(compiled, block, dict(ops or {}), list(root_vars or []), dict(operands or {}),
                                 dict(consts or {}), order, {})
@@ -50,7 +53,7 @@ class Pattern:
     def _of_search(
         cls, compiled: CompiledPattern | None, block: Block | None, ops: dict[str, Any], roots: list[Var],
         operands: dict[str, dict[str, Any]], consts: dict[str, Var],
-        order: Callable[[list[Operation]], list[Operation]] | None, choices: dict[str, int],
+        order: Order | None, choices: dict[str, int],
     ) -> Pattern:
         """The search's constructor: the dicts and the list become the pattern's own (no copies)."""
         self = cls.__new__(cls)

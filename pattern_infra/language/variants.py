@@ -15,7 +15,7 @@ from coremltools.converters.mil.mil import Var
 from .choices import Record, Region
 from .graph import CompiledPattern
 
-__all__ = ["MAX_VARIANTS", "Combo", "Guard", "Spelling", "Variant", "combos", "count", "has_fallback", "renamed"]
+__all__ = ["MAX_VARIANTS", "Combo", "Guard", "Spelling", "Variant", "combos", "count", "renamed"]
 
 MAX_VARIANTS = 256
 """The most spellings one pattern may stand for (the product of its choices' alternatives)."""
@@ -154,8 +154,3 @@ def renamed(var: Var, renames: Mapping[int, Var] | None) -> Var:
     while renames and id(var) in renames:
         var = renames[id(var)]
     return var
-
-
-def has_fallback(compiled: CompiledPattern) -> bool:
-    """Whether a choice of ``compiled``, at any depth, was declared with ``fallback=True``."""
-    return any(guard.fallback for variant in compiled.variants for guard in variant.guards)

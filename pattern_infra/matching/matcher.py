@@ -5,14 +5,14 @@ types are rarest in the block (docs/ARCHITECTURE.md, "Alternatives: expanded whe
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from coremltools.converters.mil.mil import Block, Operation, Var
 
 from ..language.graph import CompiledPattern, Edge, PatternNode, distances
-from ..language.pattern import Pattern
+from ..language.pattern import Order, Pattern
 from ..language.variants import Variant
 from .plan import DOWN, Accept, Failure, Step, plan
 from .search import Branch, Leaf, Search
@@ -191,20 +191,16 @@ class Matcher:
         return matcher
 
     def match_at(self, op: Operation, block: Block, anchor: int, *,
-                 order: Callable[[list[Operation]], list[Operation]] | None = None, trace: bool = False,
+                 order: Order | None = None, trace: bool = False,
                  root_hint: Var | None = None, accept: Accept | None = None) -> Pattern | Failure | None:
-        """Tries to match with ``op`` bound to pattern op number ``anchor``.
+        """Tries to match with ``op`` bound to pattern op number ``anchor``, the whole match in ``block``.
 
         Args:
-            op: The program op to place at the anchor.
-            block: The block the whole match must lie in.
-            anchor: Index of the anchor pattern op.
             order: Sorts captured ops into program order for ``Pattern.op_list``.
             trace: Return a :class:`Failure` describing the nearest miss instead of None.
             root_hint: If given, the first root must be this variable.
-            accept: Called with each complete structural match, in search order: ``True`` takes it
-                (the search returns it), anything else lets the search go on (a string is the reason
-                a tracing search reports). None takes the first match.
+            accept: Offered each complete structural match in search order: ``True`` takes it, anything else
+                lets the search go on (a string is the reason a tracing search reports). None takes the first.
 
         Returns:
             A :class:`Pattern` on success; on failure None, or a :class:`Failure` when tracing.

@@ -33,7 +33,7 @@ from coremltools.converters.mil.mil import Block, Operation, Var
 from coremltools.converters.mil.mil.var import InternalVar
 
 from ..language.graph import COMMUTATIVE_OPS, Edge, PatternNode
-from ..language.pattern import Pattern
+from ..language.pattern import Order, Pattern
 from ..language.variants import Guard, Variant
 from .plan import UP, Accept, Failure, Step
 
@@ -64,8 +64,8 @@ class Search:
     __slots__ = ("m", "block", "trace", "ops", "assign", "which", "roots", "used", "failure", "order", "accept",
                  "result")
 
-    def __init__(self, matcher: Any, block: Block, trace: bool,
-                 order: Callable[[list[Operation]], list[Operation]] | None = None, accept: Accept | None = None) -> None:
+    def __init__(self, matcher: Any, block: Block, trace: bool, order: Order | None = None,
+                 accept: Accept | None = None) -> None:
         n = len(matcher.places)
         self.m = matcher  # the Matcher: its ops, constants, spellings, plan trees and counters
         self.block = block
@@ -206,12 +206,9 @@ class Search:
         return False
 
     def assignments(self, node: PatternNode, op: Operation) -> Iterator[dict[str, Any]]:
-        """Operand assignments to try: as written, then swapped for a commutative program op.
-
-        A wildcard constant slot that an *alternative* op type lacks is left out (alternatives may
-        differ in their attributes). Of the two orders of a commutative op, the one that puts
-        compile-time constants in the pattern's constant slots is tried first.
-        """
+        """Operand assignments to try: as written, then swapped for a commutative op (first the order putting
+        constants in the pattern's constant slots); a wildcard constant slot an alternative op type lacks is
+        left out."""
         values: dict[str, Any] = {}
         read = op._input_vars  # read-only use of the private map: op.inputs copies it
         for slot, edge in node.inputs.items():
@@ -379,7 +376,7 @@ def _const_fit(node: PatternNode, assignment: dict[str, Any]) -> int:
 
 
 def build_pattern(variant: Variant, block: Block, ops: list[Any], assign: list[dict[str, Any] | None],
-                  roots: list[Var | None], order: Callable[[list[Operation]], list[Operation]] | None) -> Pattern:
+                  roots: list[Var | None], order: Order | None) -> Pattern:
     """The :class:`Pattern` of a complete binding of ``variant``: ``ops`` and ``assign`` (operands after any
     swap) per op of the spelling, ``roots`` per pattern input (None where the spelling reads none)."""
     compiled = variant.compiled

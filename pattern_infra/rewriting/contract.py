@@ -1,4 +1,4 @@
-"""The contract of one rewrite (README, "What a match guarantees"), checked right after it on the ops it
+"""The contract of one rewrite (docs/ARCHITECTURE.md, "The rewrite's contract"), checked right after it on the ops it
 touched (:func:`broken_contract`); a breach is a mistake of the transform, raised with its fix. The
 constants a match reads are read-only while its transform runs (:func:`read_only_constants`)."""
 
@@ -41,15 +41,9 @@ def broken_contract(
     created: list[Operation], rewired: list[Operation], block: Block, returned: tuple[str, ...] | int,
     precedes: Precedes, replacements: Sequence[Var] = (),
 ) -> tuple[str, str] | None:
-    """What one rewrite broke of its contract, as (the mistake, its fix); None when it kept it.
-
-    Every op it created (``created``; those removed again skipped) is used: read, returned, or given to
-    ``replace_output`` (``replacements``); each reads only variables defined before it, in its block or an
-    enclosing one, and stands before its users (before the op holding a nested user's block); so do the
-    ops outside the match that read its outputs (``rewired``), for what they read from another block; the
-    block returns what it returned (``returned``), its own or an enclosing block's variables. Linear in
-    the size of the rewrite: only these ops are looked at.
-    """
+    """What one rewrite broke of its contract (docs/ARCHITECTURE.md, "The rewrite's contract"), as (the
+    mistake, its fix); None when it kept it. Only the ops it ``created`` and those it ``rewired`` are looked at, so the
+    check is linear in the size of the rewrite."""
     now = returned_names(block)
     if now != returned:
         if isinstance(now, int):

@@ -89,14 +89,11 @@ def run_subpasses(
     prog: Program, subpasses: list[SubPass], pass_name: str, *, validate: bool | str = True,
     passes: Sequence[str] | None = None, scopes: Mapping[str, ScopeInfo] | None = None,
 ) -> PassStats:
-    """Applies each sub-pass, in order, to every block of ``prog`` (in place); the counters, summed.
-
-    ``validate``: True checks ``Block.validate``'s invariants on what each rewrite changed, ``"full"``
-    validates the program after each sub-pass that rewrote. ``passes``: the pass id of each sub-pass
-    (None: all form ``pass_name``), each pass reaching its fixpoint before the next. ``scopes``: by pass
-    id, the ``mb.scope`` a pass runs in. A callback's error raises :class:`PassExecutionError`, a pattern
-    re-created without end :class:`FixpointError`; the program is then as it was before the call.
-    """
+    """Applies each sub-pass in order to every block of ``prog``, in place, and returns the counters summed.
+    ``validate``: True checks what each rewrite changed, ``"full"`` the program after each sub-pass that
+    rewrote; ``passes``: each sub-pass's pass id (None: all are ``pass_name``), each pass reaching its
+    fixpoint before the next; ``scopes``: each pass's ``mb.scope``.
+    On :class:`PassExecutionError` or :class:`FixpointError` the program is as it was before the call."""
     run = _Run(prog, validate)
     total = PassStats()
     named = zip(passes or [pass_name] * len(subpasses), subpasses, strict=True)

@@ -87,11 +87,8 @@ class SubPass:
 
 
 def constraint_verdict(result: Any) -> str | None:
-    """What a ``var_constraints`` result says: None to accept, else the reason for turning the match down.
-
-    A constraint accepts with any true value; it refuses with a false value, a ``(False, "reason")`` pair,
-    or a string, which is the reason itself (``"rank 3, not 2"``).
-    """
+    """None when a ``var_constraints`` result accepts (any true value), else the reason it refuses: a false
+    value, a ``(False, "reason")`` pair, or a string, which is the reason itself (``"rank 3, not 2"``)."""
     if isinstance(result, tuple) and len(result) == 2 and isinstance(result[1], str):
         result = True if result[0] else result[1]  # accepted, or the reason
     if result and not isinstance(result, str):
