@@ -1,7 +1,7 @@
 """The package's module structure (docs/ARCHITECTURE.md): the core in four packages whose imports flow
 one way, language -> matching -> rewriting -> pipeline -> the tools beside them; no import cycle (imports
 inside functions and under ``TYPE_CHECKING`` counted); no module reaching into another's private names;
-no core module over 450 lines, no other over 500."""
+no core module over 450 lines, no other over 500, and the core at most 4,000 lines."""
 
 from __future__ import annotations
 
@@ -121,6 +121,13 @@ def test_no_module_is_over_500_lines_and_no_core_module_over_450():
         and str(rel) not in LONG_MODULES
     }
     assert long == {}
+
+
+def test_the_core_is_at_most_4000_lines():
+    """Every line of the four core packages counted (docstrings, comments and blank lines included)."""
+    lines = {str(path.relative_to(PACKAGE)): len(path.read_text().splitlines())
+             for layer in LAYERS for path in (PACKAGE / layer).glob("*.py")}
+    assert sum(lines.values()) <= 4000, sorted(lines.items(), key=lambda item: -item[1])
 
 
 def test_no_module_generates_or_executes_code():
