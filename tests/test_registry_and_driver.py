@@ -82,6 +82,11 @@ def test_non_callable_transform_is_refused(namespace):
         register_generic_pass(relu_exp, None, "nope", "p", namespace)
 
 
+def test_non_callable_constraints_are_refused(namespace):
+    with pytest.raises(PassRegistrationError, match="var_constraints must be callable or None, got str"):
+        register_generic_pass(relu_exp, "nope", to_softplus, "p", namespace)
+
+
 def test_new_id_runs_whatever_the_variable_says(namespace):
     register_generic_pass(relu_exp, None, to_softplus, "p", namespace)
     for flag in (None, "0", "1"):

@@ -85,8 +85,10 @@ class Search:
 
     def fail(self, node: int, reason: str | Callable[[], str]) -> bool:
         """Returns False; when tracing, keeps the failure if more ops are bound than at the deepest so far."""
-        bound = sum(o is not None for o in self.ops) if self.trace else 0
-        if self.trace and (self.failure is None or bound > self.failure.bound):
+        if not self.trace:
+            return False
+        bound = sum(o is not None for o in self.ops)
+        if self.failure is None or bound > self.failure.bound:
             within = self.m.within[node]
             self.failure = Failure(
                 bound=bound,

@@ -110,11 +110,12 @@ def register_generic_pass(
         PassRegistrationError: The pass id or a callback is unusable.
     """
     container = container_for(pass_name, namespace)
-    for label, callback in (("transform_pattern", transform_pattern), ("var_constraints", var_constraints)):
-        if not callable(callback) and not (callback is None and label == "var_constraints"):
-            raise PassRegistrationError(
-                f"register_generic_pass({namespace}::{pass_name}): {label} must be callable"
-                f"{' or None' if label == 'var_constraints' else ''}, got {type(callback).__name__}.")
+    if not callable(transform_pattern):
+        raise PassRegistrationError(f"register_generic_pass({namespace}::{pass_name}): transform_pattern must be "
+                                    f"callable, got {type(transform_pattern).__name__}.")
+    if var_constraints is not None and not callable(var_constraints):
+        raise PassRegistrationError(f"register_generic_pass({namespace}::{pass_name}): var_constraints must be "
+                                    f"callable or None, got {type(var_constraints).__name__}.")
     programs = [ops_arrangement] if isinstance(ops_arrangement, Program) else list(ops_arrangement)
     subs = [SubPass(compile_pattern(program, name=f"{name}[{i}]" if name and len(programs) > 1 else name,
                                     commutative=commutative, alternatives=alternatives, constants=constants,
