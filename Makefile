@@ -7,7 +7,7 @@ VENV_CT8  := .venv-ct8
 STAMP_CT8 := $(VENV_CT8)/.installed
 
 .DEFAULT_GOAL := help
-.PHONY: help venv demo test test-coremltools-8 bench bench-llm fuzz models coremltools-suite layernorm-shadow examples docs docs-images clean
+.PHONY: help venv lint demo test test-coremltools-8 bench bench-llm fuzz models coremltools-suite layernorm-shadow examples docs docs-images clean
 
 help: ## List the targets
 	@grep -E '^[a-zA-Z0-9_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-18s %s\n", $$1, $$2}'
@@ -15,10 +15,14 @@ help: ## List the targets
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e ".[test,bench,report]"
+	$(PY) -m pip install -q -e ".[test,bench,report,lint]"
 	touch $(STAMP)
 
 venv: $(STAMP) ## Create .venv and install the project with its test extras
+
+lint: $(STAMP) ## Check formatting and lint rules (ruff, configured in pyproject.toml)
+	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/ruff check .
 
 demo: $(STAMP) ## Convert a PyTorch pre-norm transformer with and without the override; show what fused
 	$(PY) examples/demo.py
