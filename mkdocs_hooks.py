@@ -58,9 +58,13 @@ def api_page() -> str:
     tree = ast.parse((ROOT / "pattern_infra" / "__init__.py").read_text())
     on_use = {name: f"{module}.{name}" for name, module in _literal(tree, "_ON_USE").items()}
     names, at_source = _literal(tree, "__all__"), {**on_use, **_shadowed(tree)}
-    lines = ["# API reference", "",
-             "The public names of `pattern_infra` (`from pattern_infra import <name>`), rendered from their "
-             "docstrings.", ""]
+    lines = [
+        "# API reference",
+        "",
+        "The public names of `pattern_infra` (`from pattern_infra import <name>`), rendered from their "
+        "docstrings.",
+        "",
+    ]
     for name in sorted(names, key=str.lower):
         path = f"pattern_infra.{at_source.get(name, name)}"
         lines += [f"::: {path}", ""]

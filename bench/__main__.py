@@ -56,14 +56,29 @@ K_VALUES = (0, 10, 50)
 def _parse(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="small N only (smoke run, about a minute)")
-    parser.add_argument("--out", type=Path, default=Path(__file__).resolve().parent / "out",
-                        help="output directory (default: bench/out)")
+    parser.add_argument(
+        "--out",
+        type=Path,
+        default=Path(__file__).resolve().parent / "out",
+        help="output directory (default: bench/out)",
+    )
     parser.add_argument("--no-convert", action="store_true", help="skip the transformer conversion")
-    parser.add_argument("--layers", type=int, default=None, help="transformer layers (default 24; 2 with --quick)")
-    parser.add_argument("--profile", type=int, metavar="N", default=None,
-                        help="only profile our pass on a chain of N and print where the time goes")
-    parser.add_argument("--workload", choices=("gelu", "layernorm", "conv_bn"), default="gelu",
-                        help="chain to profile with --profile (default gelu)")
+    parser.add_argument(
+        "--layers", type=int, default=None, help="transformer layers (default 24; 2 with --quick)"
+    )
+    parser.add_argument(
+        "--profile",
+        type=int,
+        metavar="N",
+        default=None,
+        help="only profile our pass on a chain of N and print where the time goes",
+    )
+    parser.add_argument(
+        "--workload",
+        choices=("gelu", "layernorm", "conv_bn"),
+        default="gelu",
+        help="chain to profile with --profile (default gelu)",
+    )
     return parser.parse_args(argv)
 
 
@@ -111,7 +126,9 @@ def _run(args: argparse.Namespace) -> int:
             skipped[workload] = note
             print(f"  {note}")
         if workload == "gelu":
-            _banner(f"matching cost vs K dummy sub-passes (GELU chain N={config['k_n']}, K = {list(K_VALUES)})")
+            _banner(
+                f"matching cost vs K dummy sub-passes (GELU chain N={config['k_n']}, K = {list(K_VALUES)})"
+            )
             k_results = run_k_independence(config["k_n"], K_VALUES, config["k_repeats"])
             print(k_table(k_results), flush=True)
 
@@ -119,15 +136,19 @@ def _run(args: argparse.Namespace) -> int:
     if not args.no_convert:
         layers = args.layers or config["layers"]
         _banner(f"coremltools.convert of a {layers}-layer pre-norm transformer, override off and on")
-        transformer = run_transformer(layers, config["convert_repeats"], progress=lambda s: print(s, flush=True))
+        transformer = run_transformer(
+            layers, config["convert_repeats"], progress=lambda s: print(s, flush=True)
+        )
 
     targets = evaluate_targets(rows, k_results, transformer, args.quick)
     elapsed = time.perf_counter() - started
 
     _banner("results: chains (best of repeats; '(1 run)' = single timed run)")
     print(chain_table(rows, skipped))
-    print("(a) coremltools' pass class, override off; (b) coremltools' generic_pass_infrastructure."
-          "fuse_all_blocks with its own patterns; (c) ours, override on; (d) rewrite only, matches known.")
+    print(
+        "(a) coremltools' pass class, override off; (b) coremltools' generic_pass_infrastructure."
+        "fuse_all_blocks with its own patterns; (c) ours, override on; (d) rewrite only, matches known."
+    )
     _banner("results: matching cost vs unrelated sub-passes")
     print(k_table(k_results))
     if transformer is not None:

@@ -130,7 +130,9 @@ def spelling_patterns() -> dict[str, Callable[[], Any]]:
     def two() -> Program:
         @mb.program(input_specs=ROW_AND_WEIGHT)
         def pattern(x, w):
-            v = mb.add(x=mb.reduce_mean(x=square(x), axes=[-1], keep_dims=True, name="mean"), y=1e-6, name="var")
+            v = mb.add(
+                x=mb.reduce_mean(x=square(x), axes=[-1], keep_dims=True, name="mean"), y=1e-6, name="var"
+            )
             return mb.mul(x=mb.mul(x=x, y=mb.rsqrt(x=v, name="inv"), name="scale"), y=w, name="weight")
 
         return pattern
@@ -138,7 +140,9 @@ def spelling_patterns() -> dict[str, Callable[[], Any]]:
     def six() -> Program:
         @mb.program(input_specs=ROW_AND_WEIGHT)
         def pattern(x, w):
-            v = mb.add(x=mb.reduce_mean(x=square(x), axes=[-1], keep_dims=True, name="mean"), y=1e-6, name="var")
+            v = mb.add(
+                x=mb.reduce_mean(x=square(x), axes=[-1], keep_dims=True, name="mean"), y=1e-6, name="var"
+            )
             return mb.mul(x=normed(x, v), y=w, name="weight")
 
         return pattern
@@ -146,7 +150,20 @@ def spelling_patterns() -> dict[str, Callable[[], Any]]:
     return {"1": lambda: _name_ops(written_out(spellings[0])), "2": two, "6": six, "12": lambda: rms_norm}
 
 
-ACTIVATIONS = ("relu", "sigmoid", "tanh", "exp", "abs", "sin", "cos", "floor", "ceil", "erf", "softplus", "square")
+ACTIVATIONS = (
+    "relu",
+    "sigmoid",
+    "tanh",
+    "exp",
+    "abs",
+    "sin",
+    "cos",
+    "floor",
+    "ceil",
+    "erf",
+    "softplus",
+    "square",
+)
 """The alternatives of table 2's choice point, in the order written."""
 
 
@@ -240,13 +257,23 @@ def main(argv: list[str] | None = None) -> None:
         return
     n = args.n
     tables = [
-        (f"The pass's search, {n} RMSNorms of one spelling (first match taken):", "spellings", list(spelling_patterns())),
-        (f"One choice point, k alternatives, {n} matches of the first (or last) (first match taken):",
-         "k, matched", list(ACTIVATION_ROWS)),
+        (
+            f"The pass's search, {n} RMSNorms of one spelling (first match taken):",
+            "spellings",
+            list(spelling_patterns()),
+        ),
+        (
+            f"One choice point, k alternatives, {n} matches of the first (or last) (first match taken):",
+            "k, matched",
+            list(ACTIVATION_ROWS),
+        ),
     ]
     for title, column, rows in tables:
         print(title)
-        print(f"{column:>18} {'binds/match':>12} {'us/match':>9}" + (f" {'instructions/match':>19}" if args.instructions else ""))
+        print(
+            f"{column:>18} {'binds/match':>12} {'us/match':>9}"
+            + (f" {'instructions/match':>19}" if args.instructions else "")
+        )
         for row in rows:
             binds, seconds = pass_search_row(row, n)
             line = f"{row:>18} {binds:>12.1f} {seconds * 1e6:>9.1f}"
@@ -268,11 +295,15 @@ def main(argv: list[str] | None = None) -> None:
         ("12 spellings, n in all", "one pattern, 12 alternatives", [twelve], mixed),
         ("12 spellings, n in all", "12 patterns", separate, mixed),
     ]
-    print(f"{'program':<24} {'search':<30} {'matches':>7} {'binds/match':>12} {'us/match':>9} {'ms total':>9}")
+    print(
+        f"{'program':<24} {'search':<30} {'matches':>7} {'binds/match':>12} {'us/match':>9} {'ms total':>9}"
+    )
     for program, search, matchers, prog in rows:
         found, binds, seconds = measure(matchers, prog)
-        print(f"{program:<24} {search:<30} {found:>7} {binds:>12.1f} {seconds * 1e6:>9.1f} "
-              f"{seconds * found * 1e3:>9.1f}")
+        print(
+            f"{program:<24} {search:<30} {found:>7} {binds:>12.1f} {seconds * 1e6:>9.1f} "
+            f"{seconds * found * 1e3:>9.1f}"
+        )
     print("(12 patterns also match the unweighted part of every weighted spelling: 180 matches, not 120)")
 
 

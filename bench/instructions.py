@@ -45,8 +45,9 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
 
     parser.add_argument("workload", choices=sorted(CHAINS))
     parser.add_argument("n", type=int, help="instances in the chain")
-    parser.add_argument("--runner", choices=("c", "d"), action="append",
-                        help="c (ours) or d (floor); both when omitted")
+    parser.add_argument(
+        "--runner", choices=("c", "d"), action="append", help="c (ours) or d (floor); both when omitted"
+    )
     parser.add_argument("--inner", action="store_true", help=argparse.SUPPRESS)
     return parser.parse_args(argv)
 
@@ -89,11 +90,17 @@ def count_instructions(arguments: list[str]) -> int:
     """
     valgrind = shutil.which("valgrind")
     if valgrind is None:
-        raise RuntimeError("valgrind is not on the PATH; install it (e.g. apt-get install valgrind) to count instructions")
+        raise RuntimeError(
+            "valgrind is not on the PATH; install it (e.g. apt-get install valgrind) to count instructions"
+        )
     env = dict(os.environ, PYTHONHASHSEED="0", TQDM_DISABLE="1")
     command = [
-        valgrind, "--tool=callgrind", f"--toggle-collect={_TOGGLE}", "--callgrind-out-file=/dev/null",
-        sys.executable, *arguments,
+        valgrind,
+        "--tool=callgrind",
+        f"--toggle-collect={_TOGGLE}",
+        "--callgrind-out-file=/dev/null",
+        sys.executable,
+        *arguments,
     ]
     done = subprocess.run(command, capture_output=True, text=True, env=env, check=False)
     found = re.search(r"Collected\s*:\s*(\d+)", done.stderr)

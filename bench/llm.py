@@ -102,8 +102,10 @@ class _Timed:
         self.instance.set_options(options)
 
     def __call__(self, prog: Any) -> None:
-        instance = self.instance if self.instance is not None else (
-            self.entry() if isinstance(self.entry, type) else self.entry
+        instance = (
+            self.instance
+            if self.instance is not None
+            else (self.entry() if isinstance(self.entry, type) else self.entry)
         )
         self.instance = None
         start = time.thread_time()
@@ -217,7 +219,10 @@ def _run_workload(
         if mode == "off":
             guess = _predicted(off_history, ops_hint)
             if guess is not None and guess > off_budget:
-                print(f"  {name}: off skipped (predicted {guess:.0f} s > --off-budget {off_budget:.0f} s)", flush=True)
+                print(
+                    f"  {name}: off skipped (predicted {guess:.0f} s > --off-budget {off_budget:.0f} s)",
+                    flush=True,
+                )
                 continue
         row, out = convert_timed(name, build, mode)
         if mode != "off":
@@ -263,7 +268,11 @@ def _cell(row: Conversion | None, missing: str = "-") -> str:
     """CPU seconds (wall beside them), or ``missing``."""
     if row is None:
         return missing
-    return f"{row.cpu_seconds:.1f} s ({row.seconds:.0f} s wall)" if row.cpu_seconds else f"{row.seconds:.1f} s wall"
+    return (
+        f"{row.cpu_seconds:.1f} s ({row.seconds:.0f} s wall)"
+        if row.cpu_seconds
+        else f"{row.seconds:.1f} s wall"
+    )
 
 
 def _cpu_ratio(a: Conversion | None, b: Conversion | None) -> str:
@@ -286,10 +295,15 @@ def _pass_table(rows: list[Conversion], mode: str, top: int = 12) -> str:
         for k, v in r.passes.items():
             totals[k] += v
     keys = sorted(totals, key=lambda k: -totals[k])[:top]
-    extra = [("(validate)", lambda r: r.validate_seconds), ("(format program)", lambda r: r.format_seconds),
-             ("(whole convert, CPU)", _total)]
-    lines = [f"| {mode}: pass | " + " | ".join(f"{r.ops} ops" for r in mix) + " | exponent |",
-             "|---|" + "---:|" * (len(mix) + 1)]
+    extra = [
+        ("(validate)", lambda r: r.validate_seconds),
+        ("(format program)", lambda r: r.format_seconds),
+        ("(whole convert, CPU)", _total),
+    ]
+    lines = [
+        f"| {mode}: pass | " + " | ".join(f"{r.ops} ops" for r in mix) + " | exponent |",
+        "|---|" + "---:|" * (len(mix) + 1),
+    ]
     getters = [(k, (lambda r, k=k: r.passes.get(k, 0.0))) for k in keys] + extra
     for label, get in getters:
         exponent = growth_exponent([(r.ops, get(r)) for r in mix])
@@ -313,8 +327,13 @@ def plot(path: Path, rows: list[Conversion], note: str) -> None:
             exponent = growth_exponent(pts)
             label = f"{mode} (exponent {exponent:.2f})" if exponent is not None else mode
             left.plot(*zip(*pts), style, label=label)
-    left.set(xscale="log", yscale="log", xlabel="non-const ops", ylabel="CPU seconds",
-             title="whole coremltools.convert, synthetic mix")
+    left.set(
+        xscale="log",
+        yscale="log",
+        xlabel="non-const ops",
+        ylabel="CPU seconds",
+        title="whole coremltools.convert, synthetic mix",
+    )
     left.legend()
     on = sorted((r for r in mix if r.mode == "on"), key=lambda r: r.ops)
     if on:
@@ -322,13 +341,20 @@ def plot(path: Path, rows: list[Conversion], note: str) -> None:
         for r in on:
             for k, v in r.passes.items():
                 totals[k] += v
-        series = [(k, lambda r, k=k: r.passes.get(k, 0.0)) for k in sorted(totals, key=lambda k: -totals[k])[:7]]
+        series = [
+            (k, lambda r, k=k: r.passes.get(k, 0.0)) for k in sorted(totals, key=lambda k: -totals[k])[:7]
+        ]
         series.append(("(validate)", lambda r: r.validate_seconds))
         series.append(("(format program)", lambda r: r.format_seconds))
         for label, get in series:
             right.plot([r.ops for r in on], [max(get(r), 1e-3) for r in on], ".-", label=label)
-        right.set(xscale="log", yscale="log", xlabel="non-const ops", ylabel="CPU seconds",
-                  title="costliest passes, override on, pass by pass")
+        right.set(
+            xscale="log",
+            yscale="log",
+            xlabel="non-const ops",
+            ylabel="CPU seconds",
+            title="costliest passes, override on, pass by pass",
+        )
         right.legend(fontsize=7)
     fig.suptitle(note, fontsize=8)
     fig.tight_layout()
@@ -344,19 +370,41 @@ def load_rows(path: Path) -> list[Conversion]:
 
 def _parse(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m bench.llm", description=__doc__.split("\n")[0])
-    parser.add_argument("--quick", action="store_true", help="1k and 2k ops and a 2-layer decoder (smoke run)")
+    parser.add_argument(
+        "--quick", action="store_true", help="1k and 2k ops and a 2-layer decoder (smoke run)"
+    )
     parser.add_argument("--sizes", type=int, nargs="+", default=None, help="mix sizes in non-const ops")
-    parser.add_argument("--layers", type=int, default=None, help="decoder layers (default 32; 2 with --quick)")
+    parser.add_argument(
+        "--layers", type=int, default=None, help="decoder layers (default 32; 2 with --quick)"
+    )
     parser.add_argument("--no-llama", action="store_true", help="skip the decoder")
-    parser.add_argument("--modes", nargs="+", choices=MODES, default=list(MODES),
-                        help="columns to run (default all; 'off' is still skipped past --off-budget)")
-    parser.add_argument("--off-budget", type=float, default=900.0,
-                        help="skip 'off' where its predicted time exceeds this many seconds (default 900)")
-    parser.add_argument("--merge", type=Path, nargs="+", default=[],
-                        help="llm.json files of earlier runs whose rows join the tables and the plot")
+    parser.add_argument(
+        "--modes",
+        nargs="+",
+        choices=MODES,
+        default=list(MODES),
+        help="columns to run (default all; 'off' is still skipped past --off-budget)",
+    )
+    parser.add_argument(
+        "--off-budget",
+        type=float,
+        default=900.0,
+        help="skip 'off' where its predicted time exceeds this many seconds (default 900)",
+    )
+    parser.add_argument(
+        "--merge",
+        type=Path,
+        nargs="+",
+        default=[],
+        help="llm.json files of earlier runs whose rows join the tables and the plot",
+    )
     parser.add_argument("--out", type=Path, default=_ROOT / "bench" / "out", help="directory of llm.json")
-    parser.add_argument("--plot", type=Path, default=None,
-                        help="plot path (default docs/llm_scaling.png; <out>/llm_scaling.png with --quick)")
+    parser.add_argument(
+        "--plot",
+        type=Path,
+        default=None,
+        help="plot path (default docs/llm_scaling.png; <out>/llm_scaling.png with --quick)",
+    )
     return parser.parse_args(argv)
 
 
@@ -380,20 +428,34 @@ def _run(args: argparse.Namespace) -> int:
 
     if not args.no_llama:
         print(f"== Llama-style decoder, {layers} layers", flush=True)
-        keep(_run_workload(f"llama{layers}", lambda: llama_decoder(layers), [], args.off_budget, 0, tuple(args.modes)))
+        keep(
+            _run_workload(
+                f"llama{layers}", lambda: llama_decoder(layers), [], args.off_budget, 0, tuple(args.modes)
+            )
+        )
     off_history = sorted((r.ops, r.seconds) for r in rows if r.mode == "off" and r.workload.startswith("mix"))
     for size in sizes:
         print(f"== synthetic mix, {size} ops", flush=True)
-        keep(_run_workload(f"mix{size}", lambda size=size: synthetic_mix(size), off_history, args.off_budget, size,
-                           tuple(args.modes)))
+        keep(
+            _run_workload(
+                f"mix{size}",
+                lambda size=size: synthetic_mix(size),
+                off_history,
+                args.off_budget,
+                size,
+                tuple(args.modes),
+            )
+        )
     print("\n" + _table(rows))
     for mode in MODES:
         table = _pass_table(rows, mode)
         if table:
             print("\n" + table)
     elapsed = time.perf_counter() - started
-    note = (f"{'quick' if args.quick else 'full'} run, {os.cpu_count()} CPUs, load avg {load[0]:.1f}, "
-            f"coremltools {coremltools.__version__}, {elapsed:.0f} s")
+    note = (
+        f"{'quick' if args.quick else 'full'} run, {os.cpu_count()} CPUs, load avg {load[0]:.1f}, "
+        f"coremltools {coremltools.__version__}, {elapsed:.0f} s"
+    )
     json_path.write_text(json.dumps({"note": note, "rows": [asdict(r) for r in rows]}, indent=1))
     target = args.plot or (args.out / "llm_scaling.png" if args.quick else _ROOT / "docs" / "llm_scaling.png")
     plot(target, rows, note)

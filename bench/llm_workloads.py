@@ -55,7 +55,9 @@ def synthetic_mix(n_ops: int, d: int = 16, seq: int = 8, seed: int = 0) -> Progr
         for i in range(units):
             p = f"u{i}_"
             h = _layernorm(x, p + "ln_", rng)
-            h = mb.add(x=mb.matmul(x=h, y=weight(d, 2 * d), name=p + "fc1"), y=weight(2 * d), name=p + "fc1_b")
+            h = mb.add(
+                x=mb.matmul(x=h, y=weight(d, 2 * d), name=p + "fc1"), y=weight(2 * d), name=p + "fc1_b"
+            )
             h = _gelu_tanh(h, i)
             h = mb.add(x=mb.matmul(x=h, y=weight(2 * d, d), name=p + "fc2"), y=weight(d), name=p + "fc2_b")
             x = mb.add(x=x, y=h, name=p + "res")

@@ -41,11 +41,16 @@ def _phases(subs: list[SubPass]) -> list[tuple[str, list[tuple[str, int, str]]]]
         ("var_constraints callbacks", constraints),
         ("transform callbacks (build replacement, redirect uses)", transforms),
         ("dead matched ops unlinked, per match: remove_dead", [_key(removal.remove_dead)]),
-        ("undo journal: opening, names of each match, unlinked ops (hooks not counted)",
-         [_key(Journal.__init__), _key(Journal.keep_match), _key(Journal.unlinked)]),
+        (
+            "undo journal: opening, names of each match, unlinked ops (hooks not counted)",
+            [_key(Journal.__init__), _key(Journal.keep_match), _key(Journal.unlinked)],
+        ),
         ("validation of each rewrite's changes: validate_rewrite", [_key(changes.validate_rewrite)]),
         ("Block.__exit__ (propagate_nonreplaceable_vars over the whole block)", [_key(Block.__exit__)]),
-        ("revisit: revisit_candidates (changed ops of the pattern's types, and their neighbourhood)", [_key(changes.revisit_candidates)]),
+        (
+            "revisit: revisit_candidates (changed ops of the pattern's types, and their neighbourhood)",
+            [_key(changes.revisit_candidates)],
+        ),
         ("indexing: BlockIndex.__init__", [_key(blocks.BlockIndex.__init__)]),
     ]
 
@@ -143,7 +148,9 @@ def profile_ours(workload: str, n: int, top: int = 25) -> str:
         if not label.startswith(" "):
             accounted += seconds
         out.write(f"  {seconds / total:6.1%}  {seconds:7.3f}s  {calls:>7} calls  {label}\n")
-    out.write(f"  {(total - accounted) / total:6.1%}  {total - accounted:7.3f}s  {'':>13}  everything else\n\n")
+    out.write(
+        f"  {(total - accounted) / total:6.1%}  {total - accounted:7.3f}s  {'':>13}  everything else\n\n"
+    )
     stats.stream = out  # type: ignore[attr-defined]
     stats.sort_stats("cumulative").print_stats(top)
     stats.sort_stats("tottime").print_stats(top)

@@ -116,7 +116,9 @@ def chain_table(rows: Sequence[ChainRow], skipped: dict[str, str]) -> str:
     right = {1, 2} | set(range(3, len(header) - 1))
 
     def line(cells: list[str]) -> str:
-        return " | ".join(c.rjust(w) if i in right else c.ljust(w) for i, (c, w) in enumerate(zip(cells, widths)))
+        return " | ".join(
+            c.rjust(w) if i in right else c.ljust(w) for i, (c, w) in enumerate(zip(cells, widths))
+        )
 
     out = [line(header), "-+-".join("-" * w for w in widths)]
     previous = None
@@ -153,7 +155,9 @@ def evaluate_targets(
     row = gelu.get(SPEEDUP_N)
     name = f"GELU N={SPEEDUP_N}: ours >= {SPEEDUP_TARGET:g}x faster than (a) and than (b)"
     if row is None or row.seconds("c") is None:
-        targets.append(Target(name, "NOT MEASURED", f"N={SPEEDUP_N} not in this run" + (" (--quick)" if quick else "")))
+        targets.append(
+            Target(name, "NOT MEASURED", f"N={SPEEDUP_N} not in this run" + (" (--quick)" if quick else ""))
+        )
     else:
         found = {}
         for cpu in (False, True):
@@ -256,8 +260,12 @@ def transformer_table(result: dict[str, Any]) -> str:
             f"{side['ops'][-1]}{'' if side['stable_ops'] else ' (varied: ' + str(side['ops']) + ')'}"
         )
     off, on = result["off"]["op_types"], result["on"]["op_types"]
-    changed = {t: (off.get(t, 0), on.get(t, 0)) for t in sorted(set(off) | set(on)) if off.get(t, 0) != on.get(t, 0)}
-    lines.append("op types that changed (off -> on): " + ", ".join(f"{t} {a}->{b}" for t, (a, b) in changed.items()))
+    changed = {
+        t: (off.get(t, 0), on.get(t, 0)) for t in sorted(set(off) | set(on)) if off.get(t, 0) != on.get(t, 0)
+    }
+    lines.append(
+        "op types that changed (off -> on): " + ", ".join(f"{t} {a}->{b}" for t, (a, b) in changed.items())
+    )
     lines.append(f"generic passes that rewrote (rewrites): {result['on'].get('generic_rewrites', {})}")
     return "\n".join(lines)
 
@@ -308,7 +316,8 @@ def write_json(
         "k_independence": list(k_results or []),
         "transformer": transformer,
         "targets": [
-            {"name": t.name, "status": t.status, "cpu_status": t.cpu_status, "detail": t.detail} for t in targets
+            {"name": t.name, "status": t.status, "cpu_status": t.cpu_status, "detail": t.detail}
+            for t in targets
         ],
     }
     path.write_text(json.dumps(data, indent=2, default=str) + "\n")
@@ -350,15 +359,31 @@ def plot_scaling(path: Path, rows: Sequence[ChainRow], title_note: str = "") -> 
                 exponent = max(2.0, math.log(t1 / t0) / math.log(n1 / n0))
                 px = [n1] + skipped
                 py = [t1 * (n / n1) ** exponent for n in px]
-                ax.plot(px, py, linestyle=":", color=_STYLE[key]["color"], marker=_STYLE[key]["marker"],
-                        markerfacecolor="none", markersize=7, label=f"({key}) skipped: predicted")
+                ax.plot(
+                    px,
+                    py,
+                    linestyle=":",
+                    color=_STYLE[key]["color"],
+                    marker=_STYLE[key]["marker"],
+                    markerfacecolor="none",
+                    markersize=7,
+                    label=f"({key}) skipped: predicted",
+                )
         ours = [(r.n, r.seconds("c", cpu)) for r in gelu if r.seconds("c", cpu)]
         if ours and all_n:
             n0, t0 = ours[0]
             xs = [min(all_n), max(all_n)]
-            ax.plot(xs, [t0 * x / n0 for x in xs], color="gray", linestyle="--", linewidth=1, label="O(N) guide")
-            ax.plot(xs, [t0 * (x / n0) ** 2 for x in xs], color="gray", linestyle="-.", linewidth=1,
-                    label="O(N²) guide")
+            ax.plot(
+                xs, [t0 * x / n0 for x in xs], color="gray", linestyle="--", linewidth=1, label="O(N) guide"
+            )
+            ax.plot(
+                xs,
+                [t0 * (x / n0) ** 2 for x in xs],
+                color="gray",
+                linestyle="-.",
+                linewidth=1,
+                label="O(N²) guide",
+            )
         ax.set_xscale("log")
         ax.set_yscale("log")
         if all_n:
@@ -367,13 +392,16 @@ def plot_scaling(path: Path, rows: Sequence[ChainRow], title_note: str = "") -> 
             ax.xaxis.set_minor_formatter(NullFormatter())
             ax.tick_params(axis="x", labelrotation=45)
         ax.set_xlabel("N (tanh-GELU blocks in the chain; 8 pattern ops + 1 relu each)")
-        ax.set_title("CPU time of the benchmark thread (time.thread_time)" if cpu
-                     else "wall time (time.perf_counter)")
+        ax.set_title(
+            "CPU time of the benchmark thread (time.thread_time)" if cpu else "wall time (time.perf_counter)"
+        )
         ax.grid(True, which="both", alpha=0.3)
     axes[0].set_ylabel("seconds per run (best of repeats)")
     axes[0].legend(loc="upper left", fontsize=9)
-    fig.suptitle("common::fuse_gelu_tanh_approximation on GELU chains: coremltools vs ours vs the rewrite floor"
-                 + (f"\n{title_note}" if title_note else ""))
+    fig.suptitle(
+        "common::fuse_gelu_tanh_approximation on GELU chains: coremltools vs ours vs the rewrite floor"
+        + (f"\n{title_note}" if title_note else "")
+    )
     fig.tight_layout()
     fig.savefig(path)
     plt.close(fig)

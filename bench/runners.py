@@ -115,7 +115,9 @@ def _pass_scope(name: str) -> Any:
 
 def op_type_counts(prog: Program) -> Counter[str]:
     """Op types over every block, nested ones included, ``const`` ops excluded."""
-    return Counter(op.op_type for block in iter_blocks(prog) for op in block.operations if op.op_type != "const")
+    return Counter(
+        op.op_type for block in iter_blocks(prog) for op in block.operations if op.op_type != "const"
+    )
 
 
 def name_counter_state() -> dict[str, int]:

@@ -29,7 +29,15 @@ from coremltools.converters.mil import Builder as mb
 from coremltools.converters.mil.mil import Program, get_new_symbol
 from coremltools.converters.mil.mil.passes.pass_registry import PASS_REGISTRY
 
-from pattern_infra import ConstRule, PassContainer, PassStats, Pattern, SubPass, register_generic_pass, run_log
+from pattern_infra import (
+    ConstRule,
+    PassContainer,
+    PassStats,
+    Pattern,
+    SubPass,
+    register_generic_pass,
+    run_log,
+)
 
 from .runners import (
     RUNNER_KEYS,
@@ -298,7 +306,9 @@ def k_container(k: int) -> PassContainer:
         return existing
     container = None
     for i in range(k):
-        container = register_generic_pass(_dummy_pattern(i), None, _never, pass_name, "bench", name=f"dummy{i}")
+        container = register_generic_pass(
+            _dummy_pattern(i), None, _never, pass_name, "bench", name=f"dummy{i}"
+        )
     container = register_generic_pass(
         [gelu_tanh_pattern_1, gelu_tanh_pattern_2],
         None,
@@ -329,7 +339,9 @@ def run_k_independence(n: int, ks: Sequence[int], repeats: int) -> list[dict[str
         for k in ks:
             container = containers[k]
             gelu_subs = [s for s in container.passes if isinstance(s, SubPass) and s.name.startswith("gelu")]
-            dummy_subs = [s for s in container.passes if isinstance(s, SubPass) and s.name.startswith("dummy")]
+            dummy_subs = [
+                s for s in container.passes if isinstance(s, SubPass) and s.name.startswith("dummy")
+            ]
             work = copy.deepcopy(prog)
             before = [copy.copy(s.stats) for s in gelu_subs + dummy_subs]
             gc.collect()

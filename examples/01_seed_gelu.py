@@ -56,13 +56,19 @@ def transform_pattern(pattern):
 
 
 gelu_pass = register_generic_pass(
-    [gelu_to_detect_1, gelu_to_detect_2], None, transform_pattern,
-    "fuse_gelu_tanh_approximation", "examples", constants="value", name="gelu_tanh",
+    [gelu_to_detect_1, gelu_to_detect_2],
+    None,
+    transform_pattern,
+    "fuse_gelu_tanh_approximation",
+    "examples",
+    constants="value",
+    name="gelu_tanh",
 )
 
 
 def gelu_tanh(x, half_first, swapped):
     """One GELU as a converter might write it; ``swapped`` flips every mul/add operand order."""
+
     def mul(a, b):
         return mb.mul(x=b, y=a) if swapped else mb.mul(x=a, y=b)
 

@@ -50,13 +50,16 @@ def transform_pattern(pattern):
         bias = bias - c
     else:  # c - linear
         weight, bias = -weight, c - bias
-    fused = mb.linear(x=linear.x, weight=weight, bias=bias, name=add_or_sub.outputs[0].name,
-                      before_op=linear)
+    fused = mb.linear(x=linear.x, weight=weight, bias=bias, name=add_or_sub.outputs[0].name, before_op=linear)
     pattern.replace_output(fused)
 
 
 linear_bias_pass = register_generic_pass(
-    linear_bias, var_constraints, transform_pattern, "fuse_linear_bias", "examples",
+    linear_bias,
+    var_constraints,
+    transform_pattern,
+    "fuse_linear_bias",
+    "examples",
     alternatives={"add_or_sub": ["add", "sub"]},
     # add is commutative by itself; naming the op asks for both orders of sub too (c - linear), and the
     # transform reads which side the linear is on
@@ -97,5 +100,4 @@ for i, (name, (_, _, formula)) in enumerate(CASES.items()):
     expected = formula(x @ W[i].T.astype(np.float64) + B[i], C[i])
     got = x @ fused[name].weight.val.T.astype(np.float64) + fused[name].bias.val
     err = float(np.max(np.abs(got - expected)))
-    ex.check(np.allclose(got, expected, rtol=1e-6, atol=1e-6),
-             f"{name:<12} agrees (max |diff| {err:.1e})")
+    ex.check(np.allclose(got, expected, rtol=1e-6, atol=1e-6), f"{name:<12} agrees (max |diff| {err:.1e})")

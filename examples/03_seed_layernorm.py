@@ -62,7 +62,8 @@ def var_constraints(pattern):
     reductions = (pattern.reduce_op, pattern.reduce_op2)
     return (
         all(P.axes_are(op.axes, rank, [-1]) and op.keep_dims.val for op in reductions)
-        and P.is_constant(eps) and np.size(eps.val) == 1
+        and P.is_constant(eps)
+        and np.size(eps.val) == 1
         and _per_feature(pattern.operand("mul_op1", "y"), d, rank)  # gamma
         and _per_feature(pattern.operand("sub_op2", "x"), d, rank)  # beta
     )
@@ -86,8 +87,9 @@ def transform_pattern(pattern):
     pattern.replace_output(layer_norm)
 
 
-layernorm_pass = register_generic_pass(layernorm, var_constraints, transform_pattern, "layernorm_pass",
-                                       "examples")
+layernorm_pass = register_generic_pass(
+    layernorm, var_constraints, transform_pattern, "layernorm_pass", "examples"
+)
 
 
 def written_out_norm(x, axis, gamma, beta, eps=1e-5):
@@ -112,6 +114,8 @@ def prog(x):
 
 ex.banner("layer norm over the last axis (fused), then over axis 1 (not a layer_norm over [-1])")
 after = ex.rewrite(layernorm_pass, prog)
-ex.check(ex.op_types(after)[0] == "layer_norm" and len(ex.op_types(after)) == 12,
-         "the norm over the last axis fused, the other left")
+ex.check(
+    ex.op_types(after)[0] == "layer_norm" and len(ex.op_types(after)) == 12,
+    "the norm over the last axis fused, the other left",
+)
 ex.compare(prog, after)

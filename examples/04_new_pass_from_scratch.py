@@ -62,7 +62,11 @@ def transform_pattern(pattern):
 
 
 hard_swish_pass = register_generic_pass(
-    [hard_swish_div, hard_swish_mul], var_constraints, transform_pattern, "fuse_hard_swish", "examples",
+    [hard_swish_div, hard_swish_mul],
+    var_constraints,
+    transform_pattern,
+    "fuse_hard_swish",
+    "examples",
     name="hard_swish",
 )
 
@@ -76,8 +80,7 @@ def prog(x):
 
 ex.banner("hard-swish written with real_div, then with mul(1/6) and swapped operands; then x + 2")
 after = ex.rewrite(hard_swish_pass, prog)
-ex.check(ex.op_types(after)[:4] == ["sigmoid_hard", "mul"] * 2,
-         "both hard-swishes fused, the x + 2 one kept")
+ex.check(ex.op_types(after)[:4] == ["sigmoid_hard", "mul"] * 2, "both hard-swishes fused, the x + 2 one kept")
 
 ex.banner("numerical check against the formula x * relu6(x + 3) / 6")
 x = np.linspace(-5.0, 5.0, 64)  # covers both clip points, -3 and 3
@@ -91,5 +94,7 @@ expected = hard_swish(hard_swish(x))
 expected = expected * np.clip(expected + 2.0, 0.0, 6.0) / 6.0
 (got,) = evaluate(after, {"x": x}).values()
 err = float(np.max(np.abs(got - expected)))
-ex.check(np.allclose(got, expected, rtol=1e-6, atol=1e-7),
-         f"rewritten program = formula, up to its fp32 constants (max |diff| {err:.1e})")
+ex.check(
+    np.allclose(got, expected, rtol=1e-6, atol=1e-7),
+    f"rewritten program = formula, up to its fp32 constants (max |diff| {err:.1e})",
+)

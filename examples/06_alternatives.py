@@ -44,13 +44,22 @@ def same_axes(pattern):
 
 def reduce_without_keep_dims(pattern):
     reduce_op = getattr(mb, pattern.reduce.op_type)  # whichever alternative matched
-    out = reduce_op(x=pattern.root_var, axes=pattern.reduce.axes.val, keep_dims=False,
-                    name=pattern.squeeze.outputs[0].name, before_op=pattern.squeeze)
+    out = reduce_op(
+        x=pattern.root_var,
+        axes=pattern.reduce.axes.val,
+        keep_dims=False,
+        name=pattern.squeeze.outputs[0].name,
+        before_op=pattern.squeeze,
+    )
     pattern.replace_output(out)
 
 
 squeeze_pass = register_generic_pass(
-    reduce_then_squeeze, same_axes, reduce_without_keep_dims, "fold_squeeze_into_reduce", "examples",
+    reduce_then_squeeze,
+    same_axes,
+    reduce_without_keep_dims,
+    "fold_squeeze_into_reduce",
+    "examples",
     const_rules={"reduce.axes": "const", "squeeze.axes": "const"},
     alternatives={"reduce": ["reduce_mean", "reduce_sum", "reduce_max"]},
 )
@@ -61,14 +70,20 @@ def reductions(x):
     def reduce_squeeze(op, axis, name):
         return mb.squeeze(x=op(x=x, axes=[axis], keep_dims=True), axes=[axis], name=name)
 
-    return (reduce_squeeze(mb.reduce_mean, 2, "mean"), reduce_squeeze(mb.reduce_sum, 1, "sum"),
-            reduce_squeeze(mb.reduce_max, -3, "max"), reduce_squeeze(mb.reduce_min, 2, "min_not_listed"))
+    return (
+        reduce_squeeze(mb.reduce_mean, 2, "mean"),
+        reduce_squeeze(mb.reduce_sum, 1, "sum"),
+        reduce_squeeze(mb.reduce_max, -3, "max"),
+        reduce_squeeze(mb.reduce_min, 2, "min_not_listed"),
+    )
 
 
 ex.banner("1. alternatives={'reduce': ['reduce_mean', 'reduce_sum', 'reduce_max']}")
 after = ex.rewrite(squeeze_pass, reductions)
-ex.check(ex.op_types(after) == ["reduce_mean", "reduce_sum", "reduce_max", "reduce_min", "squeeze"],
-         "the three listed reductions fused, reduce_min left alone")
+ex.check(
+    ex.op_types(after) == ["reduce_mean", "reduce_sum", "reduce_max", "reduce_min", "squeeze"],
+    "the three listed reductions fused, reduce_min left alone",
+)
 ex.compare(reductions, after)
 
 # -- 2. alternative sub-patterns -----------------------------------------------------------------------
@@ -96,14 +111,22 @@ def ordered_scalar_bounds(pattern):
 def to_clip(pattern):
     lo, hi = bounds(pattern)
     last = pattern.final_op  # ``upper`` in the first pattern, ``lower`` in the second
-    pattern.replace_output(mb.clip(x=pattern.root_var, alpha=lo, beta=hi, name=last.outputs[0].name,
-                                   before_op=last))
+    pattern.replace_output(
+        mb.clip(x=pattern.root_var, alpha=lo, beta=hi, name=last.outputs[0].name, before_op=last)
+    )
 
 
 # constants="const": the bounds must be compile-time constants. (With the default "any", a program
 # constant written first, as in minimum(0.5, a), could be bound to the pattern's input x instead.)
-clamp_pass = register_generic_pass([max_then_min, min_then_max], ordered_scalar_bounds, to_clip,
-                                   "fuse_clamp", "examples", name="clamp", constants="const")
+clamp_pass = register_generic_pass(
+    [max_then_min, min_then_max],
+    ordered_scalar_bounds,
+    to_clip,
+    "fuse_clamp",
+    "examples",
+    name="clamp",
+    constants="const",
+)
 
 
 @mb.program(input_specs=[mb.TensorSpec(shape=(2, 6))])
@@ -116,6 +139,7 @@ def clamps(x):
 ex.banner("2. two sub-patterns, one registration")
 print(f"{clamp_pass.pass_id}: sub-passes {clamp_pass.order}")
 after = ex.rewrite(clamp_pass, clamps)
-ex.check(ex.op_types(after) == ["clip", "clip", "maximum", "minimum"],
-         "both nestings fused, lo > hi left alone")
+ex.check(
+    ex.op_types(after) == ["clip", "clip", "maximum", "minimum"], "both nestings fused, lo > hi left alone"
+)
 ex.compare(clamps, after)

@@ -23,7 +23,6 @@ from coremltools.converters.mil import Builder as mb
 from pattern_infra import ConstRule, find_matches
 
 
-
 def spec(n=1):
     return [mb.TensorSpec(shape=(2, 3)) for _ in range(n)]  # one TensorSpec object per input
 
@@ -66,8 +65,10 @@ for label, options in [
     slots = ", ".join(f"{m.final_op.name}: m.y={ex.value_text(m.consts['m.y'])}" for m in found)
     print(f"{label:<42} {len(found)} match(es)  [{slots}]")
 ex.check([len(v) for v in results.values()] == [4, 3, 2, 3], "any 4, const 3, value 2, loose value 3")
-ex.check(all("times_itself" not in v for v in results.values()),
-         "a constant slot fed from inside the match never matches")
+ex.check(
+    all("times_itself" not in v for v in results.values()),
+    "a constant slot fed from inside the match never matches",
+)
 
 ex.banner('const_rules: a rule per constant, here {"m.y": "value", "a.y": "const"}')
 
@@ -111,5 +112,7 @@ for mode in ("any", "const"):
     (m,) = find_matches(scaled_relu, constant_first, constants=mode)
     root, slot = ex.value_text(m.root_var), ex.value_text(m.consts["m.y"])
     print(f'constants="{mode}": root_var={root:<4} m.y={slot}')
-print('-> with "any", mul(3.0, x) binds the constant 3.0 to the pattern input x and x to the constant '
-      'slot; require "const" (or check pattern.root_var) when that matters')
+print(
+    '-> with "any", mul(3.0, x) binds the constant 3.0 to the pattern input x and x to the constant '
+    'slot; require "const" (or check pattern.root_var) when that matters'
+)

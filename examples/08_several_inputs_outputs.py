@@ -40,24 +40,33 @@ def spec(*shapes):
 @mb.program(input_specs=spec((get_new_symbol(), D)))
 def qkv_projections(x):
     w, b = np.zeros((D, D), np.float32), np.zeros(D, np.float32)
-    return (mb.linear(x=x, weight=w, bias=b, name="q"), mb.linear(x=x, weight=w, bias=b, name="k"),
-            mb.linear(x=x, weight=w, bias=b, name="v"))
+    return (
+        mb.linear(x=x, weight=w, bias=b, name="q"),
+        mb.linear(x=x, weight=w, bias=b, name="k"),
+        mb.linear(x=x, weight=w, bias=b, name="v"),
+    )
 
 
 def stack_projections(pattern):
     # The pattern's q, k, v are interchangeable, so which program linear each one matched is arbitrary:
     # stack them in program order (op_list()) and give each output its own slice.
     linears = pattern.op_list()
-    fused = mb.linear(x=pattern.root_var, weight=np.concatenate([op.weight.val for op in linears]),
-                      bias=np.concatenate([op.bias.val for op in linears]), before_op=linears[0])
-    parts = mb.split(x=fused, split_sizes=[op.weight.shape[0] for op in linears], axis=-1,
-                     before_op=linears[0])
+    fused = mb.linear(
+        x=pattern.root_var,
+        weight=np.concatenate([op.weight.val for op in linears]),
+        bias=np.concatenate([op.bias.val for op in linears]),
+        before_op=linears[0],
+    )
+    parts = mb.split(
+        x=fused, split_sizes=[op.weight.shape[0] for op in linears], axis=-1, before_op=linears[0]
+    )
     for op, part in zip(linears, parts):
         pattern.replace_output(part, old_var=op.outputs[0])
 
 
-qkv_pass = register_generic_pass(qkv_projections, None, stack_projections, "stack_qkv", "examples",
-                                 constants="const")
+qkv_pass = register_generic_pass(
+    qkv_projections, None, stack_projections, "stack_qkv", "examples", constants="const"
+)
 
 # -- 2. several inputs ---------------------------------------------------------------------------------
 
@@ -74,9 +83,12 @@ def is_sdpa(pattern):
     d = q.shape[-1]
     return (
         pattern.block.opset_version >= ct.target.iOS18  # the main block: a function, with an opset
-        and not pattern.scores.transpose_x.val and pattern.scores.transpose_y.val
-        and not pattern.out.transpose_x.val and not pattern.out.transpose_y.val
-        and isinstance(d, int) and P.scalar_close_to(pattern.operand("scale", "y"), 1 / np.sqrt(d))
+        and not pattern.scores.transpose_x.val
+        and pattern.scores.transpose_y.val
+        and not pattern.out.transpose_x.val
+        and not pattern.out.transpose_y.val
+        and isinstance(d, int)
+        and P.scalar_close_to(pattern.operand("scale", "y"), 1 / np.sqrt(d))
         and P.axes_are(pattern.weights.axis, pattern.weights.outputs[0].rank, [-1])
     )
 
@@ -84,8 +96,9 @@ def is_sdpa(pattern):
 def to_sdpa(pattern):
     q, k, v = pattern.root_vars
     out = pattern.out
-    pattern.replace_output(mb.scaled_dot_product_attention(query=q, key=k, value=v,
-                                                           name=out.outputs[0].name, before_op=out))
+    pattern.replace_output(
+        mb.scaled_dot_product_attention(query=q, key=k, value=v, name=out.outputs[0].name, before_op=out)
+    )
 
 
 sdpa_pass = register_generic_pass(attention, is_sdpa, to_sdpa, "fuse_sdpa", "examples")
@@ -97,8 +110,15 @@ rng = np.random.default_rng(0)
 
 @mb.program(input_specs=spec((2, 5, D)), opset_version=ct.target.iOS18)
 def prog(x):
-    q, k, v = (mb.linear(x=x, weight=rng.standard_normal((D, D)).astype(np.float32),
-                         bias=rng.standard_normal(D).astype(np.float32), name=n) for n in "qkv")
+    q, k, v = (
+        mb.linear(
+            x=x,
+            weight=rng.standard_normal((D, D)).astype(np.float32),
+            bias=rng.standard_normal(D).astype(np.float32),
+            name=n,
+        )
+        for n in "qkv"
+    )
     scores = mb.mul(x=1 / np.sqrt(D), y=mb.matmul(x=q, y=k, transpose_y=True))
     return mb.matmul(x=mb.softmax(x=scores, axis=-1), y=v, name="attended")
 

@@ -38,8 +38,9 @@ def merge_duplicates(pattern):
         pattern.replace_output(keep.outputs[0], old_var=dup.outputs[0])  # dead duplicates are removed
 
 
-dedup_pass = register_generic_pass(shared_exp, has_duplicates, merge_duplicates, "merge_duplicate_exp",
-                                   "examples", fanout=["uses"])
+dedup_pass = register_generic_pass(
+    shared_exp, has_duplicates, merge_duplicates, "merge_duplicate_exp", "examples", fanout=["uses"]
+)
 
 
 @mb.program(input_specs=[mb.TensorSpec(shape=(2, 3))])

@@ -36,9 +36,11 @@ def factored(x, a, b):
 
 
 factor_pass = register_generic_pass(
-    two_scalings, None,
+    two_scalings,
+    None,
     replace_with(factored, bind={"a": "m1.y", "b": lambda pattern: pattern.operand("m2", "y")}),
-    "factor_common_input", "examples",
+    "factor_common_input",
+    "examples",
 )
 
 
@@ -50,8 +52,10 @@ def prog(x, s):
 
 ex.banner("x * a + x * b -> x * (a + b), by replace_with(factored, bind=...)")
 after = ex.rewrite(factor_pass, prog)
-ex.check(ex.op_types(after) == ["add", "mul"] * 2,
-         "both factored (the add of two constants is for coremltools' const_elimination to fold)")
+ex.check(
+    ex.op_types(after) == ["add", "mul"] * 2,
+    "both factored (the add of two constants is for coremltools' const_elimination to fold)",
+)
 names = [op.outputs[0].name for op in after.functions["main"].operations if op.op_type == "mul"]
 ex.check(names == ["constants", "input_and_constant"], "the final outputs kept their names")
 ex.compare(prog, after)

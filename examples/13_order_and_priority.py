@@ -49,8 +49,9 @@ def prog(x):
 
 ex.banner("registration order: square, then abs")
 register_generic_pass(x_times_x, None, to_square, "by_registration", "examples", name="square")
-by_registration = register_generic_pass(sqrt_of_x_times_x, None, to_abs, "by_registration", "examples",
-                                        name="abs")
+by_registration = register_generic_pass(
+    sqrt_of_x_times_x, None, to_abs, "by_registration", "examples", name="abs"
+)
 print("order:", by_registration.order)
 after = ex.rewrite(by_registration, prog)
 ex.check(ex.op_types(after) == ["square", "sqrt", "square"], "square took the mul inside the sqrt")
@@ -58,8 +59,9 @@ ex.compare(prog, after)
 
 ex.banner("same registrations, abs with priority=1")
 register_generic_pass(x_times_x, None, to_square, "by_priority", "examples", name="square")
-by_priority = register_generic_pass(sqrt_of_x_times_x, None, to_abs, "by_priority", "examples",
-                                    name="abs", priority=1)
+by_priority = register_generic_pass(
+    sqrt_of_x_times_x, None, to_abs, "by_priority", "examples", name="abs", priority=1
+)
 print("order:", by_priority.order)
 after = ex.rewrite(by_priority, prog)
 ex.check(ex.op_types(after) == ["abs", "square"], "abs ran first and took sqrt(x * x)")

@@ -41,8 +41,13 @@ def buggy_transform(pattern):
     pattern.replace_output(mb.relu(x=scaled, name=last.outputs[0].name, before_op=last))
 
 
-scale_pass = register_generic_pass(relu_then_scale, lambda p: P.is_constant(p.operand("scale", "y")),
-                                   buggy_transform, "scale_before_relu", "examples")
+scale_pass = register_generic_pass(
+    relu_then_scale,
+    lambda p: P.is_constant(p.operand("scale", "y")),
+    buggy_transform,
+    "scale_before_relu",
+    "examples",
+)
 
 
 @mb.program(input_specs=SPEC)

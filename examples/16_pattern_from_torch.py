@@ -32,13 +32,18 @@ ex.check(ex.op_types(capture.pattern) == ["mul", "sigmoid", "mul"], "three ops, 
 
 
 def to_gelu(pattern):
-    out = mb.gelu(x=pattern.root_var, mode="SIGMOID_APPROXIMATION", name=pattern.mul_1.outputs[0].name,
-                  before_op=pattern.mul_1)
+    out = mb.gelu(
+        x=pattern.root_var,
+        mode="SIGMOID_APPROXIMATION",
+        name=pattern.mul_1.outputs[0].name,
+        before_op=pattern.mul_1,
+    )
     pattern.replace_output(out)
 
 
-quick_gelu = register_generic_pass(capture.pattern, None, to_gelu, "fuse_quick_gelu_from_torch", "examples",
-                                   constants="value")
+quick_gelu = register_generic_pass(
+    capture.pattern, None, to_gelu, "fuse_quick_gelu_from_torch", "examples", constants="value"
+)
 
 
 class MLP(torch.nn.Module):

@@ -48,8 +48,11 @@ for variant in compiled.variants:
 ex.check(len(compiled.variants) == 12, "12 spellings (2 squares x 3 norms x with or without the weight)")
 
 SQUARES = [lambda x: mb.mul(x=x, y=x), lambda x: mb.pow(x=x, y=2.0)]
-NORMS = [lambda x, v: mb.mul(x=mb.rsqrt(x=v), y=x), lambda x, v: mb.real_div(x=x, y=mb.sqrt(x=v)),
-         lambda x, v: mb.mul(x=x, y=mb.real_div(x=1.0, y=mb.sqrt(x=v)))]
+NORMS = [
+    lambda x, v: mb.mul(x=mb.rsqrt(x=v), y=x),
+    lambda x, v: mb.real_div(x=x, y=mb.sqrt(x=v)),
+    lambda x, v: mb.mul(x=x, y=mb.real_div(x=1.0, y=mb.sqrt(x=v))),
+]
 
 
 @mb.program(input_specs=[mb.TensorSpec(shape=(3, 8)), mb.TensorSpec(shape=(8,))])
@@ -67,9 +70,13 @@ def twelve(x, w):
 ex.banner("2. the twelve spellings, each matched once")
 matches = list(find_matches(rms_norm, twelve, constants="const"))
 for m in matches:
-    print(f"  {m.final_op.name:>8}: choices {m.choices}, weight {'yes' if m.root_vars[1] is not None else 'no'}")
-ex.check(len(matches) == 12 and len({tuple(sorted(m.choices.items())) for m in matches}) == 12,
-         "12 matches, 12 different combinations of alternatives")
+    print(
+        f"  {m.final_op.name:>8}: choices {m.choices}, weight {'yes' if m.root_vars[1] is not None else 'no'}"
+    )
+ex.check(
+    len(matches) == 12 and len({tuple(sorted(m.choices.items())) for m in matches}) == 12,
+    "12 matches, 12 different combinations of alternatives",
+)
 
 
 def to_rms(pattern):
@@ -87,8 +94,12 @@ def to_rms(pattern):
 rms_pass = register_generic_pass(rms_norm, None, to_rms, "canonical_rms_norm", "examples", constants="const")
 ex.banner("3. rewritten into one canonical spelling")
 after = ex.rewrite(rms_pass, twelve)
-ex.check(ex.op_types(after).count("rsqrt") == 12 and "sqrt" not in ex.op_types(after)
-         and "pow" not in ex.op_types(after), "every spelling became mul / rsqrt")
+ex.check(
+    ex.op_types(after).count("rsqrt") == 12
+    and "sqrt" not in ex.op_types(after)
+    and "pow" not in ex.op_types(after),
+    "every spelling became mul / rsqrt",
+)
 ex.compare(twelve, after, tol=1e-6)
 
 

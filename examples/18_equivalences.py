@@ -55,8 +55,10 @@ ex.check(rows == [(1, 1), (0, 1), (0, 1), (0, 1)], "off: only the written spelli
 
 ex.banner("2. constants keep their meaning")
 wrong = program("mul", -0.25)  # add(-0.25) is sub(0.25), not sub(0.5)
-ex.check(list(find_matches(centered_power, wrong, constants="value", equivalences=True)) == [],
-         "add(-0.25) is refused: the other spelling of sub(0.5) is add(-0.5)")
+ex.check(
+    list(find_matches(centered_power, wrong, constants="value", equivalences=True)) == [],
+    "add(-0.25) is refused: the other spelling of sub(0.5) is add(-0.5)",
+)
 
 ex.banner("3. an identity where it does not hold is refused at registration")
 try:

@@ -21,8 +21,15 @@ from coremltools.converters.mil.mil.passes.pass_registry import PASS_REGISTRY  #
 from pattern_infra.verification.evaluator import evaluate  # noqa: E402
 
 __all__ = [
-    "banner", "value_text", "listing", "show", "op_types",
-    "rewrite", "check", "random_inputs", "compare",
+    "banner",
+    "value_text",
+    "listing",
+    "show",
+    "op_types",
+    "rewrite",
+    "check",
+    "random_inputs",
+    "compare",
 ]
 
 

@@ -20,7 +20,9 @@ from pattern_infra.testing.models import ZOO  # noqa: E402
 
 def main(argv: list[str]) -> int:
     if len(argv) != 2 or argv[0] not in ZOO:
-        print(f"usage: save_zoo_model.py MODEL OUT.mlpackage, MODEL one of: {', '.join(ZOO)}", file=sys.stderr)
+        print(
+            f"usage: save_zoo_model.py MODEL OUT.mlpackage, MODEL one of: {', '.join(ZOO)}", file=sys.stderr
+        )
         return 2
     module, args = ZOO[argv[0]]()
     convert_torch_model(module, args, override=False).save(argv[1])

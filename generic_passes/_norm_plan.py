@@ -300,7 +300,9 @@ def _accept(
     return True
 
 
-def _const_or_value(value: Var | np.ndarray | _Affine | None, before_op: Operation) -> Var | np.ndarray | None:
+def _const_or_value(
+    value: Var | np.ndarray | _Affine | None, before_op: Operation
+) -> Var | np.ndarray | None:
     if isinstance(value, _Affine):
         if value.var is not None:
             return value.var

@@ -54,10 +54,29 @@ __all__ = ["ShapeFacts", "function_of"]
 
 Expr = sp.Expr
 
-_ELEMENTWISE = frozenset({
-    "add", "sub", "mul", "real_div", "floor_div", "pow", "maximum", "minimum", "mod", "equal", "not_equal",
-    "less", "less_equal", "greater", "greater_equal", "logical_and", "logical_or", "logical_xor", "select",
-})
+_ELEMENTWISE = frozenset(
+    {
+        "add",
+        "sub",
+        "mul",
+        "real_div",
+        "floor_div",
+        "pow",
+        "maximum",
+        "minimum",
+        "mod",
+        "equal",
+        "not_equal",
+        "less",
+        "less_equal",
+        "greater",
+        "greater_equal",
+        "logical_and",
+        "logical_or",
+        "logical_xor",
+        "select",
+    }
+)
 _SHAPE_KEEPING = frozenset({"expand_dims", "squeeze", "reshape", "identity"})
 _FACTS: weakref.WeakKeyDictionary[Function, ShapeFacts] = weakref.WeakKeyDictionary()
 
@@ -277,7 +296,9 @@ class ShapeFacts:
             return tuple(sp.expand({"add": a + b, "sub": a - b, "mul": a * b}[kind]) for a, b in zip(x, y))
         if kind == "real_div":  # integer division: known only where it is proven exact
             quotients = [sp.cancel(a / b) if b != 0 else None for a, b in zip(x, y)]
-            return None if not all(_integral(q) for q in quotients) else tuple(sp.expand(q) for q in quotients)
+            return (
+                None if not all(_integral(q) for q in quotients) else tuple(sp.expand(q) for q in quotients)
+            )
         picked = []
         for a, b in zip(x, y):
             smaller = a if self.le(a, b) else b if self.le(b, a) else None

@@ -78,11 +78,16 @@ def rotate_half_pattern(form: str) -> Program:
         if form == "concat":
             rotated = mb.concat(values=[neg, x1], axis=-1, name="cat")
         else:
-            rotated = mb.reshape(x=mb.stack(values=[neg, x1], axis=-1, name="stacked"), shape=[1, 2, 3, 8],
-                                 name="flat")
+            rotated = mb.reshape(
+                x=mb.stack(values=[neg, x1], axis=-1, name="stacked"), shape=[1, 2, 3, 8], name="flat"
+            )
         return mb.mul(x=rotated, y=sin, name="mul_sin")
 
-    specs = [mb.TensorSpec(shape=(1, 2, 3, 4)), mb.TensorSpec(shape=(1, 2, 3, 4)), mb.TensorSpec(shape=(1, 1, 3, 8))]
+    specs = [
+        mb.TensorSpec(shape=(1, 2, 3, 4)),
+        mb.TensorSpec(shape=(1, 2, 3, 4)),
+        mb.TensorSpec(shape=(1, 1, 3, 8)),
+    ]
     return mb.program(input_specs=specs)(lambda x2, x1, sin: body(x2, x1, sin))
 
 
@@ -164,9 +169,16 @@ def _rotations(sin: Var) -> int:
         if source is None or source.op_type not in ("concat", "stack"):
             continue
         first = source.values[0].op
-        if first is not None and first.op_type == "mul" and any(
-                v.val is not None and np.asarray(v.val).size == 1 and float(np.asarray(v.val).reshape(())) == -1.0
-                for v in (first.x, first.y)):
+        if (
+            first is not None
+            and first.op_type == "mul"
+            and any(
+                v.val is not None
+                and np.asarray(v.val).size == 1
+                and float(np.asarray(v.val).reshape(())) == -1.0
+                for v in (first.x, first.y)
+            )
+        ):
             count += 1
     return count
 
@@ -203,20 +215,34 @@ def transform_fold_rotate_half_sign(pattern: Pattern) -> None:
     x2, x1 = pattern.operand("neg", "x"), (pattern.cat if "cat" in pattern.ops else pattern.stacked).values[1]
     dtype = np.float16 if predicates.dtype_is(sin, "fp16") else np.float32
     if predicates.is_constant(sin):
-        signed: Var | np.ndarray = np.asarray(sin.val) * _sign_table(signs, from_right, np.asarray(sin.val).dtype)
+        signed: Var | np.ndarray = np.asarray(sin.val) * _sign_table(
+            signs, from_right, np.asarray(sin.val).dtype
+        )
     else:
         signed = _signed_sin(sin, signs, from_right, pattern.block)
         if signed is None:
-            signed = mb.mul(x=sin, y=_sign_table(signs, from_right, dtype), name=f"{sin.name}_signed",
-                            before_op=_after(sin, pattern.block))
+            signed = mb.mul(
+                x=sin,
+                y=_sign_table(signs, from_right, dtype),
+                name=f"{sin.name}_signed",
+                before_op=_after(sin, pattern.block),
+            )
     if "cat" in pattern.ops:
         cat = pattern.cat
-        rotated = mb.concat(values=[x2, x1], axis=cat.axis, interleave=cat.interleave, name=cat.outputs[0].name,
-                            before_op=last)
+        rotated = mb.concat(
+            values=[x2, x1],
+            axis=cat.axis,
+            interleave=cat.interleave,
+            name=cat.outputs[0].name,
+            before_op=last,
+        )
     else:
-        stacked = mb.stack(values=[x2, x1], axis=pattern.stacked.axis, name=pattern.stacked.outputs[0].name,
-                           before_op=last)
-        rotated = mb.reshape(x=stacked, shape=pattern.flat.shape, name=pattern.flat.outputs[0].name, before_op=last)
+        stacked = mb.stack(
+            values=[x2, x1], axis=pattern.stacked.axis, name=pattern.stacked.outputs[0].name, before_op=last
+        )
+        rotated = mb.reshape(
+            x=stacked, shape=pattern.flat.shape, name=pattern.flat.outputs[0].name, before_op=last
+        )
     out = mb.mul(x=rotated, y=signed, name=last.outputs[0].name, before_op=last)
     pattern.replace_output(out)
 
@@ -228,9 +254,14 @@ for _form in FORMS:
         transform_pattern=transform_fold_rotate_half_sign,
         pass_name="fold_rotate_half_sign",
         namespace="generic",
-        const_rules={"neg.y": ConstRule("value", rtol=0.0, atol=0.0),
-                     **({"cat.axis": "const", "cat.interleave": "const"} if _form == "concat"
-                        else {"stacked.axis": "const"})},
+        const_rules={
+            "neg.y": ConstRule("value", rtol=0.0, atol=0.0),
+            **(
+                {"cat.axis": "const", "cat.interleave": "const"}
+                if _form == "concat"
+                else {"stacked.axis": "const"}
+            ),
+        },
         name="rotate_half_sign" if _form == "concat" else "rotate_half_sign[stack]",
         run_after="common::fuse_layernorm_or_instancenorm",
     )

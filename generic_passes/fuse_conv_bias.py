@@ -115,7 +115,7 @@ def _channel_bias(pattern: Pattern) -> np.ndarray | None:
             return None  # would broadcast the output to a higher rank
         if value.ndim == rank and value.shape[0] != 1:
             return None  # varies along the batch axis
-        if np.prod(value.shape[-(rank - 2):]) != 1:
+        if np.prod(value.shape[-(rank - 2) :]) != 1:
             return None  # varies along a spatial axis
         bias = np.squeeze(value).copy()  # a copy: never alias (or change) the program's constant
     return -bias if add_or_sub.op_type == "sub" else bias
@@ -215,8 +215,13 @@ def transform_conv_transpose_bias(pattern: Pattern) -> None:
 
 for _pattern, _constraints, _transform, _priority, _name in (
     (conv_bias_pattern, conv_bias_constraints, transform_conv_bias, 1, "conv_bias"),
-    (conv_transpose_bias_pattern, conv_transpose_bias_constraints, transform_conv_transpose_bias, 0,
-     "conv_transpose_bias"),
+    (
+        conv_transpose_bias_pattern,
+        conv_transpose_bias_constraints,
+        transform_conv_transpose_bias,
+        0,
+        "conv_transpose_bias",
+    ),
 ):
     register_generic_pass(
         ops_arrangement=_pattern,

@@ -119,8 +119,9 @@ def repeat_pattern(form: str, masked: bool, runtime_reps: bool = False) -> Progr
         if runtime is not None:
             cond, target = runtime
             shape = mb.shape(x=t, name=f"{name}_shape")
-            reps = mb.real_div(x=mb.select(cond=cond, a=shape, b=target, name=f"{name}_select"), y=shape,
-                               name=f"{name}_reps")
+            reps = mb.real_div(
+                x=mb.select(cond=cond, a=shape, b=target, name=f"{name}_select"), y=shape, name=f"{name}_reps"
+            )
         tiled = mb.tile(x=t, reps=reps, name=f"{name}_tile")
         if form == "grouped":
             tiled = mb.reshape(x=tiled, shape=[1, 4, 5, 8], name=f"{name}_reshape")
@@ -128,15 +129,19 @@ def repeat_pattern(form: str, masked: bool, runtime_reps: bool = False) -> Progr
 
     def body(q: Var, k: Var, v: Var, mask: Var | None, k_reps: tuple | None, v_reps: tuple | None) -> Var:
         kwargs = {} if mask is None else {"attn_mask": mask}
-        return mb.scaled_dot_product_attention(query=q, key=repeat(k, "k", k_reps), value=repeat(v, "v", v_reps),
-                                               name="sdpa", **kwargs)
+        return mb.scaled_dot_product_attention(
+            query=q, key=repeat(k, "k", k_reps), value=repeat(v, "v", v_reps), name="sdpa", **kwargs
+        )
 
     specs = [mb.TensorSpec(shape=_Q), mb.TensorSpec(shape=kv), mb.TensorSpec(shape=kv)]
     if masked:
         specs.append(mb.TensorSpec(shape=(1, 1, 3, 5)))
     if runtime_reps:  # cond and target of K's reps, then of V's (the same vars in a conversion)
         for _ in "kv":
-            specs += [mb.TensorSpec(shape=(rank,), dtype=types.bool), mb.TensorSpec(shape=(rank,), dtype=types.int32)]
+            specs += [
+                mb.TensorSpec(shape=(rank,), dtype=types.bool),
+                mb.TensorSpec(shape=(rank,), dtype=types.int32),
+            ]
     program = mb.program(input_specs=specs, opset_version=ct.target.iOS18)
     if not runtime_reps:
         if masked:
@@ -153,7 +158,9 @@ def _is_int(dim: Any) -> bool:
 
 def _unrepeated(pattern: Pattern, name: str) -> Var:
     """K or V before the repetition: the ``expand_dims``' input (GQA form) or the ``tile``'s (MQA form)."""
-    return pattern.ops[f"{name}_expand"].x if f"{name}_expand" in pattern.ops else pattern.ops[f"{name}_tile"].x
+    return (
+        pattern.ops[f"{name}_expand"].x if f"{name}_expand" in pattern.ops else pattern.ops[f"{name}_tile"].x
+    )
 
 
 def _repeat_groups(pattern: Pattern, name: str) -> int | None:
@@ -185,7 +192,9 @@ def _repeat_groups(pattern: Pattern, name: str) -> int | None:
     return reps_[2]
 
 
-def _new_mask(pattern: Pattern, mask: Var, q: tuple, hkv: int, groups: int) -> tuple[str, np.ndarray | None] | None:
+def _new_mask(
+    pattern: Pattern, mask: Var, q: tuple, hkv: int, groups: int
+) -> tuple[str, np.ndarray | None] | None:
     """How the mask reaches the folded attention: ("keep"|"tile"|"reshape", constant value or None)."""
     facts = ShapeFacts.of(pattern.block)
     shape = facts.dims(mask)
@@ -194,7 +203,9 @@ def _new_mask(pattern: Pattern, mask: Var, q: tuple, hkv: int, groups: int) -> t
     b, h, l, _ = q
     full = (1,) * (4 - len(shape)) + tuple(shape)
     mb_, mh, ml, ms = full
-    value = np.asarray(mask.val) if predicates.is_constant(mask) and not predicates.is_constexpr(mask) else None
+    value = (
+        np.asarray(mask.val) if predicates.is_constant(mask) and not predicates.is_constexpr(mask) else None
+    )
     if mh == 1 and ml == 1:
         return "keep", None
     if mh == 1 and facts.equal(ml, l):
@@ -207,7 +218,9 @@ def _new_mask(pattern: Pattern, mask: Var, q: tuple, hkv: int, groups: int) -> t
         if value is None:
             return "reshape", None
         shape4 = tuple(int(d) for d in (mb_, h, l, ms))
-        return "reshape", np.broadcast_to(value.reshape(full), shape4).reshape(int(mb_), hkv, groups * int(l), int(ms))
+        return "reshape", np.broadcast_to(value.reshape(full), shape4).reshape(
+            int(mb_), hkv, groups * int(l), int(ms)
+        )
     return None
 
 
@@ -250,11 +263,17 @@ def _shared_mask_tile(mask: Var, groups: int, sdpa: Operation, name: str) -> Var
     if not isinstance(block, Function) or not any(mask is var for var in block.inputs.values()):
         return mb.tile(x=mask, reps=[1, 1, groups, 1], name=name, before_op=sdpa)
     for op in mask.child_ops:
-        if (op.op_type == "tile" and op.enclosing_block is block and op.x is mask
-                and op.reps.val is not None and list(np.asarray(op.reps.val)) == [1, 1, groups, 1]):
+        if (
+            op.op_type == "tile"
+            and op.enclosing_block is block
+            and op.x is mask
+            and op.reps.val is not None
+            and list(np.asarray(op.reps.val)) == [1, 1, groups, 1]
+        ):
             return op.outputs[0]
-    return mb.tile(x=mask, reps=[1, 1, groups, 1], name=f"{mask.name}_repeated_{groups}",
-                   before_op=block.operations[0])
+    return mb.tile(
+        x=mask, reps=[1, 1, groups, 1], name=f"{mask.name}_repeated_{groups}", before_op=block.operations[0]
+    )
 
 
 def transform_grouped_kv(pattern: Pattern) -> None:
@@ -266,7 +285,9 @@ def transform_grouped_kv(pattern: Pattern) -> None:
     out_shape = _shape_with_one_unknown(facts.dims(sdpa.outputs[0]))
     hkv, groups = pattern.kv_heads, pattern.kv_groups
     rows = groups * int(l) if _is_int(l) else -1
-    query = mb.reshape(x=sdpa.query, shape=[int(b), hkv, rows, int(e)], name=f"{name}_query_folded", before_op=sdpa)
+    query = mb.reshape(
+        x=sdpa.query, shape=[int(b), hkv, rows, int(e)], name=f"{name}_query_folded", before_op=sdpa
+    )
     kwargs = {}
     if pattern.mask_plan is not None:
         how, value = pattern.mask_plan
@@ -277,21 +298,37 @@ def transform_grouped_kv(pattern: Pattern) -> None:
         elif how == "tile" and mask.rank == 4:
             mask = _shared_mask_tile(mask, groups, sdpa, f"{name}_mask_folded")
         elif how == "tile":
-            mask = mb.tile(x=mb.reshape(x=mask, shape=_shape_with_one_unknown(full), before_op=sdpa),
-                           reps=[1, 1, groups, 1], name=f"{name}_mask_folded", before_op=sdpa)
+            mask = mb.tile(
+                x=mb.reshape(x=mask, shape=_shape_with_one_unknown(full), before_op=sdpa),
+                reps=[1, 1, groups, 1],
+                name=f"{name}_mask_folded",
+                before_op=sdpa,
+            )
         elif how == "reshape":
-            mask = mb.reshape(x=mask, shape=[int(full[0]), hkv, groups * int(l), int(full[3])],
-                              name=f"{name}_mask_folded", before_op=sdpa)
+            mask = mb.reshape(
+                x=mask,
+                shape=[int(full[0]), hkv, groups * int(l), int(full[3])],
+                name=f"{name}_mask_folded",
+                before_op=sdpa,
+            )
         kwargs["attn_mask"] = mask
-    folded = mb.scaled_dot_product_attention(query=query, key=_unrepeated(pattern, "k"), value=_unrepeated(pattern, "v"),
-                                             name=f"{name}_folded", before_op=sdpa, **kwargs)
+    folded = mb.scaled_dot_product_attention(
+        query=query,
+        key=_unrepeated(pattern, "k"),
+        value=_unrepeated(pattern, "v"),
+        name=f"{name}_folded",
+        before_op=sdpa,
+        **kwargs,
+    )
     out = mb.reshape(x=folded, shape=out_shape, name=name, before_op=sdpa)
     pattern.replace_output(out)
 
 
 for _form in FORMS:
     register_generic_pass(
-        ops_arrangement=[repeat_pattern(_form, masked, runtime) for runtime in (False, True) for masked in (True, False)],
+        ops_arrangement=[
+            repeat_pattern(_form, masked, runtime) for runtime in (False, True) for masked in (True, False)
+        ],
         var_constraints=grouped_kv_constraints,
         transform_pattern=transform_grouped_kv,
         pass_name="fuse_grouped_kv_attention",

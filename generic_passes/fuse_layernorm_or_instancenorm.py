@@ -131,8 +131,11 @@ def written_out_pattern(subs: Literal["sub1", "sub2"], square: Literal["mul", "p
     def squared(d: Var) -> Var:
         if square == "mul":
             return mb.mul(x=d, y=d, name="square")
-        return one_of("squared", lambda: mb.pow(x=d, y=np.float32(2.0), name="square"),
-                      lambda: mb.square(x=d, name="square"))
+        return one_of(
+            "squared",
+            lambda: mb.pow(x=d, y=np.float32(2.0), name="square"),
+            lambda: mb.square(x=d, name="square"),
+        )
 
     @mb.program(input_specs=[mb.TensorSpec(shape=_RANK3)])
     def pattern(x):
@@ -141,15 +144,20 @@ def written_out_pattern(subs: Literal["sub1", "sub2"], square: Literal["mul", "p
 
         def normalized(n: Var) -> Var:
             return one_of(
-                "normalized", lambda: mb.real_div(x=n, y=mb.sqrt(x=v, name="std"), name="normalize"),
+                "normalized",
+                lambda: mb.real_div(x=n, y=mb.sqrt(x=v, name="std"), name="normalize"),
                 lambda: mb.real_div(x=n, y=mb.pow(x=v, y=np.float32(0.5), name="std"), name="normalize"),
-                lambda: mb.mul(x=n, y=mb.rsqrt(x=v, name="std"), name="normalize"))
+                lambda: mb.mul(x=n, y=mb.rsqrt(x=v, name="std"), name="normalize"),
+            )
 
         def scaled() -> Var:
             return one_of(
-                "gamma", lambda: mb.mul(x=_GAMMA, y=normalized(num), name="mul_gamma"),
+                "gamma",
+                lambda: mb.mul(x=_GAMMA, y=normalized(num), name="mul_gamma"),
                 lambda: normalized(mb.mul(x=_GAMMA, y=num, name="mul_gamma")),
-                lambda: normalized(num), fallback=True)
+                lambda: normalized(num),
+                fallback=True,
+            )
 
         return optional("beta", scaled, lambda n: mb.add(x=n, y=_BETA, name="add_beta"), fallback=True)
 
@@ -163,9 +171,15 @@ PATTERNS: dict[str, tuple[Program, Callable[[Pattern], bool], dict[str, ConstRul
     "pattern_1": (layernorm_pattern_1, constraints_1, None),
     "pattern_3": (instancenorm_pattern_3, constraints_3, {"mul_neg.y": _EXACT}),
     "pattern_5_affine": (layernorm_pattern_5_affine, constraints_5_affine, None),
-    **{f"written_out_{subs}_{square}": (written_out_pattern(subs, square), constraints_written_out,
-                                        _WRITTEN_RULES if square == "pow_or_square" else {"std.y": _ISCLOSE})
-       for subs in ("sub2", "sub1") for square in ("pow_or_square", "mul")},
+    **{
+        f"written_out_{subs}_{square}": (
+            written_out_pattern(subs, square),
+            constraints_written_out,
+            _WRITTEN_RULES if square == "pow_or_square" else {"std.y": _ISCLOSE},
+        )
+        for subs in ("sub2", "sub1")
+        for square in ("pow_or_square", "mul")
+    },
 }
 """The sub-passes, in the order they run (longest first: a shorter pattern only takes what a longer one
 left): pattern, constraints, constant rules."""

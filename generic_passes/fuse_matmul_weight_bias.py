@@ -54,9 +54,7 @@ from pattern_infra import Pattern, register_generic_pass
 __all__ = ["matmul_bias_pattern", "matmul_bias_constraints", "transform_matmul_bias"]
 
 
-@mb.program(
-    input_specs=[mb.TensorSpec(shape=(get_new_symbol(), 3)), mb.TensorSpec(shape=(3, 4))]
-)
+@mb.program(input_specs=[mb.TensorSpec(shape=(get_new_symbol(), 3)), mb.TensorSpec(shape=(3, 4))])
 def matmul_bias_pattern(x, y):
     matmul = mb.matmul(x=x, y=y, name="matmul")
     return mb.add(x=matmul, y=np.zeros(4, dtype=np.float32), name="add_or_sub")

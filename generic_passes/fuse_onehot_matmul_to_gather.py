@@ -78,9 +78,7 @@ def transform_onehot_matmul(pattern: Pattern) -> None:
         rows = mb.slice_by_index(x=rows, begin=[0], end=[0], squeeze_mask=[True], before_op=matmul)
         wrapped = mb.add(x=indices, y=rows, before_op=matmul)
         indices = mb.select(cond=non_negative, a=indices, b=wrapped, before_op=matmul)
-    gather = mb.gather(
-        x=weight, indices=indices, axis=0, name=matmul.outputs[0].name, before_op=matmul
-    )
+    gather = mb.gather(x=weight, indices=indices, axis=0, name=matmul.outputs[0].name, before_op=matmul)
     pattern.replace_output(gather)
 
 

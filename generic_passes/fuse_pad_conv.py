@@ -76,8 +76,7 @@ def pad_conv_constraints(pattern: Pattern) -> bool:
     if not _feeds_conv(pattern.transpose):
         return False
     return all(
-        _feeds_conv(user) and permuted_pad(pad, user) is not None
-        for user in dict.fromkeys(out.child_ops)
+        _feeds_conv(user) and permuted_pad(pad, user) is not None for user in dict.fromkeys(out.child_ops)
     )
 
 
@@ -86,9 +85,7 @@ def transform_pad_conv(pattern: Pattern) -> None:
     pad, transpose = pattern.pad, pattern.transpose
     new_transpose = mb.transpose(x=pad.x, perm=transpose.perm.val, before_op=transpose)
     kwargs = {k: v for k, v in pad.inputs.items() if k not in ("x", "pad")}
-    new_pad = mb.pad(
-        x=new_transpose, pad=permuted_pad(pad, transpose), **kwargs, before_op=transpose
-    )
+    new_pad = mb.pad(x=new_transpose, pad=permuted_pad(pad, transpose), **kwargs, before_op=transpose)
     pattern.replace_output(new_pad, old_var=transpose.outputs[0])
 
 

@@ -122,9 +122,7 @@ def transform_prelu_1(pattern: Pattern) -> None:
 
 def transform_prelu_2(pattern: Pattern) -> None:
     """Inserts ``prelu(x, -a)`` then the transpose before the ``add``; redirects the output."""
-    prelu = mb.prelu(
-        x=pattern.root_var, alpha=-1 * _alpha(pattern).flatten(), before_op=pattern.out_op
-    )
+    prelu = mb.prelu(x=pattern.root_var, alpha=-1 * _alpha(pattern).flatten(), before_op=pattern.out_op)
     transpose = mb.transpose(
         x=prelu,
         perm=pattern.transpose.perm.val,

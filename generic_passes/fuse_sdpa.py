@@ -239,7 +239,9 @@ def _scale_factor(pattern: Pattern, embed: int) -> float | None:
         if not predicates.is_constant(scale) or predicates.is_constexpr(scale):
             return None
         value = np.asarray(scale.val)
-        if value.size != 1 or _shape(pattern, pattern.scale.outputs[0]) != _shape(pattern, pattern.operand("scale", "x")):
+        if value.size != 1 or _shape(pattern, pattern.scale.outputs[0]) != _shape(
+            pattern, pattern.operand("scale", "x")
+        ):
             return None
     factor = float(value.reshape(())) * math.sqrt(embed)
     if not factor > 0.0 or not math.isfinite(factor):
@@ -263,8 +265,9 @@ def _query(pattern: Pattern, before: Operation) -> Var:
         return pattern.qk.x
     query = pattern.operand("scale", "x")
     if "query_t" in pattern.ops:
-        query = mb.transpose(x=query, perm=pattern.query_t.perm, name=pattern.query_t.outputs[0].name,
-                             before_op=before)
+        query = mb.transpose(
+            x=query, perm=pattern.query_t.perm, name=pattern.query_t.outputs[0].name, before_op=before
+        )
     return query
 
 
@@ -358,8 +361,7 @@ def transform_sdpa(pattern: Pattern) -> None:
     name = pv.outputs[0].name
     query = _query(pattern, pv)
     if pattern.query_factor != 1.0:
-        query = mb.mul(x=query, y=_np_float(query)(pattern.query_factor), name=f"{name}_query",
-                       before_op=pv)
+        query = mb.mul(x=query, y=_np_float(query)(pattern.query_factor), name=f"{name}_query", before_op=pv)
     if "key_t" in pattern.ops:
         key, perm = pattern.key_t.x, _key_perm(pattern)
         if perm != list(range(len(perm))):
@@ -373,23 +375,29 @@ def transform_sdpa(pattern: Pattern) -> None:
         op = pattern.mask_select
         mask = op.cond
         if op.b is _scores(pattern):  # select(mask, fill, scores): keep where mask is False
-            mask = mb.const(val=np.logical_not(np.asarray(op.cond.val, dtype=bool)), name=f"{name}_mask",
-                            before_op=pv)
+            mask = mb.const(
+                val=np.logical_not(np.asarray(op.cond.val, dtype=bool)), name=f"{name}_mask", before_op=pv
+            )
     kwargs = {} if mask is None else {"attn_mask": mask}
     value = pv.y
     if any(r != 1 for r in pattern.kv_reps):  # the matmuls' broadcast, made explicit: the op needs it
         reps = [*pattern.kv_reps, 1, 1]
         key = mb.tile(x=key, reps=reps, name=f"{name}_key_heads", before_op=pv)
         value = mb.tile(x=value, reps=reps, name=f"{name}_value_heads", before_op=pv)
-    fused = mb.scaled_dot_product_attention(query=query, key=key, value=value, name=name, before_op=pv,
-                                            **kwargs)
+    fused = mb.scaled_dot_product_attention(
+        query=query, key=key, value=value, name=name, before_op=pv, **kwargs
+    )
     pattern.replace_output(fused)
 
 
 def _register(key_form: str, mask_form: str, scale_form: str) -> None:
-    const_rules: dict[str, str] = {"qk.transpose_x": "const", "qk.transpose_y": "const",
-                                   "pv.transpose_x": "const", "pv.transpose_y": "const",
-                                   "softmax.axis": "const"}
+    const_rules: dict[str, str] = {
+        "qk.transpose_x": "const",
+        "qk.transpose_y": "const",
+        "pv.transpose_x": "const",
+        "pv.transpose_y": "const",
+        "softmax.axis": "const",
+    }
     if scale_form != "none":
         const_rules["scale.y"] = "const"
     if scale_form == "query_transposed":
@@ -406,7 +414,9 @@ def _register(key_form: str, mask_form: str, scale_form: str) -> None:
         pass_name="fuse_sdpa",
         namespace="generic",
         const_rules=const_rules,
-        name=f"sdpa[{key_form}, {mask_form}]" if scale_form == "scores" else f"sdpa[{key_form}, {mask_form}, {scale_form}]",
+        name=f"sdpa[{key_form}, {mask_form}]"
+        if scale_form == "scores"
+        else f"sdpa[{key_form}, {mask_form}, {scale_form}]",
         run_after="common::fuse_transpose_matmul",
     )
 

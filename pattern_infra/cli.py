@@ -33,12 +33,12 @@ __all__ = ["EXIT_CODES", "main"]
 EXIT_CODES: dict[int, str] = {
     0: "success",
     1: "failure: the model cannot be read (not an ML program, damaged specification or weights), the output "
-       "cannot be written (exists, not a model package, inside the input, folder missing or not writable), "
-       "a pass or pattern named does not exist, or a pass failed; one line on stderr names the file or the "
-       "pass and the fix, and no file is written or lost",
+    "cannot be written (exists, not a model package, inside the input, folder missing or not writable), "
+    "a pass or pattern named does not exist, or a pass failed; one line on stderr names the file or the "
+    "pass and the fix, and no file is written or lost",
     2: "usage error: unknown command or option, missing argument, an input that does not exist, an argument "
-       "of the wrong form (an output not ending in .mlpackage, --pattern neither MODULE:NAME nor a pass id, "
-       "a module that cannot be imported)",
+    "of the wrong form (an output not ending in .mlpackage, --pattern neither MODULE:NAME nor a pass id, "
+    "a module that cannot be imported)",
 }
 """The exit status of ``mil-patterns`` and what each means."""
 
@@ -88,7 +88,8 @@ def _output_path(context: click.Context, param: click.Parameter, value: Path | N
         raise click.BadParameter(
             f"{value}: an ML program is saved as a folder whose name ends in .mlpackage; "
             f"write -o {value.with_suffix('.mlpackage')}.",
-            context, param,
+            context,
+            param,
         )
     return value
 
@@ -103,12 +104,25 @@ def _progress_default() -> bool:
 
 
 _pass_options = [
-    click.option("--passes", "passes", multiple=True, metavar="ID[,ID...]",
-                 help="Run only these generic passes (ids as `mil-patterns passes` lists them)."),
-    click.option("--exclude", "exclude", multiple=True, metavar="ID[,ID...]",
-                 help="Do not run these generic passes (coremltools' own pass stands in for a replaced one)."),
-    click.option("--progress/--no-progress", default=None,
-                 help="Progress bar on stderr (default: when stderr is a terminal)."),
+    click.option(
+        "--passes",
+        "passes",
+        multiple=True,
+        metavar="ID[,ID...]",
+        help="Run only these generic passes (ids as `mil-patterns passes` lists them).",
+    ),
+    click.option(
+        "--exclude",
+        "exclude",
+        multiple=True,
+        metavar="ID[,ID...]",
+        help="Do not run these generic passes (coremltools' own pass stands in for a replaced one).",
+    ),
+    click.option(
+        "--progress/--no-progress",
+        default=None,
+        help="Progress bar on stderr (default: when stderr is a terminal).",
+    ),
 ]
 
 
@@ -119,9 +133,14 @@ def _with_pass_options(function: Any) -> Any:
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]}, epilog=_EPILOG)
-@click.option("--import", "imports", multiple=True, metavar="MODULE",
-              help="Import MODULE first (it registers passes of your own; looked up in the current "
-                   "directory first, as python -m does); repeatable.")
+@click.option(
+    "--import",
+    "imports",
+    multiple=True,
+    metavar="MODULE",
+    help="Import MODULE first (it registers passes of your own; looked up in the current "
+    "directory first, as python -m does); repeatable.",
+)
 @click.option("--debug", is_flag=True, help="On a failure, show the traceback instead of one line.")
 @click.version_option(package_name="mil-pattern-infra", prog_name="mil-patterns")
 @click.pass_context
@@ -137,25 +156,42 @@ def main(context: click.Context, imports: tuple[str, ...], debug: bool) -> None:
         except ImportError as exc:
             raise click.BadParameter(
                 f"cannot import {module!r} ({exc}); give a module importable from the current directory "
-                f"({os.getcwd()}) or from PYTHONPATH.", param_hint="--import"
+                f"({os.getcwd()}) or from PYTHONPATH.",
+                param_hint="--import",
             ) from exc
 
 
 @main.command(epilog=_EPILOG)
 @click.argument("source", type=click.Path(exists=True, path_type=Path))
-@click.option("-o", "--output", type=click.Path(path_type=Path), required=True, callback=_output_path,
-              help="The .mlpackage to write (the name must end in .mlpackage).")
+@click.option(
+    "-o",
+    "--output",
+    type=click.Path(path_type=Path),
+    required=True,
+    callback=_output_path,
+    help="The .mlpackage to write (the name must end in .mlpackage).",
+)
 @click.option("--overwrite", is_flag=True, help="Replace OUTPUT if it is a model package.")
 @_with_pass_options
 @_fail_cleanly
-def optimize(source: Path, output: Path, overwrite: bool, passes: tuple[str, ...], exclude: tuple[str, ...],
-             progress: bool | None) -> None:
+def optimize(
+    source: Path,
+    output: Path,
+    overwrite: bool,
+    passes: tuple[str, ...],
+    exclude: tuple[str, ...],
+    progress: bool | None,
+) -> None:
     """Run the generic passes on SOURCE and write the result to OUTPUT (weights and metadata kept)."""
     from .mlpackage import optimize_mlpackage
 
     result = optimize_mlpackage(
-        source, output, passes=_split_ids(passes) or None, exclude=_split_ids(exclude),
-        progress=_progress_default() if progress is None else progress, overwrite=overwrite,
+        source,
+        output,
+        passes=_split_ids(passes) or None,
+        exclude=_split_ids(exclude),
+        progress=_progress_default() if progress is None else progress,
+        overwrite=overwrite,
     )
     before, after = _non_const(result.before), _non_const(result.after)
     click.echo(f"{result.written}: {len(result.rewrites)} rewrite(s); non-const ops {before} -> {after}")
@@ -163,22 +199,46 @@ def optimize(source: Path, output: Path, overwrite: bool, passes: tuple[str, ...
 
 @main.command(epilog=_EPILOG)
 @click.argument("source", type=click.Path(exists=True, path_type=Path))
-@click.option("--html", "html_dir", type=click.Path(file_okay=False, path_type=Path),
-              help="Also write an HTML page with pictures of every rewrite to this directory.")
+@click.option(
+    "--html",
+    "html_dir",
+    type=click.Path(file_okay=False, path_type=Path),
+    help="Also write an HTML page with pictures of every rewrite to this directory.",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print the trace of every rewrite as JSON.")
 @_with_pass_options
 @_fail_cleanly
-def report(source: Path, html_dir: Path | None, as_json: bool, passes: tuple[str, ...],
-           exclude: tuple[str, ...], progress: bool | None) -> None:
+def report(
+    source: Path,
+    html_dir: Path | None,
+    as_json: bool,
+    passes: tuple[str, ...],
+    exclude: tuple[str, ...],
+    progress: bool | None,
+) -> None:
     """List what each generic pass would fuse in SOURCE, and where; SOURCE is not changed."""
     from .mlpackage import load_mlpackage, run_passes
 
     model = load_mlpackage(source)
-    result = run_passes(model.program, passes=_split_ids(passes) or None, exclude=_split_ids(exclude),
-                        progress=_progress_default() if progress is None else progress)
+    result = run_passes(
+        model.program,
+        passes=_split_ids(passes) or None,
+        exclude=_split_ids(exclude),
+        progress=_progress_default() if progress is None else progress,
+    )
     if as_json:
-        click.echo(json.dumps({"source": str(source), "plan": result.plan, "rewrites": result.rewrites.to_dicts(),
-                               "before": dict(result.before), "after": dict(result.after)}, indent=1))
+        click.echo(
+            json.dumps(
+                {
+                    "source": str(source),
+                    "plan": result.plan,
+                    "rewrites": result.rewrites.to_dicts(),
+                    "before": dict(result.before),
+                    "after": dict(result.after),
+                },
+                indent=1,
+            )
+        )
     else:
         click.echo(_report_text(result))
     if html_dir is not None:
@@ -210,8 +270,13 @@ def _report_text(result: Any) -> str:
 
 @main.command(epilog=_EPILOG)
 @click.argument("source", type=click.Path(exists=True, path_type=Path))
-@click.option("--pattern", "pattern", required=True, metavar="MODULE:NAME|PASS_ID",
-              help="A pattern program, a list of them or a registered pass (module:name), or a pass id.")
+@click.option(
+    "--pattern",
+    "pattern",
+    required=True,
+    metavar="MODULE:NAME|PASS_ID",
+    help="A pattern program, a list of them or a registered pass (module:name), or a pass id.",
+)
 @click.option("--top", default=3, show_default=True, help="Near misses to show per pattern.")
 @_fail_cleanly
 def explain(source: Path, pattern: str, top: int) -> None:
@@ -238,8 +303,10 @@ def _resolve_pattern(spec: str) -> Any:
 
         near = difflib.get_close_matches(spec, list(generic_passes()), n=3)
         hint = f"; did you mean {', '.join(near)}?" if near else ""
-        raise _Failure(f"--pattern: {spec!r} is not a registered generic pass{hint} (`mil-patterns passes` "
-                       f"lists them; passes of your own: --import your_module)")
+        raise _Failure(
+            f"--pattern: {spec!r} is not a registered generic pass{hint} (`mil-patterns passes` "
+            f"lists them; passes of your own: --import your_module)"
+        )
     module_name, sep, name = spec.partition(":")
     if not sep or not module_name or not name:
         raise click.BadParameter(f"expected MODULE:NAME or a pass id, got {spec!r}", param_hint="--pattern")
@@ -265,8 +332,15 @@ def list_passes(as_json: bool) -> None:
     for position, pass_id in enumerate(dict.fromkeys(pass_plan()), 1):
         container = registered[pass_id]
         replaces = container.replaces.__name__ if container.replaces is not None else None
-        rows.append({"order": position, "id": pass_id, "replaces": replaces, "run_after": leaders.get(pass_id),
-                     "patterns": container.order})
+        rows.append(
+            {
+                "order": position,
+                "id": pass_id,
+                "replaces": replaces,
+                "run_after": leaders.get(pass_id),
+                "patterns": container.order,
+            }
+        )
     if as_json:
         click.echo(json.dumps(rows, indent=1))
         return

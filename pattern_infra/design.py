@@ -25,7 +25,9 @@ def _pattern_function(root_var: Var) -> Any:
     raise ValueError(f"pattern root variable {root_var.name} has no consumer")
 
 
-def detect_pattern(program_op: Operation, ops_arrangement_root_var: Var, block: Block) -> tuple[bool, Pattern | None]:
+def detect_pattern(
+    program_op: Operation, ops_arrangement_root_var: Var, block: Block
+) -> tuple[bool, Pattern | None]:
     """Design-document entry point: is the pattern there, with ``program_op`` as its first op?
 
     Args:
@@ -98,6 +100,4 @@ def pattern_detected(
 
 def lists_op_equality(oplist1: list[Operation], oplist2: list[Operation]) -> bool:
     """Design-document helper: same length and the same op types in the same order."""
-    return len(oplist1) == len(oplist2) and all(
-        a.op_type == b.op_type for a, b in zip(oplist1, oplist2)
-    )
+    return len(oplist1) == len(oplist2) and all(a.op_type == b.op_type for a, b in zip(oplist1, oplist2))

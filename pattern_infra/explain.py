@@ -20,8 +20,16 @@ from .rewriting.blocks import BlockIndex, iter_blocks
 from .matching.matcher import Failure, Matcher
 from .language.pattern import Pattern
 from .pipeline.container import PassContainer
-from .find import (ALREADY_FOUND, COLLECTED, INSIDE_LONGER, PatternSource, anchored_blocks, distinct_matches,
-                   has_fallback, resolve_patterns)
+from .find import (
+    ALREADY_FOUND,
+    COLLECTED,
+    INSIDE_LONGER,
+    PatternSource,
+    anchored_blocks,
+    distinct_matches,
+    has_fallback,
+    resolve_patterns,
+)
 
 __all__ = ["Explanation", "Explanations", "explain"]
 
@@ -40,9 +48,7 @@ class Explanation:
     """The partial matches that got furthest, best first."""
 
     def __str__(self) -> str:
-        lines = [
-            f"pattern {self.pattern!r} ({self.pattern_size} ops): {len(self.matches)} full match(es)"
-        ]
+        lines = [f"pattern {self.pattern!r} ({self.pattern_size} ops): {len(self.matches)} full match(es)"]
         for m in self.matches:
             lines.append("  match: " + ", ".join(f"{k}={op.name}" for k, op in _flat(m)))
         for miss in self.near_misses:
@@ -119,13 +125,19 @@ def explain(
 
     for block in iter_blocks(prog):
         st = BlockIndex(block)
-        offered = distinct_matches(var_constraints, result.matches.append, refusal, longest=has_fallback(compiled))
+        offered = distinct_matches(
+            var_constraints, result.matches.append, refusal, longest=has_fallback(compiled)
+        )
         for node in matcher.nodes:
             if node.fanout:
                 continue
             for t in sorted(node.op_types):
                 for found in st.tries(matcher, node.index, st.by_type.get(t, ()), offered, trace=True):
-                    if isinstance(found, Failure) and found.reason not in _ANSWERS and found.reason not in refused:
+                    if (
+                        isinstance(found, Failure)
+                        and found.reason not in _ANSWERS
+                        and found.reason not in refused
+                    ):
                         key = (0, found.node, found.reason)
                         if key not in misses or misses[key].bound < found.bound:
                             misses[key] = found

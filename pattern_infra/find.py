@@ -214,14 +214,19 @@ def resolve_patterns(
                 f"{ops_arrangement!r} has no pattern sub-pass (only plain callables), so there is no "
                 f"pattern to search for."
             )
-        return [(sub.compiled, sub.var_constraints if var_constraints is None else var_constraints) for sub in subs]
+        return [
+            (sub.compiled, sub.var_constraints if var_constraints is None else var_constraints)
+            for sub in subs
+        ]
     if isinstance(ops_arrangement, CompiledPattern):
         return [(ops_arrangement, var_constraints)]
     if isinstance(ops_arrangement, (list, tuple)):
         if not ops_arrangement:
             raise PassRegistrationError("An empty list of patterns: give at least one pattern program.")
         return [
-            pair for item in ops_arrangement for pair in resolve_patterns(item, var_constraints, pattern_options)
+            pair
+            for item in ops_arrangement
+            for pair in resolve_patterns(item, var_constraints, pattern_options)
         ]
     return [(compile_pattern(ops_arrangement, **pattern_options), var_constraints)]
 

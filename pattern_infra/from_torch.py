@@ -217,7 +217,9 @@ def capture_torch(
             minimum_deployment_target=target,
         )
         if backend:
-            PassPipelineManager.apply_pipeline(prog, PassPipeline(list(backend), "pattern_from_torch_backend"))
+            PassPipelineManager.apply_pipeline(
+                prog, PassPipeline(list(backend), "pattern_from_torch_backend")
+            )
     frontend = list(PassPipeline.get_pipeline("frontend_pytorch").passes)
     label = name or _function_label(fn)
     names = list(input_names) if input_names is not None else _parameter_names(fn, len(example_inputs))
@@ -327,9 +329,7 @@ def _replay(
             counts[op.op_type] = k + 1
             new_name = f"{op.op_type}_{k}"
             renamed[new_name] = op.name
-            kwargs = {
-                slot: _mapped(value, mapped, f"{new_name}_{slot}") for slot, value in op.inputs.items()
-            }
+            kwargs = {slot: _mapped(value, mapped, f"{new_name}_{slot}") for slot, value in op.inputs.items()}
             outputs = getattr(mb, op.op_type)(**kwargs, name=new_name)
             outputs = outputs if isinstance(outputs, (list, tuple)) else (outputs,)
             for old, new in zip(op.outputs, outputs):

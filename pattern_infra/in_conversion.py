@@ -58,7 +58,9 @@ def _check_pass_id(at: str) -> None:
         raise PassRegistrationError(f"explain_in_conversion: {at!r} is not a registered pass id.{hint}")
 
 
-def program_before(model: Any, at: str, *, override_passes: bool | None = None, **convert_kwargs: Any) -> Program:
+def program_before(
+    model: Any, at: str, *, override_passes: bool | None = None, **convert_kwargs: Any
+) -> Program:
     """Converts ``model`` and returns a copy of the program as the pass ``at`` received it.
 
     Args:

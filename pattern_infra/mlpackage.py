@@ -129,8 +129,9 @@ def load_mlpackage(path: str | os.PathLike[str]) -> SavedModel:
     try:
         program = milproto.load(spec, spec.specificationVersion, model.weights_dir)
     except Exception as exc:
-        raise PatternInfraError(f"{_weights_problem(path, model.weights_dir)} ({_one_line(exc)}); save the "
-                                f"model again.") from exc
+        raise PatternInfraError(
+            f"{_weights_problem(path, model.weights_dir)} ({_one_line(exc)}); save the model again."
+        ) from exc
     return SavedModel(path, program, spec, model.compute_unit)
 
 
@@ -158,7 +159,10 @@ def _weights_problem(path: Path, weights_dir: str | None) -> str:
 
 
 def check_destination(
-    destination: str | os.PathLike[str], *, source: str | os.PathLike[str] | None = None, overwrite: bool = False
+    destination: str | os.PathLike[str],
+    *,
+    source: str | os.PathLike[str] | None = None,
+    overwrite: bool = False,
 ) -> Path:
     """Checks, before any work, that ``destination`` can receive a saved model.
 
@@ -240,7 +244,9 @@ def save_mlpackage(
     from coremltools.converters.mil.converter import mil_convert
 
     destination = check_destination(destination, source=model.path, overwrite=overwrite)
-    with tempfile.TemporaryDirectory(dir=destination.resolve().parent, prefix=f".{destination.name}.") as scratch:
+    with tempfile.TemporaryDirectory(
+        dir=destination.resolve().parent, prefix=f".{destination.name}."
+    ) as scratch:
         fresh = Path(scratch) / destination.name
         with override(), no_progress_bars():
             mlmodel = mil_convert(

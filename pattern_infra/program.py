@@ -34,7 +34,7 @@ class _Checked:
         if outputs is None:
             raise PatternDefinitionError(
                 f"Pattern function {name!r} returns nothing. End it with `return` and the output of its "
-                f"last op, e.g. `return mb.mul(x=x, y=g, name=\"out\")` (several last ops: return a tuple)."
+                f'last op, e.g. `return mb.mul(x=x, y=g, name="out")` (several last ops: return a tuple).'
             )
         for output in outputs if isinstance(outputs, (list, tuple)) else [outputs]:
             if any(output is var for var in inputs):

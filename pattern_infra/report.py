@@ -124,6 +124,7 @@ def _layer(nodes: dict[str, _Node], edges: list[tuple[str, str]]) -> None:
     for index in sorted(layers):
         row = layers[index]
         if index > 0:
+
             def centre(node: _Node) -> float:
                 xs = [nodes[p].x + nodes[p].width / 2 for p in preds[node.key] if nodes[p].layer < index]
                 return sum(xs) / len(xs) if xs else 0.0
@@ -230,9 +231,14 @@ def write_html_report(
     for index, rewrite in enumerate(rewrites):
         by_pass.setdefault(rewrite.pass_id, []).append((index, rewrite))
     if by_pass:
-        body.append("<nav><ul>" + "".join(
-            f'<li><a href="#{_anchor(pass_id)}">{html.escape(pass_id)}</a>: {len(items)}</li>'
-            for pass_id, items in by_pass.items()) + "</ul></nav>")
+        body.append(
+            "<nav><ul>"
+            + "".join(
+                f'<li><a href="#{_anchor(pass_id)}">{html.escape(pass_id)}</a>: {len(items)}</li>'
+                for pass_id, items in by_pass.items()
+            )
+            + "</ul></nav>"
+        )
     else:
         body.append("<p>No rewrite.</p>")
     for pass_id, items in by_pass.items():
@@ -243,7 +249,9 @@ def write_html_report(
                 name = f"rewrite{index}_{kind}.svg"
                 (out / name).write_text(draw_graph(ops, kind), encoding="utf-8")
                 count = f"{len(ops)} op{'' if len(ops) == 1 else 's'}"
-                pictures.append(f'<figure><figcaption>{kind} ({count})</figcaption><img src="{name}" alt="{kind}"/></figure>')
+                pictures.append(
+                    f'<figure><figcaption>{kind} ({count})</figcaption><img src="{name}" alt="{kind}"/></figure>'
+                )
             replaced = ", ".join(rewrite.replaced_by) or "(outputs redirected)"
             body.append(
                 f'<section class="rewrite" id="rewrite{index}" data-pass="{html.escape(pass_id)}">'
@@ -274,7 +282,9 @@ def _histogram(before: Counter[str], after: Counter[str], path: Path) -> None:
     figure = Figure(figsize=(8, 0.3 * len(types) + 1.2))
     axes = figure.add_subplot()
     rows = range(len(types))
-    axes.barh([r - 0.2 for r in rows], [before[t] for t in types], height=0.4, label="before", color="#c5221f")
+    axes.barh(
+        [r - 0.2 for r in rows], [before[t] for t in types], height=0.4, label="before", color="#c5221f"
+    )
     axes.barh([r + 0.2 for r in rows], [after[t] for t in types], height=0.4, label="after", color="#188038")
     axes.set_yticks(list(rows), types)
     axes.invert_yaxis()

@@ -53,8 +53,7 @@ def replace_with(
     """
     if not isinstance(replacement, Program) or list(replacement.functions) != ["main"]:
         raise PatternDefinitionError(
-            f"replace_with() takes an @mb.program with one function 'main', got "
-            f"{type(replacement).__name__}."
+            f"replace_with() takes an @mb.program with one function 'main', got {type(replacement).__name__}."
         )
     func = replacement.functions["main"]
     input_names = list(func.inputs)
@@ -76,8 +75,7 @@ def replace_with(
                 f"the match has {len(targets)} outputs."
             )
         env: dict[int, Any] = {
-            id(func.inputs[name]): _resolve(pattern, name, bindings.get(name, name))
-            for name in input_names
+            id(func.inputs[name]): _resolve(pattern, name, bindings.get(name, name)) for name in input_names
         }
         anchor = pattern.final_ops[0]
         out_index = {id(v): i for i, v in enumerate(outputs)}

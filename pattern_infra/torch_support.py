@@ -108,7 +108,9 @@ def _new_ones(context: Any, node: Any) -> None:
         np_dtype = NUM_TO_NUMPY_DTYPE[int(dtype)]
     else:
         np_dtype = NUM_TO_NUMPY_DTYPE[TORCH_DTYPE_TO_NUM[dtype]]
-    shape = [] if size is None else [int(d) for d in np.atleast_1d(size.val)] if size.val is not None else None
+    shape = (
+        [] if size is None else [int(d) for d in np.atleast_1d(size.val)] if size.val is not None else None
+    )
     if shape is None:
         raise NotImplementedError(f"new_ones {node.name}: size must be known at conversion time")
     context.add(mb.const(val=np.ones(shape, dtype=np_dtype), name=node.name))
@@ -170,7 +172,9 @@ def _gelu(context: Any, node: Any) -> None:
         bound = context[raw] if isinstance(raw, str) and raw in context else raw
         approximate = bound.val if hasattr(bound, "val") else bound
     if approximate not in (None, "none", "tanh"):
-        raise NotImplementedError(f"gelu {node.name}: approximate={approximate!r} (torch knows 'none' and 'tanh')")
+        raise NotImplementedError(
+            f"gelu {node.name}: approximate={approximate!r} (torch knows 'none' and 'tanh')"
+        )
     mode = "TANH_APPROXIMATION" if approximate == "tanh" else "EXACT"
     context.add(mb.gelu(x=x, mode=mode, name=node.name))
 
@@ -206,8 +210,9 @@ def _torch_sizes_of_input(context: Any, name: str) -> list[Any] | None:
     return None
 
 
-def _copy_repeats(dst: Any, src: Any, dst_torch: list[Any] | None, src_torch: list[Any] | None,
-                  name: str) -> list[int | str]:
+def _copy_repeats(
+    dst: Any, src: Any, dst_torch: list[Any] | None, src_torch: list[Any] | None, name: str
+) -> list[int | str]:
     """The repeat of each axis of ``src`` (as ``dst``'s rank) in ``copy(dst, src)`` (:func:`_copy`): an int,
     ``"dst"`` (``dst``'s size, read at run time) or ``"ratio"`` (``dst``'s size over ``src``'s, at run time)."""
     import sympy as sp
@@ -217,7 +222,8 @@ def _copy_repeats(dst: Any, src: Any, dst_torch: list[Any] | None, src_torch: li
     reps: list[int | str] = []
     for axis, (d, s) in enumerate(zip(dst.shape, src.shape)):
         if (is_symbolic(d) == is_symbolic(s) and d == s) or (
-                known and sp.expand(dst_torch[axis] - src_torch[axis]) == 0):
+            known and sp.expand(dst_torch[axis] - src_torch[axis]) == 0
+        ):
             reps.append(1)
         elif (not is_symbolic(s) and s == 1) or (known and src_torch[axis] == 1):
             reps.append("dst" if is_symbolic(d) else int(d))
@@ -252,8 +258,10 @@ def _copy(context: Any, node: Any) -> None:
 
     dst, src = _get_inputs(context, node, expected=[2, 3])[:2]
     if src.rank > dst.rank:
-        raise ValueError(f"copy {node.name}: src of shape {src.shape} into dst of shape {dst.shape} "
-                         f"(PyTorch broadcasts src to dst's shape, so src's rank cannot be larger)")
+        raise ValueError(
+            f"copy {node.name}: src of shape {src.shape} into dst of shape {dst.shape} "
+            f"(PyTorch broadcasts src to dst's shape, so src's rank cannot be larger)"
+        )
     src_torch = _torch_sizes_of_input(context, node.inputs[1])
     extra = dst.rank - src.rank
     if extra:
@@ -272,7 +280,9 @@ def _copy(context: Any, node: Any) -> None:
                 parts.append(np.array([r], dtype=np.int32))
                 continue
             size = mb.gather(x=dst_shape, indices=[axis], axis=0)
-            parts.append(size if r == "dst" else mb.floor_div(x=size, y=mb.gather(x=src_shape, indices=[axis], axis=0)))
+            parts.append(
+                size if r == "dst" else mb.floor_div(x=size, y=mb.gather(x=src_shape, indices=[axis], axis=0))
+            )
         out = mb.tile(x=src, reps=mb.concat(values=parts, axis=0))
     if out.dtype != dst.dtype:
         out = mb.cast(x=out, dtype=types.builtin_to_string(dst.dtype))
@@ -291,8 +301,13 @@ CONVERTERS: dict[str, Callable[[Any, Any], None]] = {
 prefix, no ``.default``/``.Tensor`` suffix), that :func:`install` adds."""
 
 
-def _run_on_stand_in(convert: Callable[[Any, Any], None], kind: str, args: Callable[[Any], list[Any]],
-                     kwargs: dict[str, list[Any]] | None = None, names: tuple[str, ...] = ()) -> Any:
+def _run_on_stand_in(
+    convert: Callable[[Any, Any], None],
+    kind: str,
+    args: Callable[[Any], list[Any]],
+    kwargs: dict[str, list[Any]] | None = None,
+    names: tuple[str, ...] = (),
+) -> Any:
     """Runs converter ``convert`` on a one-node ``torch.export`` graph of ``kind`` inside an ``mb.program``.
 
     Args:
@@ -378,6 +393,7 @@ def _broadcasts_to_the_destination(convert: Callable[[Any, Any], None]) -> bool:
     coremltools_logger = logging.getLogger("coremltools")
     coremltools_logger.addFilter(quiet)
     try:
+
         @mb.program(input_specs=[mb.TensorSpec(shape=(a, 2)), mb.TensorSpec(shape=(b, 2))])
         def prog(dst: Any, src: Any) -> Any:
             context = TranscriptionContext(frontend=TorchFrontend.TORCHEXPORT)
@@ -429,7 +445,9 @@ def installed() -> list[str]:
     from coremltools.converters.mil.frontend.torch.torch_op_registry import _TORCH_OPS_REGISTRY
 
     mapping = _TORCH_OPS_REGISTRY.name_to_func_mapping
-    ours = [kind for kind, (func, _) in REPLACEMENTS.items() if all(mapping.get(k) is func for k in _keys(kind))]
+    ours = [
+        kind for kind, (func, _) in REPLACEMENTS.items() if all(mapping.get(k) is func for k in _keys(kind))
+    ]
     return [kind for kind in CONVERTERS if _registered(kind)] + ours
 
 

@@ -68,8 +68,12 @@ def saved(tmp_path_factory):
 
 
 def pytest_addoption(parser):
-    parser.addoption("--run-slow", action="store_true", default=False,
-                     help="also run tests marked slow (the whole transformers zoo; `make models` does)")
+    parser.addoption(
+        "--run-slow",
+        action="store_true",
+        default=False,
+        help="also run tests marked slow (the whole transformers zoo; `make models` does)",
+    )
 
 
 def pytest_collection_modifyitems(config, items):

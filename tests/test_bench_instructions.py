@@ -35,7 +35,8 @@ def test_only_the_repeated_runs_go_through_the_counted_call(monkeypatch, runner)
 
     prepare = runners.workload_runners("gelu").runners[runner].prepare
     monkeypatch.setattr(
-        runners, "workload_runners",
+        runners,
+        "workload_runners",
         lambda name: runners.WorkloadRunners({runner: runners.Runner(runner, _recording(prepare, fused))}),
     )
     instructions._counted_runs("gelu", 3, runner)

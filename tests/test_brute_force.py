@@ -158,8 +158,13 @@ def _emit(
 
 
 def build(plan: dict[str, Any]) -> Program:
-    @mb.program(input_specs=[mb.TensorSpec(shape=S), mb.TensorSpec(shape=S),
-                             mb.TensorSpec(shape=(1,), dtype=types.bool)])
+    @mb.program(
+        input_specs=[
+            mb.TensorSpec(shape=S),
+            mb.TensorSpec(shape=S),
+            mb.TensorSpec(shape=(1,), dtype=types.bool),
+        ]
+    )
     def prog(a0, a1, flag):
         shared = mb.const(val=np.array([0.5, -1.5], dtype=np.float32), name="shared")
         available = [a0, a1]
@@ -174,8 +179,9 @@ def build(plan: dict[str, Any]) -> Program:
             def else_branch():
                 return mb.relu(x=a1, name="else_relu")
 
-            result.append(mb.cond(pred=mb.squeeze(x=flag), _true_fn=then_branch, _false_fn=else_branch,
-                                  name="c"))
+            result.append(
+                mb.cond(pred=mb.squeeze(x=flag), _true_fn=then_branch, _false_fn=else_branch, name="c")
+            )
         del outer
         return tuple(dict.fromkeys(r for r in result if r.op is None or r.op.op_type != "const"))
 
@@ -198,7 +204,9 @@ def _operand_orders(compiled: CompiledPattern, node_index: int, op: Operation) -
     return orders
 
 
-def brute_force(compiled: CompiledPattern, prog: Program, constraint: Callable[[Any], Any] | None) -> set[frozenset[str]]:
+def brute_force(
+    compiled: CompiledPattern, prog: Program, constraint: Callable[[Any], Any] | None
+) -> set[frozenset[str]]:
     """Every set of program ops (by name) forming a match the README's "What a match guarantees" allows.
 
     A constraint sees the match as ``find_matches`` builds it; the brute force asks it through
@@ -209,8 +217,10 @@ def brute_force(compiled: CompiledPattern, prog: Program, constraint: Callable[[
     for block in iter_blocks(prog):
         ops = list(block.operations)
         for chosen in itertools.permutations(ops, len(nodes)):
-            if any(op.op_type not in node.op_types or len(op.outputs) != node.num_outputs
-                   for op, node in zip(chosen, nodes)):
+            if any(
+                op.op_type not in node.op_types or len(op.outputs) != node.num_outputs
+                for op, node in zip(chosen, nodes)
+            ):
                 continue
             if _allowed(compiled, chosen, block):
                 found.add(frozenset(op.name for op in chosen))
@@ -227,8 +237,13 @@ def _allowed(compiled: CompiledPattern, chosen: tuple[Operation, ...], block: Bl
     return False
 
 
-def edges_hold(compiled: CompiledPattern, nodes: list[Any], assignment: tuple[dict[str, Any], ...],
-               op_of: Callable[[int], Operation], matched: set[Operation]) -> bool:
+def edges_hold(
+    compiled: CompiledPattern,
+    nodes: list[Any],
+    assignment: tuple[dict[str, Any], ...],
+    op_of: Callable[[int], Operation],
+    matched: set[Operation],
+) -> bool:
     """Whether every data edge of ``nodes`` holds with their operands ``assignment`` (a pattern edge
     between two ops is the very same variable, a pattern input binds one variable, and no input or
     constant is computed inside the match, a constant satisfying its rule); ``op_of`` gives the program
@@ -250,7 +265,9 @@ def edges_hold(compiled: CompiledPattern, nodes: list[Any], assignment: tuple[di
     return True
 
 
-def _outputs_stay_inside(compiled: CompiledPattern, chosen: tuple[Operation, ...], matched: set[Operation]) -> bool:
+def _outputs_stay_inside(
+    compiled: CompiledPattern, chosen: tuple[Operation, ...], matched: set[Operation]
+) -> bool:
     for node, op in zip(compiled.nodes, chosen):
         if node.is_final:
             continue
@@ -262,7 +279,9 @@ def _outputs_stay_inside(compiled: CompiledPattern, chosen: tuple[Operation, ...
     return True
 
 
-def accepted(compiled_name: str, options: dict[str, Any], prog: Program, constraint: Any, sets: set[frozenset[str]]) -> set[frozenset[str]]:
+def accepted(
+    compiled_name: str, options: dict[str, Any], prog: Program, constraint: Any, sets: set[frozenset[str]]
+) -> set[frozenset[str]]:
     """The sets the constraint accepts, asking it of each set through the match ``find_matches`` gives."""
     if constraint is None:
         return sets
@@ -292,24 +311,41 @@ def _replace_with_constant(pattern: Any) -> None:
     """Each output becomes a constant: the match's inputs lose their users there, which may free a match
     elsewhere (in another block, or through a shared constant)."""
     anchor = pattern.op_list()[0]  # before every user of the outputs
-    news = [mb.const(val=np.zeros(S, dtype=np.float32), name=f"{var.name}_zero", before_op=anchor)
-            for var in pattern.output_vars()]
+    news = [
+        mb.const(val=np.zeros(S, dtype=np.float32), name=f"{var.name}_zero", before_op=anchor)
+        for var in pattern.output_vars()
+    ]
     pattern.replace_outputs(news)
 
 
 REPLACEMENTS = {"identity": _replace_with_identity, "constant": _replace_with_constant}
 
 
-@settings(max_examples=EXAMPLES, deadline=None, derandomize="FUZZ_EXAMPLES" not in os.environ,
-          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
-@given(plan=plans, pattern_name=st.sampled_from(sorted(PATTERNS)), constraint_name=st.sampled_from(sorted(CONSTRAINTS)),
-       replacement=st.sampled_from(sorted(REPLACEMENTS)))
-@example(  # an inner rewrite frees an outer match: relu(a0) loses its inner consumer
-    plan={"outer": [("relu", [1, 0]), ("exp", [0, 0])], "inner": [("relu", [3, 1]), ("exp", [0, 0])],
-          "outputs": [0]},
-    pattern_name="chain", constraint_name="none", replacement="constant",
+@settings(
+    max_examples=EXAMPLES,
+    deadline=None,
+    derandomize="FUZZ_EXAMPLES" not in os.environ,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
 )
-def test_find_matches_and_the_pass_agree_with_the_brute_force(plan, pattern_name, constraint_name, replacement):
+@given(
+    plan=plans,
+    pattern_name=st.sampled_from(sorted(PATTERNS)),
+    constraint_name=st.sampled_from(sorted(CONSTRAINTS)),
+    replacement=st.sampled_from(sorted(REPLACEMENTS)),
+)
+@example(  # an inner rewrite frees an outer match: relu(a0) loses its inner consumer
+    plan={
+        "outer": [("relu", [1, 0]), ("exp", [0, 0])],
+        "inner": [("relu", [3, 1]), ("exp", [0, 0])],
+        "outputs": [0],
+    },
+    pattern_name="chain",
+    constraint_name="none",
+    replacement="constant",
+)
+def test_find_matches_and_the_pass_agree_with_the_brute_force(
+    plan, pattern_name, constraint_name, replacement
+):
     pattern, options = PATTERNS[pattern_name]
     constraint = CONSTRAINTS[constraint_name]
     compiled = compile_pattern(pattern, **options)
@@ -320,8 +356,9 @@ def test_find_matches_and_the_pass_agree_with_the_brute_force(plan, pattern_name
     assert len(got) == len(set(got)), "find_matches yielded a set of ops twice"
     assert set(got) == want
 
-    container = register_generic_pass(pattern, constraint, REPLACEMENTS[replacement], "brute", _fresh_namespace(),
-                                      **options)
+    container = register_generic_pass(
+        pattern, constraint, REPLACEMENTS[replacement], "brute", _fresh_namespace(), **options
+    )
     container(prog)
     prog.validate()
     left = accepted(pattern_name, options, prog, constraint, brute_force(compiled, prog, constraint))
@@ -369,7 +406,10 @@ def test_the_brute_force_sees_what_it_should(pattern_name):
         "chain": set(),  # relu(a0) has a second consumer (m); relu(a1) ops feed add or two ops
         "root_twice": {frozenset({"r3", "m3"})},  # relu(a0) has a second consumer (e)
         "two_inputs": {frozenset({"r1", "a"})},
-        "by_constant_any": {frozenset({"s", "o"}), frozenset({"s2", "d"})},  # "any": any y not computed inside
+        "by_constant_any": {
+            frozenset({"s", "o"}),
+            frozenset({"s2", "d"}),
+        },  # "any": any y not computed inside
         "by_constant_value": {frozenset({"s", "o"})},
         "diamond": {frozenset({"r2", "e2", "s2", "d"})},
         "two_finals": {frozenset({"r", "e3"})},
@@ -378,14 +418,25 @@ def test_the_brute_force_sees_what_it_should(pattern_name):
     assert {frozenset(o.name for o in m.op_set) for m in find_matches(pattern, prog, **options)} == found
 
 
-@settings(max_examples=EXAMPLES, deadline=None, derandomize="FUZZ_EXAMPLES" not in os.environ,
-          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
-@given(plan=plans, names=st.lists(st.sampled_from(sorted(PATTERNS)), min_size=2, max_size=3, unique=True),
-       replacement=st.sampled_from(sorted(REPLACEMENTS)))
+@settings(
+    max_examples=EXAMPLES,
+    deadline=None,
+    derandomize="FUZZ_EXAMPLES" not in os.environ,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+)
+@given(
+    plan=plans,
+    names=st.lists(st.sampled_from(sorted(PATTERNS)), min_size=2, max_size=3, unique=True),
+    replacement=st.sampled_from(sorted(REPLACEMENTS)),
+)
 @example(  # the second sub-pass's rewrite frees a match of the first: relu(a0) loses its other consumer
-    plan={"outer": [("relu", [1, 0]), ("exp", [0, 0]), ("sigmoid", [1, 0]), ("sub", [0, -2])],
-          "inner": [], "outputs": [0, 2]},
-    names=["chain", "by_constant_value"], replacement="constant",
+    plan={
+        "outer": [("relu", [1, 0]), ("exp", [0, 0]), ("sigmoid", [1, 0]), ("sub", [0, -2])],
+        "inner": [],
+        "outputs": [0, 2],
+    },
+    names=["chain", "by_constant_value"],
+    replacement="constant",
 )
 def test_a_pass_of_several_patterns_ends_at_a_fixpoint(plan, names, replacement):
     """A rewrite by a later sub-pass may create or free a match of an earlier one: the pass revisits it,
@@ -393,8 +444,9 @@ def test_a_pass_of_several_patterns_ends_at_a_fixpoint(plan, names, replacement)
     namespace = _fresh_namespace()
     for name in names:
         pattern, options = PATTERNS[name]
-        container = register_generic_pass(pattern, None, REPLACEMENTS[replacement], "several", namespace,
-                                          **options)
+        container = register_generic_pass(
+            pattern, None, REPLACEMENTS[replacement], "several", namespace, **options
+        )
     prog = build(plan)
     container(prog)
     prog.validate()

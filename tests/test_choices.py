@@ -6,7 +6,13 @@ import pytest
 from coremltools.converters.mil import Builder as mb
 from coremltools.converters.mil.mil import get_new_symbol
 
-from pattern_infra import PatternDefinitionError, compile_pattern, explain, find_matches, register_generic_pass
+from pattern_infra import (
+    PatternDefinitionError,
+    compile_pattern,
+    explain,
+    find_matches,
+    register_generic_pass,
+)
 from pattern_infra.language.choices import one_of, optional
 
 ROW = [mb.TensorSpec(shape=(get_new_symbol(), 8))]
@@ -53,7 +59,10 @@ def test_every_spelling_is_a_plain_pattern_and_the_anchors_are_what_they_share()
     # each op knows its innermost choice and the alternative taken there, in words
     assert variants[0].within["sq"] == ("square", "mul(x, x)")
     assert [v.within["scale"][1] for v in variants[:3]] == [
-        "mul(x, rsqrt(var))", "real_div(x, sqrt(var))", "mul(x, real_div(1, sqrt(var)))"]
+        "mul(x, rsqrt(var))",
+        "real_div(x, sqrt(var))",
+        "mul(x, real_div(1, sqrt(var)))",
+    ]
     # the longest spelling wins: without the weight, a guard searches the weighted alternative below
     (guard,) = variants[3].guards
     assert (guard.choice, guard.alternative, guard.end) == ("weighted", 1, "scale")
@@ -69,8 +78,10 @@ def _build(body):
     "body, message",
     [
         (lambda x: one_of("c", lambda: mb.relu(x=x, name="r"), lambda: x), "alternative 1 returns x"),
-        (lambda x: one_of("c", lambda: mb.relu(x=x, name="r"), lambda: mb.const(val=1.0, name="k")),
-         "none of its own ops computes"),
+        (
+            lambda x: one_of("c", lambda: mb.relu(x=x, name="r"), lambda: mb.const(val=1.0, name="k")),
+            "none of its own ops computes",
+        ),
         (lambda x: one_of("c", lambda: mb.relu(x=x, name="r")), "at least two alternatives"),
         (lambda x: one_of("not ok", lambda: mb.relu(x=x), lambda: mb.exp(x=x)), "Python identifier"),
     ],
@@ -155,7 +166,11 @@ SPELLINGS = [(s, n, w) for s in SQUARES for n in NORMALIZERS for w in (True, Fal
 
 
 def rms_program(square, normalizer, weighted, extra_consumer=False):
-    specs = [mb.TensorSpec(shape=(3, 8)), mb.TensorSpec(shape=(8,))] if weighted else [mb.TensorSpec(shape=(3, 8))]
+    specs = (
+        [mb.TensorSpec(shape=(3, 8)), mb.TensorSpec(shape=(8,))]
+        if weighted
+        else [mb.TensorSpec(shape=(3, 8))]
+    )
 
     def body(x, w=None):
         v = mb.add(x=mb.reduce_mean(x=SQUARES[square](x), axes=[-1], keep_dims=True), y=1e-6)
@@ -173,11 +188,20 @@ def rms_program(square, normalizer, weighted, extra_consumer=False):
 
 def test_twelve_spellings_of_rms_norm_are_twelve_programs():
     assert len(SPELLINGS) == 12
+
     def structure(prog):  # each op with the types of what it reads
         ops = [op for op in prog.functions["main"].operations if op.op_type != "const"]
-        return tuple((op.op_type, tuple(v.op.op_type if v.op is not None else "input"
-                                        for v in op.inputs.values() if not isinstance(v, (list, tuple))))
-                     for op in ops)
+        return tuple(
+            (
+                op.op_type,
+                tuple(
+                    v.op.op_type if v.op is not None else "input"
+                    for v in op.inputs.values()
+                    if not isinstance(v, (list, tuple))
+                ),
+            )
+            for op in ops
+        )
 
     assert len({structure(rms_program(*s)) for s in SPELLINGS}) == 12
 
@@ -193,8 +217,11 @@ def test_one_pattern_matches_every_spelling_of_rms_norm(spelling):
     assert match.root_vars[0] is main.inputs["x"]
     assert match.root_vars[1] is (main.inputs["w"] if weighted else None)
     expected_normed = list(NORMALIZERS).index(normalizer)
-    assert match.choices == {"square": list(SQUARES).index(square), "weighted": 0 if weighted else 1,
-                             "normed": expected_normed}
+    assert match.choices == {
+        "square": list(SQUARES).index(square),
+        "weighted": 0 if weighted else 1,
+        "normed": expected_normed,
+    }
     assert match.sq.op_type == square and match.square is match.sq
     assert match.weighted is ops[-1]
 
@@ -224,7 +251,11 @@ def test_a_choices_name_is_the_op_of_its_alternative_in_every_view_of_the_match(
         assert m.ops["weighted"] is last and m.ops["normed"] is m.scale and m.final_op is last
         assert m.operand("weighted", "x") is main.inputs["x"] and m.operand("square", "x") is main.inputs["x"]
         assert m.operand("normed", "var") is m.var.outputs[0]
-        assert (m.operand("weighted", "w") is main.inputs["w"]) if spelling[2] else len(m.op_set) == len(names) - 3
+        assert (
+            (m.operand("weighted", "w") is main.inputs["w"])
+            if spelling[2]
+            else len(m.op_set) == len(names) - 3
+        )
         assert f"weighted={last.name}" in repr(m)
         with pytest.raises(TypeError, match=r"dict\(pattern.choices\)"):
             m.choices["square"] = 1
@@ -246,8 +277,11 @@ def test_a_choice_keeps_its_operands_where_an_op_has_a_choices_name():
 
     @mb.program(input_specs=ROW)
     def pattern(x):
-        act = one_of("act", lambda: mb.relu(x=mb.pow(x=x, y=2.0, name="sq"), name="r"),
-                     lambda: mb.sigmoid(x=x, name="s"))
+        act = one_of(
+            "act",
+            lambda: mb.relu(x=mb.pow(x=x, y=2.0, name="sq"), name="r"),
+            lambda: mb.sigmoid(x=x, name="s"),
+        )
         return mb.add(x=act, y=1.0, name="out")
 
     @mb.program(input_specs=ROW)
@@ -272,7 +306,6 @@ def test_an_intermediate_inside_an_alternative_used_elsewhere_blocks_the_match()
 
 def test_explain_lists_the_alternatives_tried():
 
-
     @mb.program(input_specs=[mb.TensorSpec(shape=(3, 8))])
     def prog(x):
         v = mb.add(x=mb.reduce_mean(x=mb.mul(x=x, y=x), axes=[-1], keep_dims=True), y=1e-6)
@@ -286,8 +319,9 @@ def test_an_outer_op_read_twice_by_an_alternative_is_counted_so():
     @mb.program(input_specs=ROW)
     def twice(x):
         r = mb.relu(x=x, name="r")
-        return one_of("c", lambda: mb.mul(x=r, y=r, name="m"), lambda: mb.pow(x=mb.abs(x=r, name="a"), y=2.0,
-                                                                                  name="m"))
+        return one_of(
+            "c", lambda: mb.mul(x=r, y=r, name="m"), lambda: mb.pow(x=mb.abs(x=r, name="a"), y=2.0, name="m")
+        )
 
     with pytest.raises(PatternDefinitionError, match="different number of times"):
         compile_pattern(twice)
@@ -340,10 +374,16 @@ def test_the_alternatives_of_one_choice_point_add_no_bind_attempt(k):
 
     for index in (0, k - 1):
         prog = activation_chain(ACTIVATIONS[index], 5)
-        choice, written = (Matcher(compile_pattern(pattern, constants="const"))
-                           for pattern in (activation_pattern(k), activation_pattern(1, ACTIVATIONS[index])))
+        choice, written = (
+            Matcher(compile_pattern(pattern, constants="const"))
+            for pattern in (activation_pattern(k), activation_pattern(1, ACTIVATIONS[index]))
+        )
         assert first_matches(choice, prog) == first_matches(written, prog) == 5
-        assert choice.bind_attempts == written.bind_attempts, (index, choice.bind_attempts, written.bind_attempts)
+        assert choice.bind_attempts == written.bind_attempts, (
+            index,
+            choice.bind_attempts,
+            written.bind_attempts,
+        )
         matches = list(find_in_program(prog, choice))
         assert [(m.choices, m.act.op_type) for m in matches] == [({"act": index}, ACTIVATIONS[index])] * 5
 
@@ -356,10 +396,17 @@ def test_fallback_offers_the_shorter_spelling_when_the_longer_is_refused(fallbac
 
     @mb.program(input_specs=ROW_AND_WEIGHT)
     def pattern(x, w):
-        v = mb.add(x=mb.reduce_mean(x=mb.mul(x=x, y=x, name="sq"), axes=[-1], keep_dims=True, name="mean"),
-                   y=1e-6, name="var")
-        return optional("weighted", lambda: mb.mul(x=x, y=mb.rsqrt(x=v, name="inv"), name="scale"),
-                        lambda n: mb.mul(x=n, y=w, name="weight"), fallback=fallback)
+        v = mb.add(
+            x=mb.reduce_mean(x=mb.mul(x=x, y=x, name="sq"), axes=[-1], keep_dims=True, name="mean"),
+            y=1e-6,
+            name="var",
+        )
+        return optional(
+            "weighted",
+            lambda: mb.mul(x=x, y=mb.rsqrt(x=v, name="inv"), name="scale"),
+            lambda n: mb.mul(x=n, y=w, name="weight"),
+            fallback=fallback,
+        )
 
     prog = rms_program("mul", "rsqrt", True)
     refuse_weight = lambda match: "weight" not in match.ops  # noqa: E731
@@ -379,8 +426,11 @@ def test_an_op_every_alternative_has_is_not_an_anchor():
 
     @mb.program(input_specs=ROW)
     def shared_inner(x):
-        return one_of("c", lambda: mb.exp(x=mb.relu(x=x, name="r"), name="e"),
-                      lambda: mb.sigmoid(x=mb.relu(x=x, name="r"), name="s"))
+        return one_of(
+            "c",
+            lambda: mb.exp(x=mb.relu(x=x, name="r"), name="e"),
+            lambda: mb.sigmoid(x=mb.relu(x=x, name="r"), name="s"),
+        )
 
     matcher = Matcher(compile_pattern(shared_inner))
     assert "r" in matcher.places and [a.name for a in matcher.nodes] == ["c"]
@@ -417,8 +467,11 @@ def test_one_of_with_equivalences_rewrites_the_first_match():
 
     @mb.program(input_specs=[mb.TensorSpec(shape=(get_new_symbol(),))])
     def pat(x):
-        return one_of("o", lambda: mb.mul(x=x, y=mb.sigmoid(x=x, name="s"), name="o"),
-                      lambda: mb.mul(x=x, y=mb.add(x=x, y=1.0, name="a"), name="o"))
+        return one_of(
+            "o",
+            lambda: mb.mul(x=x, y=mb.sigmoid(x=x, name="s"), name="o"),
+            lambda: mb.mul(x=x, y=mb.add(x=x, y=1.0, name="a"), name="o"),
+        )
 
     @mb.program(input_specs=[mb.TensorSpec(shape=(4,))])
     def prog(x):
@@ -436,11 +489,16 @@ def test_a_pattern_of_more_than_256_spellings_is_refused_with_the_rule_and_the_f
     @mb.program(input_specs=ROW)
     def nine_choices(x):
         for i in range(9):
-            x = one_of(f"c{i}", lambda x=x, i=i: mb.relu(x=x, name=f"r{i}"),
-                       lambda x=x, i=i: mb.sigmoid(x=x, name=f"s{i}"))
+            x = one_of(
+                f"c{i}",
+                lambda x=x, i=i: mb.relu(x=x, name=f"r{i}"),
+                lambda x=x, i=i: mb.sigmoid(x=x, name=f"s{i}"),
+            )
         return x
 
-    with pytest.raises(PatternDefinitionError, match=r"stands for 512 spellings .* at most 256 .* separate patterns"):
+    with pytest.raises(
+        PatternDefinitionError, match=r"stands for 512 spellings .* at most 256 .* separate patterns"
+    ):
         compile_pattern(nine_choices)
     with pytest.raises(PatternDefinitionError, match="stands for 512 spellings"):
         register_generic_pass(nine_choices, None, lambda p: None, "nine", namespace)

@@ -170,7 +170,9 @@ def _foldable(fold: bool, dead: bool, constexpr: bool = False) -> Program:
         a = np.arange(8, dtype=np.float32).reshape(2, 4)
         y = mb.add(x=a, y=a, name="double") if fold else a
         if constexpr:
-            y = mb.add(x=y, y=mb.constexpr_cast(source_val=a.astype(np.float16), output_dtype="fp32", name="ce"))
+            y = mb.add(
+                x=y, y=mb.constexpr_cast(source_val=a.astype(np.float16), output_dtype="fp32", name="ce")
+            )
         if dead:
             mb.relu(x=x, name="unused")
         return mb.add(x=x, y=y, name="out")
@@ -179,9 +181,16 @@ def _foldable(fold: bool, dead: bool, constexpr: bool = False) -> Program:
 
 
 @pytest.mark.parametrize("pass_id", ["common::const_elimination", "common::dead_code_elimination"])
-@pytest.mark.parametrize("fold,dead,constexpr", [(False, False, False), (True, False, False),
-                                                 (False, True, False), (True, True, True),
-                                                 (False, False, True)])
+@pytest.mark.parametrize(
+    "fold,dead,constexpr",
+    [
+        (False, False, False),
+        (True, False, False),
+        (False, True, False),
+        (True, True, True),
+        (False, False, True),
+    ],
+)
 def test_cleanup_gives_coremltools_program(pass_id, fold, dead, constexpr):
     theirs, ours = _both(lambda: _foldable(fold, dead, constexpr), pass_id)
     assert ours == theirs
@@ -217,7 +226,9 @@ def test_const_elimination_passes_skip_const_by_size_on():
     def source() -> Program:
         @mb.program(input_specs=[mb.TensorSpec(shape=(100,))])
         def prog(x):
-            big = mb.fill(shape=np.array([100], dtype=np.int32), value=2.0, name="big")  # folded unless skipped
+            big = mb.fill(
+                shape=np.array([100], dtype=np.int32), value=2.0, name="big"
+            )  # folded unless skipped
             return mb.mul(x=x, y=big, name="out")
 
         return prog

@@ -56,7 +56,9 @@ def _check_optimized(saved, out: Path) -> None:
     assert optimized.spec.description.metadata.author == "test author"
     assert optimized.spec.description.metadata.userDefined["origin"] == "tests/test_cli.py"
     assert optimized.spec.specificationVersion == original.spec.specificationVersion
-    assert [i.name for i in optimized.spec.description.input] == [i.name for i in original.spec.description.input]
+    assert [i.name for i in optimized.spec.description.input] == [
+        i.name for i in original.spec.description.input
+    ]
 
 
 def test_optimize_end_to_end(saved, tmp_path):
@@ -74,7 +76,11 @@ def test_optimize_as_a_separate_process(saved, tmp_path):
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
     done = subprocess.run(
         [sys.executable, "-m", "pattern_infra", "optimize", str(saved["path"]), "-o", str(out), "--progress"],
-        capture_output=True, text=True, env=env, cwd=ROOT, timeout=600,
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=ROOT,
+        timeout=600,
     )
     assert done.returncode == 0, done.stderr
     assert "passes" in done.stderr  # the progress bar, on stderr
@@ -91,7 +97,9 @@ def test_console_script_is_declared_and_points_at_the_command():
 
 def test_exclude_keeps_a_pass_out(saved, tmp_path):
     out = tmp_path / "o.mlpackage"
-    result = _invoke("optimize", saved["path"], "-o", out, "--exclude", "common::fuse_layernorm_or_instancenorm")
+    result = _invoke(
+        "optimize", saved["path"], "-o", out, "--exclude", "common::fuse_layernorm_or_instancenorm"
+    )
     assert result.exit_code == 0, result.output
     assert "0 rewrite(s); non-const ops 87 -> 87" in result.output
     assert "layer_norm" not in op_histogram(load_mlpackage(out).program)
@@ -99,7 +107,14 @@ def test_exclude_keeps_a_pass_out(saved, tmp_path):
 
 def test_passes_selects_the_passes_run(saved, tmp_path):
     out = tmp_path / "o.mlpackage"
-    result = _invoke("optimize", saved["path"], "-o", out, "--passes", "common::fuse_gelu_exact,common::fuse_layernorm_or_instancenorm")
+    result = _invoke(
+        "optimize",
+        saved["path"],
+        "-o",
+        out,
+        "--passes",
+        "common::fuse_gelu_exact,common::fuse_layernorm_or_instancenorm",
+    )
     assert result.exit_code == 0, result.output
     assert f"{LAYER_NORMS} rewrite(s)" in result.output
 
@@ -109,7 +124,9 @@ def test_report_lists_every_rewrite_and_writes_nothing(saved):
     result = _invoke("report", saved["path"], "--json")
     assert result.exit_code == 0, result.output
     data = json.loads(result.output)
-    assert [r["pass_id"] for r in data["rewrites"]] == ["common::fuse_layernorm_or_instancenorm"] * LAYER_NORMS
+    assert [r["pass_id"] for r in data["rewrites"]] == [
+        "common::fuse_layernorm_or_instancenorm"
+    ] * LAYER_NORMS
     assert all(r["replaced_by"] and r["matched"] for r in data["rewrites"])
     assert data["after"]["layer_norm"] == LAYER_NORMS
     text = _invoke("report", saved["path"])
@@ -154,15 +171,22 @@ def test_passes_lists_ids_in_run_order():
     ("args", "code", "message"),
     [
         (["optimize", "missing.mlpackage", "-o", "x.mlpackage"], 2, "does not exist"),
-        (["optimize", "{model}", "-o", "{tmp}/o.mlpackage", "--passes", "common::fuse_gelu_exactt"], 1,
-         "Did you mean common::fuse_gelu_exact"),
+        (
+            ["optimize", "{model}", "-o", "{tmp}/o.mlpackage", "--passes", "common::fuse_gelu_exactt"],
+            1,
+            "Did you mean common::fuse_gelu_exact",
+        ),
         (["optimize", "{model}", "-o", "{model}"], 1, "refusing to write over the model being read"),
         (["optimize", "{model}", "-o", "{tmp}"], 2, "whose name ends in .mlpackage"),
         (["optimize", "{model}", "-o", "{tmp}/old.mlpackage"], 1, "exists; remove it or ask to overwrite it"),
         (["optimize", "{model}"], 2, "Missing option '-o'"),
         (["report", "{tmp}/not_a_model.txt"], 1, "cannot read it as a Core ML model"),
         (["explain", "{model}", "--pattern", "nocolon"], 2, "expected MODULE:NAME or a pass id"),
-        (["explain", "{model}", "--pattern", "common::fuse_gelu_exakt"], 1, "did you mean common::fuse_gelu_exact"),
+        (
+            ["explain", "{model}", "--pattern", "common::fuse_gelu_exakt"],
+            1,
+            "did you mean common::fuse_gelu_exact",
+        ),
         (["explain", "{model}", "--pattern", "os:no_such_name"], 1, "module 'os' has no 'no_such_name'"),
         (["--import", "no_such_module_anywhere", "passes"], 2, "importable from the current directory"),
         (["frobnicate"], 2, "No such command"),

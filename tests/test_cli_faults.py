@@ -160,7 +160,11 @@ def _non_model_overwritten(work: Path) -> tuple[list[str], int, list[str]]:
 def _non_model_folder_overwritten(work: Path) -> tuple[list[str], int, list[str]]:
     (work / "photos.mlpackage").mkdir()
     (work / "photos.mlpackage" / "cat.jpg").write_bytes(b"\xff\xd8")
-    return ["-o", str(work / "photos.mlpackage"), "--overwrite"], 1, ["photos.mlpackage", "not a model package"]
+    return (
+        ["-o", str(work / "photos.mlpackage"), "--overwrite"],
+        1,
+        ["photos.mlpackage", "not a model package"],
+    )
 
 
 def _existing_without_overwrite(work: Path) -> tuple[list[str], int, list[str]]:
@@ -169,7 +173,11 @@ def _existing_without_overwrite(work: Path) -> tuple[list[str], int, list[str]]:
 
 
 def _inside_the_input(work: Path) -> tuple[list[str], int, list[str]]:
-    return ["-o", str(work / "in.mlpackage" / "out.mlpackage")], 1, ["out.mlpackage", "inside the model being read"]
+    return (
+        ["-o", str(work / "in.mlpackage" / "out.mlpackage")],
+        1,
+        ["out.mlpackage", "inside the model being read"],
+    )
 
 
 def _the_input_itself(work: Path) -> tuple[list[str], int, list[str]]:
@@ -205,8 +213,11 @@ def _failing_pass_over_an_old_output(work: Path) -> tuple[list[str], int, list[s
         "    raise RuntimeError('a bug in my transform')\n"
         "register_generic_pass(centred, None, transform, 'fails', 'faults')\n"
     )
-    return (["-o", str(work / "old.mlpackage"), "--overwrite", "--passes", "faults::fails"], 1,
-            ["faults::fails", "a bug in my transform"])
+    return (
+        ["-o", str(work / "old.mlpackage"), "--overwrite", "--passes", "faults::fails"],
+        1,
+        ["faults::fails", "a bug in my transform"],
+    )
 
 
 OUTPUTS: dict[str, Callable[[Path], tuple[list[str], int, list[str]]]] = {
@@ -229,7 +240,9 @@ def test_an_output_that_cannot_be_written_is_refused_and_nothing_is_lost(work, c
     args, code, names = OUTPUTS[case](work)
     before = _tree(work)
     imports = ["--import", "raising_pass_module"] if "faults::fails" in args else []
-    result = CliRunner().invoke(main, [*imports, "optimize", str(work / "in.mlpackage"), *args, "--no-progress"])
+    result = CliRunner().invoke(
+        main, [*imports, "optimize", str(work / "in.mlpackage"), *args, "--no-progress"]
+    )
     _check_clean_failure(result, code, names)
     after = _tree(work)
     after.pop("__pycache__", None)
@@ -240,10 +253,21 @@ def test_an_output_that_cannot_be_written_is_refused_and_nothing_is_lost(work, c
 def test_overwrite_replaces_a_model_package_and_prints_the_path_written(work, monkeypatch):
     shutil.copytree(work / "in.mlpackage", work / "old.mlpackage")
     (work / "old.mlpackage" / "stale.txt").write_text("from the old package")
-    result = CliRunner().invoke(main, ["optimize", str(work / "in.mlpackage"), "-o", str(work / "old.mlpackage"),
-                                       "--overwrite", "--no-progress"])
+    result = CliRunner().invoke(
+        main,
+        [
+            "optimize",
+            str(work / "in.mlpackage"),
+            "-o",
+            str(work / "old.mlpackage"),
+            "--overwrite",
+            "--no-progress",
+        ],
+    )
     assert result.exit_code == 0, result.output
-    assert result.output.startswith(f"{work / 'old.mlpackage'}: 5 rewrite(s)"), result.output  # no progress bar
+    assert result.output.startswith(f"{work / 'old.mlpackage'}: 5 rewrite(s)"), (
+        result.output
+    )  # no progress bar
     assert not (work / "old.mlpackage" / "stale.txt").exists()
     assert sorted(p.name for p in work.iterdir()) == ["in.mlpackage", "old.mlpackage"]  # no temporary left
 
@@ -265,8 +289,9 @@ def test_optimize_refuses_a_model_of_several_functions_before_any_work(tmp_path)
         def prog(x):
             return body(x)
 
-        ct.convert(prog, convert_to="mlprogram", skip_model_load=True,
-                   minimum_deployment_target=ct.target.iOS18).save(str(tmp_path / f"{name}.mlpackage"))
+        ct.convert(
+            prog, convert_to="mlprogram", skip_model_load=True, minimum_deployment_target=ct.target.iOS18
+        ).save(str(tmp_path / f"{name}.mlpackage"))
 
     save("a", lambda x: mb.relu(x=x))
     save("b", lambda x: mb.exp(x=x))
@@ -276,7 +301,11 @@ def test_optimize_refuses_a_model_of_several_functions_before_any_work(tmp_path)
     functions.default_function_name = "f_a"
     ct.utils.save_multifunction(functions, str(tmp_path / "multi.mlpackage"))
     before = _tree(tmp_path)
-    result = CliRunner().invoke(main, ["optimize", str(tmp_path / "multi.mlpackage"), "-o", str(tmp_path / "o.mlpackage")])
+    result = CliRunner().invoke(
+        main, ["optimize", str(tmp_path / "multi.mlpackage"), "-o", str(tmp_path / "o.mlpackage")]
+    )
     _check_clean_failure(result, 1, ["multi.mlpackage", "2 functions (f_a, f_b)"])
     assert _tree(tmp_path) == before
-    assert CliRunner().invoke(main, ["report", str(tmp_path / "multi.mlpackage")]).exit_code == 0  # read: fine
+    assert (
+        CliRunner().invoke(main, ["report", str(tmp_path / "multi.mlpackage")]).exit_code == 0
+    )  # read: fine

@@ -47,7 +47,9 @@ def test_a_non_commutative_alternative_still_matches_only_as_written():
         o0 = mb.relu(x=a0, name="o0")
         return mb.sub(x=2.0, y=o0, name="o1")  # 2 - relu: not relu - 2
 
-    assert list(find_matches(relu_then_sub, prog, alternatives={"p1": ["sub", "add"]}, constants="value")) == []
+    assert (
+        list(find_matches(relu_then_sub, prog, alternatives={"p1": ["sub", "add"]}, constants="value")) == []
+    )
 
 
 # -- 2. a rewrite in a nested block that frees a match of the outer block --------------------------------
@@ -65,7 +67,13 @@ def _to_silu_like(pattern):
 
 
 def _nested_program():
-    @mb.program(input_specs=[mb.TensorSpec(shape=S), mb.TensorSpec(shape=S), mb.TensorSpec(shape=(1,), dtype=types.bool)])
+    @mb.program(
+        input_specs=[
+            mb.TensorSpec(shape=S),
+            mb.TensorSpec(shape=S),
+            mb.TensorSpec(shape=(1,), dtype=types.bool),
+        ]
+    )
     def prog(a0, a1, flag):
         o0 = mb.sigmoid(x=a0, name="o0")
         o1 = mb.mul(x=o0, y=2.0, name="o1")
@@ -175,7 +183,9 @@ def test_the_pass_offers_the_other_operand_order_when_the_constraint_refuses_the
         new = mb.add(x=pattern.root_var, y=pattern.root_var, name=pattern.m.name + "_s", before_op=pattern.m)
         pattern.replace_output(new)
 
-    container = register_generic_pass(mul_by_constant, _roots_are_inputs, to_scale, "f", namespace, constants="any")
+    container = register_generic_pass(
+        mul_by_constant, _roots_are_inputs, to_scale, "f", namespace, constants="any"
+    )
     prog = _mul_relu_program()
     container(prog)
     assert container.stats.rewrites == 1
@@ -194,7 +204,9 @@ def test_a_declining_transform_lets_the_search_go_on_at_the_same_anchor(namespac
         pattern.replace_output(new)
         return True
 
-    container = register_generic_pass(mul_by_constant, None, only_input_roots, "f", namespace, constants="any")
+    container = register_generic_pass(
+        mul_by_constant, None, only_input_roots, "f", namespace, constants="any"
+    )
     container(_mul_relu_program())
     assert offered == ["r", "a1"]
     assert (container.stats.declined, container.stats.rewrites) == (1, 1)
@@ -225,8 +237,9 @@ def test_the_error_names_the_ops_as_restored_not_as_the_transform_renamed_them(n
 # -- a constraint may say why it refused (issue #15) -------------------------------------------------------
 
 
-@pytest.mark.parametrize("refusal", [(False, "root is not a graph input"), "root is not a graph input"],
-                         ids=["pair", "string"])
+@pytest.mark.parametrize(
+    "refusal", [(False, "root is not a graph input"), "root is not a graph input"], ids=["pair", "string"]
+)
 def test_a_constraints_reason_is_counted_and_explained(namespace, refusal):
     from pattern_infra import explain
 
@@ -241,8 +254,9 @@ def test_a_constraints_reason_is_counted_and_explained(namespace, refusal):
     def prog(a0):
         return mb.mul(x=mb.relu(x=a0, name="r"), y=2.0, name="o")
 
-    container = register_generic_pass(mul_by_constant, only_graph_inputs, to_double, "f", namespace,
-                                      constants="value")
+    container = register_generic_pass(
+        mul_by_constant, only_graph_inputs, to_double, "f", namespace, constants="value"
+    )
     container(prog)
     reason = "constraint returned False: root is not a graph input"
     assert dict(container.stats.rejections) == {reason: 1} and container.stats.rewrites == 0
@@ -267,8 +281,9 @@ def test_several_passes_in_one_call_each_reach_their_fixpoint_before_the_next(na
         return mb.sigmoid(x=x0, name="s")
 
     def to_zero(pattern):
-        zero = mb.const(val=np.zeros(S, dtype=np.float32), name=pattern.final_op.name + "_z",
-                        before_op=pattern.final_op)
+        zero = mb.const(
+            val=np.zeros(S, dtype=np.float32), name=pattern.final_op.name + "_z", before_op=pattern.final_op
+        )
         pattern.replace_output(zero)
 
     def program():
@@ -281,9 +296,13 @@ def test_several_passes_in_one_call_each_reach_their_fixpoint_before_the_next(na
 
     results = []
     for passes in (None, ["first", "second"]):
-        subs = [SubPass(compile_pattern(relu_exp_chain), None, to_zero),
-                SubPass(compile_pattern(sigmoid_only), None, to_zero)]
+        subs = [
+            SubPass(compile_pattern(relu_exp_chain), None, to_zero),
+            SubPass(compile_pattern(sigmoid_only), None, to_zero),
+        ]
         prog = program()
         run_subpasses(prog, subs, "two", passes=passes)
-        results.append(sorted(op.op_type for op in prog.functions["main"].operations if op.op_type != "const"))
+        results.append(
+            sorted(op.op_type for op in prog.functions["main"].operations if op.op_type != "const")
+        )
     assert results == [[], ["exp", "relu"]]

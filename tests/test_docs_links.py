@@ -56,8 +56,9 @@ def site_slug(heading: str) -> str:
 
 def anchors(path: Path) -> set[str]:
     """The anchors both GitHub and the site give the headings of ``path``."""
-    headings = [m[1] for _, line in prose_lines(path.read_text(), keep_code=True)
-                if (m := _HEADING.match(line))]
+    headings = [
+        m[1] for _, line in prose_lines(path.read_text(), keep_code=True) if (m := _HEADING.match(line))
+    ]
     return {github_slug(h) for h in headings} & {site_slug(h) for h in headings}
 
 
@@ -74,10 +75,14 @@ def broken_links(path: Path, root: Path = ROOT) -> list[str]:
             if not resolved.exists():
                 problems.append(f"{where}: no such file")
                 continue
-            in_site = resolved in {root / name for name in SITE_ROOT_PAGES} or (root / "docs") in resolved.parents
+            in_site = (
+                resolved in {root / name for name in SITE_ROOT_PAGES} or (root / "docs") in resolved.parents
+            )
             if not in_site:
-                problems.append(f"{where}: not a page of the docs site (link to docs/, README.md or "
-                                f"CHANGELOG.md; name other files as `code`)")
+                problems.append(
+                    f"{where}: not a page of the docs site (link to docs/, README.md or "
+                    f"CHANGELOG.md; name other files as `code`)"
+                )
             elif anchor and (resolved.suffix != ".md" or anchor not in anchors(resolved)):
                 problems.append(f"{where}: no heading with anchor #{anchor}")
     return problems
@@ -92,13 +97,19 @@ def test_the_checker_reports_a_missing_file_a_missing_anchor_and_a_file_outside_
     (tmp_path / "docs").mkdir()
     (tmp_path / "pyproject.toml").write_text("")
     (tmp_path / "README.md").write_text("# Title\n\n## A five-minute `tour`\n\n```sh\n# not a heading\n```\n")
-    (tmp_path / "docs" / "PAGE.md").write_text("\n".join([
-        "[ok](../README.md#a-five-minute-tour) [here](#local) [file](MISSING.md)",
-        "[anchor](../README.md#no-such-heading) [image](../README.md) [code](../README.md#not-a-heading)",
-        "[outside](../pyproject.toml) `[code](NOT_CHECKED.md)`",
-        "```text", "[fenced](ALSO_NOT.md)", "```",
-        "## Local",
-    ]))
+    (tmp_path / "docs" / "PAGE.md").write_text(
+        "\n".join(
+            [
+                "[ok](../README.md#a-five-minute-tour) [here](#local) [file](MISSING.md)",
+                "[anchor](../README.md#no-such-heading) [image](../README.md) [code](../README.md#not-a-heading)",
+                "[outside](../pyproject.toml) `[code](NOT_CHECKED.md)`",
+                "```text",
+                "[fenced](ALSO_NOT.md)",
+                "```",
+                "## Local",
+            ]
+        )
+    )
     assert broken_links(tmp_path / "docs" / "PAGE.md", tmp_path) == [
         "docs/PAGE.md:1: MISSING.md: no such file",
         "docs/PAGE.md:2: ../README.md#no-such-heading: no heading with anchor #no-such-heading",

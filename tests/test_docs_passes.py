@@ -18,12 +18,16 @@ def test_passes_md_has_one_section_per_registered_generic_pass():
     assert len(sections) == len(set(sections))
     assert sorted(sections) == PROJECT_PASSES, (
         "docs/PASSES.md: add a section (the module docstring, as markdown) for each new pass, remove the "
-        "sections of removed passes")
+        "sections of removed passes"
+    )
 
 
 def test_the_readme_table_names_every_generic_pass():
     readme = (ROOT / "README.md").read_text()
     table = "\n".join(line for line in readme.splitlines() if line.startswith("| `"))
-    missing = [pass_id for pass_id in PROJECT_PASSES if f"`{pass_id}`" not in table
-               and not re.search(rf", `{re.escape(pass_id.split('::')[1])}`", table)]
+    missing = [
+        pass_id
+        for pass_id in PROJECT_PASSES
+        if f"`{pass_id}`" not in table and not re.search(rf", `{re.escape(pass_id.split('::')[1])}`", table)
+    ]
     assert missing == []

@@ -70,7 +70,10 @@ def python_blocks(text: str) -> list[Block]:
         if end == len(lines):
             raise ValueError(f"line {i + 1}: the {fence} fence opened here is never closed")
         if lang == "python":
-            body = [line[len(indent):] if line.startswith(indent) else line.lstrip() for line in lines[i + 1:end]]
+            body = [
+                line[len(indent) :] if line.startswith(indent) else line.lstrip()
+                for line in lines[i + 1 : end]
+            ]
             slow = i > 0 and lines[i - 1].strip() == SLOW_MARK
             blocks.append(Block(i + 2, "\n".join(body) + "\n", slow))
         i = end + 1
@@ -83,8 +86,15 @@ def run_markdown(path: Path, *, run_slow: bool, cwd: Path) -> subprocess.Complet
     job = {"path": str(path), "blocks": [{"line": b.line, "code": b.code} for b in blocks]}
     env = {k: v for k, v in os.environ.items() if k != "ENABLE_EXPERIMENTAL_PASSES"}
     env.update(HF_HUB_OFFLINE="1", MPLBACKEND="Agg")
-    return subprocess.run([sys.executable, "-c", _RUNNER], input=json.dumps(job), capture_output=True,
-                          text=True, cwd=cwd, env=env, timeout=1800)
+    return subprocess.run(
+        [sys.executable, "-c", _RUNNER],
+        input=json.dumps(job),
+        capture_output=True,
+        text=True,
+        cwd=cwd,
+        env=env,
+        timeout=1800,
+    )
 
 
 def _failure(done: subprocess.CompletedProcess[str]) -> str:
@@ -109,44 +119,54 @@ def test_the_readme_walkthrough_is_collected():
 
 
 def test_only_python_fences_are_collected_with_their_lines_and_slow_mark():
-    text = "\n".join([
-        "# title",                   # 1
-        "```python",                 # 2
-        "a = 1",                     # 3
-        "```",                       # 4
-        "```sh",                     # 5
-        "make test",                 # 6
-        "```",                       # 7
-        SLOW_MARK,                   # 8
-        "```python",                 # 9
-        "b = 2",                     # 10
-        "```",                       # 11
-        "* item:",                   # 12
-        "  ```python",               # 13
-        "  c = 3",                   # 14
-        "  ```",                     # 15
-        "````text",                  # 16
-        "```python",                 # 17  (text inside a longer fence)
-        "````",                      # 18
-    ])
-    assert python_blocks(text) == [Block(3, "a = 1\n", False), Block(10, "b = 2\n", True),
-                                   Block(14, "c = 3\n", False)]
+    text = "\n".join(
+        [
+            "# title",  # 1
+            "```python",  # 2
+            "a = 1",  # 3
+            "```",  # 4
+            "```sh",  # 5
+            "make test",  # 6
+            "```",  # 7
+            SLOW_MARK,  # 8
+            "```python",  # 9
+            "b = 2",  # 10
+            "```",  # 11
+            "* item:",  # 12
+            "  ```python",  # 13
+            "  c = 3",  # 14
+            "  ```",  # 15
+            "````text",  # 16
+            "```python",  # 17  (text inside a longer fence)
+            "````",  # 18
+        ]
+    )
+    assert python_blocks(text) == [
+        Block(3, "a = 1\n", False),
+        Block(10, "b = 2\n", True),
+        Block(14, "c = 3\n", False),
+    ]
 
 
 def test_a_broken_block_fails_with_its_file_and_line(tmp_path):
     page = tmp_path / "page.md"
-    page.write_text("\n".join([
-        "```python",
-        "shared = 41",
-        "```",
-        "```text",
-        "this is not python",
-        "```",
-        "```python",
-        "assert shared == 41  # the blocks share one namespace",
-        "result = shared + undefined_name",
-        "```",
-    ]) + "\n")
+    page.write_text(
+        "\n".join(
+            [
+                "```python",
+                "shared = 41",
+                "```",
+                "```text",
+                "this is not python",
+                "```",
+                "```python",
+                "assert shared == 41  # the blocks share one namespace",
+                "result = shared + undefined_name",
+                "```",
+            ]
+        )
+        + "\n"
+    )
     done = run_markdown(page, run_slow=False, cwd=tmp_path)
     assert done.returncode == 1
     message = _failure(done)

@@ -8,8 +8,21 @@ from coremltools.converters.mil import Builder as mb
 from coremltools.converters.mil.mil import get_new_symbol
 from coremltools.converters.mil.mil.passes.pass_registry import PASS_REGISTRY
 
-from pattern_infra import Matcher, PatternDefinitionError, compile_pattern, find_matches, register_generic_pass
-from pattern_infra.language.equivalences import DIV_RTOL, IDENTITIES, MAX_FACTORS, REASSOC_RTOL, RSQRT_RTOL, reassoc_rtol
+from pattern_infra import (
+    Matcher,
+    PatternDefinitionError,
+    compile_pattern,
+    find_matches,
+    register_generic_pass,
+)
+from pattern_infra.language.equivalences import (
+    DIV_RTOL,
+    IDENTITIES,
+    MAX_FACTORS,
+    REASSOC_RTOL,
+    RSQRT_RTOL,
+    reassoc_rtol,
+)
 from pattern_infra.find import find_in_program
 from pattern_infra.language.equivalences import association_orders, chain_at, constant_value
 from pattern_infra.verification.evaluator import evaluate
@@ -27,13 +40,22 @@ SPELLINGS = {
     "square_pow": (lambda x: mb.mul(x=x, y=x), lambda x: mb.pow(x=x, y=np.float32(2.0))),
     "sub_const": (lambda x: mb.sub(x=x, y=np.float32(0.3)), lambda x: mb.add(x=x, y=np.float32(-0.3))),
     "add_const": (lambda x: mb.add(x=x, y=np.float32(0.3)), lambda x: mb.sub(x=x, y=np.float32(-0.3))),
-    "div_const": (lambda x: mb.real_div(x=x, y=np.float32(3.0)),
-                  lambda x: mb.mul(x=x, y=np.float32(1.0) / np.float32(3.0))),
-    "mul_const": (lambda x: mb.mul(x=x, y=np.float32(3.0)),
-                  lambda x: mb.real_div(x=x, y=np.float32(1.0) / np.float32(3.0))),
-    "rsqrt": (lambda x: mb.rsqrt(x=mb.abs(x=x)), lambda x: mb.real_div(x=np.float32(1.0), y=mb.sqrt(x=mb.abs(x=x)))),
-    "reassoc": (lambda x: mb.mul(x=mb.mul(x=x, y=np.float32(0.3)), y=mb.sin(x=x)),
-                lambda x: mb.mul(x=x, y=mb.mul(x=mb.sin(x=x), y=np.float32(0.3)))),
+    "div_const": (
+        lambda x: mb.real_div(x=x, y=np.float32(3.0)),
+        lambda x: mb.mul(x=x, y=np.float32(1.0) / np.float32(3.0)),
+    ),
+    "mul_const": (
+        lambda x: mb.mul(x=x, y=np.float32(3.0)),
+        lambda x: mb.real_div(x=x, y=np.float32(1.0) / np.float32(3.0)),
+    ),
+    "rsqrt": (
+        lambda x: mb.rsqrt(x=mb.abs(x=x)),
+        lambda x: mb.real_div(x=np.float32(1.0), y=mb.sqrt(x=mb.abs(x=x))),
+    ),
+    "reassoc": (
+        lambda x: mb.mul(x=mb.mul(x=x, y=np.float32(0.3)), y=mb.sin(x=x)),
+        lambda x: mb.mul(x=x, y=mb.mul(x=mb.sin(x=x), y=np.float32(0.3))),
+    ),
 }
 TOLERANCE = {"div_const": DIV_RTOL, "mul_const": DIV_RTOL, "rsqrt": 2 * RSQRT_RTOL, "reassoc": REASSOC_RTOL}
 
@@ -89,7 +111,10 @@ def choice_alternatives(compiled, name):
 
 def test_compiled_only_when_asked():
     assert choice_alternatives(compile_pattern(square_mean), "sq") == []
-    assert choice_alternatives(compile_pattern(square_mean, equivalences=True), "sq") == ["pow(x, 2)", "mul(x, x)"]
+    assert choice_alternatives(compile_pattern(square_mean, equivalences=True), "sq") == [
+        "pow(x, 2)",
+        "mul(x, x)",
+    ]
     assert choice_alternatives(compile_pattern(square_mean, equivalences=["sub_const"]), "sq") == []
     assert len(choice_alternatives(compile_pattern(square_mean, equivalences={"sq": ["pow2"]}), "sq")) == 2
 
@@ -169,7 +194,8 @@ def test_a_constant_scaling_matches_in_every_association(build, alternative):
     assert match.half.op_type == "mul" and match.s.op_type == "sin"
     assert len(list(find_matches(scaled_product, prog, constants="value"))) == (1 if alternative == 0 else 0)
     other = mb.program(input_specs=[mb.TensorSpec(shape=(2, 3))])(
-        lambda x: mb.mul(x=x, y=mb.mul(x=mb.sin(x=x), y=np.float32(0.25))))
+        lambda x: mb.mul(x=x, y=mb.mul(x=mb.sin(x=x), y=np.float32(0.25)))
+    )
     assert list(find_matches(scaled_product, other, equivalences=["reassoc"], constants="value")) == []
 
 
@@ -181,8 +207,10 @@ def test_a_pattern_that_is_only_the_chain_matches_every_order():
     def chain_only(a, b):
         return mb.mul(x=mb.mul(x=a, y=np.float32(0.5), name="half"), y=b, name="out")
 
-    orders = [lambda a, b: mb.mul(x=mb.mul(x=a, y=np.float32(0.5)), y=b),
-              lambda a, b: mb.mul(x=mb.mul(x=a, y=b), y=np.float32(0.5))]
+    orders = [
+        lambda a, b: mb.mul(x=mb.mul(x=a, y=np.float32(0.5)), y=b),
+        lambda a, b: mb.mul(x=mb.mul(x=a, y=b), y=np.float32(0.5)),
+    ]
     for build, choice in zip(orders, (0, 2)):
         prog = mb.program(input_specs=[mb.TensorSpec(shape=(2, 3))] * 2)(build)
         (match,) = find_matches(chain_only, prog, equivalences=["reassoc"], constants="value")
@@ -255,8 +283,11 @@ def _chain_program(shape, with_const_at, inputs, const=C):
 
 def _programs(factors):
     """(label, program) with the constant at each position of every association of ``factors`` factors."""
-    return [(f"{shape}@{pos}", _chain_program(shape, pos, factors - 1))
-            for shape in _shapes(factors) for pos in range(factors)]
+    return [
+        (f"{shape}@{pos}", _chain_program(shape, pos, factors - 1))
+        for shape in _shapes(factors)
+        for pos in range(factors)
+    ]
 
 
 def _is_written(prog):
@@ -272,8 +303,9 @@ DEPTH3 = _pattern("a", "b", "d", const_at=1)  # mul(mul(mul(a, C), b), d): 4 fac
 DEPTH4 = _pattern("a", "b", "d", "e", const_at=1)  # 5 factors, 4 mul
 
 
-@pytest.mark.parametrize("pattern, factors, alternatives", [(DEPTH3, 4, 15), (DEPTH4, 5, 105)],
-                         ids=["depth3", "depth4"])
+@pytest.mark.parametrize(
+    "pattern, factors, alternatives", [(DEPTH3, 4, 15), (DEPTH4, 5, 105)], ids=["depth3", "depth4"]
+)
 def test_one_pattern_matches_the_constant_at_every_depth_of_every_association(pattern, factors, alternatives):
     compiled = compile_pattern(pattern, equivalences=["reassoc"], constants="value")
     assert len(choice_alternatives(compiled, "out")) == alternatives
@@ -311,7 +343,8 @@ def test_another_constant_value_or_no_constant_is_not_matched(pattern, factors):
         return acc
 
     no_const = mb.program(input_specs=[mb.TensorSpec(shape=CHAIN_SHAPE) for _ in range(factors)])(
-        _inputs(factors, right_to_left))
+        _inputs(factors, right_to_left)
+    )
 
     assert list(find_matches(pattern, no_const, equivalences=["reassoc"], constants="const")) == []
 
@@ -390,7 +423,8 @@ def test_every_association_order_stays_within_the_stated_tolerance(pattern, fact
             return build(tree)
 
         return mb.program(input_specs=[mb.TensorSpec(shape=CHAIN_SHAPE) for _ in inputs])(
-            _inputs(len(inputs), body))
+            _inputs(len(inputs), body)
+        )
 
     rng = np.random.default_rng(factors)
     bound = reassoc_rtol(factors)
@@ -430,21 +464,26 @@ _passes = iter(range(10**6))
 @pytest.mark.parametrize("off", [False, [], ["pow2", "mul_const"], {"m1": ["mul_const"]}])
 def test_reassoc_is_switched_on_and_off_per_pass(off):
     namespace = f"reassoc_test{next(_passes)}"
-    on_pass = register_generic_pass(DEPTH3, None, _scaled_to_division, "on", namespace, constants="value",
-                                    equivalences=["reassoc"])
-    off_pass = register_generic_pass(DEPTH3, None, _scaled_to_division, "off", namespace, constants="value",
-                                     equivalences=off)
+    on_pass = register_generic_pass(
+        DEPTH3, None, _scaled_to_division, "on", namespace, constants="value", equivalences=["reassoc"]
+    )
+    off_pass = register_generic_pass(
+        DEPTH3, None, _scaled_to_division, "off", namespace, constants="value", equivalences=off
+    )
     try:
         for label, prog in _programs(4):
             written = _is_written(prog)
-            feed = {n: np.random.default_rng(0).standard_normal(CHAIN_SHAPE).astype(np.float32)
-                    for n in prog.functions["main"].inputs}
+            feed = {
+                n: np.random.default_rng(0).standard_normal(CHAIN_SHAPE).astype(np.float32)
+                for n in prog.functions["main"].inputs
+            }
             before = next(iter(evaluate(prog, feed, precision="native").values()))
             counts = off_pass.stats.rewrites, on_pass.stats.rewrites
             off_pass(prog)  # only the association as written
             on_pass(prog)  # the others
             assert (off_pass.stats.rewrites - counts[0], on_pass.stats.rewrites - counts[1]) == (
-                (1, 0) if written else (0, 1)), label
+                (1, 0) if written else (0, 1)
+            ), label
             types = [op.op_type for op in prog.functions["main"].operations if op.op_type != "const"]
             assert types == ["mul", "mul", "real_div"], label
             after = next(iter(evaluate(prog, feed, precision="native").values()))

@@ -39,10 +39,17 @@ RNG = np.random.default_rng(1234)
 @pytest.fixture(autouse=True)
 def _reseed_rng(request: pytest.FixtureRequest) -> None:
     """Each test draws the same numbers whichever tests ran before it (-k, reordering)."""
-    RNG.bit_generator.state = np.random.default_rng(zlib.crc32(request.node.nodeid.encode())).bit_generator.state
+    RNG.bit_generator.state = np.random.default_rng(
+        zlib.crc32(request.node.nodeid.encode())
+    ).bit_generator.state
 
-_BUILTIN = {np.dtype(np.float32): types.fp32, np.dtype(np.float16): types.fp16, np.dtype(np.int32): types.int32,
-            np.dtype(np.bool_): types.bool}
+
+_BUILTIN = {
+    np.dtype(np.float32): types.fp32,
+    np.dtype(np.float16): types.fp16,
+    np.dtype(np.int32): types.int32,
+    np.dtype(np.bool_): types.bool,
+}
 
 
 def _randn(*shape: int) -> np.ndarray:
@@ -150,16 +157,29 @@ def test_epsilon_actually_matters() -> None:
 
 
 BINARY_CASES = [
-    ("add", np.add), ("sub", np.subtract), ("mul", np.multiply), ("real_div", np.divide),
-    ("floor_div", np.floor_divide), ("mod", np.mod), ("maximum", np.maximum), ("minimum", np.minimum),
-    ("pow", np.power), ("equal", np.equal), ("not_equal", np.not_equal), ("less", np.less),
-    ("less_equal", np.less_equal), ("greater", np.greater), ("greater_equal", np.greater_equal),
+    ("add", np.add),
+    ("sub", np.subtract),
+    ("mul", np.multiply),
+    ("real_div", np.divide),
+    ("floor_div", np.floor_divide),
+    ("mod", np.mod),
+    ("maximum", np.maximum),
+    ("minimum", np.minimum),
+    ("pow", np.power),
+    ("equal", np.equal),
+    ("not_equal", np.not_equal),
+    ("less", np.less),
+    ("less_equal", np.less_equal),
+    ("greater", np.greater),
+    ("greater_equal", np.greater_equal),
 ]
 
 
 @pytest.mark.parametrize("op_type, oracle", BINARY_CASES, ids=[c[0] for c in BINARY_CASES])
 @pytest.mark.parametrize("shape_x, shape_y", [((2, 3, 4), (3, 1)), ((4,), (2, 3, 4)), ((2, 1, 4), (1, 3, 1))])
-def test_binary_broadcasting(op_type: str, oracle: Callable[..., np.ndarray], shape_x: tuple, shape_y: tuple) -> None:
+def test_binary_broadcasting(
+    op_type: str, oracle: Callable[..., np.ndarray], shape_x: tuple, shape_y: tuple
+) -> None:
     x, y = _randn(*shape_x), _randn(*shape_y)
     if op_type == "pow":
         x = np.abs(x) + 0.1
@@ -169,8 +189,10 @@ def test_binary_broadcasting(op_type: str, oracle: Callable[..., np.ndarray], sh
     assert_evaluates_to(lambda x, y: getattr(mb, op_type)(x=x, y=y), [x, y], expected)
 
 
-@pytest.mark.parametrize("op_type, oracle", [("logical_and", np.logical_and), ("logical_or", np.logical_or),
-                                             ("logical_xor", np.logical_xor)])
+@pytest.mark.parametrize(
+    "op_type, oracle",
+    [("logical_and", np.logical_and), ("logical_or", np.logical_or), ("logical_xor", np.logical_xor)],
+)
 def test_logical(op_type: str, oracle: Callable[..., np.ndarray]) -> None:
     x, y = RNG.random((3, 4)) < 0.5, RNG.random((1, 4)) < 0.5
     outputs = assert_evaluates_to(lambda x, y: getattr(mb, op_type)(x=x, y=y), [x, y], oracle(x, y))
@@ -210,11 +232,17 @@ ACTIVATION_CASES = [
     ("leaky_relu", dict(alpha=0.2), lambda t, p: F.leaky_relu(t, p["alpha"])),
     ("elu", dict(alpha=0.7), lambda t, p: F.elu(t, alpha=p["alpha"])),
     ("thresholded_relu", dict(alpha=0.3), lambda t, p: torch.where(t >= p["alpha"], t, torch.zeros_like(t))),
-    ("clamped_relu", dict(alpha=0.1, beta=1.5),
-     lambda t, p: torch.clamp(F.leaky_relu(t, p["alpha"]), max=p["beta"])),
+    (
+        "clamped_relu",
+        dict(alpha=0.1, beta=1.5),
+        lambda t, p: torch.clamp(F.leaky_relu(t, p["alpha"]), max=p["beta"]),
+    ),
     # beta < 0: the docstring's min(beta, .) on both sides (coremltools' value inference differs).
-    ("clamped_relu", dict(alpha=0.1, beta=-0.25),
-     lambda t, p: torch.clamp(F.leaky_relu(t, p["alpha"]), max=p["beta"])),
+    (
+        "clamped_relu",
+        dict(alpha=0.1, beta=-0.25),
+        lambda t, p: torch.clamp(F.leaky_relu(t, p["alpha"]), max=p["beta"]),
+    ),
     ("linear_activation", dict(alpha=1.5, beta=-0.5), lambda t, p: p["alpha"] * t + p["beta"]),
     ("scaled_tanh", dict(alpha=1.5, beta=0.5), lambda t, p: p["alpha"] * torch.tanh(p["beta"] * t)),
     ("sigmoid_hard", dict(alpha=0.2, beta=0.5), lambda t, p: torch.clamp(p["alpha"] * t + p["beta"], 0, 1)),
@@ -282,8 +310,9 @@ REDUCTIONS = {
     "reduce_l1_norm": lambda x, a, k: np.sum(np.abs(x), axis=a, keepdims=k),
     "reduce_l2_norm": lambda x, a, k: np.sqrt(np.sum(x * x, axis=a, keepdims=k)),
     "reduce_sum_square": lambda x, a, k: np.sum(x * x, axis=a, keepdims=k),
-    "reduce_log_sum_exp": lambda x, a, k: torch.logsumexp(_t(x), dim=a if a is not None else tuple(range(x.ndim)),
-                                                          keepdim=k).numpy(),
+    "reduce_log_sum_exp": lambda x, a, k: torch.logsumexp(
+        _t(x), dim=a if a is not None else tuple(range(x.ndim)), keepdim=k
+    ).numpy(),
 }
 
 
@@ -306,7 +335,9 @@ def test_reduce_log_sum() -> None:
 def test_reduce_arg(op_type: str, oracle: Callable[..., np.ndarray], axis: int, keep_dims: bool) -> None:
     x = _randn(3, 4, 5)
     outputs = assert_evaluates_to(
-        lambda x: getattr(mb, op_type)(x=x, axis=axis, keep_dims=keep_dims), [x], oracle(x, axis=axis, keepdims=keep_dims)
+        lambda x: getattr(mb, op_type)(x=x, axis=axis, keep_dims=keep_dims),
+        [x],
+        oracle(x, axis=axis, keepdims=keep_dims),
     )
     assert outputs[0].dtype == np.int32
 
@@ -338,7 +369,9 @@ def test_matmul_with_vectors() -> None:
     ],
     ids=["matmul_vector_batch", "slice_by_size_negative_begin"],
 )
-def test_shape_check_exposes_coremltools_type_inference(build: Callable[..., Any], inputs: list, declared: str) -> None:
+def test_shape_check_exposes_coremltools_type_inference(
+    build: Callable[..., Any], inputs: list, declared: str
+) -> None:
     prog = _build(build, inputs)
     names = list(prog.functions["main"].inputs)
     with pytest.raises(EvaluationError, match=f"but the program declares {declared}"):
@@ -351,7 +384,9 @@ def test_linear_and_einsum() -> None:
     assert_evaluates_to(lambda x: mb.linear(x=x, weight=w, bias=b), [x], F.linear(_t(x), _t(w), _t(b)))
     assert_evaluates_to(lambda x: mb.linear(x=x, weight=w), [x], F.linear(_t(x), _t(w)))
     a, c = _randn(2, 3, 1, 4), _randn(2, 4, 5, 6)
-    expected = np.einsum("nchw,nwhu->nchu", np.broadcast_to(a, (2, 3, 5, 4)).astype(np.float64), c.astype(np.float64))
+    expected = np.einsum(
+        "nchw,nwhu->nchu", np.broadcast_to(a, (2, 3, 5, 4)).astype(np.float64), c.astype(np.float64)
+    )
     assert_evaluates_to(lambda a, c: mb.einsum(values=(a, c), equation="nchw,nwhu->nchu"), [a, c], expected)
 
 
@@ -360,7 +395,9 @@ def test_linear_and_einsum() -> None:
 # ----------------------------------------------------------------------------------------------
 
 
-def _tf_same_pads(sizes: Sequence[int], kernels: Sequence[int], strides: Sequence[int], lower: bool) -> list[int]:
+def _tf_same_pads(
+    sizes: Sequence[int], kernels: Sequence[int], strides: Sequence[int], lower: bool
+) -> list[int]:
     """TensorFlow's SAME padding (extra element after; before with same_lower), as torch pad list."""
     pads: list[int] = []
     for size, k, s in reversed(list(zip(sizes, kernels, strides))):
@@ -398,14 +435,24 @@ def test_conv_matches_torch(case: tuple, with_bias: bool) -> None:
     else:
         torch_pad = _tf_same_pads(sizes, effective, strides, lower=pad_type == "same_lower")
     conv = {1: F.conv1d, 2: F.conv2d, 3: F.conv3d}[rank]
-    expected = conv(F.pad(_t(x), torch_pad), _t(w), _t(b) if with_bias else None, stride=strides,
-                    dilation=dilations, groups=groups)
-    kwargs = dict(weight=w, strides=list(strides), dilations=list(dilations), groups=groups, pad_type=pad_type)
+    expected = conv(
+        F.pad(_t(x), torch_pad),
+        _t(w),
+        _t(b) if with_bias else None,
+        stride=strides,
+        dilation=dilations,
+        groups=groups,
+    )
+    kwargs = dict(
+        weight=w, strides=list(strides), dilations=list(dilations), groups=groups, pad_type=pad_type
+    )
     if pad is not None:
         kwargs["pad"] = list(pad)
     if with_bias:
         kwargs["bias"] = b
-    assert_evaluates_to(lambda x: mb.conv(x=x, **kwargs), [x], expected, opset=ct.target.iOS17, rtol=1e-10, atol=1e-10)
+    assert_evaluates_to(
+        lambda x: mb.conv(x=x, **kwargs), [x], expected, opset=ct.target.iOS17, rtol=1e-10, atol=1e-10
+    )
 
 
 def test_conv_same_with_even_kernel_matches_torch_same() -> None:
@@ -413,12 +460,16 @@ def test_conv_same_with_even_kernel_matches_torch_same() -> None:
     # before, but frontends map torch's "same" to MIL "same".
     x, w = _randn(1, 2, 9, 8), _randn(3, 2, 4, 2)
     expected = F.conv2d(_t(x), _t(w), padding="same")
-    assert_evaluates_to(lambda x: mb.conv(x=x, weight=w, pad_type="same"), [x], expected, rtol=1e-10, atol=1e-10)
+    assert_evaluates_to(
+        lambda x: mb.conv(x=x, weight=w, pad_type="same"), [x], expected, rtol=1e-10, atol=1e-10
+    )
 
 
 def test_conv_with_dynamic_weight() -> None:
     x, w = _randn(1, 2, 6, 6), _randn(4, 2, 3, 3)
-    assert_evaluates_to(lambda x, w: mb.conv(x=x, weight=w), [x, w], F.conv2d(_t(x), _t(w)), rtol=1e-10, atol=1e-10)
+    assert_evaluates_to(
+        lambda x, w: mb.conv(x=x, weight=w), [x, w], F.conv2d(_t(x), _t(w)), rtol=1e-10, atol=1e-10
+    )
 
 
 CONV_TRANSPOSE_CASES = [
@@ -430,17 +481,34 @@ CONV_TRANSPOSE_CASES = [
 ]
 
 
-@pytest.mark.parametrize("case", CONV_TRANSPOSE_CASES, ids=[f"{len(c[0])}d-g{c[6]}" for c in CONV_TRANSPOSE_CASES])
+@pytest.mark.parametrize(
+    "case", CONV_TRANSPOSE_CASES, ids=[f"{len(c[0])}d-g{c[6]}" for c in CONV_TRANSPOSE_CASES]
+)
 def test_conv_transpose_matches_torch(case: tuple) -> None:
     sizes, c_in, c_out, kernel, strides, dilations, groups, padding, output_padding = case
     x = _randn(2, c_in, *sizes)
     w = _randn(c_in, c_out // groups, *kernel)  # layout [C_in, C_out / groups, *K]
     b = _randn(c_out)
     conv_t = {1: F.conv_transpose1d, 2: F.conv_transpose2d, 3: F.conv_transpose3d}[len(sizes)]
-    expected = conv_t(_t(x), _t(w), _t(b), stride=strides, padding=padding, output_padding=output_padding,
-                      groups=groups, dilation=dilations)
-    kwargs = dict(weight=w, bias=b, strides=list(strides), dilations=list(dilations), groups=groups,
-                  pad_type="custom", pad=[p for p in padding for _ in range(2)])
+    expected = conv_t(
+        _t(x),
+        _t(w),
+        _t(b),
+        stride=strides,
+        padding=padding,
+        output_padding=output_padding,
+        groups=groups,
+        dilation=dilations,
+    )
+    kwargs = dict(
+        weight=w,
+        bias=b,
+        strides=list(strides),
+        dilations=list(dilations),
+        groups=groups,
+        pad_type="custom",
+        pad=[p for p in padding for _ in range(2)],
+    )
     if any(output_padding):
         kwargs["output_shape"] = list(expected.shape)
     assert_evaluates_to(lambda x: mb.conv_transpose(x=x, **kwargs), [x], expected, rtol=1e-10, atol=1e-10)
@@ -451,8 +519,13 @@ def test_conv_transpose_pad_types(pad_type: str, torch_padding: int) -> None:
     # kernel 4, stride 2: "same" gives D * stride outputs, cropping one element on each side.
     x, w = _randn(1, 3, 4, 5), _randn(3, 2, 4, 4)
     expected = F.conv_transpose2d(_t(x), _t(w), stride=2, padding=torch_padding)
-    assert_evaluates_to(lambda x: mb.conv_transpose(x=x, weight=w, strides=[2, 2], pad_type=pad_type), [x], expected,
-                        rtol=1e-10, atol=1e-10)
+    assert_evaluates_to(
+        lambda x: mb.conv_transpose(x=x, weight=w, strides=[2, 2], pad_type=pad_type),
+        [x],
+        expected,
+        rtol=1e-10,
+        atol=1e-10,
+    )
 
 
 @pytest.mark.parametrize("output_shape", [None, (1, 2, 9, 11)])
@@ -465,8 +538,13 @@ def test_conv_transpose_same_with_odd_crop_follows_tensorflow(output_shape: tupl
     top, left = (full.shape[2] - out_h) // 2, (full.shape[3] - out_w) // 2
     expected = full[:, :, top : top + out_h, left : left + out_w]
     kwargs = {} if output_shape is None else {"output_shape": list(output_shape)}
-    assert_evaluates_to(lambda x: mb.conv_transpose(x=x, weight=w, strides=[2, 2], pad_type="same", **kwargs), [x],
-                        expected, rtol=1e-10, atol=1e-10)
+    assert_evaluates_to(
+        lambda x: mb.conv_transpose(x=x, weight=w, strides=[2, 2], pad_type="same", **kwargs),
+        [x],
+        expected,
+        rtol=1e-10,
+        atol=1e-10,
+    )
 
 
 POOL_CASES = [
@@ -497,7 +575,8 @@ def test_pooling_matches_torch(case: tuple, kind: str) -> None:
         pads = _tf_same_pads(sizes, kernel, strides, lower=pad_type == "same_lower")
         if kind == "max":
             expected = {1: F.max_pool1d, 2: F.max_pool2d, 3: F.max_pool3d}[rank](
-                F.pad(t, pads, value=-math.inf), kernel, strides)
+                F.pad(t, pads, value=-math.inf), kernel, strides
+            )
         else:
             avg = {1: F.avg_pool1d, 2: F.avg_pool2d, 3: F.avg_pool3d}[rank]
             summed = avg(F.pad(t, pads), kernel, strides) * math.prod(kernel)
@@ -508,10 +587,12 @@ def test_pooling_matches_torch(case: tuple, kind: str) -> None:
         padding = [0] * rank if pad is None else [pad[2 * i] for i in range(rank)]
         if kind == "max":
             expected = {1: F.max_pool1d, 2: F.max_pool2d, 3: F.max_pool3d}[rank](
-                t, kernel, strides, padding=padding, ceil_mode=ceil_mode)
+                t, kernel, strides, padding=padding, ceil_mode=ceil_mode
+            )
         else:
             expected = {1: F.avg_pool1d, 2: F.avg_pool2d, 3: F.avg_pool3d}[rank](
-                t, kernel, strides, padding=padding, ceil_mode=ceil_mode, count_include_pad=not exclude)
+                t, kernel, strides, padding=padding, ceil_mode=ceil_mode, count_include_pad=not exclude
+            )
     if kind == "max":
         fn = lambda x: mb.max_pool(x=x, **kwargs)  # noqa: E731
     else:
@@ -522,8 +603,12 @@ def test_pooling_matches_torch(case: tuple, kind: str) -> None:
 def test_l2_pool_matches_torch_lp_pool() -> None:
     x = _randn(2, 3, 6, 7)
     expected = F.lp_pool2d(_t(x), 2, (2, 3), stride=(2, 2))
-    assert_evaluates_to(lambda x: mb.l2_pool(x=x, kernel_sizes=[2, 3], strides=[2, 2], pad_type="valid"), [x],
-                        expected, rtol=1e-12)
+    assert_evaluates_to(
+        lambda x: mb.l2_pool(x=x, kernel_sizes=[2, 3], strides=[2, 2], pad_type="valid"),
+        [x],
+        expected,
+        rtol=1e-12,
+    )
 
 
 # ----------------------------------------------------------------------------------------------
@@ -535,8 +620,12 @@ def test_batch_norm() -> None:
     x = _randn(2, 3, 4, 5)
     mean, var, gamma, beta = _randn(3), np.abs(_randn(3)) + 0.5, _randn(3), _randn(3)
     expected = F.batch_norm(_t(x), _t(mean), _t(var), _t(gamma), _t(beta), eps=float(np.float32(1e-3)))
-    assert_evaluates_to(lambda x: mb.batch_norm(x=x, mean=mean, variance=var, gamma=gamma, beta=beta, epsilon=1e-3),
-                        [x], expected, rtol=1e-12)
+    assert_evaluates_to(
+        lambda x: mb.batch_norm(x=x, mean=mean, variance=var, gamma=gamma, beta=beta, epsilon=1e-3),
+        [x],
+        expected,
+        rtol=1e-12,
+    )
     no_affine = F.batch_norm(_t(x), _t(mean), _t(var), eps=float(np.float32(1e-5)))
     assert_evaluates_to(lambda x: mb.batch_norm(x=x, mean=mean, variance=var), [x], no_affine, rtol=1e-12)
 
@@ -545,24 +634,37 @@ def test_batch_norm() -> None:
 def test_instance_norm(shape: tuple) -> None:
     x, gamma, beta = _randn(*shape), _randn(3), _randn(3)
     expected = F.instance_norm(_t(x), weight=_t(gamma), bias=_t(beta), eps=float(np.float32(1e-5)))
-    assert_evaluates_to(lambda x: mb.instance_norm(x=x, gamma=gamma, beta=beta), [x], expected, rtol=1e-10, atol=1e-12)
+    assert_evaluates_to(
+        lambda x: mb.instance_norm(x=x, gamma=gamma, beta=beta), [x], expected, rtol=1e-10, atol=1e-12
+    )
 
 
 def test_layer_norm_trailing_axes_match_torch() -> None:
     x, gamma, beta = _randn(2, 3, 4, 5), _randn(4, 5), _randn(4, 5)
     expected = F.layer_norm(_t(x), (4, 5), _t(gamma), _t(beta), eps=float(np.float32(1e-4)))
-    assert_evaluates_to(lambda x: mb.layer_norm(x=x, axes=[-2, -1], gamma=gamma, beta=beta, epsilon=1e-4), [x],
-                        expected, rtol=1e-10, atol=1e-12)
+    assert_evaluates_to(
+        lambda x: mb.layer_norm(x=x, axes=[-2, -1], gamma=gamma, beta=beta, epsilon=1e-4),
+        [x],
+        expected,
+        rtol=1e-10,
+        atol=1e-12,
+    )
 
 
 def test_layer_norm_without_affine_and_non_trailing_axes() -> None:
     x = _randn(2, 3, 4).astype(np.float64)
     mean = x.mean(axis=(0, 2), keepdims=True)
-    expected = (x - mean) / np.sqrt(((x - mean) ** 2).mean(axis=(0, 2), keepdims=True) + float(np.float32(1e-5)))
-    assert_evaluates_to(lambda x: mb.layer_norm(x=x, axes=[2, 0]), [x.astype(np.float32)], expected, rtol=1e-10)
+    expected = (x - mean) / np.sqrt(
+        ((x - mean) ** 2).mean(axis=(0, 2), keepdims=True) + float(np.float32(1e-5))
+    )
+    assert_evaluates_to(
+        lambda x: mb.layer_norm(x=x, axes=[2, 0]), [x.astype(np.float32)], expected, rtol=1e-10
+    )
     # (coremltools cannot build layer_norm without axes: its default range(rank) is not a const.)
     all_axes = (x - x.mean()) / np.sqrt(x.var() + float(np.float32(1e-5)))
-    assert_evaluates_to(lambda x: mb.layer_norm(x=x, axes=[0, 1, 2]), [x.astype(np.float32)], all_axes, rtol=1e-10)
+    assert_evaluates_to(
+        lambda x: mb.layer_norm(x=x, axes=[0, 1, 2]), [x.astype(np.float32)], all_axes, rtol=1e-10
+    )
 
 
 def test_l2_norm_normalizes_the_last_three_axes() -> None:
@@ -576,8 +678,9 @@ def test_l2_norm_normalizes_the_last_three_axes() -> None:
 def test_local_response_norm_matches_torch() -> None:
     x = _randn(2, 7, 4, 5)
     expected = F.local_response_norm(_t(x), size=5, alpha=float(np.float32(1e-2)), beta=0.75, k=2.0)
-    assert_evaluates_to(lambda x: mb.local_response_norm(x=x, size=5, alpha=1e-2, beta=0.75, k=2.0), [x], expected,
-                        rtol=1e-10)
+    assert_evaluates_to(
+        lambda x: mb.local_response_norm(x=x, size=5, alpha=1e-2, beta=0.75, k=2.0), [x], expected, rtol=1e-10
+    )
 
 
 # ----------------------------------------------------------------------------------------------
@@ -591,7 +694,11 @@ TENSOR_CASES = [
     ("reshape_zero", lambda x: mb.reshape(x=x, shape=[0, -1, 2]), lambda x: x.reshape(2, -1, 2)),
     ("transpose", lambda x: mb.transpose(x=x, perm=[2, 0, 1]), lambda x: x.transpose(2, 0, 1)),
     ("expand_dims", lambda x: mb.expand_dims(x=x, axes=[0, -1]), lambda x: x[None, ..., None]),
-    ("squeeze_ignores_non_unit", lambda x: mb.squeeze(x=mb.expand_dims(x=x, axes=[1]), axes=[0, 1]), lambda x: x),
+    (
+        "squeeze_ignores_non_unit",
+        lambda x: mb.squeeze(x=mb.expand_dims(x=x, axes=[1]), axes=[0, 1]),
+        lambda x: x,
+    ),
     ("squeeze_all", lambda x: mb.squeeze(x=mb.expand_dims(x=x, axes=[0, 2])), lambda x: x),
     ("tile", lambda x: mb.tile(x=x, reps=[1, 2, 3]), lambda x: np.tile(x, (1, 2, 3))),
     ("reverse_axes", lambda x: mb.reverse(x=x, axes=[0, 2]), lambda x: x[::-1, :, ::-1]),
@@ -599,29 +706,70 @@ TENSOR_CASES = [
     ("flatten2d", lambda x: mb.flatten2d(x=x, axis=2), lambda x: x.reshape(6, 4)),
     ("flatten2d_neg", lambda x: mb.flatten2d(x=x, axis=-1), lambda x: x.reshape(6, 4)),
     ("shape", lambda x: mb.shape(x=x), lambda x: np.array([2, 3, 4])),
-    ("concat", lambda x: mb.concat(values=[x, mb.mul(x=x, y=2.0)], axis=1), lambda x: np.concatenate([x, 2 * x], 1)),
-    ("concat_interleave", lambda x: mb.concat(values=[x, mb.mul(x=x, y=2.0)], axis=1, interleave=True),
-     lambda x: np.stack([x, 2 * x], 2).reshape(2, 6, 4)),
+    (
+        "concat",
+        lambda x: mb.concat(values=[x, mb.mul(x=x, y=2.0)], axis=1),
+        lambda x: np.concatenate([x, 2 * x], 1),
+    ),
+    (
+        "concat_interleave",
+        lambda x: mb.concat(values=[x, mb.mul(x=x, y=2.0)], axis=1, interleave=True),
+        lambda x: np.stack([x, 2 * x], 2).reshape(2, 6, 4),
+    ),
     ("stack", lambda x: mb.stack(values=[x, mb.mul(x=x, y=-1.0)], axis=-1), lambda x: np.stack([x, -x], -1)),
     ("split_num", lambda x: mb.split(x=x, num_splits=2, axis=-1), lambda x: tuple(np.split(x, 2, -1))),
     ("split_sizes", lambda x: mb.split(x=x, split_sizes=[1, 2], axis=1), lambda x: (x[:, :1], x[:, 1:])),
-    ("slice_by_index", lambda x: mb.slice_by_index(x=x, begin=[1, 0, 3], end=[2, 3, 0], stride=[1, 2, -1]),
-     lambda x: x[1:2, 0:3:2, 3:0:-1]),
-    ("slice_by_index_masks", lambda x: mb.slice_by_index(
-        x=x, begin=[0, 1, -1], end=[1, 0, 0], begin_mask=[True, False, False], end_mask=[False, True, True],
-        squeeze_mask=[False, False, True]), lambda x: x[:1, 1:, -1]),
-    ("slice_by_index_neg_stride_masks", lambda x: mb.slice_by_index(
-        x=x, begin=[0, 0, 0], end=[0, 0, 0], stride=[-1, 1, -2], begin_mask=[True] * 3, end_mask=[True] * 3),
-     lambda x: x[::-1, :, ::-2]),
-    ("slice_by_size", lambda x: mb.slice_by_size(x=x, begin=[1, 1, 1], size=[1, -1, 2]), lambda x: x[1:2, 1:, 1:3]),
-    ("slice_by_size_negative_begin", lambda x: mb.slice_by_size(x=x, begin=[-1, -2, 0], size=[1, 2, -1]),
-     lambda x: x[1:2, 1:3, :]),
+    (
+        "slice_by_index",
+        lambda x: mb.slice_by_index(x=x, begin=[1, 0, 3], end=[2, 3, 0], stride=[1, 2, -1]),
+        lambda x: x[1:2, 0:3:2, 3:0:-1],
+    ),
+    (
+        "slice_by_index_masks",
+        lambda x: mb.slice_by_index(
+            x=x,
+            begin=[0, 1, -1],
+            end=[1, 0, 0],
+            begin_mask=[True, False, False],
+            end_mask=[False, True, True],
+            squeeze_mask=[False, False, True],
+        ),
+        lambda x: x[:1, 1:, -1],
+    ),
+    (
+        "slice_by_index_neg_stride_masks",
+        lambda x: mb.slice_by_index(
+            x=x,
+            begin=[0, 0, 0],
+            end=[0, 0, 0],
+            stride=[-1, 1, -2],
+            begin_mask=[True] * 3,
+            end_mask=[True] * 3,
+        ),
+        lambda x: x[::-1, :, ::-2],
+    ),
+    (
+        "slice_by_size",
+        lambda x: mb.slice_by_size(x=x, begin=[1, 1, 1], size=[1, -1, 2]),
+        lambda x: x[1:2, 1:, 1:3],
+    ),
+    (
+        "slice_by_size_negative_begin",
+        lambda x: mb.slice_by_size(x=x, begin=[-1, -2, 0], size=[1, 2, -1]),
+        lambda x: x[1:2, 1:3, :],
+    ),
     ("crop", lambda x: mb.crop(x=x, crop_height=[1, 1], crop_width=[0, 2]), lambda x: x[:, 1:2, 0:2]),
-    ("band_part", lambda x: mb.band_part(x=x, lower=1, upper=0),
-     lambda x: np.stack([np.tril(np.triu(m, -1)) for m in x])),
+    (
+        "band_part",
+        lambda x: mb.band_part(x=x, lower=1, upper=0),
+        lambda x: np.stack([np.tril(np.triu(m, -1)) for m in x]),
+    ),
     ("cumsum", lambda x: mb.cumsum(x=x, axis=2), lambda x: np.cumsum(x, 2)),
-    ("cumsum_exclusive_reverse", lambda x: mb.cumsum(x=x, axis=1, exclusive=True, reverse=True),
-     lambda x: np.flip(np.cumsum(np.flip(x, 1), 1), 1) - x),
+    (
+        "cumsum_exclusive_reverse",
+        lambda x: mb.cumsum(x=x, axis=1, exclusive=True, reverse=True),
+        lambda x: np.flip(np.cumsum(np.flip(x, 1), 1), 1) - x,
+    ),
     ("fill", lambda x: mb.add(x=x, y=mb.fill(shape=[3, 4], value=2.5)), lambda x: x + 2.5),
     ("range_1d", lambda x: mb.range_1d(start=1.0, end=4.0, step=0.5), lambda x: np.arange(1.0, 4.0, 0.5)),
     ("identity", lambda x: mb.identity(x=x), lambda x: x),
@@ -631,7 +779,9 @@ TENSOR_CASES = [
 @pytest.mark.parametrize("name, build, oracle", TENSOR_CASES, ids=[c[0] for c in TENSOR_CASES])
 def test_tensor_ops(name: str, build: Callable[..., Any], oracle: Callable[[np.ndarray], Any]) -> None:
     expected = oracle(X234.astype(np.float64))
-    assert_evaluates_to(build, [X234], list(expected) if isinstance(expected, tuple) else expected, opset=ct.target.iOS17)
+    assert_evaluates_to(
+        build, [X234], list(expected) if isinstance(expected, tuple) else expected, opset=ct.target.iOS17
+    )
 
 
 def test_concat_interleave_is_computed_not_read_from_coremltools_value_inference() -> None:
@@ -641,44 +791,103 @@ def test_concat_interleave_is_computed_not_read_from_coremltools_value_inference
     b = np.array([[5.0, 6.0], [7.0, 8.0]], dtype=np.float32)
     x = np.zeros((1,), dtype=np.float32)
     outputs = assert_evaluates_to(
-        lambda x: mb.add(x=mb.concat(values=[a, b], axis=0, interleave=True), y=x), [x],
-        np.array([[1, 2], [5, 6], [3, 4], [7, 8]], dtype=np.float64))
+        lambda x: mb.add(x=mb.concat(values=[a, b], axis=0, interleave=True), y=x),
+        [x],
+        np.array([[1, 2], [5, 6], [3, 4], [7, 8]], dtype=np.float64),
+    )
     assert outputs[0].shape == (4, 2)
 
 
 INDEX_CASES = [
-    ("gather", lambda x: mb.gather(x=x, indices=np.array([[2, -1], [0, 1]], dtype=np.int32), axis=1),
-     lambda x: x[:, [[2, 2], [0, 1]]]),
-    ("gather_batch_dims", lambda x: mb.gather(x=x, indices=np.array([[1, 3], [0, 0]], dtype=np.int32), axis=2,
-                                              batch_dims=1),
-     lambda x: np.stack([x[0][:, [1, 3]], x[1][:, [0, 0]]])),
-    ("gather_along_axis", lambda x: mb.gather_along_axis(x=x, indices=np.array([[[1], [0], [-1]]] * 2, dtype=np.int32),
-                                                         axis=2),
-     lambda x: np.take_along_axis(x, np.array([[[1], [0], [3]]] * 2), 2)),
-    ("gather_nd", lambda x: mb.gather_nd(x=x, indices=np.array([[1, 2], [0, -1]], dtype=np.int32)),
-     lambda x: np.stack([x[1, 2], x[0, 2]])),
-    ("gather_nd_batch_dims", lambda x: mb.gather_nd(x=x, indices=np.array([[[2, 3]], [[0, 1]]], dtype=np.int32),
-                                                    batch_dims=1),
-     lambda x: np.array([[x[0, 2, 3]], [x[1, 0, 1]]])),
-    ("one_hot", lambda x: mb.one_hot(indices=np.array([0, 2, 5], dtype=np.int32), one_hot_vector_size=4, axis=0,
-                                     on_value=2.0, off_value=-1.0),
-     lambda x: np.where(np.array([0, 2, 5])[None, :] == np.arange(4)[:, None], 2.0, -1.0)),
-    ("topk", lambda x: mb.topk(x=x, k=2, axis=1), lambda x: (np.sort(x, 1)[:, ::-1][:, :2],
-                                                           np.argsort(-x, 1, kind="stable")[:, :2])),
-    ("topk_ascending", lambda x: mb.topk(x=x, k=3, axis=-1, ascending=True),
-     lambda x: (np.sort(x, -1)[..., :3], np.argsort(x, -1, kind="stable")[..., :3])),
-    ("scatter_add", lambda x: mb.scatter(data=x, indices=np.array([2, 0, 2], dtype=np.int32),
-                                         updates=np.ones((2, 3, 4), dtype=np.float32), axis=1, mode="add"),
-     lambda x: x + np.array([1, 0, 2])[None, :, None]),
-    ("scatter_update", lambda x: mb.scatter(data=x, indices=np.array([1], dtype=np.int32),
-                                            updates=np.zeros((2, 1, 4), dtype=np.float32), axis=1, mode="update"),
-     lambda x: np.concatenate([x[:, :1], np.zeros((2, 1, 4)), x[:, 2:]], 1)),
-    ("scatter_along_axis_max", lambda x: mb.scatter_along_axis(
-        data=x, indices=np.zeros((2, 3, 1), dtype=np.int32), updates=np.full((2, 3, 1), 10.0, dtype=np.float32),
-        axis=2, mode="max"), lambda x: np.concatenate([np.maximum(x[..., :1], 10.0), x[..., 1:]], -1)),
-    ("scatter_nd_sub", lambda x: mb.scatter_nd(data=x, indices=np.array([[1, 0], [1, 0]], dtype=np.int32),
-                                               updates=np.ones((2, 4), dtype=np.float32), mode="sub"),
-     lambda x: x - 2 * (np.arange(6).reshape(2, 3)[..., None] == 3)),
+    (
+        "gather",
+        lambda x: mb.gather(x=x, indices=np.array([[2, -1], [0, 1]], dtype=np.int32), axis=1),
+        lambda x: x[:, [[2, 2], [0, 1]]],
+    ),
+    (
+        "gather_batch_dims",
+        lambda x: mb.gather(x=x, indices=np.array([[1, 3], [0, 0]], dtype=np.int32), axis=2, batch_dims=1),
+        lambda x: np.stack([x[0][:, [1, 3]], x[1][:, [0, 0]]]),
+    ),
+    (
+        "gather_along_axis",
+        lambda x: mb.gather_along_axis(x=x, indices=np.array([[[1], [0], [-1]]] * 2, dtype=np.int32), axis=2),
+        lambda x: np.take_along_axis(x, np.array([[[1], [0], [3]]] * 2), 2),
+    ),
+    (
+        "gather_nd",
+        lambda x: mb.gather_nd(x=x, indices=np.array([[1, 2], [0, -1]], dtype=np.int32)),
+        lambda x: np.stack([x[1, 2], x[0, 2]]),
+    ),
+    (
+        "gather_nd_batch_dims",
+        lambda x: mb.gather_nd(x=x, indices=np.array([[[2, 3]], [[0, 1]]], dtype=np.int32), batch_dims=1),
+        lambda x: np.array([[x[0, 2, 3]], [x[1, 0, 1]]]),
+    ),
+    (
+        "one_hot",
+        lambda x: mb.one_hot(
+            indices=np.array([0, 2, 5], dtype=np.int32),
+            one_hot_vector_size=4,
+            axis=0,
+            on_value=2.0,
+            off_value=-1.0,
+        ),
+        lambda x: np.where(np.array([0, 2, 5])[None, :] == np.arange(4)[:, None], 2.0, -1.0),
+    ),
+    (
+        "topk",
+        lambda x: mb.topk(x=x, k=2, axis=1),
+        lambda x: (np.sort(x, 1)[:, ::-1][:, :2], np.argsort(-x, 1, kind="stable")[:, :2]),
+    ),
+    (
+        "topk_ascending",
+        lambda x: mb.topk(x=x, k=3, axis=-1, ascending=True),
+        lambda x: (np.sort(x, -1)[..., :3], np.argsort(x, -1, kind="stable")[..., :3]),
+    ),
+    (
+        "scatter_add",
+        lambda x: mb.scatter(
+            data=x,
+            indices=np.array([2, 0, 2], dtype=np.int32),
+            updates=np.ones((2, 3, 4), dtype=np.float32),
+            axis=1,
+            mode="add",
+        ),
+        lambda x: x + np.array([1, 0, 2])[None, :, None],
+    ),
+    (
+        "scatter_update",
+        lambda x: mb.scatter(
+            data=x,
+            indices=np.array([1], dtype=np.int32),
+            updates=np.zeros((2, 1, 4), dtype=np.float32),
+            axis=1,
+            mode="update",
+        ),
+        lambda x: np.concatenate([x[:, :1], np.zeros((2, 1, 4)), x[:, 2:]], 1),
+    ),
+    (
+        "scatter_along_axis_max",
+        lambda x: mb.scatter_along_axis(
+            data=x,
+            indices=np.zeros((2, 3, 1), dtype=np.int32),
+            updates=np.full((2, 3, 1), 10.0, dtype=np.float32),
+            axis=2,
+            mode="max",
+        ),
+        lambda x: np.concatenate([np.maximum(x[..., :1], 10.0), x[..., 1:]], -1),
+    ),
+    (
+        "scatter_nd_sub",
+        lambda x: mb.scatter_nd(
+            data=x,
+            indices=np.array([[1, 0], [1, 0]], dtype=np.int32),
+            updates=np.ones((2, 4), dtype=np.float32),
+            mode="sub",
+        ),
+        lambda x: x - 2 * (np.arange(6).reshape(2, 3)[..., None] == 3),
+    ),
 ]
 
 
@@ -686,13 +895,22 @@ INDEX_CASES = [
 def test_indexing_ops(name: str, build: Callable[..., Any], oracle: Callable[[np.ndarray], Any]) -> None:
     x = RNG.permutation(24).astype(np.float32).reshape(2, 3, 4)  # distinct values: no ties in topk
     expected = oracle(x.astype(np.float64))
-    assert_evaluates_to(build, [x], list(expected) if isinstance(expected, tuple) else expected, opset=ct.target.iOS17)
+    assert_evaluates_to(
+        build, [x], list(expected) if isinstance(expected, tuple) else expected, opset=ct.target.iOS17
+    )
 
 
 def test_scatter_update_with_duplicate_indices_is_unsupported() -> None:
     x = _randn(3, 2)
-    prog = _build(lambda x: mb.scatter(data=x, indices=np.array([1, 1], dtype=np.int32),
-                                       updates=np.ones((2, 2), dtype=np.float32), mode="update"), [x])
+    prog = _build(
+        lambda x: mb.scatter(
+            data=x,
+            indices=np.array([1, 1], dtype=np.int32),
+            updates=np.ones((2, 2), dtype=np.float32),
+            mode="update",
+        ),
+        [x],
+    )
     with pytest.raises(UnsupportedOpError, match="duplicate indices"):
         evaluate(prog, {"x": x})
 
@@ -710,21 +928,30 @@ def test_space_depth_and_pixel_shuffle() -> None:
     x = _randn(1, 8, 3, 2)
     assert_evaluates_to(lambda x: mb.pixel_shuffle(x=x, upscale_factor=2), [x], F.pixel_shuffle(_t(x), 2))
     y = _randn(1, 2, 4, 6)
-    assert_evaluates_to(lambda y: mb.pixel_unshuffle(x=y, downscale_factor=np.uint32(2)), [y],
-                        F.pixel_unshuffle(_t(y), 2), opset=ct.target.iOS16)
+    assert_evaluates_to(
+        lambda y: mb.pixel_unshuffle(x=y, downscale_factor=np.uint32(2)),
+        [y],
+        F.pixel_unshuffle(_t(y), 2),
+        opset=ct.target.iOS16,
+    )
     # depth_to_space is TensorFlow's (depth-column-row order); space_to_depth is its inverse.
     n, c, h, w, b = 1, 8, 3, 2, 2
     nhwc = x.transpose(0, 2, 3, 1).reshape(n, h, w, b, b, c // 4).transpose(0, 1, 3, 2, 4, 5)
     expected = nhwc.reshape(n, h * b, w * b, c // 4).transpose(0, 3, 1, 2)
     assert_evaluates_to(lambda x: mb.depth_to_space(x=x, block_size=2), [x], expected)
-    assert_evaluates_to(lambda x: mb.space_to_depth(x=mb.depth_to_space(x=x, block_size=2), block_size=2), [x], x)
+    assert_evaluates_to(
+        lambda x: mb.space_to_depth(x=mb.depth_to_space(x=x, block_size=2), block_size=2), [x], x
+    )
 
 
 def test_upsample_nearest_neighbor() -> None:
     x = _randn(1, 2, 3, 4)
     expected = F.interpolate(_t(x), scale_factor=(2, 3), mode="nearest")
-    assert_evaluates_to(lambda x: mb.upsample_nearest_neighbor(x=x, scale_factor_height=2, scale_factor_width=3), [x],
-                        expected)
+    assert_evaluates_to(
+        lambda x: mb.upsample_nearest_neighbor(x=x, scale_factor_height=2, scale_factor_width=3),
+        [x],
+        expected,
+    )
     prog = _build(lambda x: mb.upsample_nearest_neighbor(x=x, scale_factor_height=1.5), [x])
     with pytest.raises(UnsupportedOpError, match="fractional scale"):
         evaluate(prog, {"x": x})
@@ -735,16 +962,26 @@ def test_scaled_dot_product_attention_matches_torch() -> None:
     mask = RNG.random((4, 5)) < 0.7
     mask[:, 0] = True
     expected = F.scaled_dot_product_attention(_t(q), _t(k), _t(v), attn_mask=torch.from_numpy(mask))
-    assert_evaluates_to(lambda q, k, v, m: mb.scaled_dot_product_attention(query=q, key=k, value=v, attn_mask=m),
-                        [q, k, v, mask], expected, opset=ct.target.iOS18, rtol=1e-10, atol=1e-12)
+    assert_evaluates_to(
+        lambda q, k, v, m: mb.scaled_dot_product_attention(query=q, key=k, value=v, attn_mask=m),
+        [q, k, v, mask],
+        expected,
+        opset=ct.target.iOS18,
+        rtol=1e-10,
+        atol=1e-12,
+    )
 
 
 def test_slice_update() -> None:
     x, u = _randn(3, 4), _randn(3, 2)
     expected = x.astype(np.float64).copy()
     expected[:, 1:4:2] = u
-    assert_evaluates_to(lambda x, u: mb.slice_update(x=x, update=u, begin=[0, 1], end=[3, 4], stride=[1, 2]), [x, u],
-                        expected, opset=ct.target.iOS18)
+    assert_evaluates_to(
+        lambda x, u: mb.slice_update(x=x, update=u, begin=[0, 1], end=[3, 4], stride=[1, 2]),
+        [x, u],
+        expected,
+        opset=ct.target.iOS18,
+    )
 
 
 def test_quantize_dequantize_round_trip() -> None:
@@ -752,10 +989,18 @@ def test_quantize_dequantize_round_trip() -> None:
     scale = np.float32(0.05)
     q = np.clip(np.round(x.astype(np.float64) / np.float64(scale)) + 3, -128, 127)
     outputs = assert_evaluates_to(
-        lambda x: (mb.quantize(input=x, scale=scale, zero_point=np.int8(3), output_dtype="int8"),
-                   mb.dequantize(input=mb.quantize(input=x, scale=scale, zero_point=np.int8(3), output_dtype="int8"),
-                                 scale=scale, zero_point=np.int8(3))),
-        [x], [q, (q - 3) * np.float64(scale)], opset=ct.target.iOS17)
+        lambda x: (
+            mb.quantize(input=x, scale=scale, zero_point=np.int8(3), output_dtype="int8"),
+            mb.dequantize(
+                input=mb.quantize(input=x, scale=scale, zero_point=np.int8(3), output_dtype="int8"),
+                scale=scale,
+                zero_point=np.int8(3),
+            ),
+        ),
+        [x],
+        [q, (q - 3) * np.float64(scale)],
+        opset=ct.target.iOS17,
+    )
     assert outputs[0].dtype == np.int8
 
 
@@ -872,7 +1117,9 @@ def test_native_precision_fp32() -> None:
 
 
 def test_input_validation() -> None:
-    prog = _build(lambda x, n: mb.add(x=mb.cast(x=n, dtype="fp32"), y=x), [_randn(2, 3), np.zeros((2, 3), np.int32)])
+    prog = _build(
+        lambda x, n: mb.add(x=mb.cast(x=n, dtype="fp32"), y=x), [_randn(2, 3), np.zeros((2, 3), np.int32)]
+    )
     with pytest.raises(EvaluationError, match=r"missing \['n'\]"):
         evaluate(prog, {"x": _randn(2, 3)})
     with pytest.raises(EvaluationError, match=r"unexpected \['y'\]"):
@@ -922,8 +1169,13 @@ def test_converted_pytorch_model_matches_torch() -> None:
         model.bn.running_var.uniform_(0.5, 2)
     x = torch.randn(1, 3, 8, 8)
     traced = torch.jit.trace(model, x)
-    mlmodel = ct.convert(traced, inputs=[ct.TensorType(name="x", shape=x.shape)], convert_to="mlprogram",
-                         compute_precision=ct.precision.FLOAT32, skip_model_load=True)
+    mlmodel = ct.convert(
+        traced,
+        inputs=[ct.TensorType(name="x", shape=x.shape)],
+        convert_to="mlprogram",
+        compute_precision=ct.precision.FLOAT32,
+        skip_model_load=True,
+    )
     out = next(iter(evaluate(mlmodel._mil_program, {"x": x.numpy()}).values()))
     with torch.no_grad():
         expected = model(x).numpy()

@@ -28,7 +28,9 @@ def test_the_demo_times_both_conversions_warm(monkeypatch):
     import importlib.util
     import types
 
-    spec = importlib.util.spec_from_file_location("demo", Path(__file__).parent.parent / "examples" / "demo.py")
+    spec = importlib.util.spec_from_file_location(
+        "demo", Path(__file__).parent.parent / "examples" / "demo.py"
+    )
     demo = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(demo)
     events = []
@@ -45,9 +47,11 @@ def test_the_demo_times_both_conversions_warm(monkeypatch):
 
     monkeypatch.setattr(demo, "convert_torch", convert)
     monkeypatch.setattr(demo, "op_counts", counts)
-    monkeypatch.setattr(demo, "time", types.SimpleNamespace(perf_counter=lambda: events.append(("clock",)) or 0.0))
+    monkeypatch.setattr(
+        demo, "time", types.SimpleNamespace(perf_counter=lambda: events.append(("clock",)) or 0.0)
+    )
     with pytest.raises(Done):
         demo.main()
     assert events[0][0] == "convert"  # a warm-up conversion before the first clock reading
-    timed = events[events.index(("clock",)):]
+    timed = events[events.index(("clock",)) :]
     assert timed == [("clock",), ("convert", False), ("clock",), ("clock",), ("convert", True), ("clock",)]

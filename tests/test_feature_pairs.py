@@ -45,7 +45,9 @@ def choice_with_equivalence(x0):
 @mb.program(input_specs=[mb.TensorSpec(shape=S), mb.TensorSpec(shape=S)])
 def choice_two_inputs(x0, x1):
     """one_of x several inputs x commutativity: an alternative reads the second input."""
-    a = one_of("mix", lambda: mb.add(x=mb.exp(x=x0, name="e"), y=x1, name="j"), lambda: mb.mul(x=x0, y=x1, name="j"))
+    a = one_of(
+        "mix", lambda: mb.add(x=mb.exp(x=x0, name="e"), y=x1, name="j"), lambda: mb.mul(x=x0, y=x1, name="j")
+    )
     return mb.relu(x=a, name="out")
 
 
@@ -66,14 +68,17 @@ def choice_then_fanout(x0):
 @mb.program(input_specs=[mb.TensorSpec(shape=S), mb.TensorSpec(shape=S)])
 def optional_two_inputs(x0, x1):
     """optional x several inputs x commutativity x equivalences (on the add)."""
-    return optional("w", lambda: mb.add(x=mb.relu(x=x0, name="r"), y=x1, name="a"),
-                    lambda n: mb.mul(x=n, y=x1, name="m"))
+    return optional(
+        "w", lambda: mb.add(x=mb.relu(x=x0, name="r"), y=x1, name="a"), lambda n: mb.mul(x=n, y=x1, name="m")
+    )
 
 
 @mb.program(input_specs=SPEC)
 def optional_fanout(x0):
     """optional x fan-out x constant rule."""
-    n = optional("o", lambda: mb.sub(x=mb.exp(x=x0, name="e"), y=2.0, name="s"), lambda n: mb.relu(x=n, name="r"))
+    n = optional(
+        "o", lambda: mb.sub(x=mb.exp(x=x0, name="e"), y=2.0, name="s"), lambda n: mb.relu(x=n, name="r")
+    )
     return mb.sigmoid(x=n, name="f")
 
 
@@ -86,14 +91,19 @@ def equivalence_fanout_outputs(x0, x1):
 
 PATTERNS: dict[str, tuple[Any, dict[str, Any]]] = {
     "choice_and_optional": (choice_and_optional, {"constants": "value"}),
-    "choice_with_equivalence": (choice_with_equivalence, {"constants": "value", "equivalences": ["add_const"]}),
+    "choice_with_equivalence": (
+        choice_with_equivalence,
+        {"constants": "value", "equivalences": ["add_const"]},
+    ),
     "choice_two_inputs": (choice_two_inputs, {}),
     "choice_two_outputs": (choice_two_outputs, {}),
     "choice_then_fanout": (choice_then_fanout, {"fanout": ["f"]}),
     "optional_two_inputs": (optional_two_inputs, {"equivalences": ["add_const"]}),
     "optional_fanout": (optional_fanout, {"fanout": ["f"], "constants": "value"}),
-    "equivalence_fanout_outputs": (equivalence_fanout_outputs, {"equivalences": ["sub_const"], "fanout": ["f"],
-                                                                 "constants": "value"}),
+    "equivalence_fanout_outputs": (
+        equivalence_fanout_outputs,
+        {"equivalences": ["sub_const"], "fanout": ["f"], "constants": "value"},
+    ),
 }
 
 FEATURES = {
@@ -110,7 +120,9 @@ ALL = {"one_of", "optional", "equivalences", "commutative", "fanout", "constants
 
 
 def test_the_patterns_cross_every_pair_of_features():
-    covered = {frozenset(pair) for features in FEATURES.values() for pair in itertools.combinations(features, 2)}
+    covered = {
+        frozenset(pair) for features in FEATURES.values() for pair in itertools.combinations(features, 2)
+    }
     missing = [pair for pair in itertools.combinations(sorted(ALL), 2) if frozenset(pair) not in covered]
     assert missing == []
 
@@ -135,7 +147,10 @@ def _refused(guard: Any, end: Any, prog: Any) -> bool:
     for earlier in guard.earlier:
         for spelling in earlier.variants:
             last = spelling.compiled.final_names[0]
-            if any(end.name in ops and bound[last] is not end for ops, bound in brute_force_bound(spelling.compiled, prog)):
+            if any(
+                end.name in ops and bound[last] is not end
+                for ops, bound in brute_force_bound(spelling.compiled, prog)
+            ):
                 return True
     return False
 
@@ -149,7 +164,10 @@ def brute_force_bound(compiled: Any, prog: Any) -> list[tuple[frozenset[str], di
     fan = [n for n in compiled.nodes if n.fanout]
     for block in iter_blocks(prog):
         for chosen in itertools.permutations(list(block.operations), len(nodes)):
-            if any(op.op_type not in n.op_types or len(op.outputs) != n.num_outputs for op, n in zip(chosen, nodes)):
+            if any(
+                op.op_type not in n.op_types or len(op.outputs) != n.num_outputs
+                for op, n in zip(chosen, nodes)
+            ):
                 continue
             bound = {n.name: op for n, op in zip(nodes, chosen)}
             members = _fan_members(compiled, fan, bound, set(chosen), block)
@@ -168,8 +186,9 @@ def _fan_members(compiled: Any, fan: list[Any], bound: dict[str, Any], chosen: s
         if edge.kind != "op":
             return None  # the patterns here read a pattern op's output
         users = list(dict.fromkeys(bound[compiled.nodes[edge.index].name].outputs[edge.output].child_ops))
-        if not users or any(u.op_type not in node.op_types or u in chosen or u.enclosing_block is not block
-                            for u in users):
+        if not users or any(
+            u.op_type not in node.op_types or u in chosen or u.enclosing_block is not block for u in users
+        ):
             return None
         members[node.name] = users
     return members
@@ -196,7 +215,11 @@ def _inside(compiled: Any, bound: dict[str, Any], members: dict[str, list[Any]],
             if compiled.nodes[consumer].fanout:
                 uses[out] += len(members[compiled.nodes[consumer].name]) - 1
         for j, var in enumerate(op.outputs):
-            if var.consuming_blocks or len(var.child_ops) != uses[j] or any(u not in matched for u in var.child_ops):
+            if (
+                var.consuming_blocks
+                or len(var.child_ops) != uses[j]
+                or any(u not in matched for u in var.child_ops)
+            ):
                 return False
     return True
 
@@ -225,8 +248,11 @@ def build(name: str, spelling: int, noise: list[Any], extra: int, fans: int) -> 
                     if edge.kind == "root":
                         args[slot] = inputs[edge.index]
                     elif edge.kind == "op":
-                        args[slot] = made[edge.index].outputs[edge.output] if not isinstance(made[edge.index], list) \
+                        args[slot] = (
+                            made[edge.index].outputs[edge.output]
+                            if not isinstance(made[edge.index], list)
                             else made[edge.index][0].outputs[edge.output]
+                        )
                     else:
                         value = variant.consts[edge.index][1]
                         args[slot] = np.float32(value) if value is not None and value.size == 1 else shared
@@ -237,18 +263,29 @@ def build(name: str, spelling: int, noise: list[Any], extra: int, fans: int) -> 
             available.extend(m.outputs[0] for m in made[-1:])
         if extra % 3 == 1 and len(made) > 1:
             available.append(mb.relu(x=made[0].outputs[0], name="extra_use"))
-        _emit(noise[len(noise) // 2:], available, shared, "m")
+        _emit(noise[len(noise) // 2 :], available, shared, "m")
         outs = [m.outputs[0] for m in made if not any(u for u in m.outputs[0].child_ops)] + [available[-1]]
         return tuple(dict.fromkeys(outs))
 
     return prog
 
 
-@settings(max_examples=max(EXAMPLES // 2, 50), deadline=None, derandomize="FUZZ_EXAMPLES" not in os.environ,
-          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
-@given(name=st.sampled_from(sorted(PATTERNS)), spelling=st.integers(0, 7), noise=st.lists(op_specs, max_size=6),
-       extra=st.integers(0, 5), fans=st.integers(1, 2))
-def test_find_matches_and_the_pass_agree_with_the_brute_force_on_every_pair(name, spelling, noise, extra, fans):
+@settings(
+    max_examples=max(EXAMPLES // 2, 50),
+    deadline=None,
+    derandomize="FUZZ_EXAMPLES" not in os.environ,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+)
+@given(
+    name=st.sampled_from(sorted(PATTERNS)),
+    spelling=st.integers(0, 7),
+    noise=st.lists(op_specs, max_size=6),
+    extra=st.integers(0, 5),
+    fans=st.integers(1, 2),
+)
+def test_find_matches_and_the_pass_agree_with_the_brute_force_on_every_pair(
+    name, spelling, noise, extra, fans
+):
     pattern, options = PATTERNS[name]
     prog = build(name, spelling, noise, extra, fans)
     got = list(find_matches(pattern, prog, **options))
@@ -258,8 +295,12 @@ def test_find_matches_and_the_pass_agree_with_the_brute_force_on_every_pair(name
 
     def to_zeros(p: Any) -> None:  # an op of no pattern, of each output's shape (an input may be a scalar)
         anchor = p.op_list()[0]
-        p.replace_outputs([mb.fill(shape=list(v.shape), value=0.0, name=f"{v.name}_zeros", before_op=anchor)
-                           for v in p.output_vars()])
+        p.replace_outputs(
+            [
+                mb.fill(shape=list(v.shape), value=0.0, name=f"{v.name}_zeros", before_op=anchor)
+                for v in p.output_vars()
+            ]
+        )
 
     container = register_generic_pass(pattern, None, to_zeros, "pairs", _fresh_namespace(), **options)
     container(prog)

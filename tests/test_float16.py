@@ -25,12 +25,18 @@ from pattern_infra.mlpackage import load_mlpackage, op_histogram
 D = 16
 
 SAVE_PIPELINE = [  # coremltools' default pipeline from add_fp16_cast on, without its fusions
-    "common::add_fp16_cast", "common::add_int16_cast", "common::update_output_dtypes",
-    "common::const_elimination", "common::dead_code_elimination", "common::cast_optimization",
-    "common::const_elimination", "common::dead_code_elimination", "common::const_deduplication",
+    "common::add_fp16_cast",
+    "common::add_int16_cast",
+    "common::update_output_dtypes",
+    "common::const_elimination",
+    "common::dead_code_elimination",
+    "common::cast_optimization",
+    "common::const_elimination",
+    "common::dead_code_elimination",
+    "common::const_deduplication",
 ]
 
-USER_PASSES = '''
+USER_PASSES = """
 from coremltools.converters.mil import Builder as mb
 from coremltools.converters.mil.mil import get_new_symbol, types
 from pattern_infra import register_generic_pass
@@ -49,7 +55,7 @@ def transform(pattern):
     pattern.replace_output(new)
 
 register_generic_pass(hard_swish, None, transform, "fuse_hard_swish", "mine", constants="value")
-'''
+"""
 USER_PASS = "mine::fuse_hard_swish"
 
 
@@ -59,15 +65,22 @@ def _save(prog_or_exported, path: Path, *, float16: bool) -> Path:
 
     precision = ct.precision.FLOAT16 if float16 else ct.precision.FLOAT32
     pipeline = PassPipeline(pass_names=SAVE_PIPELINE, pipeline_name="save_unfused")
-    model = ct.convert(prog_or_exported, convert_to="mlprogram", skip_model_load=True,
-                       compute_precision=precision, pass_pipeline=pipeline)
+    model = ct.convert(
+        prog_or_exported,
+        convert_to="mlprogram",
+        skip_model_load=True,
+        compute_precision=precision,
+        pass_pipeline=pipeline,
+    )
     model.save(str(path))
     return path
 
 
 def _fired(path: Path) -> Counter[str]:
     """The rewrites of each pass ``mil-patterns report`` finds in the model (the user's pass imported)."""
-    result = CliRunner().invoke(main, ["--import", "my_fp16_passes", "report", str(path), "--json", "--no-progress"])
+    result = CliRunner().invoke(
+        main, ["--import", "my_fp16_passes", "report", str(path), "--json", "--no-progress"]
+    )
     assert result.exit_code == 0, result.output
     return Counter(r["pass_id"] for r in json.loads(result.output)["rewrites"])
 
@@ -100,7 +113,9 @@ def _mix(x):
     centred = mb.sub(x=x, y=mean)
     var = mb.reduce_mean(x=mb.mul(x=centred, y=centred), axes=[-1], keep_dims=True)
     x = mb.mul(x=centred, y=mb.rsqrt(x=mb.add(x=var, y=1e-5)))
-    x = mb.add(x=mb.mul(x=x, y=rng.normal(size=(D,)).astype(np.float32)), y=rng.normal(size=(D,)).astype(np.float32))
+    x = mb.add(
+        x=mb.mul(x=x, y=rng.normal(size=(D,)).astype(np.float32)), y=rng.normal(size=(D,)).astype(np.float32)
+    )
     x = mb.linear(x=x, weight=rng.normal(size=(D, D)).astype(np.float32) / 4)
     x = mb.add(x=x, y=rng.normal(size=(D,)).astype(np.float32))  # a bias for the linear
     x = mb.relu(x=mb.relu(x=x))
@@ -123,17 +138,25 @@ def test_a_float16_model_fuses_as_its_float32_twin(tmp_path, user_passes):
     fp16 = _save(_mix_program(), tmp_path / "fp16.mlpackage", float16=True)
     assert "fp16" in str(load_mlpackage(fp16).program)  # saved at the default precision
     expected = _fired(fp32)
-    assert expected == Counter({
-        "common::fuse_gelu_exact": 2, "common::fuse_gelu_tanh_approximation": 1,
-        "common::fuse_layernorm_or_instancenorm": 1, "common::fuse_linear_bias": 1,
-        "common::merge_consecutive_relus": 1, "common::fuse_leaky_relu": 1, "common::fuse_reduce_mean": 1,
-        "common::fuse_transpose_matmul": 1, USER_PASS: 1,
-    })
+    assert expected == Counter(
+        {
+            "common::fuse_gelu_exact": 2,
+            "common::fuse_gelu_tanh_approximation": 1,
+            "common::fuse_layernorm_or_instancenorm": 1,
+            "common::fuse_linear_bias": 1,
+            "common::merge_consecutive_relus": 1,
+            "common::fuse_leaky_relu": 1,
+            "common::fuse_reduce_mean": 1,
+            "common::fuse_transpose_matmul": 1,
+            USER_PASS: 1,
+        }
+    )
     assert _fired(fp16) == expected
 
     out = tmp_path / "fused.mlpackage"
-    result = CliRunner().invoke(main, ["--import", "my_fp16_passes", "optimize", str(fp16), "-o", str(out),
-                                       "--no-progress"])
+    result = CliRunner().invoke(
+        main, ["--import", "my_fp16_passes", "optimize", str(fp16), "-o", str(out), "--no-progress"]
+    )
     assert result.exit_code == 0, result.output
     assert result.output.startswith(f"{out}: {sum(expected.values())} rewrite(s)")
     counts = op_histogram(load_mlpackage(out).program)
@@ -151,8 +174,16 @@ def test_the_users_pass_fuses_a_float16_model(tmp_path, user_passes):
     assert _fired(fp16) == Counter({USER_PASS: 1})
 
 
-ZOO = ["prenorm_transformer", "gpt2_block", "bert_encoder", "convnext_stage", "clip_mlp", "resnet_stack",
-       "mobilenet_block", "jax_style_gelu_mlp"]
+ZOO = [
+    "prenorm_transformer",
+    "gpt2_block",
+    "bert_encoder",
+    "convnext_stage",
+    "clip_mlp",
+    "resnet_stack",
+    "mobilenet_block",
+    "jax_style_gelu_mlp",
+]
 
 
 @pytest.mark.slow

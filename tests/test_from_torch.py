@@ -13,7 +13,13 @@ import torch
 from coremltools.converters.mil import Builder as mb
 
 from pattern_infra import PatternDefinitionError, compile_pattern, find_matches, register_generic_pass
-from pattern_infra.from_torch import DEFAULT_BEFORE, _as_pattern, capture_passes, capture_torch, pattern_from_torch
+from pattern_infra.from_torch import (
+    DEFAULT_BEFORE,
+    _as_pattern,
+    capture_passes,
+    capture_torch,
+    pattern_from_torch,
+)
 from pattern_infra.testing.convert import convert_torch
 from pattern_infra.testing.passes import op_types
 from pattern_infra.verification.verify import assert_programs_equivalent
@@ -73,8 +79,12 @@ def test_capture_is_deterministic():
     second = pattern_from_torch(rms_norm, (torch.randn(4, 5, 6), torch.randn(6)))
     assert _pattern_ops(first) == _pattern_ops(second)
     assert _pattern_ops(first) == [
-        ("mul_0", "mul"), ("reduce_mean_0", "reduce_mean"), ("add_0", "add"), ("rsqrt_0", "rsqrt"),
-        ("mul_1", "mul"), ("mul_2", "mul"),
+        ("mul_0", "mul"),
+        ("reduce_mean_0", "reduce_mean"),
+        ("add_0", "add"),
+        ("rsqrt_0", "rsqrt"),
+        ("mul_1", "mul"),
+        ("mul_2", "mul"),
     ]
     assert list(first.functions["main"].inputs) == ["x", "weight"]
 
@@ -89,8 +99,12 @@ def test_captured_pattern_finds_the_torch_code_in_a_converted_model(namespace):
     assert list(find_matches(gelu, other, constants="value")) == []
 
     def to_gelu(pattern):
-        out = mb.gelu(x=pattern.root_var, mode="SIGMOID_APPROXIMATION",
-                      name=pattern.mul_1.outputs[0].name, before_op=pattern.mul_1)
+        out = mb.gelu(
+            x=pattern.root_var,
+            mode="SIGMOID_APPROXIMATION",
+            name=pattern.mul_1.outputs[0].name,
+            before_op=pattern.mul_1,
+        )
         pattern.replace_output(out)
 
     container = register_generic_pass(gelu, None, to_gelu, "quick_gelu", namespace, constants="value")
@@ -132,8 +146,9 @@ def test_a_follower_pass_is_captured_after_its_leader(namespace):
     def relu_relu(x):
         return mb.relu(x=mb.relu(x=x, name="a"), name="b")
 
-    register_generic_pass(relu_relu, None, lambda p: False, "follower", namespace,
-                          run_after="common::fuse_linear_bias")
+    register_generic_pass(
+        relu_relu, None, lambda p: False, "follower", namespace, run_after="common::fuse_linear_bias"
+    )
     default, _, point = capture_passes(before=f"{namespace}::follower")
     assert default[-1] == "common::fuse_linear_bias" and "right after common::fuse_linear_bias" in point
 
@@ -155,8 +170,11 @@ def test_control_flow_is_refused():
     # (as the TorchScript frontend makes) is read by the same function.
     @mb.program(input_specs=[mb.TensorSpec(shape=(3,))])
     def branchy(x):
-        return mb.cond(pred=mb.greater(x=mb.reduce_sum(x=x), y=0.0), _true_fn=lambda: mb.relu(x=x),
-                       _false_fn=lambda: mb.sigmoid(x=x))
+        return mb.cond(
+            pred=mb.greater(x=mb.reduce_sum(x=x), y=0.0),
+            _true_fn=lambda: mb.relu(x=x),
+            _false_fn=lambda: mb.sigmoid(x=x),
+        )
 
     with pytest.raises(PatternDefinitionError, match="nested blocks"):
         _as_pattern(branchy, ["x"], "branchy", dynamic=True)
@@ -167,10 +185,14 @@ def test_module_parameters_become_constants_and_the_pattern_compiles():
     assert op_types(capture.pattern) == ["layer_norm"]
     compiled = compile_pattern(capture.pattern, constants="const")
     assert compiled.root_names == ["input"] and {k for k, _, _ in compiled.consts} >= {
-        "layer_norm_0.gamma", "layer_norm_0.beta"}
+        "layer_norm_0.gamma",
+        "layer_norm_0.beta",
+    }
 
 
 def test_importing_pattern_infra_never_needs_torch():
-    code = "import sys; sys.modules['torch'] = None; import pattern_infra, pattern_infra.from_torch; print('ok')"
+    code = (
+        "import sys; sys.modules['torch'] = None; import pattern_infra, pattern_infra.from_torch; print('ok')"
+    )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0 and done.stdout.strip().endswith("ok"), done.stderr[-2000:]

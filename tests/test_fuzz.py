@@ -79,7 +79,7 @@ def _linear_bias(x, swap, k):
     w = rng.normal(size=(D, D)).astype(np.float32)
     b = rng.normal(size=(D,)).astype(np.float32)
     lin = mb.linear(x=x, weight=w, bias=b)
-    extra = (np.ones(D, np.float32) * 0.25 * k)
+    extra = np.ones(D, np.float32) * 0.25 * k
     return (mb.add(x=lin, y=extra) if not swap else mb.add(x=extra, y=lin)), lin
 
 

@@ -14,7 +14,14 @@ import functools
 import coremltools as ct
 import pytest
 
-from pattern_infra.testing.hf_models import BOTH_PRECISIONS, DECODER_LLMS, FAST, GROUPED_KV, HF_ZOO, ONLY_ATTENTION_LEFT
+from pattern_infra.testing.hf_models import (
+    BOTH_PRECISIONS,
+    DECODER_LLMS,
+    FAST,
+    GROUPED_KV,
+    HF_ZOO,
+    ONLY_ATTENTION_LEFT,
+)
 from pattern_infra.testing.real_models import PRECISIONS, ModelComparison, compare_targets
 
 TARGETS = (ct.target.iOS17, ct.target.iOS18)
@@ -23,7 +30,9 @@ REL_TOL = 1e-5
 
 @functools.cache
 def _all_rows(name: str) -> tuple[ModelComparison, ...]:
-    return tuple(compare_targets(name, TARGETS, precisions=PRECISIONS if name in BOTH_PRECISIONS else ("fp32",)))
+    return tuple(
+        compare_targets(name, TARGETS, precisions=PRECISIONS if name in BOTH_PRECISIONS else ("fp32",))
+    )
 
 
 def _rows(name: str) -> dict[object, ModelComparison]:

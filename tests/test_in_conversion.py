@@ -47,7 +47,13 @@ def test_the_converted_model_hides_what_the_pass_saw(erf_mlp):
     inside = explain_in_conversion(exported, at=AT, override_passes=False)
     assert len(inside.matches) == 1
     (match,) = inside.matches
-    assert sorted(op.op_type for op in match.op_set) == ["add", "erf", "mul", "mul", "mul"]  # / sqrt(2): a mul by then
+    assert sorted(op.op_type for op in match.op_set) == [
+        "add",
+        "erf",
+        "mul",
+        "mul",
+        "mul",
+    ]  # / sqrt(2): a mul by then
     assert PASS_REGISTRY.passes[AT].__class__.__name__ == "PassContainer"  # the stand-in is gone
 
 

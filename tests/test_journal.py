@@ -210,8 +210,12 @@ def test_the_hooks_are_gone_once_the_pass_ends(namespace, fail):
         f"{cls.__name__}.{name}" for cls, name, _ in _HOOKS
     )
     after = attributes()
-    left = [f"{cls.__name__}.{name}" for key, value in after.items() if value is not before[key]
-            for cls, name in [key]]
+    left = [
+        f"{cls.__name__}.{name}"
+        for key, value in after.items()
+        if value is not before[key]
+        for cls, name in [key]
+    ]
     assert left == [], f"hooks left installed: {left}"
 
 
@@ -220,6 +224,7 @@ def test_other_threads_are_not_journaled():
     before_theirs = fingerprint(theirs)
     journal = Journal(list(iter_blocks(mine)))
     try:
+
         def edit_theirs():
             op_named(theirs, "first").outputs[0].set_name("theirs_renamed")
 
@@ -299,7 +304,9 @@ def _structure(prog: Program) -> list[Any]:
     return state
 
 
-@pytest.mark.parametrize("names", [["dead_cos", "dead_sin"], ["dead_cond"]], ids=["plain ops", "nested blocks"])
+@pytest.mark.parametrize(
+    "names", [["dead_cos", "dead_sin"], ["dead_cond"]], ids=["plain ops", "nested blocks"]
+)
 def test_dead_ops_are_unlinked_as_block_remove_ops_would(names):
     from pattern_infra.rewriting.removal import unlink
 

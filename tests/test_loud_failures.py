@@ -114,8 +114,9 @@ def test_pattern_program_builds_what_mb_program_builds(namespace):
     def same(x):
         return mb.exp(x=mb.relu(x=x, name="r"), name="e")
 
-    assert str(same) .replace(same.functions["main"].name, "B") == str(relu_exp).replace(
-        relu_exp.functions["main"].name, "B")
+    assert str(same).replace(same.functions["main"].name, "B") == str(relu_exp).replace(
+        relu_exp.functions["main"].name, "B"
+    )
     container = register_generic_pass(same, None, to_softplus, "p", namespace)
     assert [sub.name for sub in container.passes] == ["e"]
 

@@ -251,7 +251,9 @@ def test_match_never_spans_two_blocks():
         def else_branch():
             return mb.sin(x=r)
 
-        return mb.cond(pred=mb.squeeze(x=mb.greater(x=flag, y=0.0)), _true_fn=then_branch, _false_fn=else_branch)
+        return mb.cond(
+            pred=mb.squeeze(x=mb.greater(x=flag, y=0.0)), _true_fn=then_branch, _false_fn=else_branch
+        )
 
     assert list(find_matches(relu_exp, prog)) == []
 

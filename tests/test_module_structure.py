@@ -59,10 +59,14 @@ def _runtime_imports(path: Path, module: str) -> list[tuple[str, list[str], int]
 def test_no_module_of_the_package_imports_another_into_a_cycle():
     modules = _modules()
     graph = {
-        name: {target for target, _, _ in _runtime_imports(path, name) if target in modules and target != name}
+        name: {
+            target for target, _, _ in _runtime_imports(path, name) if target in modules and target != name
+        }
         for name, path in modules.items()
     }
-    graph["pattern_infra"] = set()  # the package's __init__ imports every module by design; none imports it back
+    graph["pattern_infra"] = (
+        set()
+    )  # the package's __init__ imports every module by design; none imports it back
     for name in graph:
         graph[name].discard("pattern_infra")
     state: dict[str, int] = {}
@@ -73,7 +77,7 @@ def test_no_module_of_the_package_imports_another_into_a_cycle():
         stack.append(name)
         for target in sorted(graph[name]):
             if state.get(target) == 1:
-                cycle = stack[stack.index(target):] + [target]
+                cycle = stack[stack.index(target) :] + [target]
                 pytest.fail("import cycle: " + " -> ".join(cycle))
             if target not in state:
                 visit(target)
@@ -114,8 +118,8 @@ def test_no_module_is_over_500_lines_and_no_core_module_over_450():
     long = {
         str(rel): n
         for path in PACKAGE.rglob("*.py")
-        if (n := len(path.read_text().splitlines())) > (450 if (rel := path.relative_to(PACKAGE)).parts[0] in LAYERS
-                                                            else 500)
+        if (n := len(path.read_text().splitlines()))
+        > (450 if (rel := path.relative_to(PACKAGE)).parts[0] in LAYERS else 500)
         and str(rel) not in LONG_MODULES
     }
     assert long == {}
@@ -123,8 +127,11 @@ def test_no_module_is_over_500_lines_and_no_core_module_over_450():
 
 def test_the_core_is_at_most_4000_lines():
     """Every line of the four core packages counted (docstrings, comments and blank lines included)."""
-    lines = {str(path.relative_to(PACKAGE)): len(path.read_text().splitlines())
-             for layer in LAYERS for path in (PACKAGE / layer).glob("*.py")}
+    lines = {
+        str(path.relative_to(PACKAGE)): len(path.read_text().splitlines())
+        for layer in LAYERS
+        for path in (PACKAGE / layer).glob("*.py")
+    }
     assert sum(lines.values()) <= 4000, sorted(lines.items(), key=lambda item: -item[1])
 
 
@@ -135,7 +142,9 @@ def test_no_module_generates_or_executes_code():
         f"{path.relative_to(PACKAGE.parent)}:{node.lineno} calls {node.func.id}"
         for path in PACKAGE.rglob("*.py")
         for node in ast.walk(ast.parse(path.read_text()))
-        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in {"exec", "eval", "compile"}
+        if isinstance(node, ast.Call)
+        and isinstance(node.func, ast.Name)
+        and node.func.id in {"exec", "eval", "compile"}
     ]
     assert calls == []
 

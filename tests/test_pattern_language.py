@@ -151,7 +151,11 @@ def test_find_matches_with_constraints():
     def prog(x):
         return mb.add(x=mb.relu(x=mb.add(x=mb.relu(x=x), y=1.0)), y=2.0)
 
-    found = list(find_matches(relu_then_add_or_sub, prog, lambda p: P.scalar_close_to(p.operand("add_or_sub", "y"), 2.0)))
+    found = list(
+        find_matches(
+            relu_then_add_or_sub, prog, lambda p: P.scalar_close_to(p.operand("add_or_sub", "y"), 2.0)
+        )
+    )
     assert len(found) == 1
 
 
@@ -188,8 +192,13 @@ def test_declarative_replacement_with_bound_operand(namespace):
     def scale_first(x, s):
         return mb.relu(x=mb.mul(x=x, y=s))
 
-    register_generic_pass(scale_pattern, lambda p: P.is_constant(p.operand("m", "y")),
-                          replace_with(scale_first, bind={"s": "m.y"}), "p", namespace)
+    register_generic_pass(
+        scale_pattern,
+        lambda p: P.is_constant(p.operand("m", "y")),
+        replace_with(scale_first, bind={"s": "m.y"}),
+        "p",
+        namespace,
+    )
 
     @one_input
     def prog(x):
@@ -264,8 +273,9 @@ def test_explain_reports_slot_constant_constraint_and_declined():
 
 
 def test_statistics_and_run_log(namespace):
-    c = register_generic_pass(relu_exp, lambda p: p.e.name != "skip", replace_with(softplus_replacement),
-                              "p", namespace)
+    c = register_generic_pass(
+        relu_exp, lambda p: p.e.name != "skip", replace_with(softplus_replacement), "p", namespace
+    )
 
     @one_input
     def prog(x):
@@ -350,7 +360,9 @@ def _forgets_replace_output(pattern):
     ],
     ids=["changes nothing", "forgets replace_output"],
 )
-def test_a_transform_that_rewrites_nothing_is_named_with_the_fix_not_a_fixpoint(namespace, transform, message):
+def test_a_transform_that_rewrites_nothing_is_named_with_the_fix_not_a_fixpoint(
+    namespace, transform, message
+):
     calls = []
     c = register_generic_pass(relu_exp, None, lambda p: calls.append(p) or transform(p), "p", namespace)
 
@@ -383,8 +395,13 @@ def test_explain_runs_the_transform_on_every_alternative_anchor_type():
     def prog(x):
         return mb.add(x=mb.relu(x=x), y=1.0), mb.sub(x=mb.relu(x=x), y=1.0)
 
-    report = explain(relu_then_add_or_sub, prog, transform_pattern=lambda p: False,
-                     alternatives={"add_or_sub": ["add", "sub"]}, top=10)
+    report = explain(
+        relu_then_add_or_sub,
+        prog,
+        transform_pattern=lambda p: False,
+        alternatives={"add_or_sub": ["add", "sub"]},
+        top=10,
+    )
     declined = [m for m in report.near_misses if m.reason == "transform declined"]
     assert sorted(m.ops["add_or_sub"].split("_")[0] for m in declined) == ["add", "sub"]
 

@@ -44,8 +44,9 @@ def test_pipeline_runs_the_default_passes_in_order_in_fewer_entries(group):
     # a generic pass convert looks up by id keeps its own (first) entry
     assert set(standalone) == {"common::const_elimination", "common::dead_code_elimination"}
     if group == "generic":  # runs of consecutive generic passes, coremltools' passes untouched
-        assert [p for p in pipe.passes if not isinstance(PASS_REGISTRY.passes[p], (GenericSweep, PassContainer))] \
-            == [p for p, g in zip(default.passes, is_generic) if not g]
+        assert [
+            p for p in pipe.passes if not isinstance(PASS_REGISTRY.passes[p], (GenericSweep, PassContainer))
+        ] == [p for p, g in zip(default.passes, is_generic) if not g]
     else:
         assert len(pipe.passes) < 20
     # what convert edits or looks up by id keeps its own entries
@@ -70,12 +71,16 @@ def test_options_of_grouped_coremltools_passes_are_passed_on():
     base = PassPipeline.DEFAULT
     base.set_options("common::const_elimination", {"skip_const_by_size": "1e9"})
     pipe = pipeline(base)
-    sweeps = [PASS_REGISTRY.passes[p] for p in pipe.passes if isinstance(PASS_REGISTRY.passes[p], GenericSweep)]
+    sweeps = [
+        PASS_REGISTRY.passes[p] for p in pipe.passes if isinstance(PASS_REGISTRY.passes[p], GenericSweep)
+    ]
     assert any(s.options.get("common::const_elimination") for s in sweeps)
     assert pipe.get_options("common::const_elimination")[0].option_val == "1e9"  # its own entry too
     # with the option passed on inside the sweep, the same program as the base pipeline gives
-    assert program_signature(converted(lambda: synthetic_mix(60), lambda: pipeline(base_with_skip())))[0] == \
-        program_signature(converted(lambda: synthetic_mix(60), base_with_skip))[0]
+    assert (
+        program_signature(converted(lambda: synthetic_mix(60), lambda: pipeline(base_with_skip())))[0]
+        == program_signature(converted(lambda: synthetic_mix(60), base_with_skip))[0]
+    )
 
 
 def base_with_skip() -> PassPipeline:
@@ -143,7 +148,9 @@ def _torch_source(name):
 @pytest.mark.parametrize("name", list(ZOO))
 def test_same_program_as_pass_by_pass_on_the_zoo(name):
     _assert_same_conversion(
-        _torch_source(name), "all", compute_precision=ct.precision.FLOAT32,
+        _torch_source(name),
+        "all",
+        compute_precision=ct.precision.FLOAT32,
         minimum_deployment_target=ct.target.iOS18,  # fuse_sdpa, a run_after follower, joins in
     )
 

@@ -132,7 +132,10 @@ def test_convert_with_pipeline_and_scope(namespace):
     pipeline.append_pass(f"{namespace}::p")
     run_log(clear=True)
     model = ct.convert(
-        chain(3), convert_to="mlprogram", skip_model_load=True, pass_pipeline=pipeline,
+        chain(3),
+        convert_to="mlprogram",
+        skip_model_load=True,
+        pass_pipeline=pipeline,
         compute_precision=ct.precision.FLOAT32,
     )
     prog = model._mil_program
@@ -148,7 +151,9 @@ def test_full_convert_of_a_mil_program(flag):
     with override(flag):
         run_log(clear=True)
         model = ct.convert(
-            gelu_chain(3), convert_to="mlprogram", skip_model_load=True,
+            gelu_chain(3),
+            convert_to="mlprogram",
+            skip_model_load=True,
             compute_precision=ct.precision.FLOAT32,
         )
     assert op_types(model._mil_program) == ["gelu", "relu"] * 3
@@ -351,13 +356,15 @@ def test_chain_created_by_rewrites_is_followed(namespace):
 
 
 def test_run_after_joins_coremltools_pipeline_only_under_override(namespace):
-    c = register_generic_pass(relu_exp, None, to_softplus, "p", namespace,
-                              run_after="common::fuse_gelu_tanh_approximation")
+    c = register_generic_pass(
+        relu_exp, None, to_softplus, "p", namespace, run_after="common::fuse_gelu_tanh_approximation"
+    )
     assert c in PASS_REGISTRY["common::fuse_gelu_tanh_approximation"].followers
     for flag in (False, True):
         with override(flag):
-            model = ct.convert(chain(2), convert_to="mlprogram", skip_model_load=True,
-                               compute_precision=ct.precision.FLOAT32)
+            model = ct.convert(
+                chain(2), convert_to="mlprogram", skip_model_load=True, compute_precision=ct.precision.FLOAT32
+            )
         assert ("softplus" in op_types(model._mil_program)) is flag
     with pytest.raises(PassRegistrationError, match="not a registered pass"):
         register_generic_pass(relu_exp, None, to_softplus, "q", namespace, run_after="nowhere::x")
@@ -366,14 +373,18 @@ def test_run_after_joins_coremltools_pipeline_only_under_override(namespace):
 def test_followers_leave_the_whole_program_validation_to_the_pipeline(namespace, monkeypatch):
     """A leader with followers validates each rewrite, not the whole program per follower: the
     pipeline running the leader validates the program once it returns."""
-    register_generic_pass(relu_exp, None, to_softplus, "p", namespace,
-                          run_after="common::fuse_gelu_tanh_approximation")
-    register_generic_pass(relu_exp, None, to_softplus, "q", namespace,
-                          run_after="common::fuse_gelu_tanh_approximation")
+    register_generic_pass(
+        relu_exp, None, to_softplus, "p", namespace, run_after="common::fuse_gelu_tanh_approximation"
+    )
+    register_generic_pass(
+        relu_exp, None, to_softplus, "q", namespace, run_after="common::fuse_gelu_tanh_approximation"
+    )
     prog = chain(3)
     calls = []
     original = type(prog).validate
-    monkeypatch.setattr(type(prog), "validate", lambda self, *a, **k: calls.append(1) or original(self, *a, **k))
+    monkeypatch.setattr(
+        type(prog), "validate", lambda self, *a, **k: calls.append(1) or original(self, *a, **k)
+    )
     with override(True):
         PASS_REGISTRY["common::fuse_gelu_tanh_approximation"](prog)
     assert op_types(prog) == ["softplus", "sin"] * 3
@@ -438,7 +449,9 @@ def test_validation_after_a_sub_pass_catches_a_corrupt_rewrite(namespace, valida
     before = str(prog)
     # "full" validates the whole program after the sub-pass; the rewrite's contract, checked right after
     # each rewrite, sees the unrecorded use first: `sin` looks unused
-    expected = "inconsistent after its rewrites" if validate is True else r"built \[sin_\d+\] but nothing uses them"
+    expected = (
+        "inconsistent after its rewrites" if validate is True else r"built \[sin_\d+\] but nothing uses them"
+    )
     with pytest.raises(PassExecutionError, match=expected) as info:
         c(prog)
     assert "restored" in str(info.value)
@@ -543,7 +556,9 @@ print(after_pass, gc.get_freeze_count() > count // 2)
 """
 
 
-@pytest.mark.parametrize("threshold, collected", [(100, False), (10**9, True)], ids=["large pass", "small pass"])
+@pytest.mark.parametrize(
+    "threshold, collected", [(100, False), (10**9, True)], ids=["large pass", "small pass"]
+)
 def test_a_large_pass_leaves_no_collection_pending_and_respects_a_freeze(threshold, collected):
     # With collection paused during the pass, everything it kept is young, and the next allocation
     # would collect all of it; above a size the driver promotes it instead (gc.freeze + gc.unfreeze),
@@ -553,7 +568,11 @@ def test_a_large_pass_leaves_no_collection_pending_and_respects_a_freeze(thresho
     import sys
 
     done = subprocess.run(
-        [sys.executable, "-c", _GC_SCRIPT, str(threshold)], capture_output=True, text=True, timeout=300, check=True
+        [sys.executable, "-c", _GC_SCRIPT, str(threshold)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=True,
     )
     after_pass, still_frozen = done.stdout.strip().splitlines()[-1].rsplit(" ", 1)
     assert (after_pass != "[]") == collected

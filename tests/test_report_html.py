@@ -29,8 +29,16 @@ from pattern_infra.tracing import OpRecord
 ROOT = Path(__file__).resolve().parents[1]
 SVG = "{http://www.w3.org/2000/svg}"
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
-HEADLESS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-            "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+HEADLESS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
 
 
 def test_draw_graph_draws_every_op_input_constant_and_output():
@@ -66,15 +74,19 @@ def test_report_from_a_trace_lists_every_rewrite(namespace, tmp_path):
     page = write_html_report(rewrites, tmp_path / "out", title="toy")
     text = page.read_text()
     assert text.count('<section class="rewrite"') == 2
-    assert "r1, e1" in text and "r2, e2" in text and "<img src=\"histogram.svg\"" not in text
+    assert "r1, e1" in text and "r2, e2" in text and '<img src="histogram.svg"' not in text
     for index in range(2):
         for kind in ("before", "after"):
             ET.parse(tmp_path / "out" / f"rewrite{index}_{kind}.svg")  # well-formed SVG
 
 
 def _chromium(*args: str, user_dir: Path) -> str:
-    done = subprocess.run([CHROMIUM, *HEADLESS, f"--user-data-dir={user_dir}", *args],
-                          capture_output=True, text=True, timeout=120)
+    done = subprocess.run(
+        [CHROMIUM, *HEADLESS, f"--user-data-dir={user_dir}", *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert done.returncode == 0, done.stderr[-2000:]
     return done.stdout
 
@@ -85,8 +97,11 @@ def _png_size(path: Path) -> tuple[int, int]:
     return struct.unpack(">II", data[16:24])
 
 
-@pytest.mark.skipif(CHROMIUM is None, reason="headless Chromium is not installed (apt-get install chromium; "
-                                             ".ci/run installs it before make test)")
+@pytest.mark.skipif(
+    CHROMIUM is None,
+    reason="headless Chromium is not installed (apt-get install chromium; "
+    ".ci/run installs it before make test)",
+)
 def test_report_renders_in_headless_chromium(saved, tmp_path):
     out = tmp_path / "html"
     result = CliRunner().invoke(main, ["report", str(saved["path"]), "--html", str(out), "--no-progress"])
@@ -101,8 +116,13 @@ def test_report_renders_in_headless_chromium(saved, tmp_path):
         matched = line.split(": ", 1)[1].split(" -> ")[0]
         assert matched in dom
     shot = tmp_path / "report.png"
-    _chromium("--window-size=1100,1400", "--hide-scrollbars", f"--screenshot={shot}", page.as_uri(),
-              user_dir=tmp_path / "profile")
+    _chromium(
+        "--window-size=1100,1400",
+        "--hide-scrollbars",
+        f"--screenshot={shot}",
+        page.as_uri(),
+        user_dir=tmp_path / "profile",
+    )
     assert _png_size(shot) == (1100, 1400)
     if os.environ.get("UPDATE_REPORT_PNG") == "1":
         shutil.copyfile(shot, ROOT / "docs" / "report.png")

@@ -25,8 +25,10 @@ and holds the fp16 state in float64 too (an fp16 cast is the identity in float64
 comparison is with PyTorch's fp32 cache; the fp16 rounding of the state on a device is not measured."""
 
 
-@mb.program(input_specs=[mb.TensorSpec(shape=(2, 3), dtype=types.fp16), mb.StateTensorSpec((2, 3), dtype=types.fp16)],
-            opset_version=ct.target.iOS18)
+@mb.program(
+    input_specs=[mb.TensorSpec(shape=(2, 3), dtype=types.fp16), mb.StateTensorSpec((2, 3), dtype=types.fp16)],
+    opset_version=ct.target.iOS18,
+)
 def _accumulate(x, acc):
     total = mb.add(x=mb.read_state(input=acc), y=x)
     mb.coreml_update_state(state=acc, value=total)
@@ -133,8 +135,11 @@ def test_flexible_decoder_fuses_and_equals_pytorch_over_prefill_and_two_decode_s
         # proved the slice [S - L, S) L long), never a broadcast of them
         for op in prog.functions["main"].find_ops(op_type="slice_update"):
             assert op.update.op is None or op.update.op.op_type != "tile", op.name
-    negations = [op for op in progs[True].functions["main"].find_ops(op_type="mul")
-                 if op.y.val is not None and np.asarray(op.y.val).size == 1 and float(op.y.val) == -1.0]
+    negations = [
+        op
+        for op in progs[True].functions["main"].find_ops(op_type="mul")
+        if op.y.val is not None and np.asarray(op.y.val).size == 1 and float(op.y.val) == -1.0
+    ]
     assert not negations  # the rotate_half sign lives in the shared sin
     steps = stateful.decode_steps()
     want = stateful.torch_steps(decoder, steps)
@@ -153,16 +158,19 @@ def test_flexible_conversion_is_the_same_program_under_every_hash_seed():
     import sys
     from pathlib import Path
 
-    code = ("import json; from pattern_infra.testing import stateful; "
-            "exported = stateful.export_decoder(stateful.stateful_decoder(), flexible=True); "
-            "print(json.dumps([[op.op_type for op in stateful.convert_decoder(exported, override=on)"
-            "._mil_program.functions['main'].operations] for on in (False, True)]))")
+    code = (
+        "import json; from pattern_infra.testing import stateful; "
+        "exported = stateful.export_decoder(stateful.stateful_decoder(), flexible=True); "
+        "print(json.dumps([[op.op_type for op in stateful.convert_decoder(exported, override=on)"
+        "._mil_program.functions['main'].operations] for on in (False, True)]))"
+    )
     root = str(Path(__file__).resolve().parents[1])
     programs = []
     for seed in ("0", "7"):
         env = dict(os.environ, PYTHONHASHSEED=seed, PYTHONPATH=root)
-        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, env=env,
-                             cwd=root)
+        out = subprocess.run(
+            [sys.executable, "-c", code], capture_output=True, text=True, check=True, env=env, cwd=root
+        )
         programs.append(json.loads(out.stdout.strip().splitlines()[-1]))
     assert programs[0] == programs[1]
     assert programs[0][1].count("tile") == 1

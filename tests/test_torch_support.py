@@ -88,10 +88,18 @@ def convert_as_is(module, args):
     return convert_exported(exported, override=False)
 
 
-MODULES = {"alias": Alias, "where.scalarother": WhereScalarOther, "new_ones": AndOfNewOnes,
-           "index_add": IndexAdd, "index_add_last_dim": IndexAddLastDim,
-           "where.scalarself": WhereScalarSelfFloatCond, "gelu": GeluTanh, "gelu_next_to_a_tanh": GeluTanhNextToATanh, "_assert_tensor_metadata": ToDtype,
-           "copy": SliceAssignments}
+MODULES = {
+    "alias": Alias,
+    "where.scalarother": WhereScalarOther,
+    "new_ones": AndOfNewOnes,
+    "index_add": IndexAdd,
+    "index_add_last_dim": IndexAddLastDim,
+    "where.scalarself": WhereScalarSelfFloatCond,
+    "gelu": GeluTanh,
+    "gelu_next_to_a_tanh": GeluTanhNextToATanh,
+    "_assert_tensor_metadata": ToDtype,
+    "copy": SliceAssignments,
+}
 
 COREMLTOOLS_OWN = {"where.scalarself": ct_ops.where_scalarself, "gelu": ct_ops.gelu, "copy": ct_ops.copy}
 """coremltools' own converters of the op kinds :data:`torch_support.REPLACEMENTS` replaces where wrong."""
@@ -101,8 +109,11 @@ COREMLTOOLS_OWN = {"where.scalarself": ct_ops.where_scalarself, "gelu": ct_ops.g
 def without_converters():
     """Remove our converters for the test (coremltools' own back for the replaced kinds), and put back
     whatever the registry held afterwards."""
-    keys = [key for kind in [*torch_support.CONVERTERS, *torch_support.REPLACEMENTS]
-            for key in torch_support._keys(kind)]
+    keys = [
+        key
+        for kind in [*torch_support.CONVERTERS, *torch_support.REPLACEMENTS]
+        for key in torch_support._keys(kind)
+    ]
     saved = {key: _TORCH_OPS_REGISTRY.name_to_func_mapping.pop(key, None) for key in keys}
     for kind, func in COREMLTOOLS_OWN.items():
         for key in torch_support._keys(kind):
@@ -177,9 +188,11 @@ def test_import_installs_nothing():
     import subprocess
     import sys
 
-    code = ("import pattern_infra, generic_passes;"
-            "from coremltools.converters.mil.frontend.torch.torch_op_registry import _TORCH_OPS_REGISTRY as R;"
-            "print('alias' in R.name_to_func_mapping)")
+    code = (
+        "import pattern_infra, generic_passes;"
+        "from coremltools.converters.mil.frontend.torch.torch_op_registry import _TORCH_OPS_REGISTRY as R;"
+        "print('alias' in R.name_to_func_mapping)"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
 
@@ -187,8 +200,9 @@ def test_import_installs_nothing():
 @pytest.mark.parametrize("kind", list(MODULES))
 def test_converted_module_computes_what_torch_computes(without_converters, kind):
     torch_support.install()  # ours, whatever this coremltools has
-    x = torch.tensor([[1.5, -2.0, 0.0], [-0.5, 3.0, -1.0], [0.25, 1.0, -1.5], [2.0, -0.75, 0.5],
-                      [-1.25, 0.5, 1.0]])
+    x = torch.tensor(
+        [[1.5, -2.0, 0.0], [-0.5, 3.0, -1.0], [0.25, 1.0, -1.5], [2.0, -0.75, 0.5], [-1.25, 0.5, 1.0]]
+    )
     module = MODULES[kind]()
     prog = convert_torch(module, (x,), override=False)
     (name,) = prog.functions["main"].inputs
@@ -219,7 +233,8 @@ class CacheUpdate(torch.nn.Module):
 
 RUN_TIME_SLICE_END = pytest.mark.skipif(
     int(ct.__version__.split(".")[0]) < 9,
-    reason="coremltools 8's slice converter cannot convert a slice whose end is computed at run time")
+    reason="coremltools 8's slice converter cannot convert a slice whose end is computed at run time",
+)
 
 
 @RUN_TIME_SLICE_END

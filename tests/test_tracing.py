@@ -32,7 +32,10 @@ def test_each_rewrite_is_recorded_with_names_and_block(namespace):
     first = rewrites[0]
     assert (first.pass_id, first.pattern, first.function) == (f"{namespace}::softplus", "e", "main")
     assert first.block == prog.functions["main"].name
-    assert [(op.name, op.type, op.inputs) for op in first.before] == [("r1", "relu", ["x"]), ("e1", "exp", ["r1"])]
+    assert [(op.name, op.type, op.inputs) for op in first.before] == [
+        ("r1", "relu", ["x"]),
+        ("e1", "exp", ["r1"]),
+    ]
     assert [(op.name, op.type, op.inputs) for op in first.after] == [("e1", "softplus", ["x"])]
 
 
@@ -43,7 +46,13 @@ def test_trace_is_json_serialisable_and_round_trips(namespace):
     data = json.loads(json.dumps(rewrites.to_dicts()))
     assert len(data) == 2
     assert data[0]["matched"] == ["r1", "e1"]
-    assert data[0]["before"][0] == {"name": "r1", "type": "relu", "inputs": ["x"], "outputs": ["r1"], "consts": {}}
+    assert data[0]["before"][0] == {
+        "name": "r1",
+        "type": "relu",
+        "inputs": ["x"],
+        "outputs": ["r1"],
+        "consts": {},
+    }
 
 
 def test_constants_are_recorded_by_value(namespace):

@@ -22,6 +22,8 @@ from pattern_infra.verification.verify import assert_programs_equivalent
 from pattern_infra.clone import clone_program
 
 N = 4
+
+
 def _spec() -> list:
     """A fresh input spec per program (coremltools keeps the input variable in the spec it is given)."""
     return [mb.TensorSpec(shape=(N,))]
@@ -136,7 +138,9 @@ def replaces_with_another_dtype(pattern):
 
 
 def replaces_with_another_shape(pattern):
-    pattern.replace_output(mb.reduce_mean(x=pattern.root_var, axes=[0], keep_dims=True, before_op=pattern.out))
+    pattern.replace_output(
+        mb.reduce_mean(x=pattern.root_var, axes=[0], keep_dims=True, before_op=pattern.out)
+    )
 
 
 def returns_none_when_refusing(pattern):
@@ -210,21 +214,46 @@ WORKS = "works"
 
 CASES = [
     # (transform, program, pattern, what to expect: WORKS or a regex of the message naming the fix)
-    (forgets_replace_output, _then_relu, quick_gelu, r"built \[gelu_\d+\] but nothing uses them.*replace_output"),
+    (
+        forgets_replace_output,
+        _then_relu,
+        quick_gelu,
+        r"built \[gelu_\d+\] but nothing uses them.*replace_output",
+    ),
     (forgets_before_op, _then_relu, quick_gelu, r"left after reading .* computed after it.*before_op="),
     (builds_in_the_outer_block, _in_a_branch, quick_gelu, r"left inner_after reading .*before_op="),
     (replaces_with_another_dtype, _then_relu, quick_gelu, r"fp16.*fp32.*same shape and dtype.*mb\.cast"),
     (replaces_with_another_shape, _then_relu, quick_gelu, r"\(1,\).*\(4,\).*same shape and dtype"),
     (returns_none_when_refusing, _then_relu, quick_gelu, r"returned None without changing.*return False"),
     (removes_ops_by_hand, _then_relu, quick_gelu, WORKS),
-    (renames_the_block_output, _at_output, quick_gelu, r"outputs of .* \[result\] to \[renamed\].*replace_output"),
+    (
+        renames_the_block_output,
+        _at_output,
+        quick_gelu,
+        r"outputs of .* \[result\] to \[renamed\].*replace_output",
+    ),
     (drops_the_block_output, _at_output, quick_gelu, r"outputs of .* \[result\] to \[\].*replace_output"),
     (raises_midway, _then_relu, quick_gelu, r"raised RuntimeError: the transform's own bug"),
-    (writes_into_a_shared_constant, _shared_constant, quick_gelu_shared_scale, r"wrote into a constant.*mb\.const"),
-    (rewires_an_op_before_the_match, _with_bystander, quick_gelu, r"left early reading .* computed after it.*before_op="),
+    (
+        writes_into_a_shared_constant,
+        _shared_constant,
+        quick_gelu_shared_scale,
+        r"wrote into a constant.*mb\.const",
+    ),
+    (
+        rewires_an_op_before_the_match,
+        _with_bystander,
+        quick_gelu,
+        r"left early reading .* computed after it.*before_op=",
+    ),
     (creates_a_cycle, _then_relu, quick_gelu, r"left root reading .* computed after it"),
     (leaves_an_op_dangling, _then_relu, quick_gelu, r"built \[spare\] but nothing uses them.*replace_output"),
-    (inserts_before_the_root, _then_relu, quick_gelu, r"reading root, which is computed after it.*before_op="),
+    (
+        inserts_before_the_root,
+        _then_relu,
+        quick_gelu,
+        r"reading root, which is computed after it.*before_op=",
+    ),
     (returns_false_after_changing, _then_relu, quick_gelu, r"returned False \(declined\) after changing"),
     (forgets_before_op_at_the_output, _at_output, quick_gelu, WORKS),
 ]
@@ -237,7 +266,9 @@ def _state(prog: Program) -> tuple[str, list[tuple[str, str]], list[np.ndarray]]
     return str(prog), [(op.name, op.op_type) for op in ops], consts
 
 
-@pytest.mark.parametrize(("transform", "build", "pattern", "expected"), CASES, ids=[c[0].__name__ for c in CASES])
+@pytest.mark.parametrize(
+    ("transform", "build", "pattern", "expected"), CASES, ids=[c[0].__name__ for c in CASES]
+)
 def test_a_transform_mistake_works_or_names_the_fix(namespace, transform, build, pattern, expected):
     container = register_generic_pass(pattern, None, transform, "mistake", namespace, constants="value")
     prog = build()
@@ -263,10 +294,16 @@ def test_the_readme_quick_gelu_without_replace_output_is_an_error_naming_it(name
     """README section 3: a transform that builds the ``gelu`` but never calls ``replace_output``."""
 
     def transform(pattern):
-        mb.gelu(x=pattern.root_var, mode="SIGMOID_APPROXIMATION", name=pattern.out.outputs[0].name,
-                before_op=pattern.out)
+        mb.gelu(
+            x=pattern.root_var,
+            mode="SIGMOID_APPROXIMATION",
+            name=pattern.out.outputs[0].name,
+            before_op=pattern.out,
+        )
 
-    container = register_generic_pass(quick_gelu, None, transform, "fuse_quick_gelu", namespace, constants="value")
+    container = register_generic_pass(
+        quick_gelu, None, transform, "fuse_quick_gelu", namespace, constants="value"
+    )
     prog = _then_relu()
     before = str(prog)
     with pytest.raises(PassExecutionError, match="replace_output"):
@@ -290,6 +327,7 @@ def test_a_forgotten_replace_output_whose_op_the_pattern_has_is_not_a_fixpoint_e
 
 def test_a_shared_constant_stays_writable_after_the_pass(namespace):
     """Constants are read-only only while a transform runs."""
+
     def fuses(pattern):
         pattern.replace_output(_gelu(pattern, before_op=pattern.out))
 

@@ -22,7 +22,14 @@ from coremltools.converters.mil.mil.passes.pass_registry import PASS_REGISTRY
 from pattern_infra.language.errors import PassRegistrationError
 from pattern_infra.verification.errors import VerificationError
 from pattern_infra.verification.evaluator import evaluate
-from pattern_infra.verification.verify import NotElementwiseError, VerificationReport, assert_programs_equivalent, count_ops, random_inputs, verify_pass
+from pattern_infra.verification.verify import (
+    NotElementwiseError,
+    VerificationReport,
+    assert_programs_equivalent,
+    count_ops,
+    random_inputs,
+    verify_pass,
+)
 from pattern_infra.verification.symbolic import ProofStatus, prove_equivalent, to_sympy
 from pattern_infra.clone import clone_program
 
@@ -80,9 +87,14 @@ def _wrong_gelu_pass(prog: Any) -> None:
 def test_random_inputs_follow_the_signature_and_the_seed() -> None:
     s, t = get_new_symbol(), get_new_symbol()
 
-    @mb.program(input_specs=[
-        mb.TensorSpec(shape=(s, 3)), mb.TensorSpec(shape=(2, s, t), dtype=types.fp16),
-        mb.TensorSpec(shape=(t,), dtype=types.int32), mb.TensorSpec(shape=(5,), dtype=types.bool)])
+    @mb.program(
+        input_specs=[
+            mb.TensorSpec(shape=(s, 3)),
+            mb.TensorSpec(shape=(2, s, t), dtype=types.fp16),
+            mb.TensorSpec(shape=(t,), dtype=types.int32),
+            mb.TensorSpec(shape=(5,), dtype=types.bool),
+        ]
+    )
     def prog(a, b, n, flag):
         return mb.add(x=a, y=1.0), b, n, flag
 
@@ -136,7 +148,9 @@ def test_clone_program_is_independent_even_for_deep_chains() -> None:
     ],
     ids=["tanh-by-id", "tanh-by-instance", "exact-by-id"],
 )
-def test_verify_pass_accepts_a_correct_fusion(graph_pass: Any, chain: Callable[..., Any], fused_mode: str) -> None:
+def test_verify_pass_accepts_a_correct_fusion(
+    graph_pass: Any, chain: Callable[..., Any], fused_mode: str
+) -> None:
     prog = _program(chain, SHAPE)
     before = count_ops(prog)
     report = verify_pass(graph_pass, prog, trials=3)
@@ -195,7 +209,9 @@ def test_assert_programs_equivalent_with_explicit_inputs_and_mismatches() -> Non
     with pytest.raises(VerificationError, match="changed the function inputs"):
         assert_programs_equivalent(double, renamed)
     reshaped = _program(lambda x: mb.reshape(x=mb.mul(x=x, y=2.0), shape=[4, 1]), (1, 4))
-    with pytest.raises(VerificationError, match=r"changed the shape of output 'out' from \(1, 4\) to \(4, 1\)"):
+    with pytest.raises(
+        VerificationError, match=r"changed the shape of output 'out' from \(1, 4\) to \(4, 1\)"
+    ):
         assert_programs_equivalent(double, reshaped)
 
 
@@ -237,7 +253,10 @@ def test_prove_erf_decomposition_equals_exact_gelu() -> None:
         (lambda x: mb.mul(x=x, y=2.0), lambda x: mb.add(x=x, y=x)),
         (lambda x: mb.relu(x=x), lambda x: mb.mul(x=mb.add(x=x, y=mb.abs(x=x)), y=0.5)),
         (lambda x: mb.silu(x=x), lambda x: mb.mul(x=x, y=mb.sigmoid(x=x))),
-        (lambda x: mb.sigmoid(x=x), lambda x: mb.mul(x=mb.add(x=mb.tanh(x=mb.mul(x=x, y=0.5)), y=1.0), y=0.5)),
+        (
+            lambda x: mb.sigmoid(x=x),
+            lambda x: mb.mul(x=mb.add(x=mb.tanh(x=mb.mul(x=x, y=0.5)), y=1.0), y=0.5),
+        ),
     ],
     ids=["double", "relu", "silu", "sigmoid-via-tanh"],
 )
@@ -288,7 +307,9 @@ def test_to_sympy_uses_exact_constants_and_rejects_non_elementwise_programs() ->
     uniform = _program(lambda x: mb.add(x=x, y=np.full((2,), 3.0, dtype=np.float32), name="out"), (2,))
     assert str(to_sympy(uniform)["out"]) == "x + 3"
     varying = _program(lambda x: mb.add(x=x, y=np.array([1.0, 2.0], dtype=np.float32), name="shift"), (2,))
-    with pytest.raises(NotElementwiseError, match=r"not purely elementwise: op 'shift' \(add\) uses constant"):
+    with pytest.raises(
+        NotElementwiseError, match=r"not purely elementwise: op 'shift' \(add\) uses constant"
+    ):
         prove_equivalent(varying, varying)
     reduce = _program(lambda x: mb.reduce_sum(x=x, name="total"), (2,))
     with pytest.raises(NotElementwiseError, match="op 'total' of type 'reduce_sum'"):
@@ -301,8 +322,11 @@ def test_verify_pass_descends_into_nested_blocks() -> None:
         positive = mb.greater(x=mb.reduce_sum(x=x), y=0.0)
         # identity: coremltools' generic matcher requires the pattern's root var to have no other
         # consumers, and x is also read by reduce_sum and by the false branch.
-        return mb.cond(pred=positive, _true_fn=lambda: _gelu_tanh_chain(mb.identity(x=x)),
-                       _false_fn=lambda: mb.mul(x=x, y=2.0))
+        return mb.cond(
+            pred=positive,
+            _true_fn=lambda: _gelu_tanh_chain(mb.identity(x=x)),
+            _false_fn=lambda: mb.mul(x=x, y=2.0),
+        )
 
     sums = [float(random_inputs(prog, seed=s)["x"].sum()) for s in range(4)]
     assert min(sums) < 0 < max(sums)  # both branches run across the trials

@@ -4,10 +4,29 @@ and the :class:`Pattern` a match hands to the user's callbacks. Imports nothing 
 
 from .choices import one_of, optional
 from .compiler import compile_pattern
-from .errors import FixpointError, PassExecutionError, PassRegistrationError, PatternDefinitionError, PatternInfraError
+from .errors import (
+    FixpointError,
+    PassExecutionError,
+    PassRegistrationError,
+    PatternDefinitionError,
+    PatternInfraError,
+)
 from .graph import COMMUTATIVE_OPS, CompiledPattern, ConstRule, Edge, PatternNode
 from .pattern import Pattern
 
-__all__ = ["COMMUTATIVE_OPS", "CompiledPattern", "ConstRule", "Edge", "FixpointError", "PassExecutionError",
-           "PassRegistrationError", "Pattern", "PatternDefinitionError", "PatternInfraError", "PatternNode",
-           "compile_pattern", "one_of", "optional"]
+__all__ = [
+    "COMMUTATIVE_OPS",
+    "CompiledPattern",
+    "ConstRule",
+    "Edge",
+    "FixpointError",
+    "PassExecutionError",
+    "PassRegistrationError",
+    "Pattern",
+    "PatternDefinitionError",
+    "PatternInfraError",
+    "PatternNode",
+    "compile_pattern",
+    "one_of",
+    "optional",
+]

@@ -64,14 +64,20 @@ def one_of(name: str, *alternatives: Callable[[], Var], fallback: bool = False) 
     """
     func = _block.curr_block() if _block.BLOCK_STACK else None
     if func is None:
-        raise PatternDefinitionError(f"one_of({name!r}) must be called while an @mb.program pattern is built, "
-                                     f"inside the decorated function.")
+        raise PatternDefinitionError(
+            f"one_of({name!r}) must be called while an @mb.program pattern is built, "
+            f"inside the decorated function."
+        )
     if not isinstance(name, str) or not name.isidentifier() or name.startswith("_"):
-        raise PatternDefinitionError(f"one_of: the choice name {name!r} must be a Python identifier not starting "
-                                     f"with '_' (it is read as pattern.<name>).")
+        raise PatternDefinitionError(
+            f"one_of: the choice name {name!r} must be a Python identifier not starting "
+            f"with '_' (it is read as pattern.<name>)."
+        )
     if len(alternatives) < 2 or not all(callable(a) for a in alternatives):
-        raise PatternDefinitionError(f"one_of({name!r}) needs at least two alternatives, each a function of no "
-                                     f"argument building ops (lambda: mb.relu(x=x)); got {len(alternatives)}.")
+        raise PatternDefinitionError(
+            f"one_of({name!r}) needs at least two alternatives, each a function of no "
+            f"argument building ops (lambda: mb.relu(x=x)); got {len(alternatives)}."
+        )
     record = Record(name, [], fallback=fallback)
     (_ACTIVE[-1] if _ACTIVE else _RECORDS.setdefault(func, [])).append(record)
     for k, build in enumerate(alternatives):
@@ -87,7 +93,8 @@ def one_of(name: str, *alternatives: Callable[[], Var], fallback: bool = False) 
             raise PatternDefinitionError(
                 f"one_of({name!r}): alternative {k} returns {what}, which none of its own ops computes. Rule: every "
                 f"alternative produces the choice's variable with one of the ops it builds. Fix: return the output "
-                f"of the alternative's last op, not a pattern input, a constant or a variable built outside it.")
+                f"of the alternative's last op, not a pattern input, a constant or a variable built outside it."
+            )
         record.alternatives.append((ops, out))
     return record.alternatives[0][1]
 
@@ -142,7 +149,8 @@ def regions_of(ops: list[Any], records: list[Record], pattern_name: str) -> dict
                     raise PatternDefinitionError(
                         f"Pattern {pattern_name!r}: op {op.name!r} reads {var.name!r}, built inside choice "
                         f"{record.name!r}. Only the choice's own variable (what one_of returns) may be used "
-                        f"outside it; build the rest inside every alternative.")
+                        f"outside it; build the rest inside every alternative."
+                    )
         regions = found[id(record)] = _regions(record, {op.name for op in outside}, pattern_name)
         for k, (alt_ops, _) in enumerate(record.alternatives):
             found.update(regions_of(alt_ops, record.children.get(k, []), pattern_name))
@@ -151,17 +159,22 @@ def regions_of(ops: list[Any], records: list[Record], pattern_name: str) -> dict
         for var in regions[0].inputs.values():
             if var.op is None or var.op.op_type == "const":
                 continue
-            per_alt = [_reads(ops, record.children.get(k, []), var) for k, (ops, _) in enumerate(record.alternatives)]
+            per_alt = [
+                _reads(ops, record.children.get(k, []), var) for k, (ops, _) in enumerate(record.alternatives)
+            ]
             if len(set(per_alt)) > 1:
                 raise PatternDefinitionError(
                     f"Pattern {pattern_name!r}: the alternatives of choice {record.name!r} read {var.name!r} a "
                     f"different number of times ({per_alt}), so whether it has a consumer outside the match "
-                    "would depend on the alternative. Read it the same number of times in each (e.g. through one op).")
+                    "would depend on the alternative. Read it the same number of times in each (e.g. through one op)."
+                )
     return found
 
 
 def _vars_read(op: Any) -> list[Var]:
-    return [v for value in op.inputs.values() for v in (value if isinstance(value, (list, tuple)) else [value])]
+    return [
+        v for value in op.inputs.values() for v in (value if isinstance(value, (list, tuple)) else [value])
+    ]
 
 
 def _regions(record: Record, outside_names: set[str], pattern_name: str) -> list[Region]:
@@ -174,7 +187,8 @@ def _regions(record: Record, outside_names: set[str], pattern_name: str) -> list
             if op.op_type != "const" and op.name in outside_names:
                 raise PatternDefinitionError(
                     f"Pattern {pattern_name!r}: op name {op.name!r} in alternative {k} of choice {record.name!r} is "
-                    f"also used outside the choice; rename it (only alternatives of one choice may share names).")
+                    f"also used outside the choice; rename it (only alternatives of one choice may share names)."
+                )
             for var in _vars_read(op):
                 other = owner.get(id(var.op)) if var.op is not None else None
                 if other is None:
@@ -182,21 +196,27 @@ def _regions(record: Record, outside_names: set[str], pattern_name: str) -> list
                 elif other != k:
                     raise PatternDefinitionError(
                         f"Pattern {pattern_name!r}: alternative {k} of choice {record.name!r} reads {var.name!r}, "
-                        f"built by alternative {other}; alternatives are independent: rebuild it in alternative {k}.")
+                        f"built by alternative {other}; alternatives are independent: rebuild it in alternative {k}."
+                    )
         external.append(list(reads.values()))
     slots: dict[int, str] = {}
     inputs: dict[str, Var] = {}
     for var in (var for reads in external for var in reads if id(var) not in slots):
-        slot = slots[id(var)] = var.name if var.name.isidentifier() and var.name not in inputs else f"in{len(inputs)}"
+        slot = slots[id(var)] = (
+            var.name if var.name.isidentifier() and var.name not in inputs else f"in{len(inputs)}"
+        )
         inputs[slot] = var
     for var in inputs.values():
         missing = [k for k, reads in enumerate(external) if all(v is not var for v in reads)]
         if var.op is not None and var.op.op_type != "const" and missing:
             raise PatternDefinitionError(
                 f"Pattern {pattern_name!r}: op {var.op.name!r} is read by some alternatives of choice {record.name!r} "
-                f"but not by alternative(s) {missing}, so nothing would match it: build it inside the ones reading it.")
-    return [Region(list(alt_ops), {slots[id(v)]: v for v in external[k]}, [out], _label(out, slots))
-            for k, (alt_ops, out) in enumerate(record.alternatives)]
+                f"but not by alternative(s) {missing}, so nothing would match it: build it inside the ones reading it."
+            )
+    return [
+        Region(list(alt_ops), {slots[id(v)]: v for v in external[k]}, [out], _label(out, slots))
+        for k, (alt_ops, out) in enumerate(record.alternatives)
+    ]
 
 
 def _reads(ops: list[Any], nested: list[Record], var: Var) -> int:

@@ -14,13 +14,29 @@ from coremltools.converters.mil.mil import Operation, Program, Var
 from .choices import records_of, regions_of
 from .equivalences import Equivalences, with_equivalences
 from .errors import PatternDefinitionError
-from .graph import (COMMUTATIVE_OPS, CompiledPattern, ConstMode, ConstRule, Edge, PatternNode, distances,
-                    edge_positions)
+from .graph import (
+    COMMUTATIVE_OPS,
+    CompiledPattern,
+    ConstMode,
+    ConstRule,
+    Edge,
+    PatternNode,
+    distances,
+    edge_positions,
+)
 from .pattern import RESERVED_NAMES
 from .variants import MAX_VARIANTS, Combo, Guard, Variant, combos, count, renamed
 
-__all__ = ["COMMUTATIVE_OPS", "RESERVED_NAMES", "ConstRule", "Edge", "PatternNode", "CompiledPattern",
-           "compile_pattern", "edge_positions"]
+__all__ = [
+    "COMMUTATIVE_OPS",
+    "RESERVED_NAMES",
+    "ConstRule",
+    "Edge",
+    "PatternNode",
+    "CompiledPattern",
+    "compile_pattern",
+    "edge_positions",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -75,19 +91,25 @@ def compile_pattern(
     if not isinstance(ops_arrangement, Program):
         raise PatternDefinitionError(
             f"Pattern {pattern_name!r} is a {type(ops_arrangement).__name__}, not a MIL program; decorate the "
-            f"pattern function with @mb.program(input_specs=[...]).")
+            f"pattern function with @mb.program(input_specs=[...])."
+        )
     if set(ops_arrangement.functions) != {"main"}:
-        raise PatternDefinitionError(f"Pattern {pattern_name!r} must have exactly one function named 'main'; it "
-                                     f"has {sorted(ops_arrangement.functions)}.")
+        raise PatternDefinitionError(
+            f"Pattern {pattern_name!r} must have exactly one function named 'main'; it "
+            f"has {sorted(ops_arrangement.functions)}."
+        )
     func = ops_arrangement.functions["main"]
     if equivalences:
         regions_of(list(func.operations), records_of(func), pattern_name)  # the choices' rules, as written
         ops_arrangement = with_equivalences(ops_arrangement, pattern_name, equivalences)
         func = ops_arrangement.functions["main"]
-    options = dict(commutative=commutative if isinstance(commutative, bool) else set(commutative),
-                   alternatives=dict(alternatives or {}), fanout=set(fanout),
-                   default_rule=constants if isinstance(constants, ConstRule) else ConstRule(constants),
-                   rules={k: v if isinstance(v, ConstRule) else ConstRule(v) for k, v in (const_rules or {}).items()})
+    options = dict(
+        commutative=commutative if isinstance(commutative, bool) else set(commutative),
+        alternatives=dict(alternatives or {}),
+        fanout=set(fanout),
+        default_rule=constants if isinstance(constants, ConstRule) else ConstRule(constants),
+        rules={k: v if isinstance(v, ConstRule) else ConstRule(v) for k, v in (const_rules or {}).items()},
+    )
     records = records_of(func)
     regions = regions_of(list(func.operations), records, pattern_name)
     _check_pattern(pattern_name, list(func.operations), records, regions, options)
@@ -96,16 +118,28 @@ def compile_pattern(
     return compiled
 
 
-def _compile(func: Any, program: Program, pattern_name: str, records: list[Any], regions: dict[int, Any],
-             options: dict[str, Any]) -> CompiledPattern:
+def _compile(
+    func: Any,
+    program: Program,
+    pattern_name: str,
+    records: list[Any],
+    regions: dict[int, Any],
+    options: dict[str, Any],
+) -> CompiledPattern:
     """Compiles every spelling of a pattern function, or of an alternative's region (its inputs the
     choice's slots); returns the first spelling, holding them all in ``variants``."""
     earlier: dict[tuple[int, int], CompiledPattern] = {}
 
     def alternative(record: Any, k: int) -> CompiledPattern:  # compiled once, for the guards
         if (id(record), k) not in earlier:
-            earlier[id(record), k] = _compile(regions[id(record)][k], program, f"{pattern_name}.{record.name}[{k}]",
-                                              record.children.get(k, []), regions, dict(options, fanout=set()))
+            earlier[id(record), k] = _compile(
+                regions[id(record)][k],
+                program,
+                f"{pattern_name}.{record.name}[{k}]",
+                record.children.get(k, []),
+                regions,
+                dict(options, fanout=set()),
+            )
         return earlier[id(record), k]
 
     variants = []
@@ -115,49 +149,74 @@ def _compile(func: Any, program: Program, pattern_name: str, records: list[Any],
         for record, k, out in combo.guards:
             alternatives = tuple(alternative(record, j) for j in range(k))
             spellings = [v.compiled for a in alternatives for v in a.variants]
-            guards.append(Guard(record.name, k, renamed(out, combo.renames).op.name, record.fallback, alternatives,
-                                max(map(_depth, spellings)),
-                                frozenset(t for c in spellings for n in c.final_nodes for t in c.nodes[n].op_types)))
-        variants.append(Variant(compiled, combo.spelling(), combo.aliases, combo.groups, tuple(guards), combo.within))
+            guards.append(
+                Guard(
+                    record.name,
+                    k,
+                    renamed(out, combo.renames).op.name,
+                    record.fallback,
+                    alternatives,
+                    max(map(_depth, spellings)),
+                    frozenset(t for c in spellings for n in c.final_nodes for t in c.nodes[n].op_types),
+                )
+            )
+        variants.append(
+            Variant(compiled, combo.spelling(), combo.aliases, combo.groups, tuple(guards), combo.within)
+        )
     variants[0].compiled.variants = variants
     return variants[0].compiled  # type: ignore[no-any-return]
 
 
-def _check_pattern(pattern_name: str, all_ops: list[Operation], records: list[Any], regions: dict[int, Any],
-                   options: dict[str, Any]) -> None:
+def _check_pattern(
+    pattern_name: str,
+    all_ops: list[Operation],
+    records: list[Any],
+    regions: dict[int, Any],
+    options: dict[str, Any],
+) -> None:
     """The rules of the pattern as a whole: no control flow, options naming its ops, fan-out ops outside
     the choices, at most :data:`MAX_VARIANTS` spellings."""
     for op in all_ops:
         if op.blocks:
-            raise PatternDefinitionError(f"Pattern {pattern_name!r}: op {op.name!r} ({op.op_type}) has nested blocks: "
-                                         f"control flow cannot be part of a pattern; match the ops around it.")
+            raise PatternDefinitionError(
+                f"Pattern {pattern_name!r}: op {op.name!r} ({op.op_type}) has nested blocks: "
+                f"control flow cannot be part of a pattern; match the ops around it."
+            )
     everywhere = {op.name for op in all_ops if op.op_type != "const"}  # alternatives' ops included
     for option in ("alternatives", "commutative", "fanout"):
         unknown = set() if isinstance(options[option], bool) else set(options[option]) - everywhere
         if unknown:
-            raise PatternDefinitionError(f"Pattern {pattern_name!r}: {option} names op(s) {sorted(unknown)}, which the "
-                                         f"pattern does not have. Pattern ops: {sorted(everywhere)}.")
+            raise PatternDefinitionError(
+                f"Pattern {pattern_name!r}: {option} names op(s) {sorted(unknown)}, which the "
+                f"pattern does not have. Pattern ops: {sorted(everywhere)}."
+            )
     inside = {op.name for found in regions.values() for region in found for op in region.operations}
     if inside & options["fanout"]:
-        raise PatternDefinitionError(f"Pattern {pattern_name!r}: fan-out op(s) {sorted(inside & options['fanout'])} "
-                                     f"lie inside a choice; a fan-out op must be a last op outside every choice.")
+        raise PatternDefinitionError(
+            f"Pattern {pattern_name!r}: fan-out op(s) {sorted(inside & options['fanout'])} "
+            f"lie inside a choice; a fan-out op must be a last op outside every choice."
+        )
     total = count(records, regions)
     if total > MAX_VARIANTS:
         raise PatternDefinitionError(
             f"Pattern {pattern_name!r} stands for {total} spellings (the product of its choices' alternatives), "
             f"at most {MAX_VARIANTS} are searched (each compiles as a pattern of its own). Fix: register its parts "
-            f"as separate patterns (a list in one register_generic_pass call), or name fewer ops in equivalences=.")
+            f"as separate patterns (a list in one register_generic_pass call), or name fewer ops in equivalences=."
+        )
 
 
-def _compile_graph(func: Any, program: Program, pattern_name: str, options: dict[str, Any],
-                   combo: Combo) -> CompiledPattern:
+def _compile_graph(
+    func: Any, program: Program, pattern_name: str, options: dict[str, Any], combo: Combo
+) -> CompiledPattern:
     """One spelling of a pattern function or region as a plain pattern: its ops but the alternatives not
     taken, each choice's variable read as the one the alternative taken computes."""
     all_ops = [op for op in func.operations if id(op) not in combo.dropped]
     real_ops = [op for op in all_ops if op.op_type != "const"]
     if not real_ops:
-        raise PatternDefinitionError(f"Pattern {pattern_name!r} has no op other than constants; give it one to find, "
-                                     f"e.g. `return mb.relu(x=x, name='relu')`.")
+        raise PatternDefinitionError(
+            f"Pattern {pattern_name!r} has no op other than constants; give it one to find, "
+            f"e.g. `return mb.relu(x=x, name='relu')`."
+        )
     rules, alternatives, commutative = options["rules"], options["alternatives"], options["commutative"]
     any_type = not isinstance(commutative, bool)
 
@@ -166,13 +225,18 @@ def _compile_graph(func: Any, program: Program, pattern_name: str, options: dict
         # a choice may share its name only with the op computing its variable
         if op.name in by_name or op.name in combo.chosen and op.name not in combo.aliases.get(op.name, ()):
             raise PatternDefinitionError(
-                f"Pattern {pattern_name!r}: two ops are named {op.name!r}. Give every op a unique `name=` argument.")
+                f"Pattern {pattern_name!r}: two ops are named {op.name!r}. Give every op a unique `name=` argument."
+            )
         if op.name in RESERVED_NAMES or op.name.startswith("_"):
-            raise PatternDefinitionError(f"Pattern {pattern_name!r}: op name {op.name!r} is reserved by Pattern (or "
-                                         f"private). Rename the op, e.g. name='{op.name.strip('_')}_op'.")
+            raise PatternDefinitionError(
+                f"Pattern {pattern_name!r}: op name {op.name!r} is reserved by Pattern (or "
+                f"private). Rename the op, e.g. name='{op.name.strip('_')}_op'."
+            )
         if not op.name.isidentifier():
-            raise PatternDefinitionError(f"Pattern {pattern_name!r}: op name {op.name!r} is not a Python identifier "
-                                         f"(`pattern.{op.name}` reads it). Use letters, digits and underscores.")
+            raise PatternDefinitionError(
+                f"Pattern {pattern_name!r}: op name {op.name!r} is not a Python identifier "
+                f"(`pattern.{op.name}` reads it). Use letters, digits and underscores."
+            )
         by_name[op.name] = i
     root_index = {id(v): i for i, v in enumerate(func.inputs.values())}
     op_of_output = {id(o): (by_name[op.name], j) for op in real_ops for j, o in enumerate(op.outputs)}
@@ -192,29 +256,45 @@ def _compile_graph(func: Any, program: Program, pattern_name: str, options: dict
             consts.append((key, value, rules.get(key) or rules.get(var.op.name) or options["default_rule"]))
             const_names.append(var.op.name)
             return Edge("const", len(consts) - 1)
-        raise PatternDefinitionError(f"Pattern {pattern_name!r}: input {slot!r} of op {op.name!r} comes from "
-                                     f"{var.name!r}, which is neither a pattern input, a pattern op nor a constant.")
+        raise PatternDefinitionError(
+            f"Pattern {pattern_name!r}: input {slot!r} of op {op.name!r} comes from "
+            f"{var.name!r}, which is neither a pattern input, a pattern op nor a constant."
+        )
 
     nodes: list[PatternNode] = []
     root_consumers: list[list[tuple[int, str, int]]] = [[] for _ in func.inputs]
     for i, op in enumerate(real_ops):
         inputs: dict[str, Edge | tuple[Edge, ...]] = {
-            slot: tuple(edge_for(v, op, slot) for v in value) if isinstance(value, (tuple, list))
+            slot: tuple(edge_for(v, op, slot) for v in value)
+            if isinstance(value, (tuple, list))
             else edge_for(value, op, slot)
             for slot, value in op.inputs.items()
         }
         op_types = frozenset(alternatives.get(op.name) or {op.op_type})
         if op.op_type not in op_types:
-            raise PatternDefinitionError(f"Pattern {pattern_name!r}: alternatives for op {op.name!r} are "
-                                         f"{sorted(op_types)} but the op itself is {op.op_type!r}; include it.")
+            raise PatternDefinitionError(
+                f"Pattern {pattern_name!r}: alternatives for op {op.name!r} are "
+                f"{sorted(op_types)} but the op itself is {op.op_type!r}; include it."
+            )
         # decided per matched program op: an op may swap when any type it accepts is commutative
-        can_swap = "x" in inputs and "y" in inputs and (
-            op.name in commutative if any_type else commutative and bool(COMMUTATIVE_OPS & op_types))
-        nodes.append(PatternNode(
-            index=i, name=op.name, op_type=op.op_type, num_outputs=len(op.outputs), inputs=inputs,
-            op_types=op_types, commutative=can_swap, swap_any_type=can_swap and any_type,
-            output_uses=[0] * len(op.outputs),
-        ))
+        can_swap = (
+            "x" in inputs
+            and "y" in inputs
+            and (op.name in commutative if any_type else commutative and bool(COMMUTATIVE_OPS & op_types))
+        )
+        nodes.append(
+            PatternNode(
+                index=i,
+                name=op.name,
+                op_type=op.op_type,
+                num_outputs=len(op.outputs),
+                inputs=inputs,
+                op_types=op_types,
+                commutative=can_swap,
+                swap_any_type=can_swap and any_type,
+                output_uses=[0] * len(op.outputs),
+            )
+        )
         for slot, edge in inputs.items():  # a producer comes before its consumers
             for pos, e in edge_positions(edge):
                 if e.kind == "root":
@@ -223,71 +303,101 @@ def _compile_graph(func: Any, program: Program, pattern_name: str, options: dict
                     nodes[e.index].output_uses[e.output] += 1
                     nodes[e.index].consumers.append((i, slot, pos, e.output))
 
-    final_nodes = _final_nodes(pattern_name, [renamed(v, combo.renames) for v in func.outputs], nodes, op_of_output)
+    final_nodes = _final_nodes(
+        pattern_name, [renamed(v, combo.renames) for v in func.outputs], nodes, op_of_output
+    )
     _mark_fanout(pattern_name, nodes, options["fanout"], by_name)
-    compiled = CompiledPattern(name=pattern_name, program=program, nodes=nodes, root_names=list(func.inputs),
-                               root_consumers=root_consumers, consts=consts, const_names=const_names,
-                               final_nodes=final_nodes, by_name=by_name)
+    compiled = CompiledPattern(
+        name=pattern_name,
+        program=program,
+        nodes=nodes,
+        root_names=list(func.inputs),
+        root_consumers=root_consumers,
+        consts=consts,
+        const_names=const_names,
+        final_nodes=final_nodes,
+        by_name=by_name,
+    )
     reached = distances(compiled.hops(True), 0)
     if len(reached) != len(nodes):
         apart = [n.name for n in nodes if n.index not in reached]
-        raise PatternDefinitionError(f"Pattern {pattern_name!r} falls apart: ops {apart} share no variable with op "
-                                     f"{nodes[0].name!r}. Register unrelated sequences as separate patterns.")
+        raise PatternDefinitionError(
+            f"Pattern {pattern_name!r} falls apart: ops {apart} share no variable with op "
+            f"{nodes[0].name!r}. Register unrelated sequences as separate patterns."
+        )
     logger.debug("compiled %s", compiled.describe())
     return compiled
 
 
-def _check_used(pattern_name: str, func: Any, options: dict[str, Any], spellings: list[CompiledPattern]) -> None:
+def _check_used(
+    pattern_name: str, func: Any, options: dict[str, Any], spellings: list[CompiledPattern]
+) -> None:
     """Every const rule names a constant of some spelling, and every input is read by some spelling."""
     known = {key for c in spellings for key in (*c.const_keys, *c.const_names)}
     unknown = set(options["rules"]) - known
     if unknown:
         raise PatternDefinitionError(
             f"Pattern {pattern_name!r}: const_rules name {sorted(unknown)}, which are not "
-            f"constants of the pattern. Keys are '<op name>.<slot>' or a const op's name; constants: {sorted(known)}.")
+            f"constants of the pattern. Keys are '<op name>.<slot>' or a const op's name; constants: {sorted(known)}."
+        )
     unused = [name for r, name in enumerate(func.inputs) if not any(c.root_consumers[r] for c in spellings)]
     if unused:
         raise PatternDefinitionError(
-            f"Pattern {pattern_name!r}: input {unused[0]!r} is used by no op. Remove it from input_specs, or use it.")
+            f"Pattern {pattern_name!r}: input {unused[0]!r} is used by no op. Remove it from input_specs, or use it."
+        )
 
 
 def _depth(compiled: CompiledPattern) -> int:
     """Most ops on a path through ``compiled`` (its nodes come in program order)."""
     depth: list[int] = []
     for node in compiled.nodes:
-        preds = [depth[e.index] for edge in node.inputs.values() for _, e in edge_positions(edge) if e.kind == "op"]
+        preds = [
+            depth[e.index] for edge in node.inputs.values() for _, e in edge_positions(edge) if e.kind == "op"
+        ]
         depth.append(1 + max(preds, default=0))
     return max(depth)
 
 
-def _final_nodes(pattern_name: str, outputs: list[Var], nodes: list[PatternNode],
-                 op_of_output: dict[int, tuple[int, int]]) -> list[int]:
+def _final_nodes(
+    pattern_name: str, outputs: list[Var], nodes: list[PatternNode], op_of_output: dict[int, tuple[int, int]]
+) -> list[int]:
     for out in outputs:
         if id(out) not in op_of_output:
-            raise PatternDefinitionError(f"Pattern {pattern_name!r} returns {out.name!r}, which no op of it computes; "
-                                         f"return the output of the pattern's last op.")
+            raise PatternDefinitionError(
+                f"Pattern {pattern_name!r} returns {out.name!r}, which no op of it computes; "
+                f"return the output of the pattern's last op."
+            )
     finals = list(dict.fromkeys(op_of_output[id(out)][0] for out in outputs))
     stray = [n.name for n in nodes if not n.consumers and n.index not in finals]
     if stray:
         last = [nodes[i].name for i in finals]
         raise PatternDefinitionError(
             f"Pattern {pattern_name!r} has more than one last op: {stray + last} have no consumer in the pattern but "
-            f"only {last} is returned. To match several outputs, return every one of them from the pattern program.")
+            f"only {last} is returned. To match several outputs, return every one of them from the pattern program."
+        )
     for idx in finals:
         nodes[idx].is_final = True
     return finals
 
 
-def _mark_fanout(pattern_name: str, nodes: list[PatternNode], fanout: set[str], by_name: dict[str, int]) -> None:
+def _mark_fanout(
+    pattern_name: str, nodes: list[PatternNode], fanout: set[str], by_name: dict[str, int]
+) -> None:
     for name in sorted(fanout):
         node = nodes[by_name[name]]
         if not node.is_final:
-            raise PatternDefinitionError(f"Pattern {pattern_name!r}: fan-out op {name!r} is consumed in the pattern; "
-                                         f"a fan-out op must be a last op (return it from the pattern).")
+            raise PatternDefinitionError(
+                f"Pattern {pattern_name!r}: fan-out op {name!r} is consumed in the pattern; "
+                f"a fan-out op must be a last op (return it from the pattern)."
+            )
         sources = [e for edge in node.inputs.values() for _, e in edge_positions(edge) if e.kind != "const"]
         if len(sources) != 1:
-            raise PatternDefinitionError(f"Pattern {pattern_name!r}: fan-out op {name!r} reads {len(sources)} variables"
-                                         f"; it must read one (an input or op output), whose consumers it captures.")
+            raise PatternDefinitionError(
+                f"Pattern {pattern_name!r}: fan-out op {name!r} reads {len(sources)} variables"
+                f"; it must read one (an input or op output), whose consumers it captures."
+            )
         node.fanout = True
     if all(n.fanout for n in nodes):  # nodes is never empty
-        raise PatternDefinitionError(f"Pattern {pattern_name!r}: every op is a fan-out op; it needs one ordinary op.")
+        raise PatternDefinitionError(
+            f"Pattern {pattern_name!r}: every op is a fan-out op; it needs one ordinary op."
+        )

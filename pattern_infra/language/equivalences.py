@@ -20,8 +20,22 @@ from coremltools.converters.mil.mil import Function, Operation, Program, Var
 from .choices import Record, one_of, records_of
 from .errors import PatternDefinitionError
 
-__all__ = ["DIV_RTOL", "MAX_FACTORS", "REASSOC_RTOL", "RSQRT_RTOL", "IDENTITIES", "Chain", "Identity", "Equivalences",
-           "Tree", "association_orders", "chain_at", "constant_value", "reassoc_rtol", "with_equivalences"]
+__all__ = [
+    "DIV_RTOL",
+    "MAX_FACTORS",
+    "REASSOC_RTOL",
+    "RSQRT_RTOL",
+    "IDENTITIES",
+    "Chain",
+    "Identity",
+    "Equivalences",
+    "Tree",
+    "association_orders",
+    "chain_at",
+    "constant_value",
+    "reassoc_rtol",
+    "with_equivalences",
+]
 
 DIV_RTOL = 2.4e-7
 """Relative tolerance of ``x / c`` against ``x * (1/c)`` in float32 (3 units in the last place, rounded up)."""
@@ -89,24 +103,78 @@ def _with_const(op_type: str, fn: Callable[[np.ndarray], np.ndarray], x: Var, op
     return getattr(mb, op_type)(x=x, y=y, name=op.name)
 
 
-IDENTITIES: dict[str, Identity] = {i.name: i for i in [
-    Identity("pow2", "pow", partial(_const_y, test=lambda c: c.size == 1 and float(c.reshape(())) == 2.0),
-             lambda x, op: mb.mul(x=x, y=x, name=op.name), True, "pow(x, 2) = mul(x, x)"),
-    Identity("square_pow", "mul", lambda op: op.inputs["x"] is op.inputs["y"],
-             lambda x, op: mb.pow(x=x, y=np.float32(2.0), name=op.name), True, "mul(x, x) = pow(x, 2)"),
-    Identity("sub_const", "sub", _const_y, partial(_with_const, "add", np.negative), True, "sub(x, c) = add(x, -c)"),
-    Identity("add_const", "add", _const_y, partial(_with_const, "sub", np.negative), True, "add(x, c) = sub(x, -c)"),
-    Identity("div_const", "real_div", partial(_const_y, test=np.all), partial(_with_const, "mul", np.reciprocal),
-             False, "real_div(x, c) = mul(x, 1/c)"),
-    Identity("mul_const", "mul", partial(_const_y, test=np.all), partial(_with_const, "real_div", np.reciprocal),
-             False, "mul(x, c) = real_div(x, 1/c)"),
-    Identity("reassoc", "mul", lambda op: chain_at(op) is not None, lambda x, op: x,  # built by _order
-             False, f"a product of 3 to {MAX_FACTORS} factors, one a constant (mul(mul(a, c), b) = mul(a, mul(b, c)) "
-             f"= mul(mul(a, b), c), ...), in any order of multiplication"),
-    Identity("rsqrt", "rsqrt", lambda op: True,
-             lambda x, op: mb.real_div(x=np.float32(1.0), y=mb.sqrt(x=x, name=f"{op.name}_sqrt"), name=op.name),
-             False, "rsqrt(x) = real_div(1, sqrt(x))"),
-]}
+IDENTITIES: dict[str, Identity] = {
+    i.name: i
+    for i in [
+        Identity(
+            "pow2",
+            "pow",
+            partial(_const_y, test=lambda c: c.size == 1 and float(c.reshape(())) == 2.0),
+            lambda x, op: mb.mul(x=x, y=x, name=op.name),
+            True,
+            "pow(x, 2) = mul(x, x)",
+        ),
+        Identity(
+            "square_pow",
+            "mul",
+            lambda op: op.inputs["x"] is op.inputs["y"],
+            lambda x, op: mb.pow(x=x, y=np.float32(2.0), name=op.name),
+            True,
+            "mul(x, x) = pow(x, 2)",
+        ),
+        Identity(
+            "sub_const",
+            "sub",
+            _const_y,
+            partial(_with_const, "add", np.negative),
+            True,
+            "sub(x, c) = add(x, -c)",
+        ),
+        Identity(
+            "add_const",
+            "add",
+            _const_y,
+            partial(_with_const, "sub", np.negative),
+            True,
+            "add(x, c) = sub(x, -c)",
+        ),
+        Identity(
+            "div_const",
+            "real_div",
+            partial(_const_y, test=np.all),
+            partial(_with_const, "mul", np.reciprocal),
+            False,
+            "real_div(x, c) = mul(x, 1/c)",
+        ),
+        Identity(
+            "mul_const",
+            "mul",
+            partial(_const_y, test=np.all),
+            partial(_with_const, "real_div", np.reciprocal),
+            False,
+            "mul(x, c) = real_div(x, 1/c)",
+        ),
+        Identity(
+            "reassoc",
+            "mul",
+            lambda op: chain_at(op) is not None,
+            lambda x, op: x,  # built by _order
+            False,
+            f"a product of 3 to {MAX_FACTORS} factors, one a constant (mul(mul(a, c), b) = mul(a, mul(b, c)) "
+            f"= mul(mul(a, b), c), ...), in any order of multiplication",
+        ),
+        Identity(
+            "rsqrt",
+            "rsqrt",
+            lambda op: True,
+            lambda x, op: mb.real_div(
+                x=np.float32(1.0), y=mb.sqrt(x=x, name=f"{op.name}_sqrt"), name=op.name
+            ),
+            False,
+            "rsqrt(x) = real_div(1, sqrt(x))",
+        ),
+    ]
+}
 
 
 def with_equivalences(program: Program, pattern_name: str, equivalences: Equivalences) -> Program:
@@ -136,8 +204,10 @@ def _plan(func: Function, pattern_name: str, equivalences: Equivalences) -> dict
     plan: dict[str, list[Identity]] = {}
     for op_name, names in equivalences.items():
         if op_name not in ops:
-            raise PatternDefinitionError(f"Pattern {pattern_name!r}: equivalences name op {op_name!r}, which the "
-                                         f"pattern does not have. Pattern ops: {sorted(ops)}.")
+            raise PatternDefinitionError(
+                f"Pattern {pattern_name!r}: equivalences name op {op_name!r}, which the "
+                f"pattern does not have. Pattern ops: {sorted(ops)}."
+            )
         op = ops[op_name]
         plan[op_name] = _known(pattern_name, [names] if isinstance(names, str) else names)
         for identity in plan[op_name]:
@@ -145,15 +215,18 @@ def _plan(func: Function, pattern_name: str, equivalences: Equivalences) -> dict
                 raise PatternDefinitionError(
                     f"Pattern {pattern_name!r}: equivalence {identity.name!r} declared on op {op_name!r} "
                     f"({op.op_type}), where it does not hold. Rule: {identity.name} is {identity.statement}, for a "
-                    f"{identity.op_type} op with such operands. Fix: declare it on such an op or drop it.")
+                    f"{identity.op_type} op with such operands. Fix: declare it on such an op or drop it."
+                )
     return plan
 
 
 def _known(pattern_name: str, names: Iterable[str]) -> list[Identity]:
     unknown = [n for n in names if n not in IDENTITIES]
     if unknown:
-        raise PatternDefinitionError(f"Pattern {pattern_name!r}: unknown equivalence(s) {unknown}; the matcher knows "
-                                     f"{sorted(IDENTITIES)} (docs/LANGUAGE.md).")
+        raise PatternDefinitionError(
+            f"Pattern {pattern_name!r}: unknown equivalence(s) {unknown}; the matcher knows "
+            f"{sorted(IDENTITIES)} (docs/LANGUAGE.md)."
+        )
     return [IDENTITIES[n] for n in names]
 
 
@@ -168,15 +241,21 @@ def _lookup(var: Var, scope: Scope) -> Var:
 
 def _rebuild(op: Operation, scope: Scope) -> Var:
     """``op`` built again on the copies of its operands, as written; returns its (first) output."""
-    operands = {slot: tuple(_lookup(v, scope) for v in value) if isinstance(value, (list, tuple))
-                else _lookup(value, scope) for slot, value in op.inputs.items()}
+    operands = {
+        slot: tuple(_lookup(v, scope) for v in value)
+        if isinstance(value, (list, tuple))
+        else _lookup(value, scope)
+        for slot, value in op.inputs.items()
+    }
     made = getattr(mb, op.op_type)(**operands, name=op.name)
     made = made if isinstance(made, (list, tuple)) else [made]
     scope.update(zip(map(id, op.outputs), made))
     return made[0]
 
 
-def _replay(ops: list[Operation], records: list[Record], plan: dict[str, list[Identity]], scope: Scope) -> None:
+def _replay(
+    ops: list[Operation], records: list[Record], plan: dict[str, list[Identity]], scope: Scope
+) -> None:
     """Builds ``ops`` again in the current function, choices as choices, planned ops as new choices."""
     regions = {id(op): r for r in records for alt_ops, _ in r.alternatives for op in alt_ops}
     level = {id(op) for op in ops if id(op) not in regions}
@@ -196,12 +275,18 @@ def _replay(ops: list[Operation], records: list[Record], plan: dict[str, list[Id
         identities = [i for i in plan.get(op.name, []) if i.name != "reassoc"]
         if record is not None:
             done.add(id(record))
-            scope[id(record.alternatives[0][1])] = one_of(record.name, *[
-                partial(_alternative, alt_ops, record.children.get(k, []), out, plan, scope.new_child())
-                for k, (alt_ops, out) in enumerate(record.alternatives)
-            ])
+            scope[id(record.alternatives[0][1])] = one_of(
+                record.name,
+                *[
+                    partial(_alternative, alt_ops, record.children.get(k, []), out, plan, scope.new_child())
+                    for k, (alt_ops, out) in enumerate(record.alternatives)
+                ],
+            )
         elif id(op) in chains:  # re-associated alone: the chain's ops take no other identity
-            orders = [partial(_order, chains[id(op)], t, scope.new_child()) for t in association_orders(chains[id(op)])]
+            orders = [
+                partial(_order, chains[id(op)], t, scope.new_child())
+                for t in association_orders(chains[id(op)])
+            ]
             scope[id(op.outputs[0])] = one_of(op.name, *orders)
         elif identities:
             spellings = [partial(_spelling, op, i, scope.new_child()) for i in [None, *identities]]
@@ -210,8 +295,9 @@ def _replay(ops: list[Operation], records: list[Record], plan: dict[str, list[Id
             _rebuild(op, scope)
 
 
-def _alternative(alt_ops: list[Operation], inner: list[Record], out: Var, plan: dict[str, list[Identity]],
-                 scope: Scope) -> Var:
+def _alternative(
+    alt_ops: list[Operation], inner: list[Record], out: Var, plan: dict[str, list[Identity]], scope: Scope
+) -> Var:
     _replay(alt_ops, inner, plan, scope)
     return _lookup(out, scope)
 
@@ -264,9 +350,15 @@ def chain_at(op: Operation, expandable: Callable[[Operation], bool] = lambda op:
         return (operand(node.inputs["x"], node), operand(node.inputs["y"], node))
 
     def operand(var: Var, parent: Operation) -> Tree:
-        if (var.op is not None and var.op.op_type == "mul" and expandable(var.op) and len(var.child_ops) == 1
-                and var not in var.op.enclosing_block.outputs and sum(v is var for v in parent.inputs.values()) == 1
-                and 2 + len(inner) < MAX_FACTORS):  # each inner op adds one factor
+        if (
+            var.op is not None
+            and var.op.op_type == "mul"
+            and expandable(var.op)
+            and len(var.child_ops) == 1
+            and var not in var.op.enclosing_block.outputs
+            and sum(v is var for v in parent.inputs.values()) == 1
+            and 2 + len(inner) < MAX_FACTORS
+        ):  # each inner op adds one factor
             inner.append(var.op)
             return walk(var.op)
         factors.append(var)

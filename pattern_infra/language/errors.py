@@ -1,8 +1,13 @@
 """Exceptions raised by the framework: every error a user can cause is a :class:`PatternInfraError`, its
 message naming the pattern, the op and the fix."""
 
-__all__ = ["PatternInfraError", "PatternDefinitionError", "PassRegistrationError", "PassExecutionError",
-           "FixpointError"]
+__all__ = [
+    "PatternInfraError",
+    "PatternDefinitionError",
+    "PassRegistrationError",
+    "PassExecutionError",
+    "FixpointError",
+]
 
 
 class PatternInfraError(Exception):

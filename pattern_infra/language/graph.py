@@ -12,12 +12,30 @@ from coremltools.converters.mil.mil import Program, Var
 
 from .errors import PatternDefinitionError
 
-__all__ = ["COMMUTATIVE_OPS", "CompiledPattern", "ConstMode", "ConstRule", "Edge",
-           "PatternNode", "distances", "edge_positions"]
+__all__ = [
+    "COMMUTATIVE_OPS",
+    "CompiledPattern",
+    "ConstMode",
+    "ConstRule",
+    "Edge",
+    "PatternNode",
+    "distances",
+    "edge_positions",
+]
 
-COMMUTATIVE_OPS: frozenset[str] = frozenset({
-    "add", "mul", "maximum", "minimum", "equal", "not_equal", "logical_and", "logical_or", "logical_xor",
-})
+COMMUTATIVE_OPS: frozenset[str] = frozenset(
+    {
+        "add",
+        "mul",
+        "maximum",
+        "minimum",
+        "equal",
+        "not_equal",
+        "logical_and",
+        "logical_or",
+        "logical_xor",
+    }
+)
 """MIL binary ops whose ``x`` and ``y`` may be swapped; the matcher tries both orders itself."""
 
 ConstMode = Literal["any", "const", "value"]
@@ -37,7 +55,9 @@ class ConstRule:
 
     def __post_init__(self) -> None:
         if self.mode not in ("any", "const", "value"):
-            raise PatternDefinitionError(f"ConstRule mode {self.mode!r} is not one of 'any', 'const', 'value'.")
+            raise PatternDefinitionError(
+                f"ConstRule mode {self.mode!r} is not one of 'any', 'const', 'value'."
+            )
 
     def accepts(self, var: Var, expected: np.ndarray | None) -> str | None:
         """Returns None when ``var`` satisfies the rule, else the reason it does not.
@@ -163,8 +183,13 @@ class CompiledPattern:
     @cached_property
     def const_slots(self) -> list[tuple[int, str, int]]:
         """Where each constant use sits, in ``consts`` order: (node, slot, position or -1)."""
-        return [(node.index, slot, pos) for node in self.nodes for slot, edge in node.inputs.items()
-                for pos, e in edge_positions(edge) if e.kind == "const"]
+        return [
+            (node.index, slot, pos)
+            for node in self.nodes
+            for slot, edge in node.inputs.items()
+            for pos, e in edge_positions(edge)
+            if e.kind == "const"
+        ]
 
     @cached_property
     def has_fanout(self) -> bool:

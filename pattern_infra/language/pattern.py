@@ -12,10 +12,27 @@ from .graph import CompiledPattern
 
 __all__ = ["Order", "Pattern"]
 
-RESERVED_NAMES: frozenset[str] = frozenset({
-    "root_var", "root_vars", "final_op", "final_ops", "block", "op_set", "op_list", "add_attribute", "operand",
-    "consts", "ops", "groups", "pattern_name", "replace_output", "replace_outputs", "insert_before", "choices",
-})
+RESERVED_NAMES: frozenset[str] = frozenset(
+    {
+        "root_var",
+        "root_vars",
+        "final_op",
+        "final_ops",
+        "block",
+        "op_set",
+        "op_list",
+        "add_attribute",
+        "operand",
+        "consts",
+        "ops",
+        "groups",
+        "pattern_name",
+        "replace_output",
+        "replace_outputs",
+        "insert_before",
+        "choices",
+    }
+)
 """Names a pattern op may not take, because :class:`Pattern` uses them."""
 
 Order = Callable[[list[Operation]], list[Operation]]
@@ -40,20 +57,38 @@ class Pattern:
     """
 
     def __init__(
-        self, compiled: CompiledPattern | None = None, ops: Mapping[str, Operation | list[Operation]] | None = None,
-        root_vars: list[Var] | None = None, block: Block | None = None,
-        operands: Mapping[str, Mapping[str, Any]] | None = None, consts: Mapping[str, Var] | None = None,
+        self,
+        compiled: CompiledPattern | None = None,
+        ops: Mapping[str, Operation | list[Operation]] | None = None,
+        root_vars: list[Var] | None = None,
+        block: Block | None = None,
+        operands: Mapping[str, Mapping[str, Any]] | None = None,
+        consts: Mapping[str, Var] | None = None,
         order: Order | None = None,
     ) -> None:
-        match = self._of_search(compiled, block, dict(ops or {}), list(root_vars or []), dict(operands or {}),
-                                dict(consts or {}), order, {})
+        match = self._of_search(
+            compiled,
+            block,
+            dict(ops or {}),
+            list(root_vars or []),
+            dict(operands or {}),
+            dict(consts or {}),
+            order,
+            {},
+        )
         vars(self).update(vars(match))
 
     @classmethod
     def _of_search(
-        cls, compiled: CompiledPattern | None, block: Block | None, ops: dict[str, Any], roots: list[Var],
-        operands: dict[str, dict[str, Any]], consts: dict[str, Var],
-        order: Order | None, choices: dict[str, int],
+        cls,
+        compiled: CompiledPattern | None,
+        block: Block | None,
+        ops: dict[str, Any],
+        roots: list[Var],
+        operands: dict[str, dict[str, Any]],
+        consts: dict[str, Var],
+        order: Order | None,
+        choices: dict[str, int],
     ) -> Pattern:
         """The search's constructor: the dicts and the list become the pattern's own (no copies)."""
         self = cls.__new__(cls)
@@ -66,10 +101,20 @@ class Pattern:
         fields = self.__dict__
         fields.update(ops)  # pattern.<name>; compile_pattern refuses names Pattern uses
         fields.update(
-            _compiled=compiled, _ops=ops, _operands=operands, _order=order, _replacements=[], root_vars=roots,
-            root_var=roots[0] if roots else None, block=block, consts=consts, choices=choices,
-            pattern_name=compiled.name if compiled is not None else "", final_ops=finals,
-            final_op=finals[0] if finals else None, op_set=op_set,
+            _compiled=compiled,
+            _ops=ops,
+            _operands=operands,
+            _order=order,
+            _replacements=[],
+            root_vars=roots,
+            root_var=roots[0] if roots else None,
+            block=block,
+            consts=consts,
+            choices=choices,
+            pattern_name=compiled.name if compiled is not None else "",
+            final_ops=finals,
+            final_op=finals[0] if finals else None,
+            op_set=op_set,
         )
         return self
 
@@ -101,10 +146,18 @@ class Pattern:
             NameError: The name is a captured op or a reserved attribute of ``Pattern``.
         """
         if attribute_name in self._ops:
-            raise NameError(f"Pattern attribute {attribute_name!r} would overwrite the captured op of that name in "
-                            f"pattern {self.pattern_name!r}; choose another name.")
-        if attribute_name in RESERVED_NAMES or attribute_name.startswith("_") or hasattr(type(self), attribute_name):
-            raise NameError(f"Pattern attribute {attribute_name!r} is reserved by Pattern; choose another name.")
+            raise NameError(
+                f"Pattern attribute {attribute_name!r} would overwrite the captured op of that name in "
+                f"pattern {self.pattern_name!r}; choose another name."
+            )
+        if (
+            attribute_name in RESERVED_NAMES
+            or attribute_name.startswith("_")
+            or hasattr(type(self), attribute_name)
+        ):
+            raise NameError(
+                f"Pattern attribute {attribute_name!r} is reserved by Pattern; choose another name."
+            )
         object.__setattr__(self, attribute_name, attribute)
 
     def op_list(self) -> list[Operation]:
@@ -136,7 +189,8 @@ class Pattern:
         except KeyError:
             known = {k: sorted(v) for k, v in {**self._operands, **located}.items()}
             raise KeyError(
-                f"Pattern {self.pattern_name!r} has no operand {op_name}.{slot}; operands: {known}") from None
+                f"Pattern {self.pattern_name!r} has no operand {op_name}.{slot}; operands: {known}"
+            ) from None
 
     def replace_output(self, new_var: Var, old_var: Var | None = None) -> None:
         """Makes every user of a final output read ``new_var`` instead: the linear way to rewrite.
@@ -155,8 +209,10 @@ class Pattern:
         if old_var is None:
             outputs = self.output_vars()
             if len(outputs) != 1:
-                raise ValueError(f"Pattern {self.pattern_name!r} has {len(outputs)} outputs; name the one to replace: "
-                                 f"replace_output(new_var, old_var=...).")
+                raise ValueError(
+                    f"Pattern {self.pattern_name!r} has {len(outputs)} outputs; name the one to replace: "
+                    f"replace_output(new_var, old_var=...)."
+                )
             old_var = outputs[0]
         block = old_var.op.enclosing_block if old_var.op is not None else self.block
         try:
@@ -164,11 +220,14 @@ class Pattern:
         except ValueError as exc:
             if (new_var.dtype, new_var.shape) == (old_var.dtype, old_var.shape):
                 raise
-            new_type, old_type = (f"{tuple(v.shape)} {types.builtin_to_string(v.dtype)}" for v in (new_var, old_var))
+            new_type, old_type = (
+                f"{tuple(v.shape)} {types.builtin_to_string(v.dtype)}" for v in (new_var, old_var)
+            )
             raise ValueError(
                 f"replace_output: {new_var.name} is {new_type}, but {old_var.name}, which it replaces, is {old_type}; "
                 f"build a replacement of the same shape and dtype (mb.cast, mb.reshape), or return False from the "
-                f"transform to leave the match.") from exc
+                f"transform to leave the match."
+            ) from exc
         self._replacements.append(new_var)
 
     def replacements(self) -> list[Var]:
@@ -179,8 +238,10 @@ class Pattern:
         """``replace_output`` for every output of every final op, in ``output_vars()`` order."""
         outputs = self.output_vars()
         if len(new_vars) != len(outputs):
-            raise ValueError(f"Pattern {self.pattern_name!r} has {len(outputs)} outputs but got {len(new_vars)} "
-                             f"replacements; give one per output_vars().")
+            raise ValueError(
+                f"Pattern {self.pattern_name!r} has {len(outputs)} outputs but got {len(new_vars)} "
+                f"replacements; give one per output_vars()."
+            )
         for old, new in zip(outputs, new_vars):
             self.replace_output(new, old)
 
@@ -195,8 +256,10 @@ class Pattern:
         return len(self.op_set)
 
     def __repr__(self) -> str:
-        ops = ", ".join(f"{k}=[{', '.join(op.name for op in v)}]" if isinstance(v, list) else f"{k}={v.name}"
-                        for k, v in self._ops.items())
+        ops = ", ".join(
+            f"{k}=[{', '.join(op.name for op in v)}]" if isinstance(v, list) else f"{k}={v.name}"
+            for k, v in self._ops.items()
+        )
         return f"Pattern({self.pattern_name!r}: {ops})"
 
     def _reverse_topological(self) -> list[Operation]:

@@ -30,8 +30,10 @@ class Spelling(dict):  # type: ignore[type-arg]
     for ``pattern.operand(<choice>, <slot>)``."""
 
     def _refuse(self, *args: Any, **kwargs: Any) -> NoReturn:
-        raise TypeError("pattern.choices is shared by every match of the same spelling and cannot be "
-                        "changed; copy it first: dict(pattern.choices)")
+        raise TypeError(
+            "pattern.choices is shared by every match of the same spelling and cannot be "
+            "changed; copy it first: dict(pattern.choices)"
+        )
 
     __setitem__ = __delitem__ = clear = pop = popitem = setdefault = update = __ior__ = _refuse  # type: ignore
 
@@ -127,26 +129,39 @@ def combos(records: list[Record], outputs: list[Var], regions: Mapping[int, list
         for combo in result:
             for k, (ops, out) in enumerate(record.alternatives):
                 region = regions[id(record)][k]
-                others = {id(op) for j, (alt_ops, _) in enumerate(record.alternatives) if j != k for op in alt_ops}
+                others = {
+                    id(op) for j, (alt_ops, _) in enumerate(record.alternatives) if j != k for op in alt_ops
+                }
                 for inner in combos(record.children.get(k, []), [out], regions):
                     renames = {**combo.renames, **inner.renames}
                     if k:
                         renames[id(first_out)] = out
-                    grown.append(Combo(
-                        {**combo.chosen, record.name: k, **inner.chosen},
-                        combo.dropped | inner.dropped | others, renames,
-                        combo.guards + inner.guards + ([(record, k, out)] if final and k else []),
-                        {**combo.within, **{op.name: (record.name, region.label) for op in ops}, **inner.within},
-                        {**combo.groups, **{op.name: record.name for op in ops}},
-                        combo.taken + [(record.name, region)] + inner.taken))
+                    grown.append(
+                        Combo(
+                            {**combo.chosen, record.name: k, **inner.chosen},
+                            combo.dropped | inner.dropped | others,
+                            renames,
+                            combo.guards + inner.guards + ([(record, k, out)] if final and k else []),
+                            {
+                                **combo.within,
+                                **{op.name: (record.name, region.label) for op in ops},
+                                **inner.within,
+                            },
+                            {**combo.groups, **{op.name: record.name for op in ops}},
+                            combo.taken + [(record.name, region)] + inner.taken,
+                        )
+                    )
         result = grown
     return result
 
 
 def count(records: list[Record], regions: Mapping[int, list[Region]]) -> int:
     """How many spellings ``records`` stand for."""
-    return math.prod(sum(count(r.children.get(k, []), regions) for k in range(len(r.alternatives)))
-                     for r in records if id(r) in regions)
+    return math.prod(
+        sum(count(r.children.get(k, []), regions) for k in range(len(r.alternatives)))
+        for r in records
+        if id(r) in regions
+    )
 
 
 def renamed(var: Var, renames: Mapping[int, Var] | None) -> Var:

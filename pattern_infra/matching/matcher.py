@@ -58,22 +58,26 @@ class Matcher:
         """Per spelling, its ops' places in the search state."""
         self.nodes: list[Anchor] = self._anchors()
         """The anchors, in the first spelling's order."""
-        self.joins_through_roots: bool = any(len(distances(v.compiled.hops(False), 0)) < len(v.compiled.nodes)
-                                             for v in self.variants)
+        self.joins_through_roots: bool = any(
+            len(distances(v.compiled.hops(False), 0)) < len(v.compiled.nodes) for v in self.variants
+        )
         """Whether parts of the pattern meet only at a pattern input they both read: in the program maybe a
         widely shared constant, which a revisit does not walk through, so the driver also tries a changed op
         as each pattern op of its type."""
         hops = [v.compiled.hops(self.joins_through_roots) for v in self.variants]
-        self.radius: list[int] = [1 + max(max(distances(hops[v], self._local(v, a.name)).values())
-                                          for v in range(len(hops))) for a in self.nodes]
+        self.radius: list[int] = [
+            1 + max(max(distances(hops[v], self._local(v, a.name)).values()) for v in range(len(hops)))
+            for a in self.nodes
+        ]
         """Per anchor: producer/consumer hops from the anchor op within which any op of a match lies, plus
         one (an op just outside the match, such as a root's producer, can unblock it)."""
         self.trees: list[list[Branch]] = [self._tree(a) for a in self.nodes]
         """Per anchor, the spellings' plans merged into one tree."""
         self.op_types: frozenset[str] = frozenset(t for node in self.ops for t in node.op_types)
         """Every op type a match may contain."""
-        self.type_groups: tuple[tuple[str, ...], ...] = tuple(dict.fromkeys(tuple(sorted(a.op_types))
-                                                                            for a in self.nodes))
+        self.type_groups: tuple[tuple[str, ...], ...] = tuple(
+            dict.fromkeys(tuple(sorted(a.op_types)) for a in self.nodes)
+        )
         """The anchors' type sets, each once: a block can hold a match only if it has an op of every group."""
         self.anchors_by_type: dict[str, tuple[int, ...]] = {}
         """Program op type to the anchors that accept it; fan-out ops excluded."""
@@ -113,14 +117,35 @@ class Matcher:
             return Edge("const", consts[edge.index]) if edge.kind == "const" else edge
 
         for node in spelling.nodes:
-            inputs = {slot: tuple(map(moved, edge)) if isinstance(edge, tuple) else moved(edge)
-                      for slot, edge in node.inputs.items()}
-            key = (places[node.index], node.name, node.op_types, node.num_outputs, tuple(inputs.items()),
-                   node.commutative, node.swap_any_type, node.fanout)
+            inputs = {
+                slot: tuple(map(moved, edge)) if isinstance(edge, tuple) else moved(edge)
+                for slot, edge in node.inputs.items()
+            }
+            key = (
+                places[node.index],
+                node.name,
+                node.op_types,
+                node.num_outputs,
+                tuple(inputs.items()),
+                node.commutative,
+                node.swap_any_type,
+                node.fanout,
+            )
             found = self._keys.setdefault(key, len(self._keys))
             if found == len(self.ops):
-                self.ops.append(PatternNode(found, node.name, node.op_type, node.op_types, node.num_outputs, inputs,
-                                            node.commutative, node.swap_any_type, fanout=node.fanout))
+                self.ops.append(
+                    PatternNode(
+                        found,
+                        node.name,
+                        node.op_type,
+                        node.op_types,
+                        node.num_outputs,
+                        inputs,
+                        node.commutative,
+                        node.swap_any_type,
+                        fanout=node.fanout,
+                    )
+                )
                 self.place.append(places[node.index])
                 self.within.append(variant.within.get(node.name))
             index.append(found)
@@ -136,12 +161,18 @@ class Matcher:
         names = [self.places[p] for p in self.state[0]]
         for v, variant in enumerate(self.variants):
             held = {self.places[p] for p in self.state[v]}
-            names = [n for n in names if n in held and (n in variant.groups.values() or (
-                n not in variant.groups and n not in variant.choices))]
+            names = [
+                n
+                for n in names
+                if n in held
+                and (n in variant.groups.values() or (n not in variant.groups and n not in variant.choices))
+            ]
         anchors = []
         for name in names:
             ops = [self.ops[self.index[v][self._local(v, name)]] for v in range(len(self.variants))]
-            anchors.append(Anchor(len(anchors), name, frozenset(t for op in ops for t in op.op_types), ops[0].fanout))
+            anchors.append(
+                Anchor(len(anchors), name, frozenset(t for op in ops for t in op.op_types), ops[0].fanout)
+            )
         return anchors
 
     def _local(self, v: int, place: str) -> int:
@@ -154,24 +185,41 @@ class Matcher:
         first = self.variants[0]
         rank = [int(node.name in first.groups) for node in first.compiled.nodes]
         steps = plan(first.compiled, self._local(0, anchor.name), rank=rank)
-        met = [first.groups[first.compiled.nodes[st.node].name] for st in steps
-               if first.compiled.nodes[st.node].name in first.groups]
+        met = [
+            first.groups[first.compiled.nodes[st.node].name]
+            for st in steps
+            if first.compiled.nodes[st.node].name in first.groups
+        ]
         choices = [c for c in dict.fromkeys(met) if c != anchor.name]  # the order the plan meets the choices
         ranked = sorted(range(len(self.variants)), key=lambda v: _order(self.variants[v], choices))
         roots: list[Branch] = []
         for v in ranked:
             variant, index = self.variants[v], self.index[v]
             groups = variant.groups
-            rank = [-1 if groups.get(n.name) == anchor.name else 1 + choices.index(groups[n.name])
-                    if n.name in groups else 0 for n in variant.compiled.nodes]
+            rank = [
+                -1
+                if groups.get(n.name) == anchor.name
+                else 1 + choices.index(groups[n.name])
+                if n.name in groups
+                else 0
+                for n in variant.compiled.nodes
+            ]
             steps = plan(variant.compiled, self._local(v, anchor.name), rank=rank)
             downs = {st.node for st in steps if st.kind == DOWN}
-            guards = tuple(g for g in variant.guards
-                           if not (g.fallback and variant.compiled.by_name[g.end] in downs))
+            guards = tuple(
+                g for g in variant.guards if not (g.fallback and variant.compiled.by_name[g.end] in downs)
+            )
             level = roots
             for st in steps:
-                moved = Step(st.kind, index[st.node], st.src_kind,
-                             self.place[index[st.src]] if st.src_kind == "op" else st.src, st.slot, st.pos, st.out)
+                moved = Step(
+                    st.kind,
+                    index[st.node],
+                    st.src_kind,
+                    self.place[index[st.src]] if st.src_kind == "op" else st.src,
+                    st.slot,
+                    st.pos,
+                    st.out,
+                )
                 if not (level and type(level[-1]) is Branch and level[-1].step == moved):
                     level.append(Branch(moved))
                 level = level[-1].then
@@ -181,7 +229,9 @@ class Matcher:
     def choose_anchor(self, type_counts: Mapping[str, int]) -> int:
         """The anchor whose accepted types are rarest among ``type_counts``; ties go to the last."""
         anchors = [a for a in reversed(self.nodes) if not a.fanout]
-        return min(anchors, key=lambda a: sum(type_counts.get(t, 0) for t in a.op_types)).index if anchors else 0
+        return (
+            min(anchors, key=lambda a: sum(type_counts.get(t, 0) for t in a.op_types)).index if anchors else 0
+        )
 
     def alternative_matcher(self, alternative: CompiledPattern) -> Matcher:
         """The matcher of an alternative of one of this pattern's choices, built on first use."""
@@ -190,9 +240,17 @@ class Matcher:
             matcher = self._alternatives[id(alternative)] = Matcher(alternative)
         return matcher
 
-    def match_at(self, op: Operation, block: Block, anchor: int, *,
-                 order: Order | None = None, trace: bool = False,
-                 root_hint: Var | None = None, accept: Accept | None = None) -> Pattern | Failure | None:
+    def match_at(
+        self,
+        op: Operation,
+        block: Block,
+        anchor: int,
+        *,
+        order: Order | None = None,
+        trace: bool = False,
+        root_hint: Var | None = None,
+        accept: Accept | None = None,
+    ) -> Pattern | Failure | None:
         """Tries to match with ``op`` bound to pattern op number ``anchor``, the whole match in ``block``.
 
         Args:
@@ -222,7 +280,7 @@ def _order(variant: Variant, choices: list[str]) -> tuple[int, ...]:
     for choice in choices:
         start = next(i for i, (name, _) in enumerate(taken) if name == choice)
         key.append(taken[start][1])
-        for name, k in taken[start + 1:]:
+        for name, k in taken[start + 1 :]:
             if name in choices:
                 break
             key.append(k)

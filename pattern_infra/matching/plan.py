@@ -92,7 +92,9 @@ def _next_up(nodes: list[PatternNode], placed: set[int], allowed: set[int]) -> S
     return None
 
 
-def _next_down(nodes: list[PatternNode], placed: set[int], roots_bound: set[int], allowed: set[int]) -> Step | None:
+def _next_down(
+    nodes: list[PatternNode], placed: set[int], roots_bound: set[int], allowed: set[int]
+) -> Step | None:
     best: tuple[int, int, Step] | None = None
     for m, node in enumerate(nodes):
         if m in placed or m not in allowed:

@@ -61,11 +61,29 @@ class Branch:
 class Search:
     """State of one anchored walk; undone on backtracking."""
 
-    __slots__ = ("m", "block", "trace", "ops", "assign", "which", "roots", "used", "failure", "order", "accept",
-                 "result")
+    __slots__ = (
+        "m",
+        "block",
+        "trace",
+        "ops",
+        "assign",
+        "which",
+        "roots",
+        "used",
+        "failure",
+        "order",
+        "accept",
+        "result",
+    )
 
-    def __init__(self, matcher: Any, block: Block, trace: bool, order: Order | None = None,
-                 accept: Accept | None = None) -> None:
+    def __init__(
+        self,
+        matcher: Any,
+        block: Block,
+        trace: bool,
+        order: Order | None = None,
+        accept: Accept | None = None,
+    ) -> None:
         n = len(matcher.places)
         self.m = matcher  # the Matcher: its ops, constants, spellings, plan trees and counters
         self.block = block
@@ -93,10 +111,15 @@ class Search:
             self.failure = Failure(
                 bound=bound,
                 node=self.m.ops[node].name,
-                reason=(reason() if callable(reason) else reason) + (
-                    f" (alternative {within[1]} of {within[0]!r})" if within else ""),
-                ops={self.m.ops[self.which[i]].name: f"[{', '.join(x.name for x in o)}]" if isinstance(o, list)
-                     else o.name for i, o in enumerate(self.ops) if o is not None},
+                reason=(reason() if callable(reason) else reason)
+                + (f" (alternative {within[1]} of {within[0]!r})" if within else ""),
+                ops={
+                    self.m.ops[self.which[i]].name: f"[{', '.join(x.name for x in o)}]"
+                    if isinstance(o, list)
+                    else o.name
+                    for i, o in enumerate(self.ops)
+                    if o is not None
+                },
             )
         return False
 
@@ -115,12 +138,22 @@ class Search:
             var = slot_value(self.assign, st.src, st.slot, st.pos)
             producer = var.op if var is not None else None
             if producer is None:
-                return self.fail(st.node, lambda: f"operand {st.slot} of {self.m.ops[self.which[st.src]].name} "
-                                 f"is a graph input, not the output of an op")
+                return self.fail(
+                    st.node,
+                    lambda: (
+                        f"operand {st.slot} of {self.m.ops[self.which[st.src]].name} "
+                        f"is a graph input, not the output of an op"
+                    ),
+                )
             outs = producer.outputs
             if st.out >= len(outs) or outs[st.out] is not var:
-                return self.fail(st.node, lambda: f"operand {st.slot} of {self.m.ops[self.which[st.src]].name} "
-                                 f"is not output {st.out} of {producer.name}")
+                return self.fail(
+                    st.node,
+                    lambda: (
+                        f"operand {st.slot} of {self.m.ops[self.which[st.src]].name} "
+                        f"is not output {st.out} of {producer.name}"
+                    ),
+                )
             return self.bind(st.node, producer, branch)
         if st.src_kind == "root":
             var = self.roots[st.src]
@@ -139,18 +172,29 @@ class Search:
                 if self.bind(st.node, consumer, branch):
                     return True
         if not tried:
-            return self.fail(st.node, lambda: f"no unmatched consumer of {var.name} has type {target.op_type_label}")
+            return self.fail(
+                st.node, lambda: f"no unmatched consumer of {var.name} has type {target.op_type_label}"
+            )
         return False
 
     def bind(self, n: int, op: Operation, branch: Branch) -> bool:
         node = self.m.ops[n]
         if op.op_type not in node.op_types:
-            return self.fail(n, lambda: f"op type differs at {node.name}: pattern wants "
-                             f"{node.op_type_label}, program has {op.op_type} ({op.name})")
+            return self.fail(
+                n,
+                lambda: (
+                    f"op type differs at {node.name}: pattern wants "
+                    f"{node.op_type_label}, program has {op.op_type} ({op.name})"
+                ),
+            )
         self.m.bind_attempts += 1
         if len(op.outputs) != node.num_outputs:
-            return self.fail(n, lambda: f"{op.name} has {len(op.outputs)} outputs, pattern op "
-                             f"{node.name} has {node.num_outputs}")
+            return self.fail(
+                n,
+                lambda: (
+                    f"{op.name} has {len(op.outputs)} outputs, pattern op {node.name} has {node.num_outputs}"
+                ),
+            )
         if op.enclosing_block is not self.block:
             return self.fail(n, lambda: f"{op.name} lies in another block")
         if id(op) in self.used:
@@ -182,12 +226,21 @@ class Search:
             self.m.bind_attempts += 1
             if op.op_type not in node.op_types or len(op.outputs) != node.num_outputs:
                 self.roots = saved_roots
-                return self.fail(n, lambda: f"fan-out {node.name}: consumer {op.name} of {var.name} is "
-                                 f"{op.op_type}, not {node.op_type_label}")
+                return self.fail(
+                    n,
+                    lambda: (
+                        f"fan-out {node.name}: consumer {op.name} of {var.name} is "
+                        f"{op.op_type}, not {node.op_type_label}"
+                    ),
+                )
             if op.enclosing_block is not self.block or id(op) in self.used:
                 self.roots = saved_roots
-                return self.fail(n, lambda: f"fan-out {node.name}: consumer {op.name} is outside the "
-                                 f"block or already matched")
+                return self.fail(
+                    n,
+                    lambda: (
+                        f"fan-out {node.name}: consumer {op.name} is outside the block or already matched"
+                    ),
+                )
             ok = next((a for a in self.assignments(node, op) if self.check_edges(node, op, a)), None)
             if ok is None:
                 self.roots = saved_roots
@@ -216,7 +269,9 @@ class Search:
         for slot, edge in node.inputs.items():
             value = read.get(slot)
             if value is None or isinstance(value, InternalVar):
-                wildcard = type(edge) is Edge and edge.kind == "const" and self.m.consts[edge.index][2].mode == "any"
+                wildcard = (
+                    type(edge) is Edge and edge.kind == "const" and self.m.consts[edge.index][2].mode == "any"
+                )
                 if wildcard and op.op_type != node.op_type:
                     continue
                 self.fail(node.index, lambda: f"{op.name} has no operand {slot!r}")
@@ -240,8 +295,10 @@ class Search:
             value = assignment[slot]
             if isinstance(edge, tuple):
                 if not isinstance(value, (list, tuple)) or len(value) != len(edge):
-                    return self.fail(node.index, lambda: f"operand slot differs at {node.name}.{slot}: "
-                                     f"pattern has {len(edge)} values")
+                    return self.fail(
+                        node.index,
+                        lambda: f"operand slot differs at {node.name}.{slot}: pattern has {len(edge)} values",
+                    )
                 for e, v in zip(edge, value):
                     if not self.check_edge(node, slot, e, v):
                         return False
@@ -252,8 +309,13 @@ class Search:
             if self.which[place] == consumer:
                 var = slot_value(self.assign, place, slot, pos)
                 if var is not op.outputs[out]:
-                    return self.fail(node.index, lambda: f"operand slot differs: "
-                                     f"{self.m.ops[consumer].name}.{slot} does not read {op.name}")
+                    return self.fail(
+                        node.index,
+                        lambda: (
+                            f"operand slot differs: "
+                            f"{self.m.ops[consumer].name}.{slot} does not read {op.name}"
+                        ),
+                    )
         return True
 
     def check_edge(self, node: PatternNode, slot: str, edge: Edge, var: Var) -> bool:
@@ -263,9 +325,14 @@ class Search:
                 self.roots[edge.index] = var
                 return True
             if bound is not var:
-                return self.fail(node.index, lambda: f"operand slot differs at {node.name}.{slot}: "
-                                 f"{var.name} where input {self.m.compiled.root_names[edge.index]!r} "
-                                 f"is {bound.name}")
+                return self.fail(
+                    node.index,
+                    lambda: (
+                        f"operand slot differs at {node.name}.{slot}: "
+                        f"{var.name} where input {self.m.compiled.root_names[edge.index]!r} "
+                        f"is {bound.name}"
+                    ),
+                )
             return True
         if edge.kind == "const":
             _, expected, rule = self.m.consts[edge.index]
@@ -277,8 +344,13 @@ class Search:
             return True
         producer = self.ops[edge.index]
         if producer is not None and producer.outputs[edge.output] is not var:
-            return self.fail(node.index, lambda: f"operand slot differs at {node.name}.{slot}: "
-                             f"{var.name} is not the output of {producer.name}")
+            return self.fail(
+                node.index,
+                lambda: (
+                    f"operand slot differs at {node.name}.{slot}: "
+                    f"{var.name} is not the output of {producer.name}"
+                ),
+            )
         return True
 
     def leaf(self, leaf: Leaf) -> bool:
@@ -291,8 +363,10 @@ class Search:
             return False
         for guard in leaf.guards:
             if self.taken_further(guard, ops[variant.compiled.by_name[guard.end]]):
-                return self.fail(index[variant.compiled.by_name[guard.end]],
-                                 f"an earlier alternative of {guard.choice!r} matches further down")
+                return self.fail(
+                    index[variant.compiled.by_name[guard.end]],
+                    f"an earlier alternative of {guard.choice!r} matches further down",
+                )
         pattern = build_pattern(variant, self.block, ops, assign, self.roots, self.order)
         if self.accept is not None:
             verdict = self.accept(pattern)
@@ -314,21 +388,37 @@ class Search:
                     uses[out] += len(ops[consumer]) - 1
             for j, var in enumerate(op.outputs):
                 if var.consuming_blocks:
-                    return self.fail(index[node.index], lambda: f"intermediate {var.name} of {node.name} is "
-                                     f"a block output")
+                    return self.fail(
+                        index[node.index], lambda: f"intermediate {var.name} of {node.name} is a block output"
+                    )
                 if len(var.child_ops) != uses[j]:
-                    return self.fail(index[node.index], lambda: f"extra consumer of intermediate {var.name} "
-                                     f"({node.name}): used {len(var.child_ops)} times, the pattern uses it "
-                                     f"{uses[j]} times")
+                    return self.fail(
+                        index[node.index],
+                        lambda: (
+                            f"extra consumer of intermediate {var.name} "
+                            f"({node.name}): used {len(var.child_ops)} times, the pattern uses it "
+                            f"{uses[j]} times"
+                        ),
+                    )
         for r, var in enumerate(self.roots):
             if var is not None and var.op is not None and id(var.op) in self.used:
-                return self.fail(index[0], lambda: f"input {compiled.root_names[r]!r} is bound to {var.name}, "
-                                 f"which the match itself computes")
+                return self.fail(
+                    index[0],
+                    lambda: (
+                        f"input {compiled.root_names[r]!r} is bound to {var.name}, "
+                        f"which the match itself computes"
+                    ),
+                )
         for n, slot, pos in compiled.const_slots:
             var = slot_value(assign, n, slot, pos)
             if var is not None and var.op is not None and id(var.op) in self.used:
-                return self.fail(index[n], lambda: f"constant slot {compiled.nodes[n].name}.{slot} is wired "
-                                 f"from inside the match ({var.name})")
+                return self.fail(
+                    index[n],
+                    lambda: (
+                        f"constant slot {compiled.nodes[n].name}.{slot} is wired "
+                        f"from inside the match ({var.name})"
+                    ),
+                )
         return True
 
     def taken_further(self, guard: Guard, op: Operation) -> bool:
@@ -340,7 +430,9 @@ class Search:
                 if below.op_type not in matcher.nodes[matcher.final_anchor].op_types:
                     continue
                 before = matcher.bind_attempts
-                found = matcher.match_at(below, self.block, matcher.final_anchor, accept=lambda p: op in p.op_set)
+                found = matcher.match_at(
+                    below, self.block, matcher.final_anchor, accept=lambda p: op in p.op_set
+                )
                 self.m.bind_attempts += matcher.bind_attempts - before
                 if found is not None:
                     return True
@@ -377,8 +469,14 @@ def _const_fit(node: PatternNode, assignment: dict[str, Any]) -> int:
     return fit
 
 
-def build_pattern(variant: Variant, block: Block, ops: list[Any], assign: list[dict[str, Any] | None],
-                  roots: list[Var | None], order: Order | None) -> Pattern:
+def build_pattern(
+    variant: Variant,
+    block: Block,
+    ops: list[Any],
+    assign: list[dict[str, Any] | None],
+    roots: list[Var | None],
+    order: Order | None,
+) -> Pattern:
     """The :class:`Pattern` of a complete binding of ``variant``: ``ops`` and ``assign`` (operands after any
     swap) per op of the spelling, ``roots`` per pattern input (None where the spelling reads none)."""
     compiled = variant.compiled

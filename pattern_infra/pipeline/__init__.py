@@ -6,5 +6,15 @@ from .container import ENV_VAR, PassContainer, override, override_enabled, run_l
 from .registry import generic_passes, register_generic_pass, register_graph_pass
 from .sweep import GenericSweep, pipeline
 
-__all__ = ["ENV_VAR", "GenericSweep", "PassContainer", "generic_passes", "override", "override_enabled", "pipeline",
-           "register_generic_pass", "register_graph_pass", "run_log"]
+__all__ = [
+    "ENV_VAR",
+    "GenericSweep",
+    "PassContainer",
+    "generic_passes",
+    "override",
+    "override_enabled",
+    "pipeline",
+    "register_generic_pass",
+    "register_graph_pass",
+    "run_log",
+]

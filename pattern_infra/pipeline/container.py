@@ -25,7 +25,15 @@ from ..rewriting.driver import run_subpasses
 from ..language.errors import PassRegistrationError
 from ..rewriting.subpass import PassStats, SubPass
 
-__all__ = ["ENV_VAR", "PassContainer", "override", "override_enabled", "run_log", "run_together", "with_followers"]
+__all__ = [
+    "ENV_VAR",
+    "PassContainer",
+    "override",
+    "override_enabled",
+    "run_log",
+    "run_together",
+    "with_followers",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -55,7 +63,10 @@ def override_enabled() -> bool:
         warnings.warn(
             f"{ENV_VAR}={value!r} is not understood, so the generic passes do NOT replace coremltools' "
             f"passes. Set {ENV_VAR}=1 to turn the override on (also accepted: true, yes, on), or 0 / "
-            f"unset it to leave it off (also: false, no, off).", RuntimeWarning, stacklevel=2)
+            f"unset it to leave it off (also: false, no, off).",
+            RuntimeWarning,
+            stacklevel=2,
+        )
     return False
 
 
@@ -123,7 +134,8 @@ class PassContainer(AbstractGraphPass):
         if not isinstance(pass_function, SubPass) and not callable(pass_function):
             raise PassRegistrationError(
                 f"Pass {self.pass_id!r}: add() takes a SubPass or a callable taking a Program, got "
-                f"{type(pass_function).__name__}.")
+                f"{type(pass_function).__name__}."
+            )
         self.passes.append(pass_function)
         # Higher priority first; the sort is stable, so equal priorities keep registration order.
         self.passes.sort(key=lambda p: -(p.priority if isinstance(p, SubPass) else 0))
@@ -165,7 +177,8 @@ class PassContainer(AbstractGraphPass):
                 raise NotImplementedError(
                     f"The graph pass `{self.pass_id}` doesn't support option "
                     f"`{option.option_name}`; declare it with register_generic_pass(..., "
-                    f"options={{'{option.option_name}': default}}).")
+                    f"options={{'{option.option_name}': default}})."
+                )
             if known:
                 self.options[option.option_name] = option.option_val
 
@@ -205,7 +218,9 @@ def run_together(prog: Program, containers: list[PassContainer], pass_name: str)
     change of ``validate`` splits a run. ``pass_name`` names the whole run in messages."""
     total = PassStats()
     plan = [(container, sub) for container in containers for sub in container.passes]
-    for _, run in groupby(plan, key=lambda p: (True, p[0].validate) if isinstance(p[1], SubPass) else (False, id(p))):
+    for _, run in groupby(
+        plan, key=lambda p: (True, p[0].validate) if isinstance(p[1], SubPass) else (False, id(p))
+    ):
         segment = list(run)
         container, first = segment[0]
         if not isinstance(first, SubPass):  # a callable taking the program, in its pass's scope
@@ -217,9 +232,14 @@ def run_together(prog: Program, containers: list[PassContainer], pass_name: str)
             continue
         owners = list(dict.fromkeys(owner for owner, _ in segment))  # one run_log entry each, even if twice
         before = [_counters(owner) for owner in owners]
-        stats = run_subpasses(prog, [sub for _, sub in segment], pass_name, validate=container.validate,
-                              passes=[owner.pass_id for owner, _ in segment],
-                              scopes={owner.pass_id: _scope_of(owner) for owner in owners})
+        stats = run_subpasses(
+            prog,
+            [sub for _, sub in segment],
+            pass_name,
+            validate=container.validate,
+            passes=[owner.pass_id for owner, _ in segment],
+            scopes={owner.pass_id: _scope_of(owner) for owner in owners},
+        )
         total.add(stats)
         for owner, counters in zip(owners, before):
             owner.record(_counters(owner) - counters)

@@ -27,7 +27,8 @@ def container_for(pass_name: str, namespace: str) -> PassContainer:
         if not isinstance(value, str) or not value or "::" in value:
             raise PassRegistrationError(
                 f"register_generic_pass: {label} must be a non-empty string without '::', got "
-                f"{value!r}. The pass id is '<namespace>::<pass_name>', e.g. 'common::fuse_gelu_exact'.")
+                f"{value!r}. The pass id is '<namespace>::<pass_name>', e.g. 'common::fuse_gelu_exact'."
+            )
     pass_id = f"{namespace}::{pass_name}"
     current = PASS_REGISTRY.passes.get(pass_id)
     if isinstance(current, PassContainer):
@@ -36,7 +37,8 @@ def container_for(pass_name: str, namespace: str) -> PassContainer:
     if current is not None and replaces is None:
         raise PassRegistrationError(
             f"Pass id {pass_id!r} is taken by {current!r}, which is neither a coremltools pass class "
-            f"nor a PassContainer; choose another pass_name or namespace.")
+            f"nor a PassContainer; choose another pass_name or namespace."
+        )
     theirs = _coremltools_ids(namespace)
     if current is None and theirs:
         near = difflib.get_close_matches(pass_id, theirs, n=3, cutoff=0.6)
@@ -45,7 +47,8 @@ def container_for(pass_name: str, namespace: str) -> PassContainer:
             f"Pass id {pass_id!r} is in coremltools' namespace {namespace!r}, but coremltools has no pass "
             f"of that name, so it would be a new pass that no pipeline runs. {hint}To replace a "
             f"coremltools pass, use its exact id; for a new fusion, use a namespace of your own (e.g. "
-            f"'generic') and run_after= to join the conversion pipeline.")
+            f"'generic') and run_after= to join the conversion pipeline."
+        )
     container = PassContainer(pass_name, namespace, replaces=replaces)
     PASS_REGISTRY.passes[pass_id] = container
     return container
@@ -111,17 +114,35 @@ def register_generic_pass(
     """
     container = container_for(pass_name, namespace)
     if not callable(transform_pattern):
-        raise PassRegistrationError(f"register_generic_pass({namespace}::{pass_name}): transform_pattern must be "
-                                    f"callable, got {type(transform_pattern).__name__}.")
+        raise PassRegistrationError(
+            f"register_generic_pass({namespace}::{pass_name}): transform_pattern must be "
+            f"callable, got {type(transform_pattern).__name__}."
+        )
     if var_constraints is not None and not callable(var_constraints):
-        raise PassRegistrationError(f"register_generic_pass({namespace}::{pass_name}): var_constraints must be "
-                                    f"callable or None, got {type(var_constraints).__name__}.")
+        raise PassRegistrationError(
+            f"register_generic_pass({namespace}::{pass_name}): var_constraints must be "
+            f"callable or None, got {type(var_constraints).__name__}."
+        )
     programs = [ops_arrangement] if isinstance(ops_arrangement, Program) else list(ops_arrangement)
-    subs = [SubPass(compile_pattern(program, name=f"{name}[{i}]" if name and len(programs) > 1 else name,
-                                    commutative=commutative, alternatives=alternatives, constants=constants,
-                                    const_rules=const_rules, fanout=fanout, equivalences=equivalences),
-                    var_constraints, transform_pattern, priority, max_iterations)
-            for i, program in enumerate(programs)]  # all compiled before any is added
+    subs = [
+        SubPass(
+            compile_pattern(
+                program,
+                name=f"{name}[{i}]" if name and len(programs) > 1 else name,
+                commutative=commutative,
+                alternatives=alternatives,
+                constants=constants,
+                const_rules=const_rules,
+                fanout=fanout,
+                equivalences=equivalences,
+            ),
+            var_constraints,
+            transform_pattern,
+            priority,
+            max_iterations,
+        )
+        for i, program in enumerate(programs)
+    ]  # all compiled before any is added
     for sub in subs:
         container.add(sub)
     if options:
@@ -132,7 +153,11 @@ def register_generic_pass(
 
 
 def register_graph_pass(
-    apply: Callable[[Program], Any], pass_name: str, namespace: str, *, options: Mapping[str, Any] | None = None
+    apply: Callable[[Program], Any],
+    pass_name: str,
+    namespace: str,
+    *,
+    options: Mapping[str, Any] | None = None,
 ) -> PassContainer:
     """Registers a plain graph pass (a function rewriting a whole program, not a pattern) under
     ``namespace::pass_name``: its container behaves as a pattern pass's (the override, the sweeps); the
@@ -154,12 +179,14 @@ def register_graph_pass(
     if not callable(apply):
         raise PassRegistrationError(
             f"register_graph_pass({namespace}::{pass_name}): apply must be a callable taking a Program, got "
-            f"{type(apply).__name__}.")
+            f"{type(apply).__name__}."
+        )
     container = container_for(pass_name, namespace)
     if container.passes and container.passes != [apply]:
         raise PassRegistrationError(
             f"register_graph_pass({namespace}::{pass_name}): the id already holds {container.order}; a plain "
-            f"graph pass stands alone (choose another pass_name).")
+            f"graph pass stands alone (choose another pass_name)."
+        )
     container.passes = [apply]
     container.validate = False
     if options:
@@ -171,11 +198,13 @@ def _follow(container: PassContainer, run_after: str) -> None:
     if run_after == container.pass_id or "::" not in run_after:
         raise PassRegistrationError(
             f"Pass {container.pass_id!r}: run_after must be another pass id '<namespace>::<name>', got "
-            f"{run_after!r}.")
+            f"{run_after!r}."
+        )
     namespace, name = run_after.split("::", 1)
     if run_after not in PASS_REGISTRY:
         raise PassRegistrationError(
-            f"Pass {container.pass_id!r}: run_after names {run_after!r}, which is not a registered pass.")
+            f"Pass {container.pass_id!r}: run_after names {run_after!r}, which is not a registered pass."
+        )
     leader = container_for(name, namespace)
     if container not in leader.followers:
         leader.followers.append(container)
@@ -183,5 +212,8 @@ def _follow(container: PassContainer, run_after: str) -> None:
 
 def generic_passes() -> dict[str, PassContainer]:
     """Every registered generic pass, by pass id, in id order."""
-    return {pass_id: entry for pass_id, entry in sorted(PASS_REGISTRY.passes.items())
-            if isinstance(entry, PassContainer)}
+    return {
+        pass_id: entry
+        for pass_id, entry in sorted(PASS_REGISTRY.passes.items())
+        if isinstance(entry, PassContainer)
+    }

@@ -22,6 +22,7 @@ from ..rewriting.subpass import PassStats
 
 __all__ = ["GenericSweep", "pipeline"]
 
+
 class GenericSweep(AbstractGraphPass):
     """A graph pass applying several passes in one pipeline entry, in the order given.
 
@@ -31,7 +32,9 @@ class GenericSweep(AbstractGraphPass):
     generic passes whatever ``ENABLE_EXPERIMENTAL_PASSES`` says: choosing :func:`pipeline` is choosing them.
     """
 
-    def __init__(self, pass_ids: Sequence[str], options: Mapping[str, list[PassOption]] | None = None) -> None:
+    def __init__(
+        self, pass_ids: Sequence[str], options: Mapping[str, list[PassOption]] | None = None
+    ) -> None:
         """Creates the sweep.
 
         Args:
@@ -50,15 +53,19 @@ class GenericSweep(AbstractGraphPass):
             if entry is None:
                 raise PassRegistrationError(
                     f"GenericSweep: {pass_id!r} is not a registered pass; `import generic_passes` (or "
-                    f"register it) first, or leave it out of the sweep.")
-            undeclared = [
-                o.option_name for o in options.get(pass_id) or [] if o.option_name not in entry.options
-            ] if isinstance(entry, PassContainer) else []
+                    f"register it) first, or leave it out of the sweep."
+                )
+            undeclared = (
+                [o.option_name for o in options.get(pass_id) or [] if o.option_name not in entry.options]
+                if isinstance(entry, PassContainer)
+                else []
+            )
             if undeclared:
                 raise PassRegistrationError(
                     f"GenericSweep: options {undeclared} are set for the generic pass {pass_id!r}, which "
                     f"does not declare them; declare them (register_generic_pass(..., options=...)) or "
-                    f"leave them out of the pipeline.")
+                    f"leave them out of the pipeline."
+                )
             self.steps.append(entry if isinstance(entry, PassContainer) else pass_id)
         self.pass_ids = tuple(pass_ids)
         self.options = {k: list(v) for k, v in options.items() if v and k in self.pass_ids}
@@ -70,7 +77,9 @@ class GenericSweep(AbstractGraphPass):
     def pass_id(self) -> str:
         """The id :func:`pipeline` registers this sweep under: its first and last passes and a digest."""
         names = [i.split("::", 1)[-1] for i in self.pass_ids]
-        digest = hashlib.sha1(repr((self.pass_ids, sorted(self.options.items(), key=str))).encode()).hexdigest()
+        digest = hashlib.sha1(
+            repr((self.pass_ids, sorted(self.options.items(), key=str))).encode()
+        ).hexdigest()
         span = names[0] if len(names) == 1 else f"{names[0]}..{names[-1]}"
         return f"pattern_infra::sweep[{span}]#{digest[:8]}"
 
@@ -79,7 +88,8 @@ class GenericSweep(AbstractGraphPass):
         if pass_options:
             raise NotImplementedError(
                 f"The graph pass `{self.pass_id}` takes no options; set the options of its passes before "
-                f"calling pattern_infra.pipeline().")
+                f"calling pattern_infra.pipeline()."
+            )
 
     def __call__(self, prog: Program) -> None:
         """Runs :meth:`apply` outside any scope of its own: each op created carries its own pass's scope."""
@@ -137,7 +147,9 @@ def pipeline(base: PassPipeline | None = None, *, group: Literal["all", "generic
             unknown.
     """
     if group not in ("all", "generic"):
-        raise PassRegistrationError(f"pattern_infra.pipeline(): group must be 'all' or 'generic', got {group!r}.")
+        raise PassRegistrationError(
+            f"pattern_infra.pipeline(): group must be 'all' or 'generic', got {group!r}."
+        )
     base = PassPipeline.DEFAULT if base is None else base
     options = base.get_all_options()
     kept = _ids_convert_looks_up(base)

@@ -94,8 +94,14 @@ class BlockIndex:
                 self.block.operations.__dict__.pop(attr, None)
             self.observed = False
 
-    def tries(self, matcher: Matcher, anchor: int, ops: Iterable[Operation], accept: Callable[[Any], Any],
-              **options: Any) -> Iterator[Any]:
+    def tries(
+        self,
+        matcher: Matcher,
+        anchor: int,
+        ops: Iterable[Operation],
+        accept: Callable[[Any], Any],
+        **options: Any,
+    ) -> Iterator[Any]:
         """The anchor loop: runs ``matcher.match_at`` at each of ``ops`` still in the block, as pattern op
         ``anchor``, offering each structural match to ``accept``; yields what each search returned.
         ``options`` go to ``match_at``."""

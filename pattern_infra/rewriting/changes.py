@@ -42,7 +42,9 @@ class Changes:
         if block is not None:
             self.seeds.setdefault(block, []).append(op)
 
-    def record(self, types: frozenset[str] | None, touched: list[Operation], removed: list[list[Var]]) -> None:
+    def record(
+        self, types: frozenset[str] | None, touched: list[Operation], removed: list[list[Var]]
+    ) -> None:
         """Logs one rewrite's changed ops and seeds those of ``types`` (every type when None): the ops it
         created or rewired (``touched``), and the producers of what the ops it removed read (``removed``)."""
         changed = list(touched)
@@ -82,7 +84,8 @@ def validate_rewrite(created: list[Operation], rewired: list[Operation], removed
             if listed != uses:
                 raise ValueError(
                     f"after the rewrite, {var.name} lists op {op.name} {listed} times among its "
-                    f"users, but the op reads it {uses} times")
+                    f"users, but the op reads it {uses} times"
+                )
         for var in op._output_vars:
             for user in var._child_ops:
                 if user.enclosing_block is None:

@@ -15,15 +15,18 @@ __all__ = ["USE_THE_NEW_OPS", "broken_contract", "read_only_constants", "returne
 
 USE_THE_NEW_OPS = (
     "Call pattern.replace_output(new_var) (or replace_outputs) to redirect the match's users to the "
-    "replacement, and build only the ops the replacement needs; the framework then removes the matched ops.")
+    "replacement, and build only the ops the replacement needs; the framework then removes the matched ops."
+)
 
 BEFORE_ITS_USERS = (
     "Insert each new op before its first user: mb.<op>(..., before_op=pattern.<final op>) (an op built "
-    "without before_op goes to the end of the block, after the ops that read it), inside the match's block.")
+    "without before_op goes to the end of the block, after the ops that read it), inside the match's block."
+)
 
 KEEP_THE_OUTPUTS = (
     "Leave a block's outputs to pattern.replace_output(new_var): it keeps a returned variable's name "
-    "(the model's output names); never set the outputs in a transform.")
+    "(the model's output names); never set the outputs in a transform."
+)
 
 Precedes = Callable[[Block, Operation, Operation], bool]  # whether an op stands before another in a block
 
@@ -38,8 +41,12 @@ def returned_names(block: Block) -> tuple[str, ...] | int:
 
 
 def broken_contract(
-    created: list[Operation], rewired: list[Operation], block: Block, returned: tuple[str, ...] | int,
-    precedes: Precedes, replacements: Sequence[Var] = (),
+    created: list[Operation],
+    rewired: list[Operation],
+    block: Block,
+    returned: tuple[str, ...] | int,
+    precedes: Precedes,
+    replacements: Sequence[Var] = (),
 ) -> tuple[str, str] | None:
     """What one rewrite broke of its contract (docs/ARCHITECTURE.md, "The rewrite's contract"), as (the
     mistake, its fix); None when it kept it. Only the ops it ``created`` and those it ``rewired`` are looked at, so the
@@ -47,12 +54,19 @@ def broken_contract(
     now = returned_names(block)
     if now != returned:
         if isinstance(now, int):
-            return f"changed the number of outputs of block {block.name} from {returned} to {now}", KEEP_THE_OUTPUTS
-        return (f"changed the outputs of function {block.name} from [{', '.join(returned)}] to "
-                f"[{', '.join(now)}]", KEEP_THE_OUTPUTS)
+            return (
+                f"changed the number of outputs of block {block.name} from {returned} to {now}",
+                KEEP_THE_OUTPUTS,
+            )
+        return (
+            f"changed the outputs of function {block.name} from [{', '.join(returned)}] to "
+            f"[{', '.join(now)}]",
+            KEEP_THE_OUTPUTS,
+        )
     live = [op for op in created if op.enclosing_block is not None]
     unused = [
-        op for op in live
+        op
+        for op in live
         if not any(var._child_ops or var.consuming_blocks or var in replacements for var in op._output_vars)
     ]
     if unused:
@@ -62,8 +76,11 @@ def broken_contract(
     for op in rewired:  # what it reads from a removed op, or from another block (rewrites move no op)
         here = op.enclosing_block
         if here is not None:
-            reads += [(var, op) for var in flat_inputs(op)
-                      if var._op is not None and var._op not in live and var._op.enclosing_block is not here]
+            reads += [
+                (var, op)
+                for var in flat_inputs(op)
+                if var._op is not None and var._op not in live and var._op.enclosing_block is not here
+            ]
     for var, user in reads:
         problem = _unseen(var, user, precedes)
         if problem is not None:
@@ -125,5 +142,3 @@ def read_only_constants(ops: Iterable[Operation]) -> list[np.ndarray]:
                         value.flags.writeable = False
                         frozen.append(value)
     return frozen
-
-

@@ -71,23 +71,36 @@ class _Run:
                 self.journal.keep_block(block)
             block.__exit__(None, None, None)
 
-    def error(self, sub: SubPass | None, text: str, match: Pattern | None = None, fix: str = "",
-              kind: type[PatternInfraError] = PassExecutionError) -> PatternInfraError:
+    def error(
+        self,
+        sub: SubPass | None,
+        text: str,
+        match: Pattern | None = None,
+        fix: str = "",
+        kind: type[PatternInfraError] = PassExecutionError,
+    ) -> PatternInfraError:
         """Restores the program; the error saying ``text`` about ``sub`` (None: about the pass), then the ops
         of ``match`` as restored (a transform may have renamed them), then ``fix``."""
         note = "The program had not been changed yet."
         if self.journal is not None:
             self.journal.restore()
             note = "The program was restored to its state before the pass."
-        where = f"Pass {self.pass_name!r}" if sub is None else f"Pass {self.pass_name!r}, pattern {sub.name!r}"
+        where = (
+            f"Pass {self.pass_name!r}" if sub is None else f"Pass {self.pass_name!r}, pattern {sub.name!r}"
+        )
         if match is not None:
             text += f", on the match [{', '.join(f'{op.name} ({op.op_type})' for op in match.op_list())}]."
         return kind(" ".join(part for part in (f"{where}: {text}", fix, note) if part))
 
 
 def run_subpasses(
-    prog: Program, subpasses: list[SubPass], pass_name: str, *, validate: bool | str = True,
-    passes: Sequence[str] | None = None, scopes: Mapping[str, ScopeInfo] | None = None,
+    prog: Program,
+    subpasses: list[SubPass],
+    pass_name: str,
+    *,
+    validate: bool | str = True,
+    passes: Sequence[str] | None = None,
+    scopes: Mapping[str, ScopeInfo] | None = None,
 ) -> PassStats:
     """Applies each sub-pass in order to every block of ``prog``, in place, and returns the counters summed.
     ``validate``: True checks what each rewrite changed, ``"full"`` the program after each sub-pass that
@@ -146,7 +159,9 @@ def _apply(run: _Run, sub: SubPass, *, first: bool) -> PassStats:
     pending = run.blocks if first else run.changes.pending(run.blocks)
     while pending:
         for block in pending:
-            if block.outer_op is None or block.outer_op.enclosing_block is not None:  # not removed with its op
+            if (
+                block.outer_op is None or block.outer_op.enclosing_block is not None
+            ):  # not removed with its op
                 _sweep(run, sub, run.state(block), stats, first=first)
                 run.leave(nested_only=True)
         first = False
@@ -173,7 +188,7 @@ def _run_pass(run: _Run, subpasses: list[SubPass], total: PassStats) -> None:
         for k, sub in enumerate(subpasses):
             if revisit:
                 for op_type in sorted(sub.seed_types) if sub.seed_types is not None else list(log):
-                    for op in log.get(op_type, ())[seen[k].get(op_type, 0):]:
+                    for op in log.get(op_type, ())[seen[k].get(op_type, 0) :]:
                         run.changes.seed(op)
             if not revisit or run.changes.seeds:
                 total.add(_apply(run, sub, first=not revisit))
@@ -181,9 +196,13 @@ def _run_pass(run: _Run, subpasses: list[SubPass], total: PassStats) -> None:
                 seen[k] = {op_type: len(ops) for op_type, ops in log.items()}
         if log is None or total.rewrites == rewrites:
             return
-    raise run.error(None, f"its sub-passes kept re-creating each other's patterns for {limit} rounds "
-                          f"({', '.join(sub.name for sub in subpasses)}); make each replacement differ from the "
-                          f"other patterns.", kind=FixpointError)
+    raise run.error(
+        None,
+        f"its sub-passes kept re-creating each other's patterns for {limit} rounds "
+        f"({', '.join(sub.name for sub in subpasses)}); make each replacement differ from the "
+        f"other patterns.",
+        kind=FixpointError,
+    )
 
 
 def _sweep(run: _Run, sub: SubPass, st: BlockIndex, stats: PassStats, *, first: bool) -> None:
@@ -232,9 +251,13 @@ def _sweep(run: _Run, sub: SubPass, st: BlockIndex, stats: PassStats, *, first: 
         stats.iterations += 1
         if done > sub.max_iterations:
             ops = ", ".join(op.name for op in last.op_list()) if last else "?"
-            raise run.error(sub, f"still rewriting after {sub.max_iterations} rounds (last match: [{ops}]). Its "
-                                 f"transform re-creates the pattern it replaces; make the replacement differ "
-                                 f"from the pattern, or raise max_iterations.", kind=FixpointError)
+            raise run.error(
+                sub,
+                f"still rewriting after {sub.max_iterations} rounds (last match: [{ops}]). Its "
+                f"transform re-creates the pattern it replaces; make the replacement differ "
+                f"from the pattern, or raise max_iterations.",
+                kind=FixpointError,
+            )
         attempts += sum(1 for _ in tries(matcher, anchor, candidates, accept))
         for op, at in extra:  # a seed tried as another pattern op of its type
             attempts += sum(1 for _ in tries(matcher, at, (op,), accept))
@@ -269,12 +292,18 @@ def _rewrite(run: _Run, sub: SubPass, st: BlockIndex, match: Pattern) -> bool:
     n_removed_by_transform = len(st.removed)
     if result is False:
         if len(st.inserted) != n_inserted or n_removed_by_transform != n_removed:
-            raise run.error(sub, "transform_pattern returned False (declined) after changing the program", match)
+            raise run.error(
+                sub, "transform_pattern returned False (declined) after changing the program", match
+            )
         return False
     dead = remove_dead(match)
     if len(st.inserted) == n_inserted and len(st.removed) == n_removed:
-        raise run.error(sub, f"transform_pattern returned {result!r} without changing the program (no op inserted or "
-                             f"removed)", match, f"{USE_THE_NEW_OPS} To leave a match as it is, return False.")
+        raise run.error(
+            sub,
+            f"transform_pattern returned {result!r} without changing the program (no op inserted or removed)",
+            match,
+            f"{USE_THE_NEW_OPS} To leave a match as it is, return False.",
+        )
     created = st.inserted[n_inserted:]
     removed = st.removed[n_removed:n_removed_by_transform]
     inputs_of_removed = [inputs for _, inputs in dead] + [flat_inputs(op) for op in removed]
@@ -284,9 +313,14 @@ def _rewrite(run: _Run, sub: SubPass, st: BlockIndex, match: Pattern) -> bool:
             validate_rewrite(created, outside_users, removed)
         except Exception as exc:
             raise run.error(sub, f"the program is inconsistent after its rewrites: {exc}.") from exc
-    breach = broken_contract(created, outside_users, block, returned,
-                             lambda home, first, second: run.state(home).precedes(first, second),
-                             match.replacements())
+    breach = broken_contract(
+        created,
+        outside_users,
+        block,
+        returned,
+        lambda home, first, second: run.state(home).precedes(first, second),
+        match.replacements(),
+    )
     if breach is not None:
         raise run.error(sub, f"transform_pattern {breach[0]}", match, breach[1])
     for listener in rewrite_listeners:  # a trace is open (pattern_infra.trace)
@@ -300,4 +334,5 @@ removed ops): :func:`pattern_infra.trace` registers one while a trace is open.""
 
 _NEW_CONSTANT = (
     "Build a new constant for the new value (mb.const(val=..., before_op=...)): a program constant may "
-    "be read by other ops, and the undo journal does not copy tensors.")
+    "be read by other ops, and the undo journal does not copy tensors."
+)

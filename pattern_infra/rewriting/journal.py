@@ -2,6 +2,7 @@
 
 What it saves, the methods it hooks and what it leaves alone: docs/ARCHITECTURE.md, "Rewriting".
 """
+
 from __future__ import annotations
 
 import inspect
@@ -32,7 +33,9 @@ def journals_on_this_thread() -> list[Journal]:
 class Journal:
     """Saved states of what a pass touched; :meth:`restore` (before :meth:`close`) puts the program back."""
 
-    def __init__(self, blocks: Iterable[Block], op_lists: Mapping[Block, list[Operation]] | None = None) -> None:
+    def __init__(
+        self, blocks: Iterable[Block], op_lists: Mapping[Block, list[Operation]] | None = None
+    ) -> None:
         """``op_lists``: each block's ops in program order, where the caller has them (kept, not copied)."""
         self.thread = _get_ident()
         self.saved: set[Any] = set()  # objects saved, or created since it opened (they hash by identity)
@@ -43,7 +46,8 @@ class Journal:
         self.attrs: list[Any] = []
         listed = op_lists or {}
         self.blocks: list[tuple[Block, list[Operation], dict[str, Any]]] = [
-            (block, listed.get(block) or list(block.operations), _fields(block)) for block in blocks]
+            (block, listed.get(block) or list(block.operations), _fields(block)) for block in blocks
+        ]
         self.closed = False
         _open(self)
 
@@ -52,7 +56,9 @@ class Journal:
         only the input map in place (cheaper than :func:`_fields`)."""
         if op not in self.saved:
             self.saved.add(op)
-            if getattr(op, "_output_vars", None) is not None:  # else under construction: new, nothing to restore
+            if (
+                getattr(op, "_output_vars", None) is not None
+            ):  # else under construction: new, nothing to restore
                 fields = op.__dict__.copy()
                 fields["_input_vars"] = fields["_input_vars"].copy()
                 self.objects.append((op, fields))
@@ -134,7 +140,9 @@ def _hook(changes: Callable[..., Iterable[Any]]) -> Callable[[Callable[..., Any]
         def hook(*args: Any, **kwargs: Any) -> Any:
             _keep(changes(*args, **kwargs))
             return original(*args, **kwargs)
+
         return hook
+
     return make
 
 
@@ -148,6 +156,7 @@ def _hook_add_child_op(original: Callable[..., Any]) -> Callable[..., Any]:
             if self not in journal.saved:
                 journal.keep_users(self)
         return original(self, new_op)
+
     return add_child_op
 
 
@@ -157,6 +166,7 @@ def _hook_remove_child_op(original: Callable[..., Any]) -> Callable[..., Any]:
             if self not in journal.saved:
                 journal.keep_users(self)
         return original(self, target_op, no_check)
+
     return remove_child_op
 
 
@@ -166,6 +176,7 @@ def _hook_set_inputs(original: Callable[..., Any]) -> Callable[..., Any]:
             if self not in journal.saved:
                 journal.keep_op(self)
         return original(self, input_kvs, no_check_var_types)
+
     return _validate_and_set_inputs
 
 
@@ -177,6 +188,7 @@ def _hook_scopes(prop: property) -> property:
         if _ACTIVE and self.op is not None:
             _keep((self.op,))
         setter(self, scopes)  # type: ignore[misc]
+
     return property(prop.fget, set_scopes, prop.fdel, prop.__doc__)
 
 
@@ -187,6 +199,7 @@ def _hook_replace_block_output_var(original: Callable[..., Any]) -> Callable[...
         if old_var in self._outputs:
             _keep((old_var, new_var))
         return original(self, old_var, new_var)
+
     return replace_block_output_var
 
 
@@ -202,6 +215,7 @@ def _hook_type_value_inference(original: Callable[..., Any]) -> Callable[..., An
             return result
         _keep((self, *outputs))
         return original(self, overwrite_output)
+
     return type_value_inference
 
 
@@ -214,7 +228,11 @@ _HOOKS: list[tuple[type, str, Callable[[Any], Any]]] = [
     (Block, "replace_block_output_var", _hook_replace_block_output_var),
     (Var, "set_name", _hook(lambda self, name: (self,))),
     # the old and the new outputs' consuming_blocks
-    (Block, "set_outputs", _hook(lambda self, outputs: [v for v in [*self._outputs, *outputs] if isinstance(v, Var)])),
+    (
+        Block,
+        "set_outputs",
+        _hook(lambda self, outputs: [v for v in [*self._outputs, *outputs] if isinstance(v, Var)]),
+    ),
     (Block, "remove_ops", _hook(lambda self, ops_to_remove: ops_to_remove)),  # each op's enclosing_block
 ]
 """(class, attribute, hook factory taking the attribute as defined): every way coremltools 9.0's MIL
@@ -252,7 +270,12 @@ def _copied(value: Any) -> Any:
 
 def _fields(obj: Any) -> dict[str, Any]:
     """Every attribute of ``obj`` (slots and dict), containers copied one level deep."""
-    slots = [name for klass in type(obj).__mro__ for name in klass.__dict__.get("__slots__", ()) if name != "__dict__"]
+    slots = [
+        name
+        for klass in type(obj).__mro__
+        for name in klass.__dict__.get("__slots__", ())
+        if name != "__dict__"
+    ]
     state = {name: getattr(obj, name, _ABSENT) for name in slots}
     state.update(getattr(obj, "__dict__", {}))
     return {name: _copied(value) for name, value in state.items() if value is not _ABSENT}

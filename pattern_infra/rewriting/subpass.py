@@ -52,7 +52,9 @@ class PassStats:
 
     def __sub__(self, before: PassStats) -> PassStats:
         """What was counted since the counters were ``before``."""
-        return PassStats(**{name: getattr(self, name) - getattr(before, name) for name in self.__dataclass_fields__})
+        return PassStats(
+            **{name: getattr(self, name) - getattr(before, name) for name in self.__dataclass_fields__}
+        )
 
 
 @dataclass

@@ -53,8 +53,13 @@ def _range(symbol: object, bounds: tuple[int, int]) -> ct.RangeDim:
     return dim
 
 
-def cached_attention(*, bounded: bool = True, mask_length: str = "same", reps_length: str = "same",
-                     groups: int = HEADS // KV_HEADS) -> Program:
+def cached_attention(
+    *,
+    bounded: bool = True,
+    mask_length: str = "same",
+    reps_length: str = "same",
+    groups: int = HEADS // KV_HEADS,
+) -> Program:
     """``softmax(q @ repeat_kv(k_cache[..., :S, :])^T / sqrt(E) + mask) @ repeat_kv(v_cache[..., :S, :])``.
 
     Inputs ``q [1, KV_HEADS * groups, L, E]``, ``k_cache``, ``v_cache [1, KV_HEADS, CACHE, E]``, ``mask [1, 1,
@@ -80,8 +85,13 @@ def cached_attention(*, bounded: bool = True, mask_length: str = "same", reps_le
     ]
 
     def repeat(cache: Var, end: Var, target_len: Var, name: str) -> Var:
-        sliced = mb.slice_by_index(x=cache, begin=[0, 0, 0, 0], end=mb.concat(values=[1, KV_HEADS, end, HEAD_DIM], axis=0),
-                                   end_mask=[True, True, False, True], name=f"{name}_slice")
+        sliced = mb.slice_by_index(
+            x=cache,
+            begin=[0, 0, 0, 0],
+            end=mb.concat(values=[1, KV_HEADS, end, HEAD_DIM], axis=0),
+            end_mask=[True, True, False, True],
+            name=f"{name}_slice",
+        )
         expanded = mb.expand_dims(x=sliced, axes=[2], name=f"{name}_expand")
         target = mb.concat(values=[1, KV_HEADS, groups, target_len, HEAD_DIM], axis=0)
         shape = mb.shape(x=expanded)
@@ -92,8 +102,11 @@ def cached_attention(*, bounded: bool = True, mask_length: str = "same", reps_le
     @mb.program(input_specs=specs, opset_version=ct.target.iOS18)
     def attention(q, k_cache, v_cache, mask, other):
         mask_shape = mb.shape(x=mask)
-        end = mb.gather(x=mask_shape if mask_length == "same" else mb.shape(x=other), indices=3 if mask_length == "same" else 1,
-                        axis=0)
+        end = mb.gather(
+            x=mask_shape if mask_length == "same" else mb.shape(x=other),
+            indices=3 if mask_length == "same" else 1,
+            axis=0,
+        )
         target_len = end if reps_length == "same" else mb.gather(x=mask_shape, indices=2, axis=0)
         keys, values = repeat(k_cache, end, target_len, "k"), repeat(v_cache, end, target_len, "v")
         scores = mb.mul(x=mb.matmul(x=q, y=keys, transpose_y=True), y=np.float32(1 / math.sqrt(HEAD_DIM)))

@@ -39,8 +39,13 @@ VOCAB = 128
 """Vocabulary size of every text model."""
 
 _LLM = dict(
-    vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-    num_key_value_heads=2, max_position_embeddings=64,
+    vocab_size=VOCAB,
+    hidden_size=64,
+    intermediate_size=128,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    max_position_embeddings=64,
 )
 
 
@@ -93,7 +98,9 @@ def _ids() -> torch.Tensor:
     return torch.randint(0, VOCAB, (1, SEQ))
 
 
-def _causal_lm(config_cls: str, model_cls: str, attn: str, one_plus: bool = False, **extra: Any) -> ModelAndArgs:
+def _causal_lm(
+    config_cls: str, model_cls: str, attn: str, one_plus: bool = False, **extra: Any
+) -> ModelAndArgs:
     tf = _transformers()
     torch.manual_seed(0)
     config = getattr(tf, config_cls)(**{**_LLM, **extra}, attn_implementation=attn)
@@ -131,8 +138,9 @@ def gpt2(attn: str) -> ModelAndArgs:
     """``GPT2LMHeadModel``: ``Conv1D`` projections, layer norm, tanh GELU, boolean causal mask."""
     tf = _transformers()
     torch.manual_seed(0)
-    config = tf.GPT2Config(vocab_size=VOCAB, n_embd=64, n_layer=2, n_head=4, n_positions=64,
-                           attn_implementation=attn)
+    config = tf.GPT2Config(
+        vocab_size=VOCAB, n_embd=64, n_layer=2, n_head=4, n_positions=64, attn_implementation=attn
+    )
     model = tf.GPT2LMHeadModel(config).eval()
     _randomize_norms(model)
     return _Logits(model).eval(), (_ids(),)
@@ -142,14 +150,23 @@ def bert(attn: str) -> ModelAndArgs:
     """``BertModel``: post-norm encoder, erf GELU."""
     tf = _transformers()
     torch.manual_seed(0)
-    config = tf.BertConfig(vocab_size=VOCAB, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
-                           intermediate_size=128, max_position_embeddings=64, attn_implementation=attn)
+    config = tf.BertConfig(
+        vocab_size=VOCAB,
+        hidden_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        intermediate_size=128,
+        max_position_embeddings=64,
+        attn_implementation=attn,
+    )
     model = tf.BertModel(config, add_pooling_layer=False).eval()
     _randomize_norms(model)
     return _LastHidden(model, "input_ids").eval(), (_ids(),)
 
 
-def _image_model(config_cls: str, model_cls: str, size: int, model_kwargs: dict[str, Any], **config: Any) -> ModelAndArgs:
+def _image_model(
+    config_cls: str, model_cls: str, size: int, model_kwargs: dict[str, Any], **config: Any
+) -> ModelAndArgs:
     """``model_cls(config_cls(**config), **model_kwargs)`` on a ``size`` x ``size`` RGB image, returning
     its ``last_hidden_state``."""
     tf = _transformers()
@@ -161,17 +178,34 @@ def _image_model(config_cls: str, model_cls: str, size: int, model_kwargs: dict[
 
 def vit(attn: str) -> ModelAndArgs:
     """``ViTModel`` on a 32x32 image with 8x8 patches."""
-    return _image_model("ViTConfig", "ViTModel", 32, dict(add_pooling_layer=False), image_size=32, patch_size=8,
-                        hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=128,
-                        attn_implementation=attn)
+    return _image_model(
+        "ViTConfig",
+        "ViTModel",
+        32,
+        dict(add_pooling_layer=False),
+        image_size=32,
+        patch_size=8,
+        hidden_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        intermediate_size=128,
+        attn_implementation=attn,
+    )
 
 
 def clip_text(attn: str) -> ModelAndArgs:
     """``CLIPTextModel``: pre-norm, quick GELU, causal mask."""
     tf = _transformers()
     torch.manual_seed(0)
-    config = tf.CLIPTextConfig(vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                               num_attention_heads=4, max_position_embeddings=SEQ, attn_implementation=attn)
+    config = tf.CLIPTextConfig(
+        vocab_size=VOCAB,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        max_position_embeddings=SEQ,
+        attn_implementation=attn,
+    )
     model = tf.CLIPTextModel(config).eval()
     _randomize_norms(model)
     return _LastHidden(model, "input_ids").eval(), (_ids(),)
@@ -183,8 +217,15 @@ def whisper_encoder(attn: str) -> ModelAndArgs:
     from transformers.models.whisper.modeling_whisper import WhisperEncoder
 
     torch.manual_seed(0)
-    config = tf.WhisperConfig(num_mel_bins=16, d_model=64, encoder_layers=2, encoder_attention_heads=4,
-                              encoder_ffn_dim=128, max_source_positions=16, attn_implementation=attn)
+    config = tf.WhisperConfig(
+        num_mel_bins=16,
+        d_model=64,
+        encoder_layers=2,
+        encoder_attention_heads=4,
+        encoder_ffn_dim=128,
+        max_source_positions=16,
+        attn_implementation=attn,
+    )
     model = WhisperEncoder(config).eval()
     _randomize_norms(model)
     return _LastHidden(model, "input_features").eval(), (torch.randn(1, 16, 32),)
@@ -192,15 +233,32 @@ def whisper_encoder(attn: str) -> ModelAndArgs:
 
 def convnext() -> ModelAndArgs:
     """``ConvNextModel``: depthwise convs, channels-last and channels-first layer norms, layer scale."""
-    return _image_model("ConvNextConfig", "ConvNextModel", 32, {}, num_channels=3, hidden_sizes=[16, 32],
-                        depths=[1, 1], num_stages=2, layer_scale_init_value=0.5)
+    return _image_model(
+        "ConvNextConfig",
+        "ConvNextModel",
+        32,
+        {},
+        num_channels=3,
+        hidden_sizes=[16, 32],
+        depths=[1, 1],
+        num_stages=2,
+        layer_scale_init_value=0.5,
+    )
 
 
 def mobilevit() -> ModelAndArgs:
     """``MobileViTModel``: inverted residuals, batch norms, unfolded patches through transformer layers."""
-    return _image_model("MobileViTConfig", "MobileViTModel", 64, dict(expand_output=False), image_size=64,
-                        patch_size=2, hidden_sizes=[16, 24, 32], neck_hidden_sizes=[8, 8, 16, 16, 24, 24, 48],
-                        num_attention_heads=2)
+    return _image_model(
+        "MobileViTConfig",
+        "MobileViTModel",
+        64,
+        dict(expand_output=False),
+        image_size=64,
+        patch_size=2,
+        hidden_sizes=[16, 24, 32],
+        neck_hidden_sizes=[8, 8, 16, 16, 24, 24, 48],
+        num_attention_heads=2,
+    )
 
 
 def mixtral(attn: str) -> ModelAndArgs:
@@ -218,16 +276,29 @@ def mixtral(attn: str) -> ModelAndArgs:
     (``gather``, then a batched ``matmul`` between ``expand_dims`` and ``squeeze``) are the
     implementation's own computation.
     """
-    return _causal_lm("MixtralConfig", "MixtralForCausalLM", attn, num_local_experts=4, num_experts_per_tok=2,
-                      experts_implementation="batched_mm")
+    return _causal_lm(
+        "MixtralConfig",
+        "MixtralForCausalLM",
+        attn,
+        num_local_experts=4,
+        num_experts_per_tok=2,
+        experts_implementation="batched_mm",
+    )
 
 
 def qwen2moe(attn: str) -> ModelAndArgs:
     """``Qwen2MoeForCausalLM``: 4 routed experts (top 2) plus a sigmoid-gated shared expert, biased q/k/v;
     experts as in :func:`mixtral`."""
-    return _causal_lm("Qwen2MoeConfig", "Qwen2MoeForCausalLM", attn, num_experts=4, num_experts_per_tok=2,
-                      moe_intermediate_size=64, shared_expert_intermediate_size=64,
-                      experts_implementation="batched_mm")
+    return _causal_lm(
+        "Qwen2MoeConfig",
+        "Qwen2MoeForCausalLM",
+        attn,
+        num_experts=4,
+        num_experts_per_tok=2,
+        moe_intermediate_size=64,
+        shared_expert_intermediate_size=64,
+        experts_implementation="batched_mm",
+    )
 
 
 def qwen3(attn: str) -> ModelAndArgs:
@@ -269,9 +340,18 @@ def falcon(attn: str) -> ModelAndArgs:
     """
     tf = _transformers()
     torch.manual_seed(0)
-    config = tf.FalconConfig(vocab_size=VOCAB, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
-                             multi_query=True, new_decoder_architecture=False, parallel_attn=True, bias=False,
-                             max_position_embeddings=64, attn_implementation=attn)
+    config = tf.FalconConfig(
+        vocab_size=VOCAB,
+        hidden_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        multi_query=True,
+        new_decoder_architecture=False,
+        parallel_attn=True,
+        bias=False,
+        max_position_embeddings=64,
+        attn_implementation=attn,
+    )
     model = tf.FalconForCausalLM(config).eval()
     _randomize_norms(model)
     return _Logits(model).eval(), (_ids(),)
@@ -285,7 +365,9 @@ class _EncoderDecoder(nn.Module):
         self.model = model
 
     def forward(self, input_ids: torch.Tensor, decoder_input_ids: torch.Tensor) -> torch.Tensor:
-        return self.model(input_ids=input_ids, decoder_input_ids=decoder_input_ids, use_cache=False).last_hidden_state
+        return self.model(
+            input_ids=input_ids, decoder_input_ids=decoder_input_ids, use_cache=False
+        ).last_hidden_state
 
 
 def t5(attn: str) -> ModelAndArgs:
@@ -301,8 +383,17 @@ def t5(attn: str) -> ModelAndArgs:
     """
     tf = _transformers()
     torch.manual_seed(0)
-    config = tf.T5Config(vocab_size=VOCAB, d_model=64, d_kv=16, d_ff=128, num_layers=2, num_decoder_layers=2,
-                         num_heads=4, feed_forward_proj="gated-gelu", attn_implementation=attn)
+    config = tf.T5Config(
+        vocab_size=VOCAB,
+        d_model=64,
+        d_kv=16,
+        d_ff=128,
+        num_layers=2,
+        num_decoder_layers=2,
+        num_heads=4,
+        feed_forward_proj="gated-gelu",
+        attn_implementation=attn,
+    )
     model = tf.T5Model(config).eval()
     _randomize_norms(model)
     return _EncoderDecoder(model).eval(), (_ids(), torch.randint(0, VOCAB, (1, SEQ // 2)))
@@ -311,15 +402,35 @@ def t5(attn: str) -> ModelAndArgs:
 def swin() -> ModelAndArgs:
     """``SwinModel``: windowed attention (4x4 windows, shifted in every second block) with relative
     position bias, patch merging; a 32x32 image in 4x4 patches."""
-    return _image_model("SwinConfig", "SwinModel", 32, dict(add_pooling_layer=False), image_size=32, patch_size=4,
-                        embed_dim=16, depths=[2, 2], num_heads=[2, 4], window_size=4)
+    return _image_model(
+        "SwinConfig",
+        "SwinModel",
+        32,
+        dict(add_pooling_layer=False),
+        image_size=32,
+        patch_size=4,
+        embed_dim=16,
+        depths=[2, 2],
+        num_heads=[2, 4],
+        window_size=4,
+    )
 
 
 def siglip_vision(attn: str) -> ModelAndArgs:
     """``SiglipVisionModel``: pre-norm ViT with tanh GELU and an attention-pooling head; 32x32 image."""
-    return _image_model("SiglipVisionConfig", "SiglipVisionModel", 32, {}, hidden_size=64, intermediate_size=128,
-                        num_hidden_layers=2, num_attention_heads=4, image_size=32, patch_size=8,
-                        attn_implementation=attn)
+    return _image_model(
+        "SiglipVisionConfig",
+        "SiglipVisionModel",
+        32,
+        {},
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        image_size=32,
+        patch_size=8,
+        attn_implementation=attn,
+    )
 
 
 def _both(builder: Callable[[str], ModelAndArgs]) -> dict[str, Callable[[], ModelAndArgs]]:
@@ -333,28 +444,67 @@ def _eager(builder: Callable[[str], ModelAndArgs]) -> dict[str, Callable[[], Mod
 
 
 HF_ZOO: dict[str, Callable[[], ModelAndArgs]] = {
-    **_both(llama), **_both(mistral), **_both(qwen2), **_both(gemma), **_both(phi3), **_both(gpt2),
-    **_both(bert), **_both(vit), **_both(clip_text), **_both(whisper_encoder),
-    "convnext": convnext, "mobilevit": mobilevit,
-    **_eager(mixtral), **_eager(qwen2moe), **_eager(qwen3), **_eager(gemma2), **_eager(starcoder2),
-    **_eager(cohere), **_both(falcon), **_eager(t5), "swin": swin, **_eager(siglip_vision),
+    **_both(llama),
+    **_both(mistral),
+    **_both(qwen2),
+    **_both(gemma),
+    **_both(phi3),
+    **_both(gpt2),
+    **_both(bert),
+    **_both(vit),
+    **_both(clip_text),
+    **_both(whisper_encoder),
+    "convnext": convnext,
+    "mobilevit": mobilevit,
+    **_eager(mixtral),
+    **_eager(qwen2moe),
+    **_eager(qwen3),
+    **_eager(gemma2),
+    **_eager(starcoder2),
+    **_eager(cohere),
+    **_both(falcon),
+    **_eager(t5),
+    "swin": swin,
+    **_eager(siglip_vision),
 }
 """Every ``transformers`` zoo model by name, in a fixed order; each is callable with no argument."""
 
-DECODER_LLMS: tuple[str, ...] = tuple(n for n in HF_ZOO if n.split("_")[0] in
-                                      ("llama", "mistral", "qwen2", "gemma", "phi3", "gpt2", "mixtral", "qwen2moe",
-                                       "qwen3", "gemma2", "starcoder2", "cohere", "falcon"))
+DECODER_LLMS: tuple[str, ...] = tuple(
+    n
+    for n in HF_ZOO
+    if n.split("_")[0]
+    in (
+        "llama",
+        "mistral",
+        "qwen2",
+        "gemma",
+        "phi3",
+        "gpt2",
+        "mixtral",
+        "qwen2moe",
+        "qwen3",
+        "gemma2",
+        "starcoder2",
+        "cohere",
+        "falcon",
+    )
+)
 """The decoder-only language models of :data:`HF_ZOO`."""
 
-GROUPED_KV: tuple[str, ...] = tuple(n for n in HF_ZOO if n.split("_")[0] in ("llama", "mistral", "qwen2", "gemma"))
+GROUPED_KV: tuple[str, ...] = tuple(
+    n for n in HF_ZOO if n.split("_")[0] in ("llama", "mistral", "qwen2", "gemma")
+)
 """Models whose attention repeats K/V (``repeat_kv``) and must lose that repetition at iOS18."""
 
 FAST: tuple[str, ...] = ("llama_sdpa", "gpt2_eager")
 """A few small models the default test run converts; ``make models`` converts them all."""
 
-BOTH_PRECISIONS: tuple[str, ...] = tuple(n for n in HF_ZOO if n.split("_")[0] in
-                                         ("mixtral", "qwen2moe", "qwen3", "gemma2", "starcoder2", "cohere",
-                                          "falcon", "t5", "swin", "siglip"))
+BOTH_PRECISIONS: tuple[str, ...] = tuple(
+    n
+    for n in HF_ZOO
+    if n.split("_")[0]
+    in ("mixtral", "qwen2moe", "qwen3", "gemma2", "starcoder2", "cohere", "falcon", "t5", "swin", "siglip")
+)
 """Models converted at fp16 as well as fp32 by the slow tests and ``make models`` (the others at fp32)."""
 
 ONLY_ATTENTION_LEFT: tuple[str, ...] = ("swin", "siglip_vision_eager")

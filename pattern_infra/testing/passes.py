@@ -96,7 +96,11 @@ class PassOutcome:
 
     def counts(self) -> tuple[Counter, Counter, Counter]:
         """Op-type counts before, after coremltools' pass, after ours."""
-        return Counter(op_types(self.before)), Counter(op_types(self.coremltools)), Counter(op_types(self.ours))
+        return (
+            Counter(op_types(self.before)),
+            Counter(op_types(self.coremltools)),
+            Counter(op_types(self.ours)),
+        )
 
     def same(self) -> bool:
         """Whether both passes produced the same program text (ops, order, names, constants)."""
@@ -321,7 +325,9 @@ def dyadic_f32(rng: np.random.Generator) -> Sampler:
     return sample
 
 
-def conv_weight_shape(op_type: str, c_in: int, c_out: int, *, groups: int = 1, rank: int = 4) -> tuple[int, ...]:
+def conv_weight_shape(
+    op_type: str, c_in: int, c_out: int, *, groups: int = 1, rank: int = 4
+) -> tuple[int, ...]:
     """The weight shape of a 3-wide ``conv`` (``[Cout, Cin/groups, 3, ...]``) or ``conv_transpose``
     (``[Cin, Cout/groups, 3, ...]``) on an input of rank ``rank``.
 
@@ -341,7 +347,9 @@ def conv_weight_shape(op_type: str, c_in: int, c_out: int, *, groups: int = 1, r
     return (c_out, c_in // groups, *kernel)
 
 
-def sampled_conv(x: Var, op_type: str, c_out: int, sample: Sampler, *, bias: bool = True, groups: int = 1) -> Var:
+def sampled_conv(
+    x: Var, op_type: str, c_out: int, sample: Sampler, *, bias: bool = True, groups: int = 1
+) -> Var:
     """``op_type`` (``conv`` or ``conv_transpose``) of ``x``, named ``"conv"``, with a 3-wide kernel.
 
     Args:
@@ -360,7 +368,6 @@ def sampled_conv(x: Var, op_type: str, c_out: int, sample: Sampler, *, bias: boo
     if bias:
         kwargs["bias"] = sample(c_out)
     return getattr(mb, op_type)(**kwargs)
-
 
 
 # -- a toy pattern for the framework's own tests ------------------------------------------------------------

@@ -103,8 +103,9 @@ PRECISIONS = ("fp32", "fp16")
 """The compute precisions :func:`compare_targets` knows, by their names in the tables."""
 
 
-def compare_targets(name: str, targets: Sequence[Any], *, numerics: bool = True,
-                    precisions: Sequence[str] = ("fp32",)) -> list[ModelComparison]:
+def compare_targets(
+    name: str, targets: Sequence[Any], *, numerics: bool = True, precisions: Sequence[str] = ("fp32",)
+) -> list[ModelComparison]:
     """Exports zoo model ``name`` once and converts it for each target and precision with the override off
     and on.
 
@@ -130,7 +131,9 @@ def compare_targets(name: str, targets: Sequence[Any], *, numerics: bool = True,
 
     unknown = [p for p in precisions if p not in PRECISIONS]
     if unknown:
-        raise ValueError(f"compare_targets({name!r}): unknown precisions {unknown}; use some of {list(PRECISIONS)}.")
+        raise ValueError(
+            f"compare_targets({name!r}): unknown precisions {unknown}; use some of {list(PRECISIONS)}."
+        )
     compute = {"fp32": ct.precision.FLOAT32, "fp16": ct.precision.FLOAT16}
     torch_support.install()
     model, args = builder(name)()
@@ -148,18 +151,30 @@ def compare_targets(name: str, targets: Sequence[Any], *, numerics: bool = True,
             fired: dict[str, int] = {}
             for override in (False, True):
                 run_log(clear=True)
-                programs[override] = convert_exported(exported, override=override, minimum_deployment_target=target,
-                                                      compute_precision=compute[precision])
+                programs[override] = convert_exported(
+                    exported,
+                    override=override,
+                    minimum_deployment_target=target,
+                    compute_precision=compute[precision],
+                )
                 if override:
                     for pass_id, _, stats in run_log(clear=True):
                         if stats.rewrites:
                             fired[pass_id] = fired.get(pass_id, 0) + stats.rewrites
-            row = ModelComparison(name, _counts(programs[False]), _counts(programs[True]), fired, target=target,
-                                  precision=precision)
+            row = ModelComparison(
+                name,
+                _counts(programs[False]),
+                _counts(programs[True]),
+                fired,
+                target=target,
+                precision=precision,
+            )
             if numerics:
                 row.scale = max(float(np.max(np.abs(e))) for e in expected_np)
                 row.max_abs_err_off, row.max_abs_err_on = (
-                    _max_abs_err(programs[override], args, expected_np, precision) for override in (False, True))
+                    _max_abs_err(programs[override], args, expected_np, precision)
+                    for override in (False, True)
+                )
             rows.append(row)
     return rows
 

@@ -113,15 +113,18 @@ class StatefulDecoder(nn.Module):
         hidden: MLP width.
     """
 
-    def __init__(self, layers: int = 2, dim: int = 32, heads: int = 4, kv_heads: int = 2, hidden: int = 64) -> None:
+    def __init__(
+        self, layers: int = 2, dim: int = 32, heads: int = 4, kv_heads: int = 2, hidden: int = 64
+    ) -> None:
         super().__init__()
         self.embed = nn.Embedding(VOCAB, dim)
         self.layers = nn.ModuleList(Layer(dim, heads, kv_heads, hidden) for _ in range(layers))
         self.norm = RMSNorm(dim)
         self.lm_head = nn.Linear(dim, VOCAB, bias=False)
         head_dim = dim // heads
-        self.register_buffer("inv_freq", 1.0 / (10000.0 ** (torch.arange(0, head_dim, 2).float() / head_dim)),
-                             persistent=False)
+        self.register_buffer(
+            "inv_freq", 1.0 / (10000.0 ** (torch.arange(0, head_dim, 2).float() / head_dim)), persistent=False
+        )
         shape = (layers, 1, kv_heads, CONTEXT, head_dim)
         self.register_buffer("keyCache", torch.zeros(shape))
         self.register_buffer("valueCache", torch.zeros(shape))
@@ -140,8 +143,17 @@ class StatefulDecoder(nn.Module):
             x = x + layer.down_proj(nn.functional.silu(layer.gate_proj(h)) * layer.up_proj(h))
         return self.lm_head(self.norm(x))
 
-    def _attention(self, layer: Layer, index: int, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-                   mask: torch.Tensor, begin: Any, end: Any) -> torch.Tensor:
+    def _attention(
+        self,
+        layer: Layer,
+        index: int,
+        x: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        mask: torch.Tensor,
+        begin: Any,
+        end: Any,
+    ) -> torch.Tensor:
         batch, length, _ = x.shape
         q = layer.q_proj(x).view(batch, length, layer.heads, layer.head_dim).transpose(1, 2)
         k = layer.k_proj(x).view(batch, length, layer.kv_heads, layer.head_dim).transpose(1, 2)
@@ -246,13 +258,19 @@ def convert_decoder(exported: Any, *, override: bool, **convert_kwargs: Any) -> 
 
     torch_support.install()
     buffers = dict(exported.named_buffers())
-    states = [ct.StateType(wrapped_type=ct.TensorType(shape=tuple(buffers[name].shape), dtype=np.float16), name=name)
-              for name in STATE_NAMES]
+    states = [
+        ct.StateType(
+            wrapped_type=ct.TensorType(shape=tuple(buffers[name].shape), dtype=np.float16), name=name
+        )
+        for name in STATE_NAMES
+    ]
     convert_kwargs.setdefault("minimum_deployment_target", ct.target.iOS18)
     return convert_exported_model(exported, override=override, states=states, **convert_kwargs)
 
 
-def run_steps(prog: Any, steps: Sequence[Step], state: dict[str, np.ndarray] | None = None) -> list[np.ndarray]:
+def run_steps(
+    prog: Any, steps: Sequence[Step], state: dict[str, np.ndarray] | None = None
+) -> list[np.ndarray]:
     """Runs a converted decoder over ``steps`` with the reference evaluator (float64).
 
     The state is one mapping carried from call to call, as an ``MLState`` is on a device.
@@ -291,7 +309,9 @@ def torch_cache(module: StatefulDecoder, steps: Sequence[Step]) -> dict[str, np.
     return _torch_run(module, steps)[1]
 
 
-def _torch_run(module: StatefulDecoder, steps: Sequence[Step]) -> tuple[list[np.ndarray], dict[str, np.ndarray]]:
+def _torch_run(
+    module: StatefulDecoder, steps: Sequence[Step]
+) -> tuple[list[np.ndarray], dict[str, np.ndarray]]:
     module.reset()
     outputs = []
     with torch.no_grad():
@@ -335,24 +355,35 @@ def measure(seed: int = 0) -> list[dict[str, Any]]:
                 error = relative_error(run_steps(prog, steps[1:2], torch_cache(module, steps[:1])), want[1:2])
             counts = op_counts(prog)
             counts.pop("const", None)
-            rows.append({
-                "variant": variant, "override": override, "ops": sum(counts.values()), "tile": counts["tile"],
-                "sdpa": counts["scaled_dot_product_attention"],
-                "state_ops": tuple(counts[t] for t in ("read_state", "coreml_update_state", "slice_update")),
-                "error": error,
-            })
+            rows.append(
+                {
+                    "variant": variant,
+                    "override": override,
+                    "ops": sum(counts.values()),
+                    "tile": counts["tile"],
+                    "sdpa": counts["scaled_dot_product_attention"],
+                    "state_ops": tuple(
+                        counts[t] for t in ("read_state", "coreml_update_state", "slice_update")
+                    ),
+                    "error": error,
+                }
+            )
     return rows
 
 
 def main() -> None:
     """Prints :func:`measure` as a Markdown table (``python -m pattern_infra.testing.stateful``)."""
-    print("| variant | override | ops | tile | scaled_dot_product_attention | read_state / coreml_update_state / "
-          "slice_update | error against PyTorch |")
+    print(
+        "| variant | override | ops | tile | scaled_dot_product_attention | read_state / coreml_update_state / "
+        "slice_update | error against PyTorch |"
+    )
     print("|---|---|---|---|---|---|---|")
     for row in measure():
         state_ops = " / ".join(str(n) for n in row["state_ops"])
-        print(f"| {row['variant']} | {'on' if row['override'] else 'off'} | {row['ops']} | {row['tile']} | "
-              f"{row['sdpa']} | {state_ops} | {row['error']:.1e} |")
+        print(
+            f"| {row['variant']} | {'on' if row['override'] else 'off'} | {row['ops']} | {row['tile']} | "
+            f"{row['sdpa']} | {state_ops} | {row['error']:.1e} |"
+        )
 
 
 if __name__ == "__main__":

@@ -198,9 +198,7 @@ def evaluate(
     if precision not in _PRECISIONS:
         raise EvaluationError(f"Unknown precision {precision!r}; use one of {list(_PRECISIONS)}.")
     if function not in prog.functions:
-        raise EvaluationError(
-            f"The program has no function '{function}'; it has {sorted(prog.functions)}."
-        )
+        raise EvaluationError(f"The program has no function '{function}'; it has {sorted(prog.functions)}.")
     func = prog.functions[function]
     runner = _Runner(precision)
     env: ChainMap[Any, Any] = ChainMap()
@@ -235,8 +233,12 @@ def initial_state(prog: Any, *, function: str = "main") -> dict[str, np.ndarray]
         wrapped = var.sym_type.wrapped_type()
         shape = wrapped.get_shape()
         if any(is_symbolic(d) for d in shape):
-            raise EvaluationError(f"State '{name}' has a symbolic shape {shape}; states must have static shapes.")
-        zeros[name] = np.zeros([int(d) for d in shape], dtype=types.nptype_from_builtin(wrapped.get_primitive()))
+            raise EvaluationError(
+                f"State '{name}' has a symbolic shape {shape}; states must have static shapes."
+            )
+        zeros[name] = np.zeros(
+            [int(d) for d in shape], dtype=types.nptype_from_builtin(wrapped.get_primitive())
+        )
     return zeros
 
 
@@ -414,9 +416,7 @@ class _Runner:
             self.run_op(op, env)
         return [self.lookup(var, env) for var in block.outputs]
 
-    def run_block(
-        self, block: Any, block_inputs: Sequence[Any], outer: ChainMap[Any, Any]
-    ) -> list[Any]:
+    def run_block(self, block: Any, block_inputs: Sequence[Any], outer: ChainMap[Any, Any]) -> list[Any]:
         if len(block.inputs) != len(block_inputs):
             raise EvaluationError(
                 f"Block '{block.name}' takes {len(block.inputs)} inputs, got {len(block_inputs)}."
@@ -482,7 +482,11 @@ def _check_declared_shape(
         not is_symbolic(want) and int(want) != got for got, want in zip(actual, declared)
     )
     if mismatch:
-        hint = "" if sizes is not None else " (the evaluator's semantics and coremltools' type inference disagree)"
+        hint = (
+            ""
+            if sizes is not None
+            else " (the evaluator's semantics and coremltools' type inference disagree)"
+        )
         raise EvaluationError(
             f"{what} has shape {tuple(actual)} but the program declares {tuple(declared)}{hint}."
         )
@@ -1141,7 +1145,9 @@ def _local_response_norm(ctx: OpContext) -> np.ndarray:
     x = ctx.array("x")
     size = int(ctx.attr("size"))
     if size % 2 == 0:
-        raise ctx.unsupported(f"an even window size ({size}): the definition does not say where it is centred")
+        raise ctx.unsupported(
+            f"an even window size ({size}): the definition does not say where it is centred"
+        )
     alpha = ctx.array("alpha") if ctx.has("alpha") else 1e-4
     beta = ctx.array("beta") if ctx.has("beta") else 0.75
     k = ctx.array("k") if ctx.has("k") else 1.0
@@ -1325,7 +1331,9 @@ def _crop(ctx: OpContext) -> np.ndarray:
 def _pad(ctx: OpContext) -> np.ndarray:
     x = ctx.array("x")
     pad = [int(p) for p in np.asarray(ctx.attr("pad")).reshape(-1)]
-    widths = [(0, 0)] * (x.ndim - len(pad) // 2) + [(pad[2 * i], pad[2 * i + 1]) for i in range(len(pad) // 2)]
+    widths = [(0, 0)] * (x.ndim - len(pad) // 2) + [
+        (pad[2 * i], pad[2 * i + 1]) for i in range(len(pad) // 2)
+    ]
     mode = ctx.attr("mode", "constant")
     if mode == "constant":
         value = ctx.array("constant_val") if ctx.has("constant_val") else 0.0
@@ -1375,7 +1383,9 @@ def _cumsum(ctx: OpContext) -> np.ndarray:
     if ctx.attr("exclusive", False):
         # out[i] = sum of the elements strictly before i (shifted, not total - x, to stay exact).
         zeros = np.zeros_like(np.take(total, [0], axis=axis))
-        total = np.concatenate([zeros, np.take(total, np.arange(total.shape[axis] - 1), axis=axis)], axis=axis)
+        total = np.concatenate(
+            [zeros, np.take(total, np.arange(total.shape[axis] - 1), axis=axis)], axis=axis
+        )
     return np.flip(total, axis) if reverse else total
 
 

@@ -238,7 +238,8 @@ def _snap_constants(
     substitutions = []
     candidate_set = set(candidates)
     rationals = sorted(
-        (r for r in expr.atoms(sp.Rational) if not r.is_Integer and r not in candidate_set), key=sp.default_sort_key
+        (r for r in expr.atoms(sp.Rational) if not r.is_Integer and r not in candidate_set),
+        key=sp.default_sort_key,
     )
     for constant in rationals:
         value = float(constant)
@@ -255,7 +256,9 @@ def _snap_constants(
     return (expr.xreplace(mapping) if mapping else expr), substitutions
 
 
-def _coefficient_gap(difference: sp.Basic, sides: Sequence[sp.Basic], symbols: Sequence[sp.Symbol]) -> float | None:
+def _coefficient_gap(
+    difference: sp.Basic, sides: Sequence[sp.Basic], symbols: Sequence[sp.Symbol]
+) -> float | None:
     """Largest |coefficient| of the expanded difference over the largest coefficient of the sides."""
 
     def coefficients(expr: sp.Basic) -> list[float] | None:
@@ -282,7 +285,9 @@ def _prove_output(
     if exact:
         return OutputProof(name, ProofStatus.PROVEN, expr_a, expr_b, sp.Integer(0))
     # Identify constants of one side with nearby constants of the other, then retry.
-    snapped_a, subs_a = _snap_constants(sp.expand(expr_a), _constant_candidates(sp.expand(expr_b), symbols), constant_rtol)
+    snapped_a, subs_a = _snap_constants(
+        sp.expand(expr_a), _constant_candidates(sp.expand(expr_b), symbols), constant_rtol
+    )
     expanded_b = sp.expand(expr_b)
     snapped_b, subs_b = _snap_constants(expanded_b, _constant_candidates(snapped_a, symbols), constant_rtol)
     substitutions = tuple(subs_a + subs_b)
@@ -391,14 +396,26 @@ def prove_equivalent(
             if i in found:
                 where, value_a, value_b = found[i]
                 proofs[i] = OutputProof(
-                    old.name, ProofStatus.COUNTEREXAMPLE, old.expr_a, old.expr_b, old.residual,
-                    substitutions=old.substitutions, counterexample=where, value_a=value_a,
-                    value_b=value_b, samples=len(points),
+                    old.name,
+                    ProofStatus.COUNTEREXAMPLE,
+                    old.expr_a,
+                    old.expr_b,
+                    old.residual,
+                    substitutions=old.substitutions,
+                    counterexample=where,
+                    value_a=value_a,
+                    value_b=value_b,
+                    samples=len(points),
                 )
             else:
                 proofs[i] = OutputProof(
-                    old.name, ProofStatus.NOT_PROVEN, old.expr_a, old.expr_b, old.residual,
-                    substitutions=old.substitutions, samples=len(points),
+                    old.name,
+                    ProofStatus.NOT_PROVEN,
+                    old.expr_a,
+                    old.expr_b,
+                    old.residual,
+                    substitutions=old.substitutions,
+                    samples=len(points),
                 )
     status = min((p.status for p in proofs), key=_STATUS_RANK.__getitem__, default=ProofStatus.PROVEN)
     logger.debug("prove_equivalent: %s", status.value)

@@ -166,10 +166,13 @@ _SYM_OTHER: Final[dict[str, Callable[[SymOp], sp.Basic]]] = {
     "threshold": lambda s: sp.Max(s.arg("x"), s.arg("alpha")),
     "leaky_relu": lambda s: sp.Piecewise((s.arg("x"), s.arg("x") >= 0), (s.arg("alpha") * s.arg("x"), True)),
     "prelu": lambda s: sp.Piecewise((s.arg("x"), s.arg("x") > 0), (s.arg("alpha") * s.arg("x"), True)),
-    "elu": lambda s: sp.Piecewise((s.arg("x"), s.arg("x") > 0), (s.arg("alpha") * (sp.exp(s.arg("x")) - 1), True)),
+    "elu": lambda s: sp.Piecewise(
+        (s.arg("x"), s.arg("x") > 0), (s.arg("alpha") * (sp.exp(s.arg("x")) - 1), True)
+    ),
     "thresholded_relu": lambda s: sp.Piecewise((s.arg("x"), s.arg("x") >= s.arg("alpha")), (0, True)),
     "clamped_relu": lambda s: sp.Piecewise(
-        (sp.Min(s.arg("beta"), s.arg("x")), s.arg("x") >= 0), (sp.Min(s.arg("beta"), s.arg("alpha") * s.arg("x")), True)
+        (sp.Min(s.arg("beta"), s.arg("x")), s.arg("x") >= 0),
+        (sp.Min(s.arg("beta"), s.arg("alpha") * s.arg("x")), True),
     ),
     "linear_activation": lambda s: s.arg("alpha") * s.arg("x") + s.arg("beta"),
     "scaled_tanh": lambda s: s.arg("alpha") * sp.tanh(s.arg("beta") * s.arg("x")),

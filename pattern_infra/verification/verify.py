@@ -192,7 +192,9 @@ class EquivalenceReport:
         return max(self.outputs, key=lambda d: d.violation, default=None)
 
 
-def compare_arrays(expected: np.ndarray, actual: np.ndarray, rtol: float, atol: float) -> tuple[np.ndarray, ...]:
+def compare_arrays(
+    expected: np.ndarray, actual: np.ndarray, rtol: float, atol: float
+) -> tuple[np.ndarray, ...]:
     """Elementwise absolute difference, relative difference and violation ratio (NaN == NaN)."""
     a = np.asarray(expected, dtype=np.float64)
     b = np.asarray(actual, dtype=np.float64)

@@ -160,9 +160,7 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
 
 
 @pytest.fixture(autouse=True)
-def _our_passes_installed(
-    request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch
-) -> Iterator[None]:
+def _our_passes_installed(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     """Runs the test with our passes replacing coremltools' (``ENABLE_EXPERIMENTAL_PASSES=1``)."""
     pass_ids = request.node.stash.get(_PASS_IDS, ())
     if not pass_ids:

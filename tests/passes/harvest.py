@@ -13,6 +13,7 @@ from coremltools.converters.mil.mil import Program
 
 _PARAMETER_SET = type(pytest.param(None))
 
+
 def _parameter_rows(test: Any) -> list[dict[str, Any]]:
     """The parameter combinations of a test's stacked ``parametrize`` marks."""
     axes = []
@@ -75,8 +76,11 @@ def harvest(module: Any, limit: int = 25) -> list[Program]:
     seen: set[str] = set()
     for builder in builders:
         parameters = inspect.signature(builder).parameters
-        required = {n for n, p in parameters.items() if p.default is p.empty and p.kind not in (
-            p.VAR_KEYWORD, p.VAR_POSITIONAL)}
+        required = {
+            n
+            for n, p in parameters.items()
+            if p.default is p.empty and p.kind not in (p.VAR_KEYWORD, p.VAR_POSITIONAL)
+        }
         for row in rows:
             kwargs = {k: v for k, v in row.items() if k in parameters}
             extra = row.get("kwargs")
@@ -96,4 +100,3 @@ def harvest(module: Any, limit: int = 25) -> list[Program]:
                 if isinstance(value, Program):
                     programs.append(value)
     return programs
-

@@ -290,14 +290,15 @@ def written_out_pattern(
 
 _FAMILY_KEYS: list[tuple[Subs, Square, Normalizer, GammaAt, BetaAt]] = list(
     itertools.product(
-        ("sub1", "sub2"), ("pow", "mul", "square"), ("sqrt", "pow", "rsqrt"), ("none", "before", "after"),
+        ("sub1", "sub2"),
+        ("pow", "mul", "square"),
+        ("sqrt", "pow", "rsqrt"),
+        ("none", "before", "after"),
         ("nobeta", "beta"),
     )
 )
 
-WRITTEN_OUT_PATTERNS: dict[str, Program] = {
-    "_".join(key): written_out_pattern(*key) for key in _FAMILY_KEYS
-}
+WRITTEN_OUT_PATTERNS: dict[str, Program] = {"_".join(key): written_out_pattern(*key) for key in _FAMILY_KEYS}
 """Every member of the written-out family, by ``<subs>_<square>_<normalizer>_<gamma>_<beta>``."""
 
 instancenorm_pattern_2 = WRITTEN_OUT_PATTERNS["sub2_square_pow_after_beta"]
@@ -361,7 +362,13 @@ def register(namespace: str = "reference") -> str:
             _rules["square.y"] = _EXACT  # pow(d, 2.0000001) is NaN for d < 0
         if _key[2] == "pow":
             _rules["std.y"] = _ISCLOSE
-        _register(WRITTEN_OUT_PATTERNS["_".join(_key)], _constraints_written_out, "written_out_" + "_".join(_key), _rules, namespace)
+        _register(
+            WRITTEN_OUT_PATTERNS["_".join(_key)],
+            _constraints_written_out,
+            "written_out_" + "_".join(_key),
+            _rules,
+            namespace,
+        )
     return f"{namespace}::{PASS_NAME}"
 
 
@@ -396,6 +403,8 @@ def shadow(container: Any, log_path: str) -> None:
         with open(log_path, "a") as log:
             log.write(f"{'same' if same else 'DIFF'} {container.pass_id}\n")
         if not same:
-            raise AssertionError(f"{container.pass_id} differs from its reference:\nreference:\n{before}\nours:\n{prog}")
+            raise AssertionError(
+                f"{container.pass_id} differs from its reference:\nreference:\n{before}\nours:\n{prog}"
+            )
 
     container.apply = compared

@@ -15,6 +15,7 @@ PASS = "generic::fold_add_into_epsilon"
 
 def program(op_type: str = "rsqrt", c=np.float32(0.25), *, swap: bool = False, shape=(3, 4)):
     """``op_type(abs(x) + c, epsilon=1e-3)``, then a ``relu``."""
+
     @mb.program(input_specs=[mb.TensorSpec(shape=shape)])
     def prog(x):
         a = mb.abs(x=x)
@@ -36,7 +37,8 @@ def test_folded(op_type, swap):
 
 
 @pytest.mark.parametrize(
-    "c", [np.full((4,), 0.25, dtype=np.float32), np.full((2, 3, 4), 0.25, dtype=np.float32)],
+    "c",
+    [np.full((4,), 0.25, dtype=np.float32), np.full((2, 3, 4), 0.25, dtype=np.float32)],
     ids=["vector_constant", "broadcasting_constant"],
 )
 def test_non_scalar_left_alone(c):

@@ -42,7 +42,11 @@ def test_sign_folded_exactly():
     before, after = op_types(prog), op_types(ours)
     assert sorted(after) == sorted(before[:2] + before[3:]), after  # the mul(-1) gone, nothing else
     assert_programs_equivalent(prog, ours, rtol=0.0, atol=0.0)  # negation is exact
-    (table,) = [op.y.val for op in ours.functions["main"].find_ops(op_type="mul") if op.x.op is not None and op.x.op.op_type == "concat"]
+    (table,) = [
+        op.y.val
+        for op in ours.functions["main"].find_ops(op_type="mul")
+        if op.x.op is not None and op.x.op.op_type == "concat"
+    ]
     np.testing.assert_array_equal(table[..., : D // 2], -SIN[..., : D // 2])
     np.testing.assert_array_equal(table[..., D // 2 :], SIN[..., D // 2 :])
 
@@ -90,7 +94,11 @@ def test_interleaved_sign_folded_exactly(concat):
     before, after = op_types(prog), op_types(ours)
     assert after.count("mul") == before.count("mul") - 1 and len(after) == len(before) - 1, after
     assert_programs_equivalent(prog, ours, rtol=0.0, atol=0.0)
-    (table,) = [op.y.val for op in ours.functions["main"].find_ops(op_type="mul") if op.y.val is not None and op.y.val.shape == SIN.shape and not np.array_equal(op.y.val, COS)]
+    (table,) = [
+        op.y.val
+        for op in ours.functions["main"].find_ops(op_type="mul")
+        if op.y.val is not None and op.y.val.shape == SIN.shape and not np.array_equal(op.y.val, COS)
+    ]
     np.testing.assert_array_equal(table[..., 0::2], -SIN[..., 0::2])
     np.testing.assert_array_equal(table[..., 1::2], SIN[..., 1::2])
 
@@ -122,8 +130,9 @@ def runtime_sin(rotations: int = 2, *, form: str = "concat") -> Program:
             else:
                 x1 = mb.slice_by_index(x=x, begin=[0, 0, 0, 0], end=[B, H, L, D], stride=[1, 1, 1, 2])
                 x2 = mb.slice_by_index(x=x, begin=[0, 0, 0, 1], end=[B, H, L, D], stride=[1, 1, 1, 2])
-                rotated = mb.reshape(x=mb.stack(values=[mb.mul(x=x2, y=np.float32(-1.0)), x1], axis=-1),
-                                     shape=[B, H, L, D])
+                rotated = mb.reshape(
+                    x=mb.stack(values=[mb.mul(x=x2, y=np.float32(-1.0)), x1], axis=-1), shape=[B, H, L, D]
+                )
             outs.append(mb.add(x=mb.mul(x=x, y=COS), y=mb.mul(x=rotated, y=sin)))
         return tuple(outs)
 
@@ -134,10 +143,16 @@ def runtime_sin(rotations: int = 2, *, form: str = "concat") -> Program:
 def test_runtime_sin_negated_once_for_every_rotation(form):
     prog = runtime_sin(3, form=form)
     ours = run_pass(PASS, prog)
-    negations = [op for op in ours.functions["main"].find_ops(op_type="mul") if op.y.val is not None and op.y.val.size == 1 and float(op.y.val) == -1.0]
+    negations = [
+        op
+        for op in ours.functions["main"].find_ops(op_type="mul")
+        if op.y.val is not None and op.y.val.size == 1 and float(op.y.val) == -1.0
+    ]
     assert not negations
     (signed,) = [op for op in ours.functions["main"].find_ops(op_type="mul") if op.x.name == "sin_table"]
-    assert {c.op_type for c in signed.outputs[0].child_ops} == {"mul"} and len(signed.outputs[0].child_ops) == 3
+    assert {c.op_type for c in signed.outputs[0].child_ops} == {"mul"} and len(
+        signed.outputs[0].child_ops
+    ) == 3
     assert len(op_types(ours)) == len(op_types(prog)) - 3 + 1  # three negations out, one sign table in
     assert_programs_equivalent(prog, ours, rtol=0.0, atol=0.0)  # multiplying by +-1 is exact
 

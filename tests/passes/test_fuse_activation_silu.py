@@ -47,7 +47,8 @@ def test_root_with_other_consumers_is_fused():
 
 
 @pytest.mark.parametrize(
-    "extra", ["use_sigmoid", "out_sigmoid", "other"],
+    "extra",
+    ["use_sigmoid", "out_sigmoid", "other"],
     ids=["intermediate_used_elsewhere", "intermediate_is_block_output", "mul_by_another_variable"],
 )
 def test_not_fused(extra):

@@ -48,8 +48,9 @@ def bn_params(gamma_beta: bool = True) -> dict:
     return params
 
 
-def bn_prog(op_type="conv", *, rank=4, bias=True, groups=1, gamma_beta=True, weight=None,
-            extra=None) -> Program:
+def bn_prog(
+    op_type="conv", *, rank=4, bias=True, groups=1, gamma_beta=True, weight=None, extra=None
+) -> Program:
     """``batch_norm(conv(x))``; ``extra`` adds an outside use of the convolution or of its input."""
     spatial = (5, 6, 7)[: rank - 2]
     shape = conv_weight_shape(op_type, C_IN, C_OUT, groups=groups, rank=rank)
@@ -135,8 +136,9 @@ def test_grouped_conv_transpose_scales_the_right_channels(rank):
         assert_programs_equivalent(prog, outcome.coremltools)
 
 
-@pytest.mark.parametrize("extra", ["use_conv", "out_conv"], ids=["intermediate_used_elsewhere",
-                                                                  "intermediate_is_block_output"])
+@pytest.mark.parametrize(
+    "extra", ["use_conv", "out_conv"], ids=["intermediate_used_elsewhere", "intermediate_is_block_output"]
+)
 def test_not_fused(extra):
     check_not_fused(PASS, bn_prog(extra=extra))
 
@@ -153,8 +155,10 @@ def test_constexpr_weight_is_not_fused():
     @mb.program(input_specs=[mb.TensorSpec(shape=(2, C_IN, 5, 5))], opset_version=ct.target.iOS16)
     def prog(x):
         weight = mb.constexpr_affine_dequantize(
-            quantized_data=np.ones((C_OUT, C_IN, 3, 3), np.uint8), zero_point=np.uint8(0),
-            scale=np.float32(0.5), axis=0,
+            quantized_data=np.ones((C_OUT, C_IN, 3, 3), np.uint8),
+            zero_point=np.uint8(0),
+            scale=np.float32(0.5),
+            axis=0,
         )
         return mb.batch_norm(x=mb.conv(x=x, weight=weight), **bn_params())
 

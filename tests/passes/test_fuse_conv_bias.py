@@ -34,8 +34,9 @@ C_FORMS = {
 }
 
 
-def bias_prog(op_type="conv", op="add", conv_first=True, c="channels", *, rank=4, bias=True, groups=1,
-              extra=None) -> Program:
+def bias_prog(
+    op_type="conv", op="add", conv_first=True, c="channels", *, rank=4, bias=True, groups=1, extra=None
+) -> Program:
     """``conv(x) op c`` (or ``c op conv(x)``); ``extra`` adds an outside use or a dynamic ``c``."""
     c_val = C_FORMS[c](rank) if isinstance(c, str) else c
     spatial = (5, 6, 7)[: rank - 2]
@@ -57,8 +58,9 @@ def bias_prog(op_type="conv", op="add", conv_first=True, c="channels", *, rank=4
     return prog
 
 
-def transposed_prog(op_type="conv", op="add", conv_first=True, perm=(0, 2, 3, 1), *, bias=True,
-                    c=None, extra=None, hw=(5, 7)) -> Program:
+def transposed_prog(
+    op_type="conv", op="add", conv_first=True, perm=(0, 2, 3, 1), *, bias=True, c=None, extra=None, hw=(5, 7)
+) -> Program:
     """``transpose(conv(x), perm) op c``, ``c`` along the channels' new axis unless given; ``x`` is
     (2, 4, *hw)."""
     axis = [p % 4 for p in perm].index(1)
@@ -66,7 +68,9 @@ def transposed_prog(op_type="conv", op="add", conv_first=True, perm=(0, 2, 3, 1)
 
     @mb.program(input_specs=[mb.TensorSpec(shape=(2, C_IN, *hw))])
     def prog(x):
-        out = mb.transpose(x=sampled_conv(x, op_type, C_OUT, f32, bias=bias), perm=list(perm), name="transpose")
+        out = mb.transpose(
+            x=sampled_conv(x, op_type, C_OUT, f32, bias=bias), perm=list(perm), name="transpose"
+        )
         args = (out, c_val) if conv_first else (c_val, out)
         result = getattr(mb, op)(x=args[0], y=args[1], name="out")
         if extra == "use_transpose":
@@ -133,8 +137,15 @@ def test_non_const_weight_keeps_its_var():
         {"c": f32(2, 1, 1, 1)},
         {"c": f32(C_OUT, 3, 1)},
     ],
-    ids=["intermediate_used_elsewhere", "intermediate_is_block_output", "non_const_c", "c_minus_conv",
-         "c_along_width", "c_along_batch", "c_along_two_axes"],
+    ids=[
+        "intermediate_used_elsewhere",
+        "intermediate_is_block_output",
+        "non_const_c",
+        "c_minus_conv",
+        "c_along_width",
+        "c_along_batch",
+        "c_along_two_axes",
+    ],
 )
 def test_not_fused(kwargs):
     check_not_fused(PASS, bias_prog(**kwargs))
@@ -200,9 +211,7 @@ def test_constexpr_bias_is_not_fused():
 
 
 @pytest.mark.parametrize("perm", [(0, 2, 3, 1), (0, 1, 3, 2), (2, 1, 0, 3)], ids=["nhwc", "hw", "swap_nh"])
-@pytest.mark.parametrize(
-    "op, conv_first", OPS + [("sub", False)], ids=OP_IDS + ["c_minus_conv"]
-)
+@pytest.mark.parametrize("op, conv_first", OPS + [("sub", False)], ids=OP_IDS + ["c_minus_conv"])
 @pytest.mark.parametrize("op_type", ["conv", "conv_transpose"])
 def test_transposed_fused_as_coremltools_does(op_type, op, conv_first, perm):
     ours = check_fused(PASS, transposed_prog(op_type, op, conv_first, perm), [op_type, "transpose"])

@@ -45,8 +45,18 @@ S_FORMS = {
 }
 
 
-def scale_prog(op_type="conv", op="mul", conv_first=True, s="channels", *, rank=4, bias=True, groups=1,
-               extra=None, spatial=None) -> Program:
+def scale_prog(
+    op_type="conv",
+    op="mul",
+    conv_first=True,
+    s="channels",
+    *,
+    rank=4,
+    bias=True,
+    groups=1,
+    extra=None,
+    spatial=None,
+) -> Program:
     """``conv(x) op s`` (or ``s op conv(x)``); ``extra`` adds an outside use or a dynamic ``s``."""
     s_val = S_FORMS[s](rank) if isinstance(s, str) else s
     spatial = spatial or (5, 6, 7)[: rank - 2]
@@ -121,8 +131,13 @@ def test_fp16():
         {"s": powers_of_two(1, 1, 1, 4)},
         {"s": powers_of_two(C_OUT), "spatial": (5, 8)},
     ],
-    ids=["intermediate_used_elsewhere", "intermediate_is_block_output", "non_const_s", "s_along_width",
-         "s_of_cout_values_along_width"],
+    ids=[
+        "intermediate_used_elsewhere",
+        "intermediate_is_block_output",
+        "non_const_s",
+        "s_along_width",
+        "s_of_cout_values_along_width",
+    ],
 )
 def test_not_fused(kwargs):
     check_not_fused(PASS, scale_prog(**kwargs))
@@ -140,8 +155,10 @@ def test_constexpr_weight_is_not_fused():
     @mb.program(input_specs=[mb.TensorSpec(shape=(2, C_IN, 5, 5))], opset_version=ct.target.iOS16)
     def prog(x):
         weight = mb.constexpr_affine_dequantize(
-            quantized_data=np.ones((C_OUT, C_IN, 3, 3), np.uint8), zero_point=np.uint8(0),
-            scale=np.float32(0.5), axis=0,
+            quantized_data=np.ones((C_OUT, C_IN, 3, 3), np.uint8),
+            zero_point=np.uint8(0),
+            scale=np.float32(0.5),
+            axis=0,
         )
         return mb.mul(x=mb.conv(x=x, weight=weight), y=np.float32(2.0))
 

@@ -51,8 +51,11 @@ def batch_norm_of(prog: Program):
 
 @pytest.mark.parametrize("swap_add", [False, True], ids=["m_b", "b_m"])
 @pytest.mark.parametrize("swap_mul", [False, True], ids=["x_g", "g_x"])
-@pytest.mark.parametrize("shapes", [((1, 3, 1, 1), (1, 3, 1, 1)), ((3, 1, 1), (1, 3, 1, 1)), ((3, 1, 1), (3, 1, 1))],
-                         ids=["1c11", "c11_1c11", "c11"])
+@pytest.mark.parametrize(
+    "shapes",
+    [((1, 3, 1, 1), (1, 3, 1, 1)), ((3, 1, 1), (1, 3, 1, 1)), ((3, 1, 1), (3, 1, 1))],
+    ids=["1c11", "c11_1c11", "c11"],
+)
 def test_same_program_as_coremltools(shapes, swap_mul, swap_add):
     prog = scale_shift(gamma=rand(*shapes[0]), beta=rand(*shapes[1]), swap_mul=swap_mul, swap_add=swap_add)
     outcome = run_both(PASS, prog)
@@ -74,7 +77,11 @@ def test_root_used_elsewhere_and_many_channels_as_coremltools():
 
 @pytest.mark.parametrize(
     "gamma, beta",
-    [(np.float32(2.5), rand(1, 3, 1, 1)), (rand(3, 1, 1), np.float32(-0.5)), (rand(1, 1, 1, 1), rand(3, 1, 1))],
+    [
+        (np.float32(2.5), rand(1, 3, 1, 1)),
+        (rand(3, 1, 1), np.float32(-0.5)),
+        (rand(1, 1, 1, 1), rand(3, 1, 1)),
+    ],
     ids=["scalar_gamma", "scalar_beta", "size1_gamma"],
 )
 def test_one_size_1_constant_is_fused_beyond_coremltools(gamma, beta):

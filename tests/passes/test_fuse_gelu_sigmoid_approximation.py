@@ -69,7 +69,9 @@ def test_coremltools_leaves_it_unfused():
 
 
 def test_root_with_other_consumers_is_fused():
-    check_fused(NEW_PASS, quick_gelu_prog(extra="use_root"), ["gelu", "exp"], same_as_coremltools=False, prove=True)
+    check_fused(
+        NEW_PASS, quick_gelu_prog(extra="use_root"), ["gelu", "exp"], same_as_coremltools=False, prove=True
+    )
 
 
 def test_symbolic_shape_is_fused():

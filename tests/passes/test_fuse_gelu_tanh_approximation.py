@@ -108,8 +108,13 @@ def test_root_with_other_consumers_is_fused(cube):
         ("pow", {"c": 0.05}),
         ("xxx", {"c": 0.05}),
     ],
-    ids=["square_used_elsewhere", "pow_tanh_is_block_output", "cube_tanh_is_block_output",
-         "pow_wrong_constant", "cube_wrong_constant"],
+    ids=[
+        "square_used_elsewhere",
+        "pow_tanh_is_block_output",
+        "cube_tanh_is_block_output",
+        "pow_wrong_constant",
+        "cube_wrong_constant",
+    ],
 )
 def test_not_fused(cube, kwargs):
     check_not_fused(PASS, gelu_tanh(1, cube, **kwargs))
@@ -157,7 +162,9 @@ def test_the_patterns_require_the_float32_value_of_sqrt_2_over_pi():
 
     expected = np.float32(math.sqrt(2 / math.pi))
     for sub in PASS_REGISTRY[PASS].passes:
-        values = [v for _, v, rule in sub.compiled.consts if rule.mode == "value" and v is not None and v.size == 1]
+        values = [
+            v for _, v, rule in sub.compiled.consts if rule.mode == "value" and v is not None and v.size == 1
+        ]
         near = [float(v) for v in values if abs(float(v) - 0.8) < 0.01]
         assert near and all(np.float32(v) == expected for v in near), (sub.name, near)
 

@@ -40,7 +40,11 @@ def grouped(
         mb.TensorSpec(shape=(B, HKV, S, E), dtype=dtype),
         mb.TensorSpec(shape=(B, HKV, S, EV), dtype=dtype),
     ]
-    runtime = {"float_shared": (B, 1, L, S), "per_head": (B, HKV * groups, L, S), "per_head_row": (B, HKV * groups, 1, S)}
+    runtime = {
+        "float_shared": (B, 1, L, S),
+        "per_head": (B, HKV * groups, L, S),
+        "per_head_row": (B, HKV * groups, 1, S),
+    }
     if mask in runtime:
         specs.append(mb.TensorSpec(shape=runtime[mask], dtype=dtype))
 
@@ -54,11 +58,15 @@ def grouped(
         elif mask == "const_row":
             m = RNG.standard_normal((B, 1, 1, S)).astype(np.float32)
         kwargs = {} if m is None else {"attn_mask": m}
-        out = mb.scaled_dot_product_attention(query=q, key=repeat(k, groups, E), value=repeat(v, v_groups, EV), **kwargs)
+        out = mb.scaled_dot_product_attention(
+            query=q, key=repeat(k, groups, E), value=repeat(v, v_groups, EV), **kwargs
+        )
         return mb.relu(x=out)
 
     if len(specs) == 4:
-        return mb.program(input_specs=specs, opset_version=ct.target.iOS18)(lambda q, k, v, m: body(q, k, v, m))
+        return mb.program(input_specs=specs, opset_version=ct.target.iOS18)(
+            lambda q, k, v, m: body(q, k, v, m)
+        )
     return mb.program(input_specs=specs, opset_version=ct.target.iOS18)(lambda q, k, v: body(q, k, v))
 
 
@@ -114,8 +122,11 @@ def test_repeat_along_the_sequence_left_alone():
 
 def _repeat_along_sequence() -> Program:
     """K/V tiled along a new axis after the sequence (reshaped to the same head count): not repeat_kv."""
-    specs = [mb.TensorSpec(shape=(B, HKV * G, L, E)), mb.TensorSpec(shape=(B, HKV, S, E)),
-             mb.TensorSpec(shape=(B, HKV, S, EV))]
+    specs = [
+        mb.TensorSpec(shape=(B, HKV * G, L, E)),
+        mb.TensorSpec(shape=(B, HKV, S, E)),
+        mb.TensorSpec(shape=(B, HKV, S, EV)),
+    ]
 
     def rep(t, last):
         e = mb.expand_dims(x=t, axes=[3])
@@ -131,7 +142,11 @@ def _repeat_along_sequence() -> Program:
 
 def test_different_groups_for_k_and_v_left_alone():
     """K repeated 3 times, V from 3 heads repeated twice: both reach 6 heads, but not the same grouping."""
-    specs = [mb.TensorSpec(shape=(B, 6, L, E)), mb.TensorSpec(shape=(B, 2, S, E)), mb.TensorSpec(shape=(B, 3, S, EV))]
+    specs = [
+        mb.TensorSpec(shape=(B, 6, L, E)),
+        mb.TensorSpec(shape=(B, 2, S, E)),
+        mb.TensorSpec(shape=(B, 3, S, EV)),
+    ]
 
     def rep(t, heads, n, last):
         r = mb.tile(x=mb.expand_dims(x=t, axes=[2]), reps=[1, 1, n, 1, 1])
@@ -139,7 +154,9 @@ def test_different_groups_for_k_and_v_left_alone():
 
     @mb.program(input_specs=specs, opset_version=ct.target.iOS18)
     def prog(q, k, v):
-        return mb.relu(x=mb.scaled_dot_product_attention(query=q, key=rep(k, 2, 3, E), value=rep(v, 3, 2, EV)))
+        return mb.relu(
+            x=mb.scaled_dot_product_attention(query=q, key=rep(k, 2, 3, E), value=rep(v, 3, 2, EV))
+        )
 
     ours = run_pass(PASS, prog)
     assert op_types(ours) == op_types(prog)
@@ -152,8 +169,11 @@ def multi_query(mask: str = "none", *, kv_heads: int = 1, reps_input: bool = Fal
     """``sdpa(q, tile(k, [1, H/kv_heads, 1, 1]), tile(v, ...), mask)``; mask: none, const_bool, float_shared.
     ``reps_input``: the reps are a function input (nothing proves them)."""
     groups = H // kv_heads
-    specs = [mb.TensorSpec(shape=(B, H, L, E)), mb.TensorSpec(shape=(B, kv_heads, S, E)),
-             mb.TensorSpec(shape=(B, kv_heads, S, EV))]
+    specs = [
+        mb.TensorSpec(shape=(B, H, L, E)),
+        mb.TensorSpec(shape=(B, kv_heads, S, E)),
+        mb.TensorSpec(shape=(B, kv_heads, S, EV)),
+    ]
     if mask == "float_shared":
         specs.append(mb.TensorSpec(shape=(B, 1, L, S)))
     if reps_input:
@@ -163,8 +183,9 @@ def multi_query(mask: str = "none", *, kv_heads: int = 1, reps_input: bool = Fal
         reps = rest[-1] if reps_input else [1, groups, 1, 1]
         m = CAUSAL[None, None] if mask == "const_bool" else (rest[0] if mask == "float_shared" else None)
         kwargs = {} if m is None else {"attn_mask": m}
-        out = mb.scaled_dot_product_attention(query=q, key=mb.tile(x=k, reps=reps), value=mb.tile(x=v, reps=reps),
-                                              **kwargs)
+        out = mb.scaled_dot_product_attention(
+            query=q, key=mb.tile(x=k, reps=reps), value=mb.tile(x=v, reps=reps), **kwargs
+        )
         return mb.relu(x=out)
 
     program = mb.program(input_specs=specs, opset_version=ct.target.iOS18)
@@ -175,7 +196,11 @@ def multi_query(mask: str = "none", *, kv_heads: int = 1, reps_input: bool = Fal
 
 @pytest.mark.parametrize(
     "mask, expected",
-    [("none", FOLDED), ("const_bool", FOLDED), ("float_shared", ["tile", "reshape", SDPA, "reshape", "relu"])],
+    [
+        ("none", FOLDED),
+        ("const_bool", FOLDED),
+        ("float_shared", ["tile", "reshape", SDPA, "reshape", "relu"]),
+    ],
 )
 def test_multi_query_folded_with_all_heads_as_one_group(mask, expected):
     prog = multi_query(mask)
@@ -224,8 +249,10 @@ class _MultiQueryAttention(torch.nn.Module):
 def test_multi_query_module_from_pytorch_loses_its_tiles():
     torch.manual_seed(0)
     module, x = _MultiQueryAttention().eval(), torch.randn(1, 6, 32)
-    progs = {on: convert_torch(module, (x,), override=on, minimum_deployment_target=ct.target.iOS18)
-             for on in (False, True)}
+    progs = {
+        on: convert_torch(module, (x,), override=on, minimum_deployment_target=ct.target.iOS18)
+        for on in (False, True)
+    }
     counts, prog = {on: op_counts(p) for on, p in progs.items()}, progs[True]
     assert counts[False]["tile"] == 2 and counts[True]["tile"] == 0 and counts[True][SDPA] == 1
     (got,) = evaluate(prog, {name: x.numpy() for name in prog.functions["main"].inputs}).values()
@@ -249,9 +276,13 @@ def test_runtime_reps_folded_when_proven():
     (sdpa,) = ours.functions["main"].find_ops(op_type=SDPA)
     assert sdpa.key.name == "k_slice" and sdpa.value.name == "v_slice"
     for length, cache_len in ((3, 5), (1, 6)):
-        inputs = {"q": RNG.standard_normal((1, 4, length, 8)), "k_cache": RNG.standard_normal((1, 2, 16, 8)),
-                  "v_cache": RNG.standard_normal((1, 2, 16, 8)), "mask": RNG.standard_normal((1, 1, length, cache_len)),
-                  "other": np.zeros((1, cache_len))}
+        inputs = {
+            "q": RNG.standard_normal((1, 4, length, 8)),
+            "k_cache": RNG.standard_normal((1, 2, 16, 8)),
+            "v_cache": RNG.standard_normal((1, 2, 16, 8)),
+            "mask": RNG.standard_normal((1, 1, length, cache_len)),
+            "other": np.zeros((1, cache_len)),
+        }
         assert_programs_equivalent(prog, ours, inputs=inputs, rtol=1e-5)
 
 
@@ -270,15 +301,23 @@ def flexible_grouped(mask_rank: int = 4) -> Program:
     symbolic length ``L``; a runtime mask ``[1, 1, L, S]`` (``mask_rank`` 4) or ``[L, S]`` (2)."""
     length, keys = get_new_symbol(), get_new_symbol()
     mask_shape = (1, 1, length, keys) if mask_rank == 4 else (length, keys)
-    specs = [mb.TensorSpec(shape=(B, H, length, E)), mb.TensorSpec(shape=(B, HKV, keys, E)),
-             mb.TensorSpec(shape=(B, HKV, keys, EV)), mb.TensorSpec(shape=mask_shape)]
+    specs = [
+        mb.TensorSpec(shape=(B, H, length, E)),
+        mb.TensorSpec(shape=(B, HKV, keys, E)),
+        mb.TensorSpec(shape=(B, HKV, keys, EV)),
+        mb.TensorSpec(shape=mask_shape),
+    ]
 
     def repeat(t, last):
-        return mb.reshape(x=mb.tile(x=mb.expand_dims(x=t, axes=[2]), reps=[1, 1, G, 1, 1]), shape=[B, H, -1, last])
+        return mb.reshape(
+            x=mb.tile(x=mb.expand_dims(x=t, axes=[2]), reps=[1, 1, G, 1, 1]), shape=[B, H, -1, last]
+        )
 
     @mb.program(input_specs=specs, opset_version=ct.target.iOS18)
     def prog(q, k, v, mask):
-        return mb.relu(x=mb.scaled_dot_product_attention(query=q, key=repeat(k, E), value=repeat(v, EV), attn_mask=mask))
+        return mb.relu(
+            x=mb.scaled_dot_product_attention(query=q, key=repeat(k, E), value=repeat(v, EV), attn_mask=mask)
+        )
 
     return prog
 
@@ -290,8 +329,12 @@ def test_flexible_lengths_folded_with_the_query_rows_left_to_the_run_time():
     (query,) = [op for op in ours.functions["main"].find_ops(op_type="reshape") if op.x.name == "q"]
     assert list(query.shape.val) == [B, HKV, -1, E]
     for length, keys in ((3, 5), (1, 7)):
-        inputs = {"q": RNG.standard_normal((B, H, length, E)), "k": RNG.standard_normal((B, HKV, keys, E)),
-                  "v": RNG.standard_normal((B, HKV, keys, EV)), "mask": RNG.standard_normal((1, 1, length, keys))}
+        inputs = {
+            "q": RNG.standard_normal((B, H, length, E)),
+            "k": RNG.standard_normal((B, HKV, keys, E)),
+            "v": RNG.standard_normal((B, HKV, keys, EV)),
+            "mask": RNG.standard_normal((1, 1, length, keys)),
+        }
         assert_programs_equivalent(prog, ours, inputs=inputs, rtol=1e-12, atol=1e-12)
 
 

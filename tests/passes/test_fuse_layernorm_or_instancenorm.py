@@ -11,7 +11,10 @@ from coremltools.converters.mil import Builder as mb
 from coremltools.converters.mil.mil import Program, Var
 
 import generic_passes  # noqa: F401  (registers the passes)
-from layernorm_reference import WRITTEN_OUT_PATTERNS, written_out_pattern  # the 108 spellings, one program each
+from layernorm_reference import (
+    WRITTEN_OUT_PATTERNS,
+    written_out_pattern,
+)  # the 108 spellings, one program each
 from pattern_infra import VerificationError, find_matches
 from pattern_infra.testing.convert import convert_mil, convert_torch
 from pattern_infra.testing.models import ChannelsFirstLayerNorm, InlineLayerNorm, WrittenLayerNorm
@@ -160,8 +163,17 @@ def pattern_4(shape=(3, 5, 6, 7), *, scale=None, swap=False, residual=False) -> 
     return prog
 
 
-def pattern_5(shape=(3, 5, 1, 6), affine=True, *, axes=(1,), axes2=None, beta=None, gamma=None, residual=False,
-              after=None) -> Program:
+def pattern_5(
+    shape=(3, 5, 1, 6),
+    affine=True,
+    *,
+    axes=(1,),
+    axes2=None,
+    beta=None,
+    gamma=None,
+    residual=False,
+    after=None,
+) -> Program:
     """ml-ane-transformers: ``[(x - mean) * rsqrt(var + eps) + beta] * gamma``."""
     axes, axes2 = list(axes), list(axes2 or axes)
     beta = rand(1, shape[1], 1, 1) if beta is None else beta
@@ -262,7 +274,9 @@ def test_pattern_1_instance_norm_as_coremltools(axes, gamma_shape, expected):
     ours = assert_as_coremltools(prog, expected)
     if expected[0] == "transpose":
         assert [op.name for op in ours.functions["main"].operations if op.op_type != "const"] == [
-            "y_transpose_nhwc_nchw", "y_instancenorm", "y_transpose_nchw_nhwc"
+            "y_transpose_nhwc_nchw",
+            "y_instancenorm",
+            "y_transpose_nchw_nhwc",
         ]
 
 
@@ -290,8 +304,14 @@ def test_channels_last_between_transposes_as_coremltools():
 
 @pytest.mark.parametrize("swap", [False, True], ids=["xy", "yx"])
 def test_pattern_2_as_coremltools(swap):
-    prog = written("sub2_square_pow_after_beta", (3, 5, 6, 7), (2, 3), gamma=rand(1, 5, 1, 1),
-                   beta=rand(1, 5, 1, 1), swap=swap)
+    prog = written(
+        "sub2_square_pow_after_beta",
+        (3, 5, 6, 7),
+        (2, 3),
+        gamma=rand(1, 5, 1, 1),
+        beta=rand(1, 5, 1, 1),
+        swap=swap,
+    )
     assert_as_coremltools(prog, ["instance_norm"])
 
 
@@ -338,8 +358,11 @@ def test_two_instance_norms_in_one_program_as_coremltools():
     assert_as_coremltools(prog, ["instance_norm", "relu", "instance_norm", "relu"])
 
 
-@pytest.mark.parametrize("build", [lambda: pattern_1(), lambda: pattern_5(), lambda: pattern_3()],
-                         ids=["pattern_1", "pattern_5", "pattern_3"])
+@pytest.mark.parametrize(
+    "build",
+    [lambda: pattern_1(), lambda: pattern_5(), lambda: pattern_3()],
+    ids=["pattern_1", "pattern_5", "pattern_3"],
+)
 def test_whole_default_pipeline_gives_the_same_program(build):
     prog = build()
     theirs, ours = same_name_counters(
@@ -365,11 +388,27 @@ def test_pattern_1_prenorm_root_is_fused():
         (lambda: pattern_3(residual=True), ["instance_norm", "add"]),
         (lambda: pattern_4(swap=True), ["instance_norm"]),
         (lambda: pattern_4(residual=True), ["instance_norm", "add"]),
-        (lambda: written("sub2_square_pow_after_beta", (3, 5, 6, 7), (2, 3), gamma=rand(1, 5, 1, 1),
-                         beta=rand(1, 5, 1, 1), residual=True), ["instance_norm", "add"]),
+        (
+            lambda: written(
+                "sub2_square_pow_after_beta",
+                (3, 5, 6, 7),
+                (2, 3),
+                gamma=rand(1, 5, 1, 1),
+                beta=rand(1, 5, 1, 1),
+                residual=True,
+            ),
+            ["instance_norm", "add"],
+        ),
     ],
-    ids=["p1_root_from_split", "p3_neg_first", "p3_child_order", "p3_prenorm", "p4_scale_first", "p4_prenorm",
-         "p2_prenorm"],
+    ids=[
+        "p1_root_from_split",
+        "p3_neg_first",
+        "p3_child_order",
+        "p3_prenorm",
+        "p4_scale_first",
+        "p4_prenorm",
+        "p2_prenorm",
+    ],
 )
 def test_coremltools_patterns_fused_where_its_matcher_is_too_narrow(prog, expected):
     assert_beyond_coremltools(prog(), expected)
@@ -401,7 +440,9 @@ def test_every_written_out_form_is_fused(swap):
         assert_programs_equivalent(prog, ours, rtol=1e-5, trials=1)
 
 
-@pytest.mark.parametrize("key", ["sub2_pow_sqrt_after_beta", "sub1_mul_rsqrt_before_beta", "sub2_pow_sqrt_none_beta"])
+@pytest.mark.parametrize(
+    "key", ["sub2_pow_sqrt_after_beta", "sub1_mul_rsqrt_before_beta", "sub2_pow_sqrt_none_beta"]
+)
 def test_written_out_keeps_program_gamma_and_names(key):
     prog = written(key)
     ours = run_pass(PASS, prog)
@@ -414,8 +455,9 @@ def test_written_out_keeps_program_gamma_and_names(key):
     assert_programs_equivalent(prog, ours, rtol=1e-5)
 
 
-@pytest.mark.parametrize("key", ["sub2_pow_sqrt_after_beta", "sub1_square_rsqrt_before_nobeta",
-                                 "sub2_mul_pow_after_beta"])
+@pytest.mark.parametrize(
+    "key", ["sub2_pow_sqrt_after_beta", "sub1_square_rsqrt_before_nobeta", "sub2_mul_pow_after_beta"]
+)
 def test_channels_first_layer_norm(key):
     # ConvNeXt: axis 1 of NCHW, gamma/beta [C, 1, 1] become layer_norm(axes=[1]) with gamma/beta [C].
     prog = written(key, (2, 8, 5, 6), (1,), gamma=rand(8, 1, 1), beta=rand(8, 1, 1))
@@ -554,8 +596,13 @@ def _pipeline_before_pass() -> ct.PassPipeline:
 )
 def test_torch_export_forms_reaching_the_pass(module, args, expected):
     torch.manual_seed(0)
-    prog = convert_torch(module(), (torch.randn(*args),), override=False, pass_pipeline=_pipeline_before_pass(),
-                         minimum_deployment_target=ct.target.iOS17)
+    prog = convert_torch(
+        module(),
+        (torch.randn(*args),),
+        override=False,
+        pass_pipeline=_pipeline_before_pass(),
+        minimum_deployment_target=ct.target.iOS17,
+    )
     assert_beyond_coremltools(prog, expected)
 
 
@@ -586,8 +633,18 @@ def test_default_pipeline_with_override_fuses_inline_layer_norm():
         lambda: written("sub1_pow_sqrt_none_nobeta", (2, 3, 16), (1,)),  # axis 1 of rank 3: not trailing
         lambda: written("sub1_pow_sqrt_none_nobeta", (2, 3, 4, 16), (1, 2)),  # not trailing, not rank-4 [-3]
     ],
-    ids=["p1_sub_used", "p1_axes_differ", "p1_beta_shape", "p3_wrong_neg", "p4_wrong_scale",
-         "p5_axes_differ", "pow_3", "pow_0.4", "rank3_axis1", "rank4_axes12"],
+    ids=[
+        "p1_sub_used",
+        "p1_axes_differ",
+        "p1_beta_shape",
+        "p3_wrong_neg",
+        "p4_wrong_scale",
+        "p5_axes_differ",
+        "pow_3",
+        "pow_0.4",
+        "rank3_axis1",
+        "rank4_axes12",
+    ],
 )
 def test_not_fused(prog):
     assert_untouched(prog())
@@ -625,6 +682,7 @@ def test_non_const_gamma_stays_a_mul():
     ours = run_pass(PASS, prog)
     assert op_types(ours) == ["layer_norm", "mul", "add"]
     assert_programs_equivalent(prog, ours, rtol=1e-5)
+
     # coremltools' pattern 1 with a runtime gamma: nothing at all.
     @mb.program(input_specs=[mb.TensorSpec(shape=(2, 3, 16)), mb.TensorSpec(shape=(16,))])
     def p1(x, w):

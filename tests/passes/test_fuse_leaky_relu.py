@@ -71,8 +71,13 @@ def test_root_with_other_consumers_is_fused():
         (-0.1, None),
         (np.array([0.1, 0.2, 0.3, 0.4], dtype=np.float32), None),
     ],
-    ids=["intermediate_used_elsewhere", "intermediate_is_block_output", "alpha_above_1",
-         "alpha_below_0", "alpha_per_channel"],
+    ids=[
+        "intermediate_used_elsewhere",
+        "intermediate_is_block_output",
+        "alpha_above_1",
+        "alpha_below_0",
+        "alpha_per_channel",
+    ],
 )
 def test_not_fused(alpha, extra):
     prog = lrelu_prog(alpha, extra=extra)

@@ -112,8 +112,13 @@ def test_inside_a_nested_block():
         {"c": f32(2, 4)},
         {"c": f32(4, 1), "x_shape": (4, 3)},
     ],
-    ids=["intermediate_used_elsewhere", "intermediate_is_block_output", "non_const_c",
-         "c_too_many_values", "c_on_wrong_axis"],
+    ids=[
+        "intermediate_used_elsewhere",
+        "intermediate_is_block_output",
+        "non_const_c",
+        "c_too_many_values",
+        "c_on_wrong_axis",
+    ],
 )
 def test_not_fused(kwargs):
     check_not_fused(PASS, linear_prog(**kwargs))

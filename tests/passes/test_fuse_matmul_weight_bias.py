@@ -9,7 +9,14 @@ from coremltools.converters.mil.mil import Program
 
 import generic_passes  # noqa: F401  (registers the passes)
 from pattern_infra.verification.errors import VerificationError
-from pattern_infra.testing.passes import check_fused, check_not_fused, normal_f32, op_types, run_both, run_pass
+from pattern_infra.testing.passes import (
+    check_fused,
+    check_not_fused,
+    normal_f32,
+    op_types,
+    run_both,
+    run_pass,
+)
 from pattern_infra.verification.verify import assert_programs_equivalent
 
 PASS = "common::fuse_matmul_weight_bias"
@@ -46,8 +53,10 @@ def matmul_prog(
         else:
             mm = mb.matmul(x=x, y=w, transpose_x=transpose_x, transpose_y=transpose_w, name="mm")
         other = z if extra == "dynamic_c" else c
-        out = getattr(mb, op)(x=mm, y=other, name="out") if matmul_first else getattr(mb, op)(
-            x=other, y=mm, name="out"
+        out = (
+            getattr(mb, op)(x=mm, y=other, name="out")
+            if matmul_first
+            else getattr(mb, op)(x=other, y=mm, name="out")
         )
         if extra == "use_matmul":
             return out, mb.relu(x=mm)
@@ -65,7 +74,9 @@ def matmul_prog(
 @pytest.mark.parametrize("matmul_first", [True, False], ids=["mm_c", "c_mm"])
 def test_add_fused_as_coremltools_does(matmul_first, transpose_x, transpose_w):
     expected = ["transpose"] * transpose_x + ["transpose"] * (not transpose_w) + ["linear"]
-    check_fused(PASS, matmul_prog("add", matmul_first, transpose_x=transpose_x, transpose_w=transpose_w), expected)
+    check_fused(
+        PASS, matmul_prog("add", matmul_first, transpose_x=transpose_x, transpose_w=transpose_w), expected
+    )
 
 
 @pytest.mark.parametrize("c_shape", [(4,), (1, 4), (1, 1, 4)], ids=["c_vec", "c_row", "c_rank3"])

@@ -22,8 +22,9 @@ N = 4
 IOS17_OPS = ["greater_equal", "shape", "slice_by_index", "add", "select", "gather"]
 
 
-def onehot_prog(indices_shape=(3,), *, opset=None, axis=-1, on=1.0, off=0.0, transpose_y=False,
-                weight=None, extra=None) -> Program:
+def onehot_prog(
+    indices_shape=(3,), *, opset=None, axis=-1, on=1.0, off=0.0, transpose_y=False, weight=None, extra=None
+) -> Program:
     """``matmul(one_hot(i, N, axis, on, off), W)``; ``extra`` adds other users or a dynamic ``W``."""
     w = f32(5, N) if transpose_y else f32(N, 5)
     w = w if weight is None else weight
@@ -58,8 +59,11 @@ def test_fused_as_coremltools_does(opset, expected, indices_shape):
 
 
 def test_integer_on_off_values_and_root_used_elsewhere():
-    check_fused(PASS, onehot_prog(on=1, off=0, weight=np.arange(20, dtype=np.int32).reshape(N, 5),
-                            extra="use_root"), ["gather", "add"])
+    check_fused(
+        PASS,
+        onehot_prog(on=1, off=0, weight=np.arange(20, dtype=np.int32).reshape(N, 5), extra="use_root"),
+        ["gather", "add"],
+    )
 
 
 def test_on_value_within_coremltools_tolerance():
@@ -96,8 +100,15 @@ def test_positive_second_to_last_axis_is_not_fused():
         {"transpose_y": True},
         {"weight": f32(2, N, 5)},
     ],
-    ids=["intermediate_used_elsewhere", "intermediate_is_block_output", "non_const_weight", "on_value_2",
-         "off_value_half", "transpose_y", "weight_rank_3"],
+    ids=[
+        "intermediate_used_elsewhere",
+        "intermediate_is_block_output",
+        "non_const_weight",
+        "on_value_2",
+        "off_value_half",
+        "transpose_y",
+        "weight_rank_3",
+    ],
 )
 def test_not_fused(kwargs):
     check_not_fused(PASS, onehot_prog(**kwargs))

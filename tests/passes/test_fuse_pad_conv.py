@@ -8,7 +8,14 @@ from coremltools.converters.mil import Builder as mb
 from coremltools.converters.mil.mil import Program, types
 
 import generic_passes  # noqa: F401  (registers the passes)
-from pattern_infra.testing.passes import check_fused, check_not_fused, normal_f32, op_types, run_both, run_pass
+from pattern_infra.testing.passes import (
+    check_fused,
+    check_not_fused,
+    normal_f32,
+    op_types,
+    run_both,
+    run_pass,
+)
 from pattern_infra.verification.verify import assert_programs_equivalent
 
 PASS = "common::fuse_pad_conv"
@@ -16,8 +23,9 @@ f32 = normal_f32(np.random.default_rng(13))
 NHWC = (1, 8, 9, 3)
 
 
-def pad_prog(pad=(1, 2, 3, 4, 0, 0), *, mode="constant", perm=(0, 3, 1, 2), conv_type="conv",
-             extra=None) -> Program:
+def pad_prog(
+    pad=(1, 2, 3, 4, 0, 0), *, mode="constant", perm=(0, 3, 1, 2), conv_type="conv", extra=None
+) -> Program:
     """``conv(transpose(pad(x)))`` for an NHWC ``x``; ``extra`` adds other users."""
     pad = np.array(pad, dtype=np.int32)
 
@@ -50,8 +58,12 @@ def pad_prog(pad=(1, 2, 3, 4, 0, 0), *, mode="constant", perm=(0, 3, 1, 2), conv
 @pytest.mark.parametrize("conv_type", ["conv", "conv_transpose"])
 @pytest.mark.parametrize(
     "pad, mode",
-    [((1, 2, 3, 4, 0, 0), "constant"), ((0, 0, 1, 2, 3, 4, 0, 0), "constant"),
-     ((1, 1, 2, 2, 0, 0), "reflect"), ((1, 0, 0, 2, 0, 0), "replicate")],
+    [
+        ((1, 2, 3, 4, 0, 0), "constant"),
+        ((0, 0, 1, 2, 3, 4, 0, 0), "constant"),
+        ((1, 1, 2, 2, 0, 0), "reflect"),
+        ((1, 0, 0, 2, 0, 0), "replicate"),
+    ],
     ids=["constant", "full_rank_pad", "reflect", "replicate"],
 )
 def test_fused_as_coremltools_does(pad, mode, conv_type):
@@ -82,7 +94,8 @@ def test_pad_feeding_two_transposes():
 
 
 @pytest.mark.parametrize(
-    "extra", ["use_pad", "out_pad", "transpose_without_conv"],
+    "extra",
+    ["use_pad", "out_pad", "transpose_without_conv"],
     ids=["pad_used_elsewhere", "pad_is_block_output", "sibling_transpose_without_conv"],
 )
 def test_not_fused(extra):

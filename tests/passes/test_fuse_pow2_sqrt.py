@@ -119,8 +119,14 @@ def test_root_with_other_consumers_is_fused():
         ("ps", {"exponent": 3.0}),
         ("sp", {"exponent": 2.001}),
     ],
-    ids=["pow_used_elsewhere", "sqrt_used_elsewhere", "pow_is_block_output", "sqrt_is_block_output",
-         "cube", "nearly_two"],
+    ids=[
+        "pow_used_elsewhere",
+        "sqrt_used_elsewhere",
+        "pow_is_block_output",
+        "sqrt_is_block_output",
+        "cube",
+        "nearly_two",
+    ],
 )
 def test_not_fused(ops, kwargs):
     prog = chain(ops, **kwargs)

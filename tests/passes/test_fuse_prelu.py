@@ -8,7 +8,13 @@ from coremltools.converters.mil import Builder as mb
 from coremltools.converters.mil.mil import Program, Var
 
 import generic_passes  # noqa: F401  (registers the passes)
-from pattern_infra.testing.passes import check_fused, check_not_fused, op_types, prove_by_sign_of_input, run_pass
+from pattern_infra.testing.passes import (
+    check_fused,
+    check_not_fused,
+    op_types,
+    prove_by_sign_of_input,
+    run_pass,
+)
 
 PASS = "common::fuse_prelu"
 SHAPE = (2, 3, 4, 5)  # B, C, H, W
@@ -111,8 +117,14 @@ def test_transposed_root_with_other_consumers_is_fused_where_coremltools_raises(
         {"alpha": A.reshape((3, 1)), "shape": (2, 3, 4)},
         {"alpha": np.linspace(0.1, 0.5, 5, dtype=np.float32), "transpose": [0, 2, 1, 3]},
     ],
-    ids=["intermediate_used_elsewhere", "intermediate_is_block_output", "neg_is_not_minus_1",
-         "alpha_not_per_channel", "rank_3", "wrong_perm"],
+    ids=[
+        "intermediate_used_elsewhere",
+        "intermediate_is_block_output",
+        "neg_is_not_minus_1",
+        "alpha_not_per_channel",
+        "rank_3",
+        "wrong_perm",
+    ],
 )
 def test_not_fused(kwargs):
     check_not_fused(PASS, prelu_prog(**kwargs))

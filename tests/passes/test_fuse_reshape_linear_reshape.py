@@ -122,7 +122,11 @@ def test_linear_intermediate_used_elsewhere(extra):
 
 
 def reshape_unary(
-    op: str = "gelu", x_shape=(16, 32), mid_shape=(1, 16, 32), out_shape=None, extra: str | None = None,
+    op: str = "gelu",
+    x_shape=(16, 32),
+    mid_shape=(1, 16, 32),
+    out_shape=None,
+    extra: str | None = None,
     **params,
 ) -> Program:
     """``reshape(x, mid) -> op(**params) -> reshape(out or x's shape)``, then a ``relu``."""
@@ -220,7 +224,9 @@ def test_gpt2_mlp_chain_loses_every_reshape():
 
     ours = check(prog, ["linear", "gelu", "linear"])
     assert [op.name for op in ours.functions["main"].operations if op.op_type != "const"] == [
-        "v2", "act", "v4"
+        "v2",
+        "act",
+        "v4",
     ]
 
 

@@ -137,7 +137,7 @@ def test_runtime_weight_stays_a_mul():
 
 def test_float16_magnitude_300_where_the_square_overflows():
     """Written out in float16, x^2 = 90000 overflows to inf and the norm returns 0; fused, it is right."""
-    x = (300.0 * np.sign(RNG.standard_normal((B, L, D))) * (0.9 + 0.1 * RNG.random((B, L, D))))
+    x = 300.0 * np.sign(RNG.standard_normal((B, L, D))) * (0.9 + 0.1 * RNG.random((B, L, D)))
     prog16 = rms_norm(dtype=types.fp16)
     fused16 = run_pass(PASS, prog16)
     assert op_types(fused16) == FUSED

@@ -176,8 +176,11 @@ def test_fused_without_scale_when_sqrt_e_is_a_power_of_two(mask_form):
     assert float(mul.y.val) == math.sqrt(E) == 4.0
 
 
-@pytest.mark.parametrize("kwargs", [{"scale": 0.3, "mask_form": "add"}, {"extra": "dynamic_scale"}],
-                         ids=["wrong_scale", "dynamic_scale"])
+@pytest.mark.parametrize(
+    "kwargs",
+    [{"scale": 0.3, "mask_form": "add"}, {"extra": "dynamic_scale"}],
+    ids=["wrong_scale", "dynamic_scale"],
+)
 def test_other_query_scale_stays_part_of_the_query(kwargs):
     """A scale that is not 1/sqrt(E) stays a ``mul`` of Q; the attention is then the unscaled form,
     whose ``Q * sqrt(E)`` is exact here (E = 16)."""
@@ -240,9 +243,16 @@ def test_old_opset_declined(opset):
         {"mask_form": "select", "fill": -1e4},  # exact only for scores above -1e4 + 745: policy declines
         {"mask_form": "select_inverted", "mask": ROW_MASKED},
     ],
-    ids=["scores_used_elsewhere", "probs_block_output", "softmax_axis",
-         "mask_last_dim_1", "runtime_bool_mask", "fully_masked_row", "small_fill",
-         "inverted_all_masked"],
+    ids=[
+        "scores_used_elsewhere",
+        "probs_block_output",
+        "softmax_axis",
+        "mask_last_dim_1",
+        "runtime_bool_mask",
+        "fully_masked_row",
+        "small_fill",
+        "inverted_all_masked",
+    ],
 )
 def test_declined(kwargs):
     prog = attention(**kwargs)
@@ -316,8 +326,12 @@ def test_fused_inside_a_nested_block():
     """The opset is read from the function around the block (here a ``cond`` branch)."""
 
     @mb.program(
-        input_specs=[mb.TensorSpec(shape=(B, H, L, E)), mb.TensorSpec(shape=(B, H, S, E)),
-                     mb.TensorSpec(shape=(B, H, S, E)), mb.TensorSpec(shape=(1,))],
+        input_specs=[
+            mb.TensorSpec(shape=(B, H, L, E)),
+            mb.TensorSpec(shape=(B, H, S, E)),
+            mb.TensorSpec(shape=(B, H, S, E)),
+            mb.TensorSpec(shape=(1,)),
+        ],
         opset_version=ct.target.iOS18,
     )
     def prog(q, k, v, flag):
@@ -332,22 +346,30 @@ def test_fused_inside_a_nested_block():
     (cond,) = ours.functions["main"].find_ops(op_type="cond")
     assert [op.op_type for op in cond.blocks[0].operations if op.op_type != "const"] == [SDPA]
     for flag in (1.0, -1.0):
-        inputs = {"q": RNG.standard_normal((B, H, L, E)), "k": RNG.standard_normal((B, H, S, E)),
-                  "v": RNG.standard_normal((B, H, S, E)), "flag": np.array([flag])}
+        inputs = {
+            "q": RNG.standard_normal((B, H, L, E)),
+            "k": RNG.standard_normal((B, H, S, E)),
+            "v": RNG.standard_normal((B, H, S, E)),
+            "flag": np.array([flag]),
+        }
         assert_programs_equivalent(prog, ours, inputs=inputs, rtol=1e-5)
 
 
 # -- flexible lengths: the attention step of a KV-cache decoder (pattern_infra.testing.cached_attention) --
 
 
-def _cached_inputs(heads: int, length: int, cache_len: int, other_len: int | None = None) -> dict[str, np.ndarray]:
+def _cached_inputs(
+    heads: int, length: int, cache_len: int, other_len: int | None = None
+) -> dict[str, np.ndarray]:
     from pattern_infra.testing.cached_attention import CACHE, HEAD_DIM, KV_HEADS
 
-    return {"q": RNG.standard_normal((1, heads, length, HEAD_DIM)),
-            "k_cache": RNG.standard_normal((1, KV_HEADS, CACHE, HEAD_DIM)),
-            "v_cache": RNG.standard_normal((1, KV_HEADS, CACHE, HEAD_DIM)),
-            "mask": RNG.standard_normal((1, 1, length, cache_len)),
-            "other": np.zeros((1, cache_len if other_len is None else other_len))}
+    return {
+        "q": RNG.standard_normal((1, heads, length, HEAD_DIM)),
+        "k_cache": RNG.standard_normal((1, KV_HEADS, CACHE, HEAD_DIM)),
+        "v_cache": RNG.standard_normal((1, KV_HEADS, CACHE, HEAD_DIM)),
+        "mask": RNG.standard_normal((1, 1, length, cache_len)),
+        "other": np.zeros((1, cache_len if other_len is None else other_len)),
+    }
 
 
 def test_flexible_cache_slice_fused_when_its_length_is_proven_the_mask_s():
@@ -392,8 +414,11 @@ def test_broadcast_kv_tiled_for_the_op_then_folded_as_multi_query(key_form):
 
 
 def test_broadcast_over_a_symbolic_head_count_left_alone():
-    specs = [mb.TensorSpec(shape=(B, get_new_symbol(), L, E)), mb.TensorSpec(shape=(B, 1, S, E)),
-             mb.TensorSpec(shape=(B, 1, S, EV))]
+    specs = [
+        mb.TensorSpec(shape=(B, get_new_symbol(), L, E)),
+        mb.TensorSpec(shape=(B, 1, S, E)),
+        mb.TensorSpec(shape=(B, 1, S, EV)),
+    ]
 
     @mb.program(input_specs=specs, opset_version=ct.target.iOS18)
     def prog(q, k, v):

@@ -20,8 +20,14 @@ def broadcast_update(target: str = "own") -> Program:
     ``shape(k) / shape(k)``) or ``"slice"`` (a cache slice ``[S - L, S)``, of length L only if S >= L)."""
     length, cache_len = get_new_symbol(), get_new_symbol()
 
-    @mb.program(input_specs=[mb.TensorSpec(shape=(1, 2, length, 8)), mb.TensorSpec(shape=(1, 2, 16, 8)),
-                             mb.TensorSpec(shape=(1, 1, length, cache_len))], opset_version=ct.target.iOS18)
+    @mb.program(
+        input_specs=[
+            mb.TensorSpec(shape=(1, 2, length, 8)),
+            mb.TensorSpec(shape=(1, 2, 16, 8)),
+            mb.TensorSpec(shape=(1, 1, length, cache_len)),
+        ],
+        opset_version=ct.target.iOS18,
+    )
     def prog(k, cache, mask):
         k_shape = mb.shape(x=k)
         if target == "own":
@@ -30,8 +36,12 @@ def broadcast_update(target: str = "own") -> Program:
             sizes = mb.shape(x=mask)
             end = mb.gather(x=sizes, indices=3, axis=0)
             begin = mb.sub(x=end, y=mb.gather(x=sizes, indices=2, axis=0))
-            view = mb.slice_by_index(x=cache, begin=mb.concat(values=[0, 0, begin, 0], axis=0),
-                                     end=mb.concat(values=[1, 2, end, 8], axis=0), end_mask=[True, True, False, True])
+            view = mb.slice_by_index(
+                x=cache,
+                begin=mb.concat(values=[0, 0, begin, 0], axis=0),
+                end=mb.concat(values=[1, 2, end, 8], axis=0),
+                end_mask=[True, True, False, True],
+            )
             goal = mb.shape(x=view)
         reps = mb.real_div(x=mb.select(cond=mb.equal(x=goal, y=-1), a=k_shape, b=goal), y=k_shape)
         return mb.relu(x=mb.tile(x=k, reps=reps, name="broadcast"))
@@ -47,8 +57,11 @@ def test_tile_by_its_own_shape_removed():
     (relu,) = ours.functions["main"].find_ops(op_type="relu")
     assert relu.x.name == "k"
     rng = np.random.default_rng(0)
-    inputs = {"k": rng.standard_normal((1, 2, 3, 8)), "cache": rng.standard_normal((1, 2, 16, 8)),
-              "mask": rng.standard_normal((1, 1, 3, 5))}
+    inputs = {
+        "k": rng.standard_normal((1, 2, 3, 8)),
+        "cache": rng.standard_normal((1, 2, 16, 8)),
+        "mask": rng.standard_normal((1, 1, 3, 5)),
+    }
     assert_programs_equivalent(prog, ours, inputs=inputs, rtol=0.0, atol=0.0)
 
 
