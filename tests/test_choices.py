@@ -442,7 +442,7 @@ def test_choices_come_last_in_the_plans():
     on every path of the plan tree from every anchor but the cube (a choice), the cube's ops come last."""
     import generic_passes  # noqa: F401  (registers the passes)
     from pattern_infra import generic_passes as registered
-    from pattern_infra.matching.search import Leaf
+    from pattern_infra.matching.plan import Leaf
 
     def paths(items, steps=()):
         for item in items:

@@ -1,5 +1,5 @@
 """A pattern's plan trees: its spellings' ops merged into places, the anchors every spelling has, and per
-anchor the spellings' plans (:func:`~.plan.plan`) merged into one tree (:class:`~.search.Branch`), so the
+anchor the spellings' plans (:func:`~.plan.plan`) merged into one tree (:class:`~.plan.Branch`), so the
 steps they share come once; :class:`~.search.Search` walks it. The driver anchors at the anchor whose op
 types are rarest in the block (docs/ARCHITECTURE.md, "Alternatives: expanded when a pattern compiles")."""
 
@@ -13,11 +13,11 @@ from coremltools.converters.mil.mil import Block, Operation, Var
 
 from ..language.graph import CompiledPattern, Edge, PatternNode, distances
 from ..language.pattern import Order, Pattern
-from ..language.variants import Variant
-from .plan import DOWN, Accept, Failure, Step, plan
-from .search import Branch, Leaf, Search
+from ..language.variants import Guard, Variant
+from .plan import DOWN, Accept, Branch, Failure, Leaf, Step, plan
+from .search import Search
 
-__all__ = ["Anchor", "Failure", "Matcher"]
+__all__ = ["Anchor", "Failure", "Matcher", "candidates_below"]
 
 
 @dataclass(frozen=True)
@@ -240,6 +240,21 @@ class Matcher:
             matcher = self._alternatives[id(alternative)] = Matcher(alternative)
         return matcher
 
+    def taken_further(self, guard: Guard, op: Operation, block: Block) -> bool:
+        """Whether an alternative of ``guard.choice`` before the one taken matches at an op below ``op``
+        with ``op`` inside (the longest spelling wins)."""
+        for below in candidates_below(op.outputs[0], guard.depth, guard.output_types):
+            for earlier in guard.earlier:
+                matcher = self.alternative_matcher(earlier)
+                if below.op_type not in matcher.nodes[matcher.final_anchor].op_types:
+                    continue
+                before = matcher.bind_attempts
+                found = matcher.match_at(below, block, matcher.final_anchor, accept=lambda p: op in p.op_set)
+                self.bind_attempts += matcher.bind_attempts - before
+                if found is not None:
+                    return True
+        return False
+
     def match_at(
         self,
         op: Operation,
@@ -270,6 +285,25 @@ class Matcher:
         if search.run(op, self.trees[anchor]):
             return search.result
         return search.failure if trace else None
+
+
+def candidates_below(var: Var, depth: int, op_types: frozenset[str]) -> list[Operation]:
+    """Ops of ``op_types`` at most ``depth`` consumer steps below ``var``, breadth first, each once."""
+    seen: dict[int, Operation] = {}
+    frontier = [var]
+    out: list[Operation] = []
+    for _ in range(depth):
+        next_vars: list[Var] = []
+        for v in frontier:
+            for op in v.child_ops:
+                if id(op) in seen:
+                    continue
+                seen[id(op)] = op
+                if op.op_type in op_types:
+                    out.append(op)
+                next_vars.extend(op.outputs)
+        frontier = next_vars
+    return out
 
 
 def _order(variant: Variant, choices: list[str]) -> tuple[int, ...]:

@@ -1,7 +1,7 @@
 """Search plans: a list of :class:`Step` (:func:`plan`), the first binding the anchor, each further one
 reaching a pattern op *up* (the producer of a slot of an op already bound) or *down* (a consumer of a
 variable already bound); the matcher (:mod:`~pattern_infra.matching.matcher`) merges the spellings'
-plans into a tree, the search (:mod:`~pattern_infra.matching.search`) walks it and reports a
+plans into a tree (:class:`Branch`, :class:`Leaf`), the search (:mod:`~pattern_infra.matching.search`) walks it and reports a
 :class:`Failure` when tracing."""
 
 from __future__ import annotations
@@ -11,8 +11,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..language.graph import CompiledPattern, PatternNode, edge_positions
+from ..language.variants import Guard
 
-__all__ = ["DOWN", "UP", "Accept", "Failure", "Step", "plan"]
+__all__ = ["DOWN", "UP", "Accept", "Branch", "Failure", "Leaf", "Step", "plan"]
 
 Accept = Callable[[Any], Any]
 """Offered each complete structural match (a :class:`~pattern_infra.language.pattern.Pattern`): ``True``
@@ -112,3 +113,21 @@ def _next_down(
                 if best is None or rank < best[:2]:
                     best = (*rank, step)
     return best[2] if best else None
+
+
+@dataclass
+class Leaf:
+    """Where the plan of one spelling ends."""
+
+    variant: int
+    """Index of the spelling in ``Matcher.variants``."""
+    guards: tuple[Guard, ...]
+    """Its longest-spelling guards that apply from this anchor."""
+
+
+@dataclass
+class Branch:
+    """One step of the plan tree, followed by the steps (or leaves) of the spellings that share it."""
+
+    step: Step
+    then: list[Branch | Leaf] = field(default_factory=list)
