@@ -219,7 +219,7 @@ def test_many_consumers_of_root_do_not_explode():
     exp_op = next(op for op in block.operations if op.op_type == "exp")
     found = matcher.match_at(exp_op, block, matcher.compiled.by_name["e"])
     assert isinstance(found, Pattern) and found.r.name == "r11"
-    assert matcher.bind_attempts == 2
+    assert matcher.stats.bind_attempts == 2
 
 
 def test_nested_blocks_are_searched():

@@ -14,7 +14,7 @@ from coremltools.converters.mil.mil import Block, Operation, Var
 from ..language.graph import CompiledPattern, Edge, PatternNode, distances
 from ..language.pattern import Order, Pattern
 from ..language.variants import Guard, Variant
-from .plan import DOWN, Accept, Branch, Failure, Leaf, Step, plan
+from .plan import DOWN, Accept, Branch, Failure, Leaf, PassStats, Step, plan
 from .search import Search
 
 __all__ = ["Anchor", "Failure", "Matcher", "candidates_below"]
@@ -88,10 +88,8 @@ class Matcher:
         end = self.place[self.index[0][compiled.final_nodes[0]]]
         self.final_anchor: int = next(a.index for a in self.nodes if a.name == self.places[end])
         """The anchor of the first output."""
-        self.attempts = 0
-        """Anchor ops tried (across calls)."""
-        self.bind_attempts = 0
-        """Op bindings of an accepted type tried, anchors included (across calls): the unit of work."""
+        self.stats = PassStats()
+        """The counters of the searches handed none (outside a pass: ``find_matches``, ``explain``)."""
         self._alternatives: dict[int, Matcher] = {}
 
     # -- the plan trees ------------------------------------------------------------------------------
@@ -240,7 +238,7 @@ class Matcher:
             matcher = self._alternatives[id(alternative)] = Matcher(alternative)
         return matcher
 
-    def taken_further(self, guard: Guard, op: Operation, block: Block) -> bool:
+    def taken_further(self, guard: Guard, op: Operation, block: Block, stats: PassStats) -> bool:
         """Whether an alternative of ``guard.choice`` before the one taken matches at an op below ``op``
         with ``op`` inside (the longest spelling wins)."""
         for below in candidates_below(op.outputs[0], guard.depth, guard.output_types):
@@ -248,9 +246,8 @@ class Matcher:
                 matcher = self.alternative_matcher(earlier)
                 if below.op_type not in matcher.nodes[matcher.final_anchor].op_types:
                     continue
-                before = matcher.bind_attempts
-                found = matcher.match_at(below, block, matcher.final_anchor, accept=lambda p: op in p.op_set)
-                self.bind_attempts += matcher.bind_attempts - before
+                accept = lambda p: op in p.op_set  # noqa: E731
+                found = matcher.match_at(below, block, matcher.final_anchor, accept=accept, stats=stats)
                 if found is not None:
                     return True
         return False
@@ -265,6 +262,7 @@ class Matcher:
         trace: bool = False,
         root_hint: Var | None = None,
         accept: Accept | None = None,
+        stats: PassStats | None = None,
     ) -> Pattern | Failure | None:
         """Tries to match with ``op`` bound to pattern op number ``anchor``, the whole match in ``block``.
 
@@ -274,12 +272,12 @@ class Matcher:
             root_hint: If given, the first root must be this variable.
             accept: Offered each complete structural match in search order: ``True`` takes it, anything else
                 lets the search go on (a string is the reason a tracing search reports). None takes the first.
+            stats: Counts the bindings tried (default: :attr:`stats`).
 
         Returns:
             A :class:`Pattern` on success; on failure None, or a :class:`Failure` when tracing.
         """
-        self.attempts += 1
-        search = Search(self, block, trace, order, accept)
+        search = Search(self, block, self.stats if stats is None else stats, trace, order, accept)
         if root_hint is not None:
             search.roots[0] = root_hint
         if search.run(op, self.trees[anchor]):

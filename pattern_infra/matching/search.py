@@ -34,7 +34,7 @@ from coremltools.converters.mil.mil.var import InternalVar
 from ..language.graph import COMMUTATIVE_OPS, Edge, PatternNode
 from ..language.pattern import Order, Pattern
 from ..language.variants import Variant
-from .plan import UP, Accept, Branch, Failure, Leaf
+from .plan import UP, Accept, Branch, Failure, Leaf, PassStats
 
 __all__ = ["Binding", "Search", "build_pattern"]
 
@@ -48,6 +48,7 @@ class Search:
     __slots__ = (
         "m",
         "block",
+        "stats",
         "trace",
         "trail",
         "at",
@@ -63,12 +64,14 @@ class Search:
         self,
         matcher: Any,
         block: Block,
+        stats: PassStats,
         trace: bool,
         order: Order | None = None,
         accept: Accept | None = None,
     ) -> None:
-        self.m = matcher  # the Matcher: its ops, constants, spellings, plan trees and counters
+        self.m = matcher  # the Matcher: its ops, constants, spellings and plan trees
         self.block = block
+        self.stats = stats  # counts the bindings tried
         self.trace = trace
         self.trail: list[Binding] = []
         """Every binding in the order made: ``(place, op, operands, node)`` for pattern op ``node`` (of
@@ -172,7 +175,7 @@ class Search:
         node = self.m.ops[n]
         if op.op_type not in node.op_types:
             return self.fail(n, self.refusal, node, op)
-        self.m.bind_attempts += 1
+        self.stats.bind_attempts += 1
         if len(op.outputs) != node.num_outputs or op.enclosing_block is not self.block or id(op) in self.used:
             return self.fail(n, self.refusal, node, op)
         mark = len(self.trail)
@@ -191,7 +194,7 @@ class Search:
         mark = len(self.trail)
         assigned: list[dict[str, Any]] = []
         for op in members:
-            self.m.bind_attempts += 1
+            self.stats.bind_attempts += 1
             if (
                 op.op_type not in node.op_types
                 or len(op.outputs) != node.num_outputs
@@ -335,7 +338,7 @@ class Search:
         if not self.structure_ok(variant.compiled, index, ops, assign):
             return False
         for guard in leaf.guards:
-            if self.m.taken_further(guard, ops[variant.compiled.by_name[guard.end]], self.block):
+            if self.m.taken_further(guard, ops[variant.compiled.by_name[guard.end]], self.block, self.stats):
                 return self.fail(
                     index[variant.compiled.by_name[guard.end]],
                     f"an earlier alternative of {guard.choice!r} matches further down",

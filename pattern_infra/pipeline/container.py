@@ -214,8 +214,9 @@ def with_followers(container: PassContainer) -> list[PassContainer]:
 
 def run_together(prog: Program, containers: list[PassContainer], pass_name: str) -> PassStats:
     """Applies ``containers`` to ``prog`` in order, as if one by one (each to its fixpoint, in its own scope,
-    its counters to it and to :func:`run_log`), in as few driver runs as possible: a callable sub-pass or a
-    change of ``validate`` splits a run. ``pass_name`` names the whole run in messages."""
+    the counters of its run filled in one object, which :meth:`PassContainer.record` keeps), in as few
+    driver runs as possible: a callable sub-pass or a change of ``validate`` splits a run. ``pass_name``
+    names the whole run in messages."""
     total = PassStats()
     plan = [(container, sub) for container in containers for sub in container.passes]
     for _, run in groupby(
@@ -230,31 +231,22 @@ def run_together(prog: Program, containers: list[PassContainer], pass_name: str)
                 prog.validate()
             container.record(PassStats())
             continue
-        owners = list(dict.fromkeys(owner for owner, _ in segment))  # one run_log entry each, even if twice
-        before = [_counters(owner) for owner in owners]
+        runs = {owner: PassStats() for owner, _ in segment}  # one run_log entry each, even if twice
         stats = run_subpasses(
             prog,
             [sub for _, sub in segment],
             pass_name,
             validate=container.validate,
             passes=[owner.pass_id for owner, _ in segment],
-            scopes={owner.pass_id: _scope_of(owner) for owner in owners},
+            scopes={owner.pass_id: _scope_of(owner) for owner in runs},
+            stats=[runs[owner] for owner, _ in segment],
         )
         total.add(stats)
-        for owner, counters in zip(owners, before):
-            owner.record(_counters(owner) - counters)
+        for owner, run_stats in runs.items():
+            owner.record(run_stats)
     return total
 
 
 def _scope_of(container: PassContainer) -> ScopeInfo:
     """The scope coremltools' pipeline gives what a graph pass creates (``AbstractGraphPass.__call__``)."""
     return ScopeInfo(source=ScopeSource.COREMLTOOLS_GRAPH_PASS, data=[str(container)])
-
-
-def _counters(container: PassContainer) -> PassStats:
-    """The counters of ``container``'s sub-passes, summed."""
-    stats = PassStats()
-    for sub in container.passes:
-        if isinstance(sub, SubPass):
-            stats.add(sub.stats)
-    return stats
