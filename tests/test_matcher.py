@@ -352,12 +352,6 @@ def test_pattern_api():
     for bad in ("r", "root_var", "op_list", "final_op"):
         with pytest.raises(NameError, match=bad):
             m.add_attribute(bad, 1)
-    # the design document's setters, for patterns built by hand
-    sin = prog.functions["main"].find_ops(op_type="sin")[0]
-    m.set_final_op("s", sin)
-    assert m.s is sin and m.final_op is sin and m.final_ops == [sin] and sin in m.op_set
-    m.set_root_var(m.e.outputs[0])
-    assert m.root_var is m.e.outputs[0] and m.root_vars[0] is m.e.outputs[0]
 
 
 @pytest.mark.parametrize(

@@ -260,7 +260,6 @@ class Matcher:
         *,
         order: Order | None = None,
         trace: bool = False,
-        root_hint: Var | None = None,
         accept: Accept | None = None,
         stats: PassStats | None = None,
     ) -> Pattern | Failure | None:
@@ -269,7 +268,6 @@ class Matcher:
         Args:
             order: Sorts captured ops into program order for ``Pattern.op_list``.
             trace: Return a :class:`Failure` describing the nearest miss instead of None.
-            root_hint: If given, the first root must be this variable.
             accept: Offered each complete structural match in search order: ``True`` takes it, anything else
                 lets the search go on (a string is the reason a tracing search reports). None takes the first.
             stats: Counts the bindings tried (default: :attr:`stats`).
@@ -278,8 +276,6 @@ class Matcher:
             A :class:`Pattern` on success; on failure None, or a :class:`Failure` when tracing.
         """
         search = Search(self, block, self.stats if stats is None else stats, trace, order, accept)
-        if root_hint is not None:
-            search.roots[0] = root_hint
         if search.run(op, self.trees[anchor]):
             return search.result
         return search.failure if trace else None

@@ -433,7 +433,7 @@ def build_pattern(
         if var is not None:  # absent: a wildcard slot the matched alternative op type does not have
             consts[key] = var
             consts.setdefault(cname, var)
-    return Pattern._of_search(compiled, block, by_name, list(roots), operands, consts, order, variant.choices)
+    return Pattern(compiled, block, by_name, list(roots), operands, consts, order, variant.choices)
 
 
 def slot_value(assigned: dict[str, Any], slot: str, pos: int) -> Any:
