@@ -216,7 +216,6 @@ def resolve_patterns(
                 f"or pass the pattern program instead."
             )
         subs = ops_arrangement.passes if isinstance(ops_arrangement, PassContainer) else [ops_arrangement]
-        subs = [sub for sub in subs if isinstance(sub, SubPass)]
         if not subs:
             raise PassRegistrationError(
                 f"{ops_arrangement!r} has no pattern sub-pass (only plain callables), so there is no "

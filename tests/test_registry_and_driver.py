@@ -306,6 +306,18 @@ def test_fuse_all_blocks_and_fuse_one_block():
     assert not fuse_one_block(block, relu_exp, lambda p: False, to_softplus)
 
 
+def test_a_plain_graph_pass_stands_alone_in_its_container():
+    container = PassContainer("plain_alone")
+    seen = []
+    container.add(seen.append)  # the design document's add(pass_func)
+    assert container.passes == [] and container.order == ["append"]
+    prog = chain(1)
+    container.apply(prog)
+    assert seen == [prog]
+    with pytest.raises(PassRegistrationError, match="stands alone"):
+        container.add(lambda prog: None)
+
+
 def test_fuse_one_block_leaves_the_block_as_it_was_when_the_transform_raises():
     prog = chain(2)
     block = prog.functions["main"]
