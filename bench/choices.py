@@ -99,14 +99,14 @@ def _name_ops(prog: Program) -> Program:
 def measure(matchers: list[Matcher], prog: Program) -> tuple[int, float, float]:
     """(matches, bind attempts per match, best seconds per match) of searching ``prog`` with each."""
     found = 0
-    before = sum(m.bind_attempts for m in matchers)
+    before = sum(m.stats.bind_attempts for m in matchers)
     best = float("inf")
     for rep in range(5):
         start = time.perf_counter()
         count = sum(1 for m in matchers for _ in find_in_program(prog, m, None))
         best = min(best, time.perf_counter() - start)
         found = count
-    binds = (sum(m.bind_attempts for m in matchers) - before) / 5
+    binds = (sum(m.stats.bind_attempts for m in matchers) - before) / 5
     return found, binds / max(found, 1), best / max(found, 1)
 
 
@@ -221,7 +221,7 @@ def _pass_search(row: str, n: int) -> tuple[Matcher, Program]:
 def pass_search_row(row: str, n: int) -> tuple[float, float]:
     """(bind attempts, best seconds) per match of the pass's search of ``row`` (:func:`_pass_search`)."""
     matcher, prog = _pass_search(row, n)
-    before, best = matcher.bind_attempts, float("inf")
+    before, best = matcher.stats.bind_attempts, float("inf")
     for _ in range(7):
         gc.collect()
         gc.disable()  # as in a pass (the driver pauses it): the collector's pauses are not the search's cost
@@ -229,7 +229,7 @@ def pass_search_row(row: str, n: int) -> tuple[float, float]:
         found = first_matches(matcher, prog)
         best = min(best, time.perf_counter() - start)
         gc.enable()
-    return (matcher.bind_attempts - before) / 7 / found, best / found
+    return (matcher.stats.bind_attempts - before) / 7 / found, best / found
 
 
 def _counted(row: str, n: int) -> None:

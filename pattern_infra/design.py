@@ -68,8 +68,7 @@ def pattern_detected(
 ) -> bool:
     """Design-document helper: does the pattern match with ``program_op`` standing for ``pattern_op``?
 
-    On success the captured ops are added to ``pattern`` (``pattern.<name>``), with its root variable,
-    block and final op.
+    On success ``pattern`` becomes the match: its ops (``pattern.<name>``), root variable, block, final op.
 
     Args:
         pattern: The Pattern to fill.
@@ -85,16 +84,10 @@ def pattern_detected(
     function = pattern_op.enclosing_block
     matcher = _function_matcher(function)
     anchor = matcher.compiled.by_name[pattern_op.name]
-    found = matcher.match_at(program_op, block, anchor, root_hint=program_root_var)
+    found = matcher.match_at(program_op, block, anchor, accept=lambda p: p.root_var is program_root_var)
     if not isinstance(found, Pattern):
         return False
-    for name, op in found.ops.items():
-        pattern.add_op(name, op)
-    pattern.set_root_var(program_root_var)
-    pattern.set_block(block)
-    if found.final_op is not None:
-        pattern.final_op = found.final_op
-        pattern.final_ops = list(found.final_ops)
+    vars(pattern).update(vars(found))
     return True
 
 

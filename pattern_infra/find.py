@@ -1,5 +1,5 @@
-"""Finding matches without the driver's bookkeeping: ``find_matches``, ``explain``'s and the design
-document's ``fuse_one_block`` / ``fuse_all_blocks``.
+"""Finding matches without the driver's bookkeeping (``find_matches``, ``explain``'s), and the design
+document's ``fuse_one_block`` / ``fuse_all_blocks``, which run the driver (journal and contract included).
 
 Owns: :func:`distinct_matches` (an ``accept`` that collects each distinct accepted match and takes none,
 so a search enumerates them all), :func:`find_in_program`, :func:`resolve_patterns` (what a pattern
@@ -23,7 +23,6 @@ from .matching.matcher import Matcher
 from .language.pattern import Pattern
 from .pipeline.container import PassContainer
 from .pipeline.registry import generic_passes
-from .rewriting.removal import remove_dead_ops
 from .rewriting.subpass import Constraints, PassStats, SubPass, constraint_verdict
 
 __all__ = [
@@ -145,22 +144,31 @@ def fuse_one_block(
     var_constraints: Callable[[Pattern], Any] | None,
     transform_pattern: Callable[[Pattern], Any],
 ) -> bool:
-    """Replaces the first instance of the pattern in ``block`` (design-document API).
+    """Replaces the first instance of the pattern in ``block`` (design-document API), as a pass's run
+    does (:func:`run_subpasses`: the match's dead ops removed, the rewrite's contract checked, the block
+    restored if the transform raises): every later match is declined.
 
     Returns:
         Whether a match was rewritten.
+
+    Raises:
+        PassExecutionError: A callback raised or the rewrite broke its contract; the block is as it was.
     """
-    sub = _sub_pass(ops_arrangement, var_constraints, transform_pattern)
-    for match in find_in_program(_BlockProgram(block), sub.matcher, var_constraints):
-        if match.block is not block:
-            continue
-        with block:
-            result = transform_pattern(match)
-        if result is False:
-            continue
-        remove_dead_ops(match)
-        return True
-    return False
+    done: list[Pattern] = []
+
+    def here(match: Pattern) -> Any:
+        return match.block is block and (var_constraints is None or var_constraints(match))
+
+    def first(match: Pattern) -> Any:
+        if done:
+            return False
+        result = transform_pattern(match)
+        if result is not False:
+            done.append(match)
+        return result
+
+    sub = _sub_pass(ops_arrangement, here, first)
+    return run_subpasses(_BlockProgram(block), [sub], f"fuse_one_block({sub.name})").rewrites > 0
 
 
 class _BlockProgram:
@@ -208,7 +216,6 @@ def resolve_patterns(
                 f"or pass the pattern program instead."
             )
         subs = ops_arrangement.passes if isinstance(ops_arrangement, PassContainer) else [ops_arrangement]
-        subs = [sub for sub in subs if isinstance(sub, SubPass)]
         if not subs:
             raise PassRegistrationError(
                 f"{ops_arrangement!r} has no pattern sub-pass (only plain callables), so there is no "

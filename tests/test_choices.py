@@ -358,7 +358,7 @@ def test_matching_cost_does_not_grow_with_the_number_of_spellings():
     for pattern in (rms_norm, one):
         matcher = Matcher(compile_pattern(pattern, constants="const"))
         assert len(list(find_in_program(prog, matcher))) == 1
-        costs.append(matcher.bind_attempts)
+        costs.append(matcher.stats.bind_attempts)
     assert costs[1] == 6 and costs[0] <= 2 * costs[1], costs
 
 
@@ -379,10 +379,10 @@ def test_the_alternatives_of_one_choice_point_add_no_bind_attempt(k):
             for pattern in (activation_pattern(k), activation_pattern(1, ACTIVATIONS[index]))
         )
         assert first_matches(choice, prog) == first_matches(written, prog) == 5
-        assert choice.bind_attempts == written.bind_attempts, (
+        assert choice.stats.bind_attempts == written.stats.bind_attempts, (
             index,
-            choice.bind_attempts,
-            written.bind_attempts,
+            choice.stats.bind_attempts,
+            written.stats.bind_attempts,
         )
         matches = list(find_in_program(prog, choice))
         assert [(m.choices, m.act.op_type) for m in matches] == [({"act": index}, ACTIVATIONS[index])] * 5
@@ -442,7 +442,7 @@ def test_choices_come_last_in_the_plans():
     on every path of the plan tree from every anchor but the cube (a choice), the cube's ops come last."""
     import generic_passes  # noqa: F401  (registers the passes)
     from pattern_infra import generic_passes as registered
-    from pattern_infra.matching.search import Leaf
+    from pattern_infra.matching.plan import Leaf
 
     def paths(items, steps=()):
         for item in items:

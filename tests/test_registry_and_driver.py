@@ -306,6 +306,37 @@ def test_fuse_all_blocks_and_fuse_one_block():
     assert not fuse_one_block(block, relu_exp, lambda p: False, to_softplus)
 
 
+def test_a_plain_graph_pass_stands_alone_in_its_container():
+    container = PassContainer("plain_alone")
+    seen = []
+    container.add(seen.append)  # the design document's add(pass_func)
+    assert container.passes == [] and container.order == ["append"]
+    prog = chain(1)
+    container.apply(prog)
+    assert seen == [prog]
+    with pytest.raises(PassRegistrationError, match="stands alone"):
+        container.add(lambda prog: None)
+
+
+def test_fuse_one_block_leaves_the_block_as_it_was_when_the_transform_raises():
+    prog = chain(2)
+    block = prog.functions["main"]
+    before = str(prog)
+
+    def half_built(pattern):
+        mb.softplus(x=pattern.root_var, before_op=pattern.final_op)  # the replacement's first op
+        raise RuntimeError("lost halfway")
+
+    with pytest.raises(PassExecutionError, match="lost halfway") as info:
+        fuse_one_block(block, relu_exp, None, half_built)
+    assert "restored" in str(info.value)
+    assert str(prog) == before and op_types(prog) == ["relu", "exp", "sin"] * 2
+    prog.validate()
+    # the first match only, and only in the block given
+    assert fuse_one_block(block, relu_exp, None, to_softplus)
+    assert op_types(prog) == ["softplus", "sin", "relu", "exp", "sin"]
+
+
 @pytest.mark.parametrize("n", [10, 40, 160])
 def test_each_op_is_visited_a_bounded_number_of_times(n):
     c = PASS_REGISTRY["common::fuse_gelu_tanh_approximation"]

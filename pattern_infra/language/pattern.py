@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from coremltools.converters.mil.mil import Block, Operation, Var, types
@@ -59,39 +59,18 @@ class Pattern:
     def __init__(
         self,
         compiled: CompiledPattern | None = None,
-        ops: Mapping[str, Operation | list[Operation]] | None = None,
-        root_vars: list[Var] | None = None,
         block: Block | None = None,
-        operands: Mapping[str, Mapping[str, Any]] | None = None,
-        consts: Mapping[str, Var] | None = None,
+        ops: dict[str, Any] | None = None,
+        roots: list[Var] | None = None,
+        operands: dict[str, dict[str, Any]] | None = None,
+        consts: dict[str, Var] | None = None,
         order: Order | None = None,
+        choices: dict[str, int] | None = None,
     ) -> None:
-        match = self._of_search(
-            compiled,
-            block,
-            dict(ops or {}),
-            list(root_vars or []),
-            dict(operands or {}),
-            dict(consts or {}),
-            order,
-            {},
-        )
-        vars(self).update(vars(match))
-
-    @classmethod
-    def _of_search(
-        cls,
-        compiled: CompiledPattern | None,
-        block: Block | None,
-        ops: dict[str, Any],
-        roots: list[Var],
-        operands: dict[str, dict[str, Any]],
-        consts: dict[str, Var],
-        order: Order | None,
-        choices: dict[str, int],
-    ) -> Pattern:
-        """The search's constructor: the dicts and the list become the pattern's own (no copies)."""
-        self = cls.__new__(cls)
+        """The match the search found (``Pattern()``: an empty one); the dicts and the list become the
+        pattern's own (no copies)."""
+        ops = {} if ops is None else ops
+        roots = [] if roots is None else roots
         final_names = compiled.final_names if compiled is not None else ()
         if compiled is not None and not compiled.has_fanout:  # no op is a list
             finals, op_set = [ops[name] for name in final_names], set(ops.values())
@@ -103,41 +82,19 @@ class Pattern:
         fields.update(
             _compiled=compiled,
             _ops=ops,
-            _operands=operands,
+            _operands={} if operands is None else operands,
             _order=order,
             _replacements=[],
             root_vars=roots,
             root_var=roots[0] if roots else None,
             block=block,
-            consts=consts,
-            choices=choices,
+            consts={} if consts is None else consts,
+            choices={} if choices is None else choices,
             pattern_name=compiled.name if compiled is not None else "",
             final_ops=finals,
             final_op=finals[0] if finals else None,
             op_set=op_set,
         )
-        return self
-
-    def set_root_var(self, root_var: Var) -> None:
-        """Sets the root variable (design-document API, kept for hand-built patterns)."""
-        self.root_var = root_var
-        self.root_vars = [root_var] + self.root_vars[1:]
-
-    def set_block(self, block: Block) -> None:
-        """Sets the block (design-document API)."""
-        self.block = block
-
-    def set_final_op(self, op_name: str, final_op: Operation) -> None:
-        """Records ``final_op`` under ``op_name`` and as the final op (design-document API)."""
-        self.add_op(op_name, final_op)
-        self.final_op = final_op
-        self.final_ops = [final_op]
-
-    def add_op(self, op_name: str, op: Operation) -> None:
-        """Captures ``op`` as ``pattern.<op_name>`` (design-document API)."""
-        self._ops[op_name] = op
-        self.op_set.add(op)
-        object.__setattr__(self, op_name, op)
 
     def add_attribute(self, attribute_name: str, attribute: Any) -> None:
         """Adds ``pattern.<attribute_name>`` for later callbacks (e.g. from constraints to transform).

@@ -1,5 +1,5 @@
 """A pattern's plan trees: its spellings' ops merged into places, the anchors every spelling has, and per
-anchor the spellings' plans (:func:`~.plan.plan`) merged into one tree (:class:`~.search.Branch`), so the
+anchor the spellings' plans (:func:`~.plan.plan`) merged into one tree (:class:`~.plan.Branch`), so the
 steps they share come once; :class:`~.search.Search` walks it. The driver anchors at the anchor whose op
 types are rarest in the block (docs/ARCHITECTURE.md, "Alternatives: expanded when a pattern compiles")."""
 
@@ -13,11 +13,11 @@ from coremltools.converters.mil.mil import Block, Operation, Var
 
 from ..language.graph import CompiledPattern, Edge, PatternNode, distances
 from ..language.pattern import Order, Pattern
-from ..language.variants import Variant
-from .plan import DOWN, Accept, Failure, Step, plan
-from .search import Branch, Leaf, Search
+from ..language.variants import Guard, Variant
+from .plan import DOWN, Accept, Branch, Failure, Leaf, PassStats, Step, plan
+from .search import Search
 
-__all__ = ["Anchor", "Failure", "Matcher"]
+__all__ = ["Anchor", "Failure", "Matcher", "candidates_below"]
 
 
 @dataclass(frozen=True)
@@ -88,10 +88,8 @@ class Matcher:
         end = self.place[self.index[0][compiled.final_nodes[0]]]
         self.final_anchor: int = next(a.index for a in self.nodes if a.name == self.places[end])
         """The anchor of the first output."""
-        self.attempts = 0
-        """Anchor ops tried (across calls)."""
-        self.bind_attempts = 0
-        """Op bindings of an accepted type tried, anchors included (across calls): the unit of work."""
+        self.stats = PassStats()
+        """The counters of the searches handed none (outside a pass: ``find_matches``, ``explain``)."""
         self._alternatives: dict[int, Matcher] = {}
 
     # -- the plan trees ------------------------------------------------------------------------------
@@ -240,6 +238,20 @@ class Matcher:
             matcher = self._alternatives[id(alternative)] = Matcher(alternative)
         return matcher
 
+    def taken_further(self, guard: Guard, op: Operation, block: Block, stats: PassStats) -> bool:
+        """Whether an alternative of ``guard.choice`` before the one taken matches at an op below ``op``
+        with ``op`` inside (the longest spelling wins)."""
+        for below in candidates_below(op.outputs[0], guard.depth, guard.output_types):
+            for earlier in guard.earlier:
+                matcher = self.alternative_matcher(earlier)
+                if below.op_type not in matcher.nodes[matcher.final_anchor].op_types:
+                    continue
+                accept = lambda p: op in p.op_set  # noqa: E731
+                found = matcher.match_at(below, block, matcher.final_anchor, accept=accept, stats=stats)
+                if found is not None:
+                    return True
+        return False
+
     def match_at(
         self,
         op: Operation,
@@ -248,28 +260,44 @@ class Matcher:
         *,
         order: Order | None = None,
         trace: bool = False,
-        root_hint: Var | None = None,
         accept: Accept | None = None,
+        stats: PassStats | None = None,
     ) -> Pattern | Failure | None:
         """Tries to match with ``op`` bound to pattern op number ``anchor``, the whole match in ``block``.
 
         Args:
             order: Sorts captured ops into program order for ``Pattern.op_list``.
             trace: Return a :class:`Failure` describing the nearest miss instead of None.
-            root_hint: If given, the first root must be this variable.
             accept: Offered each complete structural match in search order: ``True`` takes it, anything else
                 lets the search go on (a string is the reason a tracing search reports). None takes the first.
+            stats: Counts the bindings tried (default: :attr:`stats`).
 
         Returns:
             A :class:`Pattern` on success; on failure None, or a :class:`Failure` when tracing.
         """
-        self.attempts += 1
-        search = Search(self, block, trace, order, accept)
-        if root_hint is not None:
-            search.roots[0] = root_hint
+        search = Search(self, block, self.stats if stats is None else stats, trace, order, accept)
         if search.run(op, self.trees[anchor]):
             return search.result
         return search.failure if trace else None
+
+
+def candidates_below(var: Var, depth: int, op_types: frozenset[str]) -> list[Operation]:
+    """Ops of ``op_types`` at most ``depth`` consumer steps below ``var``, breadth first, each once."""
+    seen: dict[int, Operation] = {}
+    frontier = [var]
+    out: list[Operation] = []
+    for _ in range(depth):
+        next_vars: list[Var] = []
+        for v in frontier:
+            for op in v.child_ops:
+                if id(op) in seen:
+                    continue
+                seen[id(op)] = op
+                if op.op_type in op_types:
+                    out.append(op)
+                next_vars.extend(op.outputs)
+        frontier = next_vars
+    return out
 
 
 def _order(variant: Variant, choices: list[str]) -> tuple[int, ...]:

@@ -1,18 +1,20 @@
 """Search plans: a list of :class:`Step` (:func:`plan`), the first binding the anchor, each further one
 reaching a pattern op *up* (the producer of a slot of an op already bound) or *down* (a consumer of a
 variable already bound); the matcher (:mod:`~pattern_infra.matching.matcher`) merges the spellings'
-plans into a tree, the search (:mod:`~pattern_infra.matching.search`) walks it and reports a
+plans into a tree (:class:`Branch`, :class:`Leaf`), the search (:mod:`~pattern_infra.matching.search`) walks it and reports a
 :class:`Failure` when tracing."""
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from ..language.graph import CompiledPattern, PatternNode, edge_positions
+from ..language.variants import Guard
 
-__all__ = ["DOWN", "UP", "Accept", "Failure", "Step", "plan"]
+__all__ = ["DOWN", "UP", "Accept", "Branch", "Failure", "Leaf", "PassStats", "Step", "plan"]
 
 Accept = Callable[[Any], Any]
 """Offered each complete structural match (a :class:`~pattern_infra.language.pattern.Pattern`): ``True``
@@ -20,6 +22,44 @@ takes it; anything else continues the search (a ``str`` is the reason reported t
 
 UP = 0
 DOWN = 1
+
+
+@dataclass
+class PassStats:
+    """Counters of searches and rewrites: of one run of a pass, or summed over runs (``SubPass.stats``,
+    ``PassContainer.stats``). A run fills the one it is handed (``run_subpasses``, ``Matcher.match_at``)."""
+
+    runs: int = 0
+    """How many times the sub-pass was applied to a program."""
+    attempts: int = 0
+    """Anchor ops tried."""
+    bind_attempts: int = 0
+    """Ops the matcher tried to bind (anchors included): its unit of work."""
+    matches: int = 0
+    """Complete structural matches."""
+    rejected: int = 0
+    """Matches that ``var_constraints`` turned down."""
+    rejections: Counter[str] = field(default_factory=Counter)
+    """How often each reason was given for turning a match down (see :func:`constraint_verdict`)."""
+    declined: int = 0
+    """Matches whose transform returned False."""
+    rewrites: int = 0
+    """Matches rewritten."""
+    iterations: int = 0
+    """Sweeps done (the first one included)."""
+    seconds: float = 0.0
+    """Wall time spent."""
+
+    def add(self, other: PassStats) -> None:
+        """Adds ``other``'s counters to these."""
+        for name in self.__dataclass_fields__:
+            setattr(self, name, getattr(self, name) + getattr(other, name))
+
+    def __sub__(self, before: PassStats) -> PassStats:
+        """What was counted since the counters were ``before``."""
+        return PassStats(
+            **{name: getattr(self, name) - getattr(before, name) for name in self.__dataclass_fields__}
+        )
 
 
 @dataclass(frozen=True)
@@ -112,3 +152,21 @@ def _next_down(
                 if best is None or rank < best[:2]:
                     best = (*rank, step)
     return best[2] if best else None
+
+
+@dataclass
+class Leaf:
+    """Where the plan of one spelling ends."""
+
+    variant: int
+    """Index of the spelling in ``Matcher.variants``."""
+    guards: tuple[Guard, ...]
+    """Its longest-spelling guards that apply from this anchor."""
+
+
+@dataclass
+class Branch:
+    """One step of the plan tree, followed by the steps (or leaves) of the spellings that share it."""
+
+    step: Step
+    then: list[Branch | Leaf] = field(default_factory=list)

@@ -1,7 +1,7 @@
 """The search: one anchored, backtracking walk of a plan tree (:class:`Search`), the only search engine.
 
-The tree (:class:`Branch`, built by :mod:`~pattern_infra.matching.matcher`) holds the spellings' plans
-merged. The walk, from the anchor op:
+The tree (:class:`~.plan.Branch`, built by :mod:`~pattern_infra.matching.matcher`) holds the
+spellings' plans merged. The walk, from the anchor op:
 
 1. **A step** reaches one pattern op: *up* (the producer of a slot of an op bound: one candidate) or
    *down* (each consumer of a variable bound, of an accepted type, not bound yet).
@@ -9,8 +9,9 @@ merged. The walk, from the anchor op:
    (a match is injective); then each operand order the op allows (two for a commutative op); then every
    data edge whose both ends are bound: inputs bound consistently, constants satisfying their rule,
    producers and consumers the very same variables. Then the branch's next steps, in order.
-3. **Backtracking** undoes a failed branch's bindings (ops, operand orders, inputs).
-4. **A leaf** is a complete spelling (:class:`Leaf`): outputs of non-final ops have exactly the
+3. **Backtracking** truncates the trail, the list of bindings (ops with their operand orders, inputs)
+   in the order made, to where the failed branch began.
+4. **A leaf** is a complete spelling (:class:`~.plan.Leaf`): outputs of non-final ops have exactly the
    pattern's uses and are not block outputs; no input and no constant slot is computed inside the match;
    the longest-spelling guards hold. Then ``accept`` (the user's constraints, the transform) decides:
    anything but ``True`` backtracks, and the walk goes on to the next match at the same anchor.
@@ -24,50 +25,33 @@ of a variable are never permuted (each pattern op picks one at a time).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 from coremltools.converters.mil.mil import Block, Operation, Var
-
 from coremltools.converters.mil.mil.var import InternalVar
 
 from ..language.graph import COMMUTATIVE_OPS, Edge, PatternNode
 from ..language.pattern import Order, Pattern
-from ..language.variants import Guard, Variant
-from .plan import UP, Accept, Failure, Step
+from ..language.variants import Variant
+from .plan import UP, Accept, Branch, Failure, Leaf, PassStats
 
-__all__ = ["Branch", "Leaf", "Search", "build_pattern", "candidates_below"]
+__all__ = ["Binding", "Search", "build_pattern"]
 
-
-@dataclass
-class Leaf:
-    """Where the plan of one spelling ends."""
-
-    variant: int
-    """Index of the spelling in ``Matcher.variants``."""
-    guards: tuple[Guard, ...]
-    """Its longest-spelling guards that apply from this anchor."""
-
-
-@dataclass
-class Branch:
-    """One step of the plan tree, followed by the steps (or leaves) of the spellings that share it."""
-
-    step: Step
-    then: list[Branch | Leaf] = field(default_factory=list)
+Binding = tuple[int, Any, "dict[str, Any] | None", int]
+"""One entry of the search's trail (:attr:`Search.trail`)."""
 
 
 class Search:
-    """State of one anchored walk; undone on backtracking."""
+    """State of one anchored walk: the trail, undone on backtracking."""
 
     __slots__ = (
         "m",
         "block",
+        "stats",
         "trace",
-        "ops",
-        "assign",
-        "which",
+        "trail",
+        "at",
         "roots",
         "used",
         "failure",
@@ -80,45 +64,59 @@ class Search:
         self,
         matcher: Any,
         block: Block,
+        stats: PassStats,
         trace: bool,
         order: Order | None = None,
         accept: Accept | None = None,
     ) -> None:
-        n = len(matcher.places)
-        self.m = matcher  # the Matcher: its ops, constants, spellings, plan trees and counters
+        self.m = matcher  # the Matcher: its ops, constants, spellings and plan trees
         self.block = block
+        self.stats = stats  # counts the bindings tried
         self.trace = trace
-        self.ops: list[Any] = [None] * n
-        """Per place of the search state, the program op bound (a list for a fan-out op)."""
-        self.assign: list[dict[str, Any] | None] = [None] * n
-        """Per place, the bound op's operands as assigned (after any swap)."""
-        self.which: list[int] = [-1] * n
-        """Per place, the pattern op (of ``Matcher.ops``) bound there."""
+        self.trail: list[Binding] = []
+        """Every binding in the order made: ``(place, op, operands, node)`` for pattern op ``node`` (of
+        ``Matcher.ops``) bound at a place of the search state to ``op`` (a list for a fan-out op) with its
+        operands as assigned (after any swap); ``(~r, var, None, -1)`` for pattern input ``r``. A
+        backtrack truncates it to where the failed branch began (:meth:`undo`)."""
+        self.at: list[Binding | None] = [None] * len(matcher.places)
+        """Per place, its binding on the trail (None while unbound)."""
         self.roots: list[Var | None] = [None] * len(matcher.compiled.root_names)
-        self.used: dict[int, int] = {}
+        """Per pattern input, the program variable bound (the trail's input bindings)."""
+        self.used: set[int] = set()
+        """The program ops bound (by id): a match is injective."""
         self.failure: Failure | None = None
         self.order = order
         self.accept = accept
         self.result: Pattern | None = None  # the match taken, once the search succeeded
 
-    def fail(self, node: int, reason: str | Callable[[], str]) -> bool:
-        """Returns False; when tracing, keeps the failure if more ops are bound than at the deepest so far."""
+    def undo(self, mark: int) -> None:
+        """Truncates the trail to its first ``mark`` bindings, unbinding the others."""
+        trail = self.trail
+        for place, op, _, node in trail[mark:]:
+            if node < 0:
+                self.roots[~place] = None
+                continue
+            self.at[place] = None
+            for member in op if type(op) is list else (op,):
+                self.used.discard(id(member))
+        del trail[mark:]
+
+    def fail(self, node: int, reason: str | Callable[..., str], *args: Any) -> bool:
+        """Returns False; when tracing, keeps the failure (``reason``, or ``reason(*args)``) if more ops are
+        bound than at the deepest so far."""
         if not self.trace:
             return False
-        bound = sum(o is not None for o in self.ops)
-        if self.failure is None or bound > self.failure.bound:
+        bound = sorted(entry for entry in self.trail if entry[3] >= 0)  # by place: one op each
+        if self.failure is None or len(bound) > self.failure.bound:
             within = self.m.within[node]
             self.failure = Failure(
-                bound=bound,
+                bound=len(bound),
                 node=self.m.ops[node].name,
-                reason=(reason() if callable(reason) else reason)
+                reason=(reason(*args) if callable(reason) else reason)
                 + (f" (alternative {within[1]} of {within[0]!r})" if within else ""),
                 ops={
-                    self.m.ops[self.which[i]].name: f"[{', '.join(x.name for x in o)}]"
-                    if isinstance(o, list)
-                    else o.name
-                    for i, o in enumerate(self.ops)
-                    if o is not None
+                    self.m.ops[n].name: f"[{', '.join(x.name for x in o)}]" if isinstance(o, list) else o.name
+                    for _, o, _, n in bound
                 },
             )
         return False
@@ -135,31 +133,27 @@ class Search:
     def step(self, branch: Branch) -> bool:
         st = branch.step
         if st.kind == UP:
-            var = slot_value(self.assign, st.src, st.slot, st.pos)
+            src = self.at[st.src]
+            var = slot_value(src[2], st.slot, st.pos)  # type: ignore[index]
             producer = var.op if var is not None else None
-            if producer is None:
+            if producer is None or st.out >= len(producer.outputs) or producer.outputs[st.out] is not var:
                 return self.fail(
                     st.node,
                     lambda: (
-                        f"operand {st.slot} of {self.m.ops[self.which[st.src]].name} "
-                        f"is a graph input, not the output of an op"
-                    ),
-                )
-            outs = producer.outputs
-            if st.out >= len(outs) or outs[st.out] is not var:
-                return self.fail(
-                    st.node,
-                    lambda: (
-                        f"operand {st.slot} of {self.m.ops[self.which[st.src]].name} "
-                        f"is not output {st.out} of {producer.name}"
+                        f"operand {st.slot} of {self.m.ops[src[3]].name} is "  # type: ignore[index]
+                        + (
+                            f"not output {st.out} of {producer.name}"
+                            if producer
+                            else "a graph input, not an op's output"
+                        )
                     ),
                 )
             return self.bind(st.node, producer, branch)
         if st.src_kind == "root":
             var = self.roots[st.src]
         else:
-            src_op = self.ops[st.src]
-            var = src_op.outputs[st.out] if src_op is not None else None
+            src = self.at[st.src]
+            var = src[1].outputs[st.out] if src is not None else None
         if var is None:
             return False
         target = self.m.ops[st.node]
@@ -180,85 +174,66 @@ class Search:
     def bind(self, n: int, op: Operation, branch: Branch) -> bool:
         node = self.m.ops[n]
         if op.op_type not in node.op_types:
-            return self.fail(
-                n,
-                lambda: (
-                    f"op type differs at {node.name}: pattern wants "
-                    f"{node.op_type_label}, program has {op.op_type} ({op.name})"
-                ),
-            )
-        self.m.bind_attempts += 1
-        if len(op.outputs) != node.num_outputs:
-            return self.fail(
-                n,
-                lambda: (
-                    f"{op.name} has {len(op.outputs)} outputs, pattern op {node.name} has {node.num_outputs}"
-                ),
-            )
-        if op.enclosing_block is not self.block:
-            return self.fail(n, lambda: f"{op.name} lies in another block")
-        if id(op) in self.used:
-            return self.fail(n, lambda: f"{op.name} is already matched by another pattern op")
-        place = self.m.place[n]
+            return self.fail(n, self.refusal, node, op)
+        self.stats.bind_attempts += 1
+        if len(op.outputs) != node.num_outputs or op.enclosing_block is not self.block or id(op) in self.used:
+            return self.fail(n, self.refusal, node, op)
+        mark = len(self.trail)
         for assignment in self.assignments(node, op):
-            saved_roots = list(self.roots)
             if self.check_edges(node, op, assignment):
-                self.ops[place] = op
-                self.assign[place] = assignment
-                self.which[place] = n
-                self.used[id(op)] = n
+                self.push((self.m.place[n], op, assignment, n), (op,))
                 if self.next(branch):
                     return True
-                del self.used[id(op)]
-                self.ops[place] = None
-                self.assign[place] = None
-                self.which[place] = -1
-            self.roots = saved_roots
+            self.undo(mark)
         return False
 
     def bind_fanout(self, n: int, var: Var, branch: Branch) -> bool:
         """Binds op ``n`` to *all* consumers of ``var``; each must match the op on its own."""
         node = self.m.ops[n]
         members = list(dict.fromkeys(var.child_ops))
-        saved_roots = list(self.roots)
+        mark = len(self.trail)
         assigned: list[dict[str, Any]] = []
         for op in members:
-            self.m.bind_attempts += 1
-            if op.op_type not in node.op_types or len(op.outputs) != node.num_outputs:
-                self.roots = saved_roots
-                return self.fail(
-                    n,
-                    lambda: (
-                        f"fan-out {node.name}: consumer {op.name} of {var.name} is "
-                        f"{op.op_type}, not {node.op_type_label}"
-                    ),
-                )
-            if op.enclosing_block is not self.block or id(op) in self.used:
-                self.roots = saved_roots
-                return self.fail(
-                    n,
-                    lambda: (
-                        f"fan-out {node.name}: consumer {op.name} is outside the block or already matched"
-                    ),
-                )
+            self.stats.bind_attempts += 1
+            if (
+                op.op_type not in node.op_types
+                or len(op.outputs) != node.num_outputs
+                or op.enclosing_block is not self.block
+                or id(op) in self.used
+            ):
+                self.undo(mark)
+                return self.fail(n, self.refusal, node, op, var)
             ok = next((a for a in self.assignments(node, op) if self.check_edges(node, op, a)), None)
             if ok is None:
-                self.roots = saved_roots
+                self.undo(mark)
                 return False
             assigned.append(ok)
         if not members:
             return self.fail(n, lambda: f"fan-out {node.name}: {var.name} has no consumer")
-        place = self.m.place[n]
-        self.ops[place], self.assign[place], self.which[place] = members, assigned[0], n
-        for op in members:
-            self.used[id(op)] = n
+        self.push((self.m.place[n], members, assigned[0], n), members)
         if self.next(branch):
             return True
-        for op in members:
-            del self.used[id(op)]
-        self.ops[place], self.assign[place], self.which[place] = None, None, -1
-        self.roots = saved_roots
+        self.undo(mark)
         return False
+
+    def refusal(self, node: PatternNode, op: Operation, var: Var | None = None) -> str:
+        """Why ``op`` cannot be bound to ``node`` (as a fan-out op's consumer of ``var``, if given)."""
+        if op.op_type not in node.op_types:
+            wants = f"pattern wants {node.op_type_label}, program has {op.op_type} ({op.name})"
+            why = f"op type differs at {node.name}: {wants}"
+        elif len(op.outputs) != node.num_outputs:
+            why = f"{op.name} has {len(op.outputs)} outputs, pattern op {node.name} has {node.num_outputs}"
+        elif op.enclosing_block is not self.block:
+            why = f"{op.name} lies in another block"
+        else:
+            why = f"{op.name} is already matched by another pattern op"
+        return why if var is None else f"fan-out {node.name}, consumer of {var.name}: {why}"
+
+    def push(self, binding: Binding, ops: Iterable[Operation]) -> None:
+        """Puts the binding of a pattern op to ``ops`` on the trail."""
+        self.trail.append(binding)
+        self.at[binding[0]] = binding
+        self.used.update(map(id, ops))
 
     def assignments(self, node: PatternNode, op: Operation) -> Iterator[dict[str, Any]]:
         """Operand assignments to try: as written, then swapped for a commutative op (first the order putting
@@ -305,9 +280,9 @@ class Search:
             elif isinstance(value, (list, tuple)) or not self.check_edge(node, slot, edge, value):
                 return False
         for consumer, slot, pos, out in node.consumers:
-            place = self.m.place[consumer]
-            if self.which[place] == consumer:
-                var = slot_value(self.assign, place, slot, pos)
+            bound = self.at[self.m.place[consumer]]
+            if bound is not None and bound[3] == consumer:
+                var = slot_value(bound[2], slot, pos)
                 if var is not op.outputs[out]:
                     return self.fail(
                         node.index,
@@ -323,6 +298,7 @@ class Search:
             bound = self.roots[edge.index]
             if bound is None:
                 self.roots[edge.index] = var
+                self.trail.append((~edge.index, var, None, -1))
                 return True
             if bound is not var:
                 return self.fail(
@@ -342,13 +318,13 @@ class Search:
             if reason is not None:
                 return self.fail(node.index, f"constant differs at {node.name}.{slot}: {reason}")
             return True
-        producer = self.ops[edge.index]
-        if producer is not None and producer.outputs[edge.output] is not var:
+        producer = self.at[edge.index]
+        if producer is not None and producer[1].outputs[edge.output] is not var:
             return self.fail(
                 node.index,
                 lambda: (
                     f"operand slot differs at {node.name}.{slot}: "
-                    f"{var.name} is not the output of {producer.name}"
+                    f"{var.name} is not the output of {producer[1].name}"
                 ),
             )
         return True
@@ -357,12 +333,12 @@ class Search:
         """A complete spelling: its final checks, its guards, then ``accept``."""
         variant = self.m.variants[leaf.variant]
         index = self.m.index[leaf.variant]
-        ops = [self.ops[p] for p in self.m.state[leaf.variant]]
-        assign = [self.assign[p] for p in self.m.state[leaf.variant]]
+        bound = [self.at[p] for p in self.m.state[leaf.variant]]
+        ops, assign = [b[1] for b in bound], [b[2] for b in bound]  # type: ignore[index]
         if not self.structure_ok(variant.compiled, index, ops, assign):
             return False
         for guard in leaf.guards:
-            if self.taken_further(guard, ops[variant.compiled.by_name[guard.end]]):
+            if self.m.taken_further(guard, ops[variant.compiled.by_name[guard.end]], self.block, self.stats):
                 return self.fail(
                     index[variant.compiled.by_name[guard.end]],
                     f"an earlier alternative of {guard.choice!r} matches further down",
@@ -410,7 +386,7 @@ class Search:
                     ),
                 )
         for n, slot, pos in compiled.const_slots:
-            var = slot_value(assign, n, slot, pos)
+            var = slot_value(assign[n], slot, pos)
             if var is not None and var.op is not None and id(var.op) in self.used:
                 return self.fail(
                     index[n],
@@ -420,42 +396,6 @@ class Search:
                     ),
                 )
         return True
-
-    def taken_further(self, guard: Guard, op: Operation) -> bool:
-        """Whether an alternative of ``guard.choice`` before the one taken matches at an op below ``op``
-        with ``op`` inside (the longest spelling wins)."""
-        for below in candidates_below(op.outputs[0], guard.depth, guard.output_types):
-            for earlier in guard.earlier:
-                matcher = self.m.alternative_matcher(earlier)
-                if below.op_type not in matcher.nodes[matcher.final_anchor].op_types:
-                    continue
-                before = matcher.bind_attempts
-                found = matcher.match_at(
-                    below, self.block, matcher.final_anchor, accept=lambda p: op in p.op_set
-                )
-                self.m.bind_attempts += matcher.bind_attempts - before
-                if found is not None:
-                    return True
-        return False
-
-
-def candidates_below(var: Var, depth: int, op_types: frozenset[str]) -> list[Operation]:
-    """Ops of ``op_types`` at most ``depth`` consumer steps below ``var``, breadth first, each once."""
-    seen: dict[int, Operation] = {}
-    frontier = [var]
-    out: list[Operation] = []
-    for _ in range(depth):
-        next_vars: list[Var] = []
-        for v in frontier:
-            for op in v.child_ops:
-                if id(op) in seen:
-                    continue
-                seen[id(op)] = op
-                if op.op_type in op_types:
-                    out.append(op)
-                next_vars.extend(op.outputs)
-        frontier = next_vars
-    return out
 
 
 def _const_fit(node: PatternNode, assignment: dict[str, Any]) -> int:
@@ -489,17 +429,15 @@ def build_pattern(
             by_name[choice] = op
     consts: dict[str, Var] = {}
     for (n, slot, pos), key, cname in zip(compiled.const_slots, compiled.const_keys, compiled.const_names):
-        var = slot_value(assign, n, slot, pos)
+        var = slot_value(assign[n], slot, pos)
         if var is not None:  # absent: a wildcard slot the matched alternative op type does not have
             consts[key] = var
             consts.setdefault(cname, var)
-    return Pattern._of_search(compiled, block, by_name, list(roots), operands, consts, order, variant.choices)
+    return Pattern(compiled, block, by_name, list(roots), operands, consts, order, variant.choices)
 
 
-def slot_value(assign: list[dict[str, Any] | None], node: int, slot: str, pos: int) -> Any:
-    assigned = assign[node]
-    if assigned is None:
-        return None
+def slot_value(assigned: dict[str, Any], slot: str, pos: int) -> Any:
+    """The variable at ``slot`` (at ``pos`` of a list operand, unless ``pos`` is -1) of an op's operands."""
     value = assigned.get(slot)
     if pos >= 0:
         return value[pos] if isinstance(value, (list, tuple)) and pos < len(value) else None

@@ -115,7 +115,11 @@ class PassContainer(AbstractGraphPass):
         self.pass_name = pass_name
         self.namespace = namespace
         self.replaces = replaces
-        self.passes: list[SubPass | Callable[[Program], Any]] = []
+        self.passes: list[SubPass] = []
+        """The sub-passes, in the order they run."""
+        self.function: Callable[[Program], Any] | None = None
+        """A plain graph pass, a function taking the program (``register_graph_pass``, or ``add`` given a
+        callable): then the container's only entry."""
         self.stats = PassStats()
         self.validate: bool | str = True
         """``True`` validates what each rewrite changed, right after it; ``"full"`` the whole program
@@ -130,15 +134,26 @@ class PassContainer(AbstractGraphPass):
         """Option values in effect: the declared defaults, overridden by the pipeline's options."""
 
     def add(self, pass_function: SubPass | Callable[[Program], Any]) -> None:
-        """Adds a sub-pass: a :class:`SubPass`, or any callable taking a program (seed style)."""
+        """Adds a sub-pass: a :class:`SubPass`, or a callable taking a program (seed style), which stands
+        alone (:attr:`function`)."""
         if not isinstance(pass_function, SubPass) and not callable(pass_function):
             raise PassRegistrationError(
                 f"Pass {self.pass_id!r}: add() takes a SubPass or a callable taking a Program, got "
                 f"{type(pass_function).__name__}."
             )
+        if self.function not in (None, pass_function) or (
+            self.passes and not isinstance(pass_function, SubPass)
+        ):
+            raise PassRegistrationError(
+                f"Pass {self.pass_id!r} holds {self.order}; a plain graph pass (a callable taking the "
+                f"program) stands alone: register it under another pass_name."
+            )
+        if not isinstance(pass_function, SubPass):
+            self.function = pass_function
+            return
         self.passes.append(pass_function)
         # Higher priority first; the sort is stable, so equal priorities keep registration order.
-        self.passes.sort(key=lambda p: -(p.priority if isinstance(p, SubPass) else 0))
+        self.passes.sort(key=lambda p: -p.priority)
 
     def __call__(self, prog: Program) -> None:
         """Runs the pass on ``prog``: the generic sub-passes, or coremltools' pass it replaces."""
@@ -191,7 +206,7 @@ class PassContainer(AbstractGraphPass):
         return self.pass_name
 
     def __repr__(self) -> str:
-        return f"PassContainer({self.pass_id!r}, {len(self.passes)} sub-passes)"
+        return f"PassContainer({self.pass_id!r}, {len(self.order)} sub-passes)"
 
     @property
     def pass_id(self) -> str:
@@ -201,7 +216,9 @@ class PassContainer(AbstractGraphPass):
     @property
     def order(self) -> list[str]:
         """Names of the sub-passes in the order they run."""
-        return [p.name if isinstance(p, SubPass) else getattr(p, "__name__", repr(p)) for p in self.passes]
+        if self.function is not None:
+            return [getattr(self.function, "__name__", repr(self.function))]
+        return [sub.name for sub in self.passes]
 
 
 def with_followers(container: PassContainer) -> list[PassContainer]:
@@ -214,47 +231,37 @@ def with_followers(container: PassContainer) -> list[PassContainer]:
 
 def run_together(prog: Program, containers: list[PassContainer], pass_name: str) -> PassStats:
     """Applies ``containers`` to ``prog`` in order, as if one by one (each to its fixpoint, in its own scope,
-    its counters to it and to :func:`run_log`), in as few driver runs as possible: a callable sub-pass or a
-    change of ``validate`` splits a run. ``pass_name`` names the whole run in messages."""
+    the counters of its run filled in one object, which :meth:`PassContainer.record` keeps), in as few
+    driver runs as possible: a callable sub-pass or a change of ``validate`` splits a run. ``pass_name``
+    names the whole run in messages."""
     total = PassStats()
-    plan = [(container, sub) for container in containers for sub in container.passes]
-    for _, run in groupby(
-        plan, key=lambda p: (True, p[0].validate) if isinstance(p[1], SubPass) else (False, id(p))
-    ):
+    plan = [(c, sub) for c in containers for sub in (c.passes if c.function is None else [c.function])]
+    for _, run in groupby(plan, key=lambda p: (p[0].validate, p[0].function is None or id(p))):
         segment = list(run)
-        container, first = segment[0]
-        if not isinstance(first, SubPass):  # a callable taking the program, in its pass's scope
+        container = segment[0][0]
+        if container.function is not None:  # a plain graph pass, in its pass's scope
             with mb.scope(_scope_of(container)):
-                first(prog)
+                container.function(prog)
             if container.validate:  # False for a plain graph pass: the pipeline validates after the entry
                 prog.validate()
             container.record(PassStats())
             continue
-        owners = list(dict.fromkeys(owner for owner, _ in segment))  # one run_log entry each, even if twice
-        before = [_counters(owner) for owner in owners]
+        runs = {owner: PassStats() for owner, _ in segment}  # one run_log entry each, even if twice
         stats = run_subpasses(
             prog,
             [sub for _, sub in segment],
             pass_name,
             validate=container.validate,
             passes=[owner.pass_id for owner, _ in segment],
-            scopes={owner.pass_id: _scope_of(owner) for owner in owners},
+            scopes={owner.pass_id: _scope_of(owner) for owner in runs},
+            stats=[runs[owner] for owner, _ in segment],
         )
         total.add(stats)
-        for owner, counters in zip(owners, before):
-            owner.record(_counters(owner) - counters)
+        for owner, run_stats in runs.items():
+            owner.record(run_stats)
     return total
 
 
 def _scope_of(container: PassContainer) -> ScopeInfo:
     """The scope coremltools' pipeline gives what a graph pass creates (``AbstractGraphPass.__call__``)."""
     return ScopeInfo(source=ScopeSource.COREMLTOOLS_GRAPH_PASS, data=[str(container)])
-
-
-def _counters(container: PassContainer) -> PassStats:
-    """The counters of ``container``'s sub-passes, summed."""
-    stats = PassStats()
-    for sub in container.passes:
-        if isinstance(sub, SubPass):
-            stats.add(sub.stats)
-    return stats

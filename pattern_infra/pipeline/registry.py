@@ -182,12 +182,12 @@ def register_graph_pass(
             f"{type(apply).__name__}."
         )
     container = container_for(pass_name, namespace)
-    if container.passes and container.passes != [apply]:
+    if container.passes or container.function not in (None, apply):
         raise PassRegistrationError(
             f"register_graph_pass({namespace}::{pass_name}): the id already holds {container.order}; a plain "
             f"graph pass stands alone (choose another pass_name)."
         )
-    container.passes = [apply]
+    container.function = apply
     container.validate = False
     if options:
         container.declare_options(options)

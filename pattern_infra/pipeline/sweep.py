@@ -18,7 +18,6 @@ from coremltools.converters.mil.mil.passes.pass_registry import PASS_REGISTRY
 
 from .container import PassContainer, run_together, with_followers
 from ..language.errors import PassRegistrationError
-from ..rewriting.subpass import PassStats
 
 __all__ = ["GenericSweep", "pipeline"]
 
@@ -70,8 +69,6 @@ class GenericSweep(AbstractGraphPass):
         self.pass_ids = tuple(pass_ids)
         self.options = {k: list(v) for k, v in options.items() if v and k in self.pass_ids}
         """Options of the passes, by id (a generic pass's only those it declares)."""
-        self.stats = PassStats()
-        """Counters of every run of the generic passes, summed."""
 
     @property
     def pass_id(self) -> str:
@@ -106,7 +103,7 @@ class GenericSweep(AbstractGraphPass):
             if run:
                 for container in run:  # as coremltools' pipeline sets (or resets) a pass's options
                     container.set_options(self.options.get(container.pass_id))
-                self.stats.add(run_together(prog, run, self.pass_id))
+                run_together(prog, run, self.pass_id)
                 run = []
             if step is not None:
                 graph_pass = PASS_REGISTRY[step]

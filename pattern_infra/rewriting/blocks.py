@@ -11,6 +11,7 @@ from coremltools.converters.mil.mil import Block, Operation, Program, Var
 from coremltools.converters.mil.mil.var import InternalVar
 
 from ..matching.matcher import Matcher
+from ..matching.plan import PassStats
 
 __all__ = ["BlockIndex", "flat_inputs", "iter_blocks", "walk_blocks"]
 
@@ -100,17 +101,21 @@ class BlockIndex:
         anchor: int,
         ops: Iterable[Operation],
         accept: Callable[[Any], Any],
+        stats: PassStats | None = None,
         **options: Any,
     ) -> Iterator[Any]:
         """The anchor loop: runs ``matcher.match_at`` at each of ``ops`` still in the block, as pattern op
         ``anchor``, offering each structural match to ``accept``; yields what each search returned.
-        ``options`` go to ``match_at``."""
+        ``stats`` counts the anchors and bindings tried (default: ``matcher.stats``); ``options`` go to
+        ``match_at``."""
         block = self.block
         match_at = matcher.match_at
         order = self.order
+        stats = matcher.stats if stats is None else stats
         for op in ops:
             if op.enclosing_block is block:
-                yield match_at(op, block, anchor, order=order, accept=accept, **options)
+                stats.attempts += 1
+                yield match_at(op, block, anchor, order=order, accept=accept, stats=stats, **options)
 
     def anchor_candidates(self, matcher: Matcher) -> tuple[int, list[Operation]] | None:
         """The anchor for ``matcher`` in this block and the ops of its type(s), in program order; None

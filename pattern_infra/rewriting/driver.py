@@ -101,21 +101,24 @@ def run_subpasses(
     validate: bool | str = True,
     passes: Sequence[str] | None = None,
     scopes: Mapping[str, ScopeInfo] | None = None,
+    stats: Sequence[PassStats] | None = None,
 ) -> PassStats:
     """Applies each sub-pass in order to every block of ``prog``, in place, and returns the counters summed.
     ``validate``: True checks what each rewrite changed, ``"full"`` the program after each sub-pass that
     rewrote; ``passes``: each sub-pass's pass id (None: all are ``pass_name``), each pass reaching its
-    fixpoint before the next; ``scopes``: each pass's ``mb.scope``.
+    fixpoint before the next; ``scopes``: each pass's ``mb.scope``; ``stats``: per sub-pass, the counters
+    its applications fill (sub-passes may share one), besides its cumulative ``SubPass.stats``.
     On :class:`PassExecutionError` or :class:`FixpointError` the program is as it was before the call."""
     run = _Run(prog, validate)
     total = PassStats()
-    named = zip(passes or [pass_name] * len(subpasses), subpasses, strict=True)
+    filled = stats or [PassStats() for _ in subpasses]
+    named = zip(passes or [pass_name] * len(subpasses), zip(subpasses, filled, strict=True), strict=True)
     with _paused_gc():
         try:
             for name, pairs in groupby(named, key=itemgetter(0)):
                 run.pass_name = name
                 with mb.scope(*[scopes[name]] if scopes and name in scopes else []):
-                    _run_pass(run, [sub for _, sub in pairs], total)
+                    _run_pass(run, [entry for _, entry in pairs], total)
         except PatternInfraError:
             raise
         except Exception as exc:  # an error of coremltools' own while applying the rewrite
@@ -149,12 +152,11 @@ def _paused_gc() -> Iterator[None]:
             gc.enable()
 
 
-def _apply(run: _Run, sub: SubPass, *, first: bool) -> PassStats:
+def _apply(run: _Run, sub: SubPass, into: PassStats, *, first: bool) -> PassStats:
     """One sub-pass over every block (``first``) or the blocks with seeds, until none has seeds left
-    (a rewrite may free a match in another block)."""
+    (a rewrite may free a match in another block); its counters go to ``into`` and ``sub.stats``."""
     stats = PassStats(runs=1 if first else 0)
     start = time.perf_counter()
-    bind_before = sub.matcher.bind_attempts
     run.rounds = {}
     pending = run.blocks if first else run.changes.pending(run.blocks)
     while pending:
@@ -166,9 +168,9 @@ def _apply(run: _Run, sub: SubPass, *, first: bool) -> PassStats:
                 run.leave(nested_only=True)
         first = False
         pending = run.changes.pending(run.blocks)
-    stats.bind_attempts = sub.matcher.bind_attempts - bind_before
     stats.seconds = time.perf_counter() - start
     sub.stats.add(stats)
+    into.add(stats)
     if stats.rewrites and run.validate == "full":  # otherwise each rewrite was checked (_rewrite)
         try:
             run.prog.validate()
@@ -177,9 +179,11 @@ def _apply(run: _Run, sub: SubPass, *, first: bool) -> PassStats:
     return stats
 
 
-def _run_pass(run: _Run, subpasses: list[SubPass], total: PassStats) -> None:
-    """Applies each sub-pass to every block; with several, each then revisits the ops of its types the
-    others changed after it ran (``run.changes.log``), in rounds until one rewrites nothing."""
+def _run_pass(run: _Run, entries: list[tuple[SubPass, PassStats]], total: PassStats) -> None:
+    """Applies each sub-pass to every block (its counters to its stats); with several, each then revisits
+    the ops of its types the others changed after it ran (``run.changes.log``), in rounds until one
+    rewrites nothing."""
+    subpasses = [sub for sub, _ in entries]
     log = run.changes.log = {} if len(subpasses) > 1 else None
     seen: list[dict[str, int]] = [{} for _ in subpasses]  # per sub-pass, how much of the log it has seen
     limit = max(sub.max_iterations for sub in subpasses)
@@ -191,7 +195,7 @@ def _run_pass(run: _Run, subpasses: list[SubPass], total: PassStats) -> None:
                     for op in log.get(op_type, ())[seen[k].get(op_type, 0) :]:
                         run.changes.seed(op)
             if not revisit or run.changes.seeds:
-                total.add(_apply(run, sub, first=not revisit))
+                total.add(_apply(run, sub, entries[k][1], first=not revisit))
             if log is not None:
                 seen[k] = {op_type: len(ops) for op_type, ops in log.items()}
         if log is None or total.rewrites == rewrites:
@@ -245,7 +249,6 @@ def _sweep(run: _Run, sub: SubPass, st: BlockIndex, stats: PassStats, *, first: 
         return True
 
     tries, rounds = st.tries, run.rounds
-    attempts = 0
     while candidates or extra:
         rounds[block] = done = rounds.get(block, 0) + 1
         stats.iterations += 1
@@ -258,11 +261,12 @@ def _sweep(run: _Run, sub: SubPass, st: BlockIndex, stats: PassStats, *, first: 
                 f"from the pattern, or raise max_iterations.",
                 kind=FixpointError,
             )
-        attempts += sum(1 for _ in tries(matcher, anchor, candidates, accept))
+        for _ in tries(matcher, anchor, candidates, accept, stats):
+            pass
         for op, at in extra:  # a seed tried as another pattern op of its type
-            attempts += sum(1 for _ in tries(matcher, at, (op,), accept))
+            for _ in tries(matcher, at, (op,), accept, stats):
+                pass
         candidates, extra = revisit_candidates(run.changes.take(block), block, matcher, anchor)
-    stats.attempts += attempts
 
 
 def _rewrite(run: _Run, sub: SubPass, st: BlockIndex, match: Pattern) -> bool:

@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -11,6 +10,7 @@ from typing import Any
 from ..language.compiler import CompiledPattern
 from ..matching.matcher import Matcher
 from ..language.pattern import Pattern
+from ..matching.plan import PassStats
 
 __all__ = ["DEFAULT_MAX_ITERATIONS", "PassStats", "SubPass", "constraint_verdict"]
 
@@ -18,43 +18,6 @@ DEFAULT_MAX_ITERATIONS = 32
 """Rounds of re-visiting touched ops before a pass is declared to re-create its own pattern."""
 
 Constraints = Callable[[Pattern], Any]
-
-
-@dataclass
-class PassStats:
-    """Counters of one sub-pass (or a whole pass), cumulative over runs."""
-
-    runs: int = 0
-    """How many times the sub-pass was applied to a program."""
-    attempts: int = 0
-    """Anchor ops tried."""
-    bind_attempts: int = 0
-    """Ops the matcher tried to bind (anchors included): its unit of work."""
-    matches: int = 0
-    """Complete structural matches."""
-    rejected: int = 0
-    """Matches that ``var_constraints`` turned down."""
-    rejections: Counter[str] = field(default_factory=Counter)
-    """How often each reason was given for turning a match down (see :func:`constraint_verdict`)."""
-    declined: int = 0
-    """Matches whose transform returned False."""
-    rewrites: int = 0
-    """Matches rewritten."""
-    iterations: int = 0
-    """Sweeps done (the first one included)."""
-    seconds: float = 0.0
-    """Wall time spent."""
-
-    def add(self, other: PassStats) -> None:
-        """Adds ``other``'s counters to these."""
-        for name in self.__dataclass_fields__:
-            setattr(self, name, getattr(self, name) + getattr(other, name))
-
-    def __sub__(self, before: PassStats) -> PassStats:
-        """What was counted since the counters were ``before``."""
-        return PassStats(
-            **{name: getattr(self, name) - getattr(before, name) for name in self.__dataclass_fields__}
-        )
 
 
 @dataclass
