@@ -91,7 +91,10 @@ def _capture_point(
     if run_after is not None:
         return {"after": run_after}
     pass_id = f"{namespace}::{pass_name}"
-    if pass_id in PassPipeline.DEFAULT.passes:
+    if (
+        pass_id in PassPipeline.DEFAULT.passes
+        or pass_id in PassPipeline.get_pipeline("backend_mlprogram").passes
+    ):
         return {"before": pass_id}
     return {"before": DEFAULT_BEFORE}
 

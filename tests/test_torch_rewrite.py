@@ -225,3 +225,39 @@ def test_on_a_saved_package_through_the_command_line(tmp_path):
     (want,) = evaluate(prog, {"x": x}).values()
     (got,) = evaluate(fused_prog, {"x": x}).values()
     np.testing.assert_allclose(got, want, rtol=1e-6, atol=0)
+
+
+def test_two_inputs_bind_by_the_pattern_functions_parameter_names(namespace):
+    container = register_torch_rewrite(
+        lambda a, b: a * b - b,
+        lambda a, b: (a - 1) * b,
+        (torch.randn(4, 8), torch.randn(4, 8)),
+        "factor_out",
+        namespace,
+    )
+
+    @mb.program(input_specs=[mb.TensorSpec(shape=(4, 16)), mb.TensorSpec(shape=(4, 16))])
+    def prog(p, q):
+        return mb.relu(x=mb.sub(x=mb.mul(x=p, y=q), y=q))
+
+    report = verify_pass(container, prog, rtol=1e-6, atol=1e-6)
+    assert _ops(report.transformed) == ["sub", "mul", "relu"]
+    sub = next(op for op in report.transformed.functions["main"].operations if op.op_type == "sub")
+    assert sub.x.name == "p" and sub.y.val == 1.0
+
+
+@pytest.mark.parametrize(
+    ("pass_id", "run_after", "point"),
+    [
+        ("mine::new_fusion", None, {"before": "common::fuse_matmul_weight_bias"}),
+        ("mine::new_fusion", "common::fuse_linear_bias", {"after": "common::fuse_linear_bias"}),
+        ("common::fuse_gelu_exact", None, {"before": "common::fuse_gelu_exact"}),
+        ("mil_backend::fuse_activation_silu", None, {"before": "mil_backend::fuse_activation_silu"}),
+    ],
+)
+def test_the_capture_point_is_where_the_pass_runs(pass_id, run_after, point):
+    from pattern_infra.torch_rewrite import _capture_point
+
+    namespace, name = pass_id.split("::")
+    assert _capture_point(name, namespace, None, None, run_after) == point
+    assert _capture_point(name, namespace, None, "frontend", run_after) == {"after": "frontend"}
