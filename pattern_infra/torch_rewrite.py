@@ -129,9 +129,10 @@ def check_torch_rewrite(
 
     Raises:
         PatternDefinitionError: The replacement differs from the pattern (the message gives the largest
-            difference, the draw and the input values that show it), or a function cannot be captured.
+            difference, the draw and the input values that show it), a function cannot be captured, or
+            the reference evaluator has no semantics for one of the ops.
     """
-    from .verification.errors import NotElementwiseError, VerificationError
+    from .verification.errors import NotElementwiseError, UnsupportedOpError, VerificationError
     from .verification.symbolic import ProofStatus, prove_equivalent
     from .verification.verify import assert_programs_equivalent
 
@@ -154,6 +155,11 @@ def check_torch_rewrite(
         report = assert_programs_equivalent(
             pattern, replacement, inputs=inputs, rtol=rtol, atol=atol, label=f"{label}'s replacement"
         )
+    except UnsupportedOpError as exc:
+        raise PatternDefinitionError(
+            f"{label}: the pair cannot be checked, so it is not registered: {exc} Give the op its semantics "
+            f"with pattern_infra.register_op_semantics, or register the pass with register_generic_pass."
+        ) from exc
     except VerificationError as exc:
         found = getattr(exc, "report", None)
         if found is None:

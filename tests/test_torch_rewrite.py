@@ -261,3 +261,17 @@ def test_the_capture_point_is_where_the_pass_runs(pass_id, run_after, point):
     namespace, name = pass_id.split("::")
     assert _capture_point(name, namespace, None, None, run_after) == point
     assert _capture_point(name, namespace, None, "frontend", run_after) == {"after": "frontend"}
+
+
+def test_a_pair_the_evaluator_cannot_run_is_refused(namespace):
+    from pattern_infra.verification.evaluator import register_op_semantics, unregister_op_semantics
+
+    semantics = unregister_op_semantics("silu")
+    try:
+        with pytest.raises(PatternDefinitionError, match="cannot be checked.*register_op_semantics"):
+            register_torch_rewrite(
+                swish, torch.nn.functional.silu, (torch.randn(4, 8),), "unknown", namespace
+            )
+    finally:
+        register_op_semantics("silu", replace=True)(semantics)
+    assert f"{namespace}::unknown" not in PASS_REGISTRY.passes
