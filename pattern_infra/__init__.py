@@ -49,6 +49,8 @@ __all__ = [
     "optional",
     "capture_torch",
     "pattern_from_torch",
+    "check_torch_rewrite",
+    "register_torch_rewrite",
     "Explanations",
     "Failure",
     "GenericSweep",
@@ -98,6 +100,8 @@ _ON_USE = {
     "verify_pass": "verification.verify",
     "explain_in_conversion": "in_conversion",
     "program_before": "in_conversion",
+    "check_torch_rewrite": "torch_rewrite",
+    "register_torch_rewrite": "torch_rewrite",
     "pattern_program": "program",
 }
 """Verification tooling (the numpy evaluator, sympy proofs), ``explain_in_conversion`` and
