@@ -15,6 +15,7 @@ Run as ``mil-patterns`` (installed with the package) or ``python -m pattern_infr
 
 from __future__ import annotations
 
+import difflib
 import functools
 import importlib
 import json
@@ -28,7 +29,7 @@ import click
 
 from .language.errors import PatternInfraError
 
-__all__ = ["EXIT_CODES", "main"]
+__all__ = ["EXIT_CODES", "main", "nearest_pass_ids"]
 
 EXIT_CODES: dict[int, str] = {
     0: "success",
@@ -99,6 +100,49 @@ def _split_ids(values: tuple[str, ...]) -> list[str]:
     return [item.strip() for value in values for item in value.split(",") if item.strip()]
 
 
+def nearest_pass_ids(spec: str, ids: list[str], n: int = 3) -> list[str]:
+    """The pass ids nearest to ``spec`` by edit distance (difflib's ratio), best first.
+
+    Names are compared without their namespace, so the shared ``common::fuse_`` does not make every id
+    look alike; a name is also compared with the start of each id's name (``fuse_layernorm`` finds
+    ``fuse_layernorm_or_instancenorm``). Kept: ratio 0.6 or more, and within 0.15 of the best.
+    """
+    namespace, _, bare = spec.rpartition("::")
+
+    def score(pass_id: str) -> float:
+        their_namespace, _, name = pass_id.rpartition("::")
+        ratio = difflib.SequenceMatcher(None, bare, name).ratio()
+        start = 0.95 * difflib.SequenceMatcher(None, bare, name[: len(bare)]).ratio()
+        return max(ratio, start) + (0.01 if namespace == their_namespace else 0.0)
+
+    scored = sorted(((score(pass_id), pass_id) for pass_id in ids), key=lambda pair: -pair[0])
+    best = scored[0][0] if scored else 0.0
+    return [pass_id for value, pass_id in scored[:n] if value >= max(0.6, best - 0.15)]
+
+
+def _unknown_pass(spec: str, option: str, capital: bool = True) -> _Failure:
+    from .pipeline.registry import generic_passes
+
+    near = nearest_pass_ids(spec, list(generic_passes()))
+    hint = f" {'Did' if capital else 'did'} you mean {', '.join(near)}?" if near else ""
+    return _Failure(
+        f"{option}: {spec!r} is not a registered generic pass.{hint} `mil-patterns passes` lists them "
+        f"(passes of your own: --import your_module)."
+    )
+
+
+def _checked_ids(option: str, values: tuple[str, ...]) -> list[str]:
+    """The ids of ``--passes`` or ``--exclude``, each a registered generic pass (checked before any work)."""
+    from .pipeline.registry import generic_passes
+
+    ids = _split_ids(values)
+    registered = generic_passes()
+    for pass_id in ids:
+        if pass_id not in registered:
+            raise _unknown_pass(pass_id, option)
+    return ids
+
+
 def _progress_default() -> bool:
     return sys.stderr.isatty()
 
@@ -141,13 +185,23 @@ def _with_pass_options(function: Any) -> Any:
     help="Import MODULE first (it registers passes of your own; looked up in the current "
     "directory first, as python -m does); repeatable.",
 )
-@click.option("--debug", is_flag=True, help="On a failure, show the traceback instead of one line.")
+@click.option(
+    "--debug",
+    is_flag=True,
+    help="On a failure, show the traceback instead of one line; also show coremltools' import-time "
+    "warnings (an untested torch version, no Core ML runtime), which are silenced otherwise.",
+)
 @click.version_option(package_name="mil-pattern-infra", prog_name="mil-patterns")
 @click.pass_context
 def main(context: click.Context, imports: tuple[str, ...], debug: bool) -> None:
     """Run the generic MIL passes on saved Core ML models (.mlpackage), without the Core ML runtime."""
+    from .quiet import held_import_warnings, show_held_warnings
+
     context.obj = {"debug": debug}
-    importlib.import_module("generic_passes")
+    if debug:
+        show_held_warnings()  # coremltools' import-time warnings, held by `import pattern_infra`
+    with held_import_warnings(show=debug):
+        importlib.import_module("generic_passes")
     if imports and os.getcwd() not in sys.path and "" not in sys.path:
         sys.path.insert(0, os.getcwd())  # what python -m does; an installed console script does not
     for module in imports:
@@ -188,8 +242,8 @@ def optimize(
     result = optimize_mlpackage(
         source,
         output,
-        passes=_split_ids(passes) or None,
-        exclude=_split_ids(exclude),
+        passes=_checked_ids("--passes", passes) or None,
+        exclude=_checked_ids("--exclude", exclude),
         progress=_progress_default() if progress is None else progress,
         overwrite=overwrite,
     )
@@ -219,11 +273,12 @@ def report(
     """List what each generic pass would fuse in SOURCE, and where; SOURCE is not changed."""
     from .mlpackage import load_mlpackage, run_passes
 
+    chosen, excluded = _checked_ids("--passes", passes) or None, _checked_ids("--exclude", exclude)
     model = load_mlpackage(source)
     result = run_passes(
         model.program,
-        passes=_split_ids(passes) or None,
-        exclude=_split_ids(exclude),
+        passes=chosen,
+        exclude=excluded,
         progress=_progress_default() if progress is None else progress,
     )
     if as_json:
@@ -299,17 +354,14 @@ def _resolve_pattern(spec: str) -> Any:
         found = PASS_REGISTRY.passes.get(spec)
         if isinstance(found, PassContainer):
             return found
-        import difflib
-
-        near = difflib.get_close_matches(spec, list(generic_passes()), n=3)
-        hint = f"; did you mean {', '.join(near)}?" if near else ""
-        raise _Failure(
-            f"--pattern: {spec!r} is not a registered generic pass{hint} (`mil-patterns passes` "
-            f"lists them; passes of your own: --import your_module)"
-        )
+        raise _unknown_pass(spec, "--pattern", capital=False)
     module_name, sep, name = spec.partition(":")
     if not sep or not module_name or not name:
-        raise click.BadParameter(f"expected MODULE:NAME or a pass id, got {spec!r}", param_hint="--pattern")
+        near = nearest_pass_ids(spec, list(generic_passes()))
+        hint = f"; did you mean {', '.join(near)}?" if near else ""
+        raise click.BadParameter(
+            f"expected MODULE:NAME or a pass id, got {spec!r}{hint}", param_hint="--pattern"
+        )
     try:
         module = importlib.import_module(module_name)
     except ImportError as exc:

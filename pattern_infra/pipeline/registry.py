@@ -12,11 +12,11 @@ from coremltools.converters.mil.mil.passes.graph_pass import AbstractGraphPass
 from coremltools.converters.mil.mil.passes.pass_registry import PASS_REGISTRY
 
 from ..language.compiler import ConstMode, ConstRule, compile_pattern, require_program
-from .container import PassContainer
 from ..language.equivalences import Equivalences
 from ..language.errors import PassRegistrationError
 from ..language.pattern import Pattern
 from ..rewriting.subpass import DEFAULT_MAX_ITERATIONS, SubPass
+from .container import PassContainer
 
 __all__ = ["container_for", "generic_passes", "register_generic_pass", "register_graph_pass"]
 
