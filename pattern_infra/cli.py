@@ -26,22 +26,27 @@ from pathlib import Path
 from typing import Any
 
 import click
+import numpy as np
 
 from .language.errors import PatternInfraError
 
-__all__ = ["EXIT_CODES", "main", "nearest_pass_ids"]
+__all__ = ["DEFAULT_TOLERANCE", "EXIT_CODES", "main", "nearest_pass_ids"]
 
 EXIT_CODES: dict[int, str] = {
     0: "success",
     1: "failure: the model cannot be read (not an ML program, damaged specification or weights), the output "
     "cannot be written (exists, not a model package, inside the input, folder missing or not writable), "
-    "a pass or pattern named does not exist, or a pass failed; one line on stderr names the file or the "
+    "a pass or pattern named does not exist, a pass failed, or --verify found the model changed beyond "
+    "--tolerance; one line on stderr names the file or the "
     "pass and the fix, and no file is written or lost",
     2: "usage error: unknown command or option, missing argument, an input that does not exist, an argument "
     "of the wrong form (an output not ending in .mlpackage, --pattern neither MODULE:NAME nor a pass id, "
     "a module that cannot be imported)",
 }
 """The exit status of ``mil-patterns`` and what each means."""
+
+DEFAULT_TOLERANCE = 1e-3
+"""``optimize --tolerance``'s default (the measurements behind it: docs/CLI.md, "Checking the result")."""
 
 _EPILOG = "\b\nExit status:\n" + "\n".join(
     textwrap.fill(meaning, width=79, initial_indent=f"  {code}  ", subsequent_indent="     ")
@@ -226,12 +231,28 @@ def main(context: click.Context, imports: tuple[str, ...], debug: bool) -> None:
     help="The .mlpackage to write (the name must end in .mlpackage).",
 )
 @click.option("--overwrite", is_flag=True, help="Replace OUTPUT if it is a model package.")
+@click.option(
+    "--verify",
+    is_flag=True,
+    help="Run the model before and after the passes in the reference evaluator on random inputs, print "
+    "the largest difference, and write nothing if it exceeds the tolerance.",
+)
+@click.option(
+    "--tolerance",
+    type=click.FloatRange(min=0.0),
+    default=DEFAULT_TOLERANCE,
+    show_default=True,
+    help="With --verify: the largest |after - before| of each output may be at most T times the output's "
+    "scale (its largest magnitude, at least 1).",
+)
 @_with_pass_options
 @_fail_cleanly
 def optimize(
     source: Path,
     output: Path,
     overwrite: bool,
+    verify: bool,
+    tolerance: float,
     passes: tuple[str, ...],
     exclude: tuple[str, ...],
     progress: bool | None,
@@ -246,6 +267,7 @@ def optimize(
         exclude=_checked_ids("--exclude", exclude),
         progress=_progress_default() if progress is None else progress,
         overwrite=overwrite,
+        check=functools.partial(_verify, tolerance=tolerance, output=output) if verify else None,
     )
     before, after = _non_const(result.before), _non_const(result.after)
     click.echo(f"{result.written}: {len(result.rewrites)} rewrite(s); non-const ops {before} -> {after}")
@@ -301,6 +323,66 @@ def report(
 
         page = write_html_report(result, html_dir, title=source.name)
         click.echo(f"wrote {page}", err=as_json)
+
+
+VERIFY_TRIALS = 2
+"""Random input sets ``optimize --verify`` runs the model on (seeds 0 and 1)."""
+
+
+def _verify(original: Any, optimized: Any, *, tolerance: float, output: Path) -> None:
+    """``optimize --verify``: the model as read and ``optimized`` run in the reference evaluator (float64)
+    on :data:`VERIFY_TRIALS` random input sets (flexible dimensions sized within their ranges); raises
+    when an output moved by more than ``tolerance`` times its scale, before anything is written."""
+    from .verification.evaluator import evaluate
+    from .verification.inputs import random_inputs, sizes_in_ranges
+    from .verification.verify import check_same_interface
+
+    untouched = f"{output} was not written (an existing one is left as it was)"
+    before = original.program
+    sizes = sizes_in_ranges(before, original.spec.description)
+    worst = (0.0, 0.0, "")  # (difference / scale, difference, output)
+    try:
+        check_same_interface(before.functions["main"], optimized.functions["main"], "the passes")
+        for seed in range(VERIFY_TRIALS):
+            inputs = random_inputs(before, seed=seed, sizes_for_symbols=sizes)
+            expected, actual = evaluate(before, inputs), evaluate(optimized, inputs)
+            for (name, a), b in zip(expected.items(), actual.values()):
+                if np.shape(a) != np.shape(b):
+                    raise _Failure(
+                        f"--verify: the passes changed the shape of output {name!r} from {np.shape(a)} to "
+                        f"{np.shape(b)}; {untouched}."
+                    )
+                worst = max(worst, (*_difference(a, b), name))
+    except PatternInfraError as exc:
+        raise _Failure(
+            f"--verify: the reference evaluator cannot compare the model before and after the passes "
+            f"({' '.join(str(exc).split())}); {untouched}. Run without --verify to write it unchecked."
+        ) from exc
+    relative, absolute, name = worst
+    figures = f"largest difference {absolute:.3g} ({relative:.3g} of the output's scale"
+    figures += f", output {name!r})" if absolute > 0 else ")"
+    if relative > tolerance:
+        raise _Failure(
+            f"--verify: {figures} over {VERIFY_TRIALS} random input sets exceeds --tolerance {tolerance:g}: "
+            f"the passes changed what the model computes; {untouched}. Find the pass with --exclude or "
+            f"--passes, or raise --tolerance if the difference is expected (float16 models: docs/CLI.md)."
+        )
+    click.echo(f"verify: {figures} over {VERIFY_TRIALS} random input sets, tolerance {tolerance:g}")
+
+
+def _difference(expected: Any, actual: Any) -> tuple[float, float]:
+    """The largest ``|actual - expected|`` over the output's scale (its largest finite magnitude, at least
+    1), and itself; NaN against NaN and an infinity against the same one count as equal."""
+    a, b = np.asarray(expected, dtype=np.float64), np.asarray(actual, dtype=np.float64)
+    if a.size == 0:
+        return 0.0, 0.0
+    same = (a == b) | (np.isnan(a) & np.isnan(b))
+    with np.errstate(invalid="ignore"):
+        gap = np.where(same, 0.0, np.abs(b - a))
+    gap = float(np.nan_to_num(gap, nan=np.inf).max())
+    finite = np.abs(a[np.isfinite(a)])
+    scale = max(1.0, float(finite.max()) if finite.size else 1.0)
+    return gap / scale, gap
 
 
 def _non_const(counts: Any) -> int:

@@ -12,7 +12,7 @@ from coremltools.converters.mil.mil.types.symbolic import is_symbolic
 
 from pattern_infra.verification.errors import EvaluationError
 
-__all__ = ["random_inputs"]
+__all__ = ["random_inputs", "sizes_in_ranges"]
 
 _DEFAULT_SYMBOL_SIZES: Final = (3, 4, 5, 2, 6, 7)
 _INT_INPUT_HIGH: Final = 4  # random integer inputs are drawn from [0, 4)
@@ -76,3 +76,63 @@ def random_inputs(
                 "integer and bool tensors only. Pass inputs explicitly."
             )
     return arrays
+
+
+def sizes_in_ranges(prog: Any, description: Any, *, function: str = "main") -> dict[str, int]:
+    """Sizes for the symbolic dimensions of ``prog``'s inputs within the ranges a saved model declares.
+
+    A flexible dimension of a model input (``ct.RangeDim``: ``shapeRange.sizeRanges``) gets the size
+    :func:`random_inputs` would give it (3, 4, 5, ... in order of first use), moved into its range;
+    enumerated shapes (``ct.EnumeratedShapes``) give the first shape listed; an image's height and
+    width ranges (``imageSizeRange``) or first enumerated size likewise.
+
+    Args:
+        prog: The model's MIL program.
+        description: The model specification's ``description`` (its ``input`` entries are read).
+        function: The function whose inputs are sized.
+
+    Returns:
+        Symbol name to size, for ``sizes_for_symbols``.
+    """
+    inputs = prog.functions[function].inputs
+    sizes: dict[str, int] = {}
+    for feature in description.input:
+        var = inputs.get(feature.name)
+        if var is None or not hasattr(var, "shape"):
+            continue
+        choices = _declared_dims(feature.type, len(var.shape))
+        for dim, choice in zip(var.shape, choices):
+            if not is_symbolic(dim) or str(dim) in sizes:
+                continue
+            default = _DEFAULT_SYMBOL_SIZES[len(sizes) % len(_DEFAULT_SYMBOL_SIZES)]
+            if isinstance(choice, int):
+                sizes[str(dim)] = choice
+            else:
+                lower, upper = choice
+                sizes[str(dim)] = max(lower, default if upper < 0 else min(default, upper))
+    return sizes
+
+
+def _declared_dims(feature_type: Any, rank: int) -> list[int | tuple[int, int]]:
+    """Per dimension, the size an input's type fixes or its (lower, upper) range (upper -1: unbounded)."""
+    free: list[int | tuple[int, int]] = [(1, -1)] * rank
+    kind = feature_type.WhichOneof("Type")
+    if kind == "multiArrayType":
+        array = feature_type.multiArrayType
+        flexible = array.WhichOneof("ShapeFlexibility")
+        if flexible == "shapeRange":
+            return [(int(r.lowerBound), int(r.upperBound)) for r in array.shapeRange.sizeRanges]
+        if flexible == "enumeratedShapes" and array.enumeratedShapes.shapes:
+            return [int(d) for d in array.enumeratedShapes.shapes[0].shape]
+    elif kind == "imageType" and rank >= 2:
+        image = feature_type.imageType
+        flexible = image.WhichOneof("SizeFlexibility")
+        if flexible == "imageSizeRange":
+            ranges = image.imageSizeRange
+            height = (int(ranges.heightRange.lowerBound), int(ranges.heightRange.upperBound))
+            width = (int(ranges.widthRange.lowerBound), int(ranges.widthRange.upperBound))
+            return free[:-2] + [height, width]
+        if flexible == "enumeratedSizes" and image.enumeratedSizes.sizes:
+            first = image.enumeratedSizes.sizes[0]
+            return free[:-2] + [int(first.height), int(first.width)]
+    return free
