@@ -232,3 +232,23 @@ def test_a_failed_addition_to_an_existing_pass_keeps_its_sub_passes(namespace):
     with pytest.raises(PatternDefinitionError):
         register_generic_pass([relu_exp, duplicate_names], None, to_maximum, "n", namespace)
     assert _registries() == before and len(container.passes) == 1
+
+
+def test_a_coremltools_pass_that_only_leads_followers_still_runs(namespace):
+    """``run_after`` a coremltools pass no generic pass replaces puts an empty container under its id:
+    under the override, coremltools' pass runs there, then the follower."""
+    register_generic_pass(
+        relu_exp, None, to_maximum, "n", namespace, run_after="common::merge_consecutive_reshapes"
+    )
+    leader = PASS_REGISTRY.passes["common::merge_consecutive_reshapes"]
+    try:
+
+        @mb.program(input_specs=[mb.TensorSpec(shape=(2, 6))])
+        def prog(x):
+            return mb.exp(x=mb.relu(x=mb.reshape(x=mb.reshape(x=x, shape=[3, 4]), shape=[12])))
+
+        with override(True):
+            leader(prog)
+        assert op_types(prog) == ["reshape", "exp", "maximum"]
+    finally:
+        PASS_REGISTRY.passes["common::merge_consecutive_reshapes"] = leader.replaces

@@ -144,12 +144,14 @@ class PassContainer(AbstractGraphPass):
         """Runs the pass on ``prog``: the generic sub-passes, or coremltools' pass it replaces."""
         if getattr(prog, "skip_all_passes", False):
             return
-        if self.replaces is not None and not override_enabled():
-            original = self.replaces()
+        enabled = override_enabled()
+        if self.replaces is not None and (not enabled or not self.passes):
+            original = self.replaces()  # also when this id only leads run_after followers
             original.set_options(self.pass_options)
             original(prog)
-            return
-        followers = with_followers(self)[1:] if self.followers and override_enabled() else []
+            if not enabled:
+                return
+        followers = with_followers(self)[1:] if self.followers and enabled else []
         for follower in followers:  # in one driver run with this pass; options reset as the pipeline does
             follower.set_options(None)
         run_together(prog, [self, *followers], self.pass_id)
