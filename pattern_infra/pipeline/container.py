@@ -145,8 +145,10 @@ class PassContainer(AbstractGraphPass):
         if getattr(prog, "skip_all_passes", False):
             return
         enabled = override_enabled()
-        if self.replaces is not None and (not enabled or not self.passes):
-            original = self.replaces()  # also when this id only leads run_after followers
+        # A container with nothing of its own only leads run_after followers: coremltools' pass runs.
+        empty = not self.passes and getattr(self, "function", None) is None
+        if self.replaces is not None and (not enabled or empty):
+            original = self.replaces()
             original.set_options(self.pass_options)
             original(prog)
             if not enabled:
