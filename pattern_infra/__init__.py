@@ -5,6 +5,11 @@ Write the sequence to find as an ``mb.program`` with uniquely named ops, write `
 package registers nothing; ``import generic_passes`` registers the project's passes.
 """
 
+from .quiet import held_import_warnings as _held_import_warnings
+
+with _held_import_warnings():  # shown at once, except in the command line (see pattern_infra.quiet)
+    import coremltools  # noqa: F401
+
 from .language.compiler import COMMUTATIVE_OPS, CompiledPattern, ConstRule, compile_pattern
 from .rewriting.subpass import DEFAULT_MAX_ITERATIONS, PassStats, SubPass
 from .rewriting.removal import remove_dead_ops

@@ -15,6 +15,7 @@ Run as ``mil-patterns`` (installed with the package) or ``python -m pattern_infr
 
 from __future__ import annotations
 
+import difflib
 import functools
 import importlib
 import json
@@ -25,22 +26,27 @@ from pathlib import Path
 from typing import Any
 
 import click
+import numpy as np
 
 from .language.errors import PatternInfraError
 
-__all__ = ["EXIT_CODES", "main"]
+__all__ = ["DEFAULT_TOLERANCE", "EXIT_CODES", "main", "nearest_pass_ids"]
 
 EXIT_CODES: dict[int, str] = {
     0: "success",
     1: "failure: the model cannot be read (not an ML program, damaged specification or weights), the output "
     "cannot be written (exists, not a model package, inside the input, folder missing or not writable), "
-    "a pass or pattern named does not exist, or a pass failed; one line on stderr names the file or the "
+    "a pass or pattern named does not exist, a pass failed, or --verify found the model changed beyond "
+    "--tolerance; one line on stderr names the file or the "
     "pass and the fix, and no file is written or lost",
     2: "usage error: unknown command or option, missing argument, an input that does not exist, an argument "
     "of the wrong form (an output not ending in .mlpackage, --pattern neither MODULE:NAME nor a pass id, "
     "a module that cannot be imported)",
 }
 """The exit status of ``mil-patterns`` and what each means."""
+
+DEFAULT_TOLERANCE = 1e-3
+"""``optimize --tolerance``'s default (the measurements behind it: docs/CLI.md, "Checking the result")."""
 
 _EPILOG = "\b\nExit status:\n" + "\n".join(
     textwrap.fill(meaning, width=79, initial_indent=f"  {code}  ", subsequent_indent="     ")
@@ -99,6 +105,49 @@ def _split_ids(values: tuple[str, ...]) -> list[str]:
     return [item.strip() for value in values for item in value.split(",") if item.strip()]
 
 
+def nearest_pass_ids(spec: str, ids: list[str], n: int = 3) -> list[str]:
+    """The pass ids nearest to ``spec`` by edit distance (difflib's ratio), best first.
+
+    Names are compared without their namespace, so the shared ``common::fuse_`` does not make every id
+    look alike; a name is also compared with the start of each id's name (``fuse_layernorm`` finds
+    ``fuse_layernorm_or_instancenorm``). Kept: ratio 0.6 or more, and within 0.15 of the best.
+    """
+    namespace, _, bare = spec.rpartition("::")
+
+    def score(pass_id: str) -> float:
+        their_namespace, _, name = pass_id.rpartition("::")
+        ratio = difflib.SequenceMatcher(None, bare, name).ratio()
+        start = 0.95 * difflib.SequenceMatcher(None, bare, name[: len(bare)]).ratio()
+        return max(ratio, start) + (0.01 if namespace == their_namespace else 0.0)
+
+    scored = sorted(((score(pass_id), pass_id) for pass_id in ids), key=lambda pair: -pair[0])
+    best = scored[0][0] if scored else 0.0
+    return [pass_id for value, pass_id in scored[:n] if value >= max(0.6, best - 0.15)]
+
+
+def _unknown_pass(spec: str, option: str, capital: bool = True) -> _Failure:
+    from .pipeline.registry import generic_passes
+
+    near = nearest_pass_ids(spec, list(generic_passes()))
+    hint = f" {'Did' if capital else 'did'} you mean {', '.join(near)}?" if near else ""
+    return _Failure(
+        f"{option}: {spec!r} is not a registered generic pass.{hint} `mil-patterns passes` lists them "
+        f"(passes of your own: --import your_module)."
+    )
+
+
+def _checked_ids(option: str, values: tuple[str, ...]) -> list[str]:
+    """The ids of ``--passes`` or ``--exclude``, each a registered generic pass (checked before any work)."""
+    from .pipeline.registry import generic_passes
+
+    ids = _split_ids(values)
+    registered = generic_passes()
+    for pass_id in ids:
+        if pass_id not in registered:
+            raise _unknown_pass(pass_id, option)
+    return ids
+
+
 def _progress_default() -> bool:
     return sys.stderr.isatty()
 
@@ -141,13 +190,23 @@ def _with_pass_options(function: Any) -> Any:
     help="Import MODULE first (it registers passes of your own; looked up in the current "
     "directory first, as python -m does); repeatable.",
 )
-@click.option("--debug", is_flag=True, help="On a failure, show the traceback instead of one line.")
+@click.option(
+    "--debug",
+    is_flag=True,
+    help="On a failure, show the traceback instead of one line; also show coremltools' import-time "
+    "warnings (an untested torch version, no Core ML runtime), which are silenced otherwise.",
+)
 @click.version_option(package_name="mil-pattern-infra", prog_name="mil-patterns")
 @click.pass_context
 def main(context: click.Context, imports: tuple[str, ...], debug: bool) -> None:
     """Run the generic MIL passes on saved Core ML models (.mlpackage), without the Core ML runtime."""
+    from .quiet import held_import_warnings, show_held_warnings
+
     context.obj = {"debug": debug}
-    importlib.import_module("generic_passes")
+    if debug:
+        show_held_warnings()  # coremltools' import-time warnings, held by `import pattern_infra`
+    with held_import_warnings(show=debug):
+        importlib.import_module("generic_passes")
     if imports and os.getcwd() not in sys.path and "" not in sys.path:
         sys.path.insert(0, os.getcwd())  # what python -m does; an installed console script does not
     for module in imports:
@@ -172,12 +231,28 @@ def main(context: click.Context, imports: tuple[str, ...], debug: bool) -> None:
     help="The .mlpackage to write (the name must end in .mlpackage).",
 )
 @click.option("--overwrite", is_flag=True, help="Replace OUTPUT if it is a model package.")
+@click.option(
+    "--verify",
+    is_flag=True,
+    help="Run the model before and after the passes in the reference evaluator on random inputs, print "
+    "the largest difference, and write nothing if it exceeds the tolerance.",
+)
+@click.option(
+    "--tolerance",
+    type=click.FloatRange(min=0.0),
+    default=DEFAULT_TOLERANCE,
+    show_default=True,
+    help="With --verify: the largest |after - before| of each output may be at most T times the output's "
+    "scale (its largest magnitude, at least 1).",
+)
 @_with_pass_options
 @_fail_cleanly
 def optimize(
     source: Path,
     output: Path,
     overwrite: bool,
+    verify: bool,
+    tolerance: float,
     passes: tuple[str, ...],
     exclude: tuple[str, ...],
     progress: bool | None,
@@ -188,10 +263,11 @@ def optimize(
     result = optimize_mlpackage(
         source,
         output,
-        passes=_split_ids(passes) or None,
-        exclude=_split_ids(exclude),
+        passes=_checked_ids("--passes", passes) or None,
+        exclude=_checked_ids("--exclude", exclude),
         progress=_progress_default() if progress is None else progress,
         overwrite=overwrite,
+        check=functools.partial(_verify, tolerance=tolerance, output=output) if verify else None,
     )
     before, after = _non_const(result.before), _non_const(result.after)
     click.echo(f"{result.written}: {len(result.rewrites)} rewrite(s); non-const ops {before} -> {after}")
@@ -219,11 +295,12 @@ def report(
     """List what each generic pass would fuse in SOURCE, and where; SOURCE is not changed."""
     from .mlpackage import load_mlpackage, run_passes
 
+    chosen, excluded = _checked_ids("--passes", passes) or None, _checked_ids("--exclude", exclude)
     model = load_mlpackage(source)
     result = run_passes(
         model.program,
-        passes=_split_ids(passes) or None,
-        exclude=_split_ids(exclude),
+        passes=chosen,
+        exclude=excluded,
         progress=_progress_default() if progress is None else progress,
     )
     if as_json:
@@ -246,6 +323,66 @@ def report(
 
         page = write_html_report(result, html_dir, title=source.name)
         click.echo(f"wrote {page}", err=as_json)
+
+
+VERIFY_TRIALS = 2
+"""Random input sets ``optimize --verify`` runs the model on (seeds 0 and 1)."""
+
+
+def _verify(original: Any, optimized: Any, *, tolerance: float, output: Path) -> None:
+    """``optimize --verify``: the model as read and ``optimized`` run in the reference evaluator (float64)
+    on :data:`VERIFY_TRIALS` random input sets (flexible dimensions sized within their ranges); raises
+    when an output moved by more than ``tolerance`` times its scale, before anything is written."""
+    from .verification.evaluator import evaluate
+    from .verification.inputs import random_inputs, sizes_in_ranges
+    from .verification.verify import check_same_interface
+
+    untouched = f"{output} was not written (an existing one is left as it was)"
+    before = original.program
+    sizes = sizes_in_ranges(before, original.spec.description)
+    worst = (0.0, 0.0, "")  # (difference / scale, difference, output)
+    try:
+        check_same_interface(before.functions["main"], optimized.functions["main"], "the passes")
+        for seed in range(VERIFY_TRIALS):
+            inputs = random_inputs(before, seed=seed, sizes_for_symbols=sizes)
+            expected, actual = evaluate(before, inputs), evaluate(optimized, inputs)
+            for (name, a), b in zip(expected.items(), actual.values()):
+                if np.shape(a) != np.shape(b):
+                    raise _Failure(
+                        f"--verify: the passes changed the shape of output {name!r} from {np.shape(a)} to "
+                        f"{np.shape(b)}; {untouched}."
+                    )
+                worst = max(worst, (*_difference(a, b), name))
+    except PatternInfraError as exc:
+        raise _Failure(
+            f"--verify: the reference evaluator cannot compare the model before and after the passes "
+            f"({' '.join(str(exc).split())}); {untouched}. Run without --verify to write it unchecked."
+        ) from exc
+    relative, absolute, name = worst
+    figures = f"largest difference {absolute:.3g} ({relative:.3g} of the output's scale"
+    figures += f", output {name!r})" if absolute > 0 else ")"
+    if relative > tolerance:
+        raise _Failure(
+            f"--verify: {figures} over {VERIFY_TRIALS} random input sets exceeds --tolerance {tolerance:g}: "
+            f"the passes changed what the model computes; {untouched}. Find the pass with --exclude or "
+            f"--passes, or raise --tolerance if the difference is expected (float16 models: docs/CLI.md)."
+        )
+    click.echo(f"verify: {figures} over {VERIFY_TRIALS} random input sets, tolerance {tolerance:g}")
+
+
+def _difference(expected: Any, actual: Any) -> tuple[float, float]:
+    """The largest ``|actual - expected|`` over the output's scale (its largest finite magnitude, at least
+    1), and itself; NaN against NaN and an infinity against the same one count as equal."""
+    a, b = np.asarray(expected, dtype=np.float64), np.asarray(actual, dtype=np.float64)
+    if a.size == 0:
+        return 0.0, 0.0
+    same = (a == b) | (np.isnan(a) & np.isnan(b))
+    with np.errstate(invalid="ignore"):
+        gap = np.where(same, 0.0, np.abs(b - a))
+    gap = float(np.nan_to_num(gap, nan=np.inf).max())
+    finite = np.abs(a[np.isfinite(a)])
+    scale = max(1.0, float(finite.max()) if finite.size else 1.0)
+    return gap / scale, gap
 
 
 def _non_const(counts: Any) -> int:
@@ -299,17 +436,14 @@ def _resolve_pattern(spec: str) -> Any:
         found = PASS_REGISTRY.passes.get(spec)
         if isinstance(found, PassContainer):
             return found
-        import difflib
-
-        near = difflib.get_close_matches(spec, list(generic_passes()), n=3)
-        hint = f"; did you mean {', '.join(near)}?" if near else ""
-        raise _Failure(
-            f"--pattern: {spec!r} is not a registered generic pass{hint} (`mil-patterns passes` "
-            f"lists them; passes of your own: --import your_module)"
-        )
+        raise _unknown_pass(spec, "--pattern", capital=False)
     module_name, sep, name = spec.partition(":")
     if not sep or not module_name or not name:
-        raise click.BadParameter(f"expected MODULE:NAME or a pass id, got {spec!r}", param_hint="--pattern")
+        near = nearest_pass_ids(spec, list(generic_passes()))
+        hint = f"; did you mean {', '.join(near)}?" if near else ""
+        raise click.BadParameter(
+            f"expected MODULE:NAME or a pass id, got {spec!r}{hint}", param_hint="--pattern"
+        )
     try:
         module = importlib.import_module(module_name)
     except ImportError as exc:

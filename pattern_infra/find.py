@@ -16,7 +16,7 @@ from coremltools.converters.mil.mil import Block, Operation, Program
 from coremltools.converters.mil.mil.passes.pass_registry import PASS_REGISTRY
 
 from .rewriting.blocks import BlockIndex, iter_blocks
-from .language.compiler import CompiledPattern, compile_pattern
+from .language.compiler import CompiledPattern, compile_pattern, require_program
 from .rewriting.driver import run_subpasses
 from .language.errors import PassRegistrationError
 from .matching.matcher import Matcher
@@ -235,6 +235,7 @@ def resolve_patterns(
             for item in ops_arrangement
             for pair in resolve_patterns(item, var_constraints, pattern_options)
         ]
+    require_program(ops_arrangement, where="find_matches/explain")
     return [(compile_pattern(ops_arrangement, **pattern_options), var_constraints)]
 
 

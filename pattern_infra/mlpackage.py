@@ -23,7 +23,7 @@ import os
 import sys
 import tempfile
 from collections import Counter
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -286,6 +286,7 @@ def optimize_mlpackage(
     exclude: Sequence[str] = (),
     progress: bool = False,
     overwrite: bool = False,
+    check: Callable[[SavedModel, Program], None] | None = None,
 ) -> OptimizeResult:
     """Loads a saved model, runs the generic passes and the cleanup on it, and saves the result.
 
@@ -296,6 +297,8 @@ def optimize_mlpackage(
         exclude: Generic pass ids not to run.
         progress: Show a progress bar (tqdm, on stderr).
         overwrite: Replace ``destination`` if it is a model package.
+        check: Called with a copy of the model as read and the program after the passes, before
+            anything is written (``mil-patterns optimize --verify``); if it raises, nothing is written.
 
     Returns:
         The passes run, every rewrite, the op counts before and after, and the path written.
@@ -314,7 +317,14 @@ def optimize_mlpackage(
             f"{source}: a model with {len(functions)} functions ({', '.join(functions)}); optimize saves "
             f"single-function models only (report and explain read any)."
         )
+    original = None
+    if check is not None:
+        from .clone import clone_program
+
+        original = SavedModel(model.path, clone_program(model.program), model.spec, model.compute_unit)
     result = run_passes(model.program, passes=passes, exclude=exclude, progress=progress)
+    if check is not None and original is not None:
+        check(original, model.program)
     with coremltools_own(result.excluded):
         result.written = save_mlpackage(model, destination, overwrite=overwrite)
     return result

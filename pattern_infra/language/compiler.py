@@ -36,6 +36,7 @@ __all__ = [
     "CompiledPattern",
     "compile_pattern",
     "edge_positions",
+    "require_program",
 ]
 
 logger = logging.getLogger(__name__)
@@ -49,6 +50,30 @@ def pattern_name_of(ops_arrangement: Any) -> str:
         return "<pattern>"
     real = [op.name for op in ops_arrangement.functions["main"].operations if op.op_type != "const"]
     return real[-1] if real else "<empty pattern>"
+
+
+def require_program(value: Any, *, where: str, what: str = "the pattern") -> None:
+    """The check of every entry point that takes a pattern (or a program): ``value`` must be a MIL
+    program, the result of ``@mb.program``, not the function it decorates nor anything else.
+
+    Args:
+        value: What the caller was given.
+        where: The entry point, for the message (``"register_generic_pass(ns::name)"``).
+        what: What ``value`` stands for in the message.
+
+    Raises:
+        PatternDefinitionError: ``value`` is not a ``Program``; the message names what it is and the fix.
+    """
+    if isinstance(value, Program):
+        return
+    kind = type(value).__name__
+    if callable(value):
+        kind = f"function {getattr(value, '__qualname__', getattr(value, '__name__', repr(value)))!r}"
+    raise PatternDefinitionError(
+        f"{where}: {what} is a {kind}, not a MIL program; decorate the pattern function with "
+        f"@mb.program(input_specs=[...]) (or @pattern_program(input_specs=[...])) and pass the program "
+        f"it gives."
+    )
 
 
 def compile_pattern(
@@ -88,11 +113,9 @@ def compile_pattern(
         PatternDefinitionError: The pattern breaks a rule; the message names the rule and the fix.
     """
     pattern_name = name or pattern_name_of(ops_arrangement)
-    if not isinstance(ops_arrangement, Program):
-        raise PatternDefinitionError(
-            f"Pattern {pattern_name!r} is a {type(ops_arrangement).__name__}, not a MIL program; decorate the "
-            f"pattern function with @mb.program(input_specs=[...])."
-        )
+    require_program(
+        ops_arrangement, where="compile_pattern", what=f"pattern {name!r}" if name else "the pattern"
+    )
     if set(ops_arrangement.functions) != {"main"}:
         raise PatternDefinitionError(
             f"Pattern {pattern_name!r} must have exactly one function named 'main'; it "

@@ -159,12 +159,16 @@ class PassContainer(AbstractGraphPass):
         """Runs the pass on ``prog``: the generic sub-passes, or coremltools' pass it replaces."""
         if getattr(prog, "skip_all_passes", False):
             return
-        if self.replaces is not None and not override_enabled():
+        enabled = override_enabled()
+        # A container with nothing of its own only leads run_after followers: coremltools' pass runs.
+        empty = not self.passes and getattr(self, "function", None) is None
+        if self.replaces is not None and (not enabled or empty):
             original = self.replaces()
             original.set_options(self.pass_options)
             original(prog)
-            return
-        followers = with_followers(self)[1:] if self.followers and override_enabled() else []
+            if not enabled:
+                return
+        followers = with_followers(self)[1:] if self.followers and enabled else []
         for follower in followers:  # in one driver run with this pass; options reset as the pipeline does
             follower.set_options(None)
         run_together(prog, [self, *followers], self.pass_id)

@@ -11,18 +11,29 @@ from coremltools.converters.mil.mil import Program
 from coremltools.converters.mil.mil.passes.graph_pass import AbstractGraphPass
 from coremltools.converters.mil.mil.passes.pass_registry import PASS_REGISTRY
 
-from ..language.compiler import ConstMode, ConstRule, compile_pattern
-from .container import PassContainer
+from ..language.compiler import ConstMode, ConstRule, compile_pattern, require_program
 from ..language.equivalences import Equivalences
 from ..language.errors import PassRegistrationError
 from ..language.pattern import Pattern
 from ..rewriting.subpass import DEFAULT_MAX_ITERATIONS, SubPass
+from .container import PassContainer
 
 __all__ = ["container_for", "generic_passes", "register_generic_pass", "register_graph_pass"]
 
 
 def container_for(pass_name: str, namespace: str) -> PassContainer:
     """The PassContainer registered under ``namespace::pass_name``, created if needed."""
+    current, replaces = _checked_id(pass_name, namespace)
+    if isinstance(current, PassContainer):
+        return current
+    container = PassContainer(pass_name, namespace, replaces=replaces)
+    PASS_REGISTRY.passes[container.pass_id] = container
+    return container
+
+
+def _checked_id(pass_name: str, namespace: str) -> tuple[Any, type | None]:
+    """What ``namespace::pass_name`` holds in the registry now, and the coremltools pass a new container
+    there would replace; raises when the id is unusable. Changes nothing."""
     for label, value in (("pass_name", pass_name), ("namespace", namespace)):
         if not isinstance(value, str) or not value or "::" in value:
             raise PassRegistrationError(
@@ -32,7 +43,7 @@ def container_for(pass_name: str, namespace: str) -> PassContainer:
     pass_id = f"{namespace}::{pass_name}"
     current = PASS_REGISTRY.passes.get(pass_id)
     if isinstance(current, PassContainer):
-        return current
+        return current, current.replaces
     replaces = current if isinstance(current, type) and issubclass(current, AbstractGraphPass) else None
     if current is not None and replaces is None:
         raise PassRegistrationError(
@@ -49,9 +60,7 @@ def container_for(pass_name: str, namespace: str) -> PassContainer:
             f"coremltools pass, use its exact id; for a new fusion, use a namespace of your own (e.g. "
             f"'generic') and run_after= to join the conversion pipeline."
         )
-    container = PassContainer(pass_name, namespace, replaces=replaces)
-    PASS_REGISTRY.passes[pass_id] = container
-    return container
+    return current, replaces
 
 
 def _coremltools_ids(namespace: str) -> list[str]:
@@ -90,6 +99,9 @@ def register_generic_pass(
     The pattern's options (``commutative``, ``alternatives``, ``constants``, ``const_rules``, ``fanout``,
     ``equivalences``) are :func:`~pattern_infra.language.compiler.compile_pattern`'s.
 
+    All or nothing: the id, the callbacks, every pattern and ``run_after`` are checked and compiled before
+    coremltools' ``PASS_REGISTRY`` changes, so a call that raises leaves the registry as it was.
+
     Args:
         ops_arrangement: The pattern, an ``mb.program`` with uniquely named ops; or a sequence of them,
             alternatives that share the callbacks (each becomes a sub-pass, in the given order).
@@ -112,18 +124,22 @@ def register_generic_pass(
         PatternDefinitionError: The pattern breaks a rule.
         PassRegistrationError: The pass id or a callback is unusable.
     """
-    container = container_for(pass_name, namespace)
+    where = f"register_generic_pass({namespace}::{pass_name})"
+    _checked_id(pass_name, namespace)  # every check before the registry changes
     if not callable(transform_pattern):
         raise PassRegistrationError(
-            f"register_generic_pass({namespace}::{pass_name}): transform_pattern must be "
-            f"callable, got {type(transform_pattern).__name__}."
+            f"{where}: transform_pattern must be callable, got {type(transform_pattern).__name__}."
         )
     if var_constraints is not None and not callable(var_constraints):
         raise PassRegistrationError(
-            f"register_generic_pass({namespace}::{pass_name}): var_constraints must be "
-            f"callable or None, got {type(var_constraints).__name__}."
+            f"{where}: var_constraints must be callable or None, got {type(var_constraints).__name__}."
         )
-    programs = [ops_arrangement] if isinstance(ops_arrangement, Program) else list(ops_arrangement)
+    many = isinstance(ops_arrangement, Sequence) and not isinstance(ops_arrangement, str)
+    programs = list(ops_arrangement) if many else [ops_arrangement]
+    if not programs:
+        raise PassRegistrationError(f"{where}: an empty list of patterns; give at least one pattern program.")
+    for i, program in enumerate(programs):
+        require_program(program, where=where, what=f"pattern [{i}]" if many else "the pattern")
     subs = [
         SubPass(
             compile_pattern(
@@ -142,8 +158,15 @@ def register_generic_pass(
             max_iterations,
         )
         for i, program in enumerate(programs)
-    ]  # all compiled before any is added
-    for sub in subs:
+    ]
+    if run_after is not None:
+        _check_leader(f"{namespace}::{pass_name}", run_after)
+    if options is not None and not isinstance(options, Mapping):
+        raise PassRegistrationError(
+            f"{where}: options must be a mapping of option names to defaults, got {type(options).__name__}."
+        )
+    container = container_for(pass_name, namespace)
+    for sub in subs:  # from here on nothing raises: the registry changes only once everything is checked
         container.add(sub)
     if options:
         container.declare_options(options)
@@ -194,17 +217,23 @@ def register_graph_pass(
     return container
 
 
-def _follow(container: PassContainer, run_after: str) -> None:
-    if run_after == container.pass_id or "::" not in run_after:
+def _check_leader(pass_id: str, run_after: str) -> None:
+    """Raises unless ``run_after`` names another registered pass that can lead ``pass_id``."""
+    if run_after == pass_id or not isinstance(run_after, str) or "::" not in run_after:
         raise PassRegistrationError(
-            f"Pass {container.pass_id!r}: run_after must be another pass id '<namespace>::<name>', got "
-            f"{run_after!r}."
+            f"Pass {pass_id!r}: run_after must be another pass id '<namespace>::<name>', got {run_after!r}."
         )
-    namespace, name = run_after.split("::", 1)
     if run_after not in PASS_REGISTRY:
         raise PassRegistrationError(
-            f"Pass {container.pass_id!r}: run_after names {run_after!r}, which is not a registered pass."
+            f"Pass {pass_id!r}: run_after names {run_after!r}, which is not a registered pass."
         )
+    namespace, name = run_after.split("::", 1)
+    _checked_id(name, namespace)
+
+
+def _follow(container: PassContainer, run_after: str) -> None:
+    _check_leader(container.pass_id, run_after)
+    namespace, name = run_after.split("::", 1)
     leader = container_for(name, namespace)
     if container not in leader.followers:
         leader.followers.append(container)

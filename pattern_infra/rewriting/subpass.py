@@ -7,7 +7,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
+
 from ..language.compiler import CompiledPattern
+from ..language.errors import PassExecutionError
 from ..matching.matcher import Matcher
 from ..language.pattern import Pattern
 from ..matching.plan import PassStats
@@ -52,10 +55,28 @@ class SubPass:
 
 
 def constraint_verdict(result: Any) -> str | None:
-    """None when a ``var_constraints`` result accepts (any true value), else the reason it refuses: a false
-    value, a ``(False, "reason")`` pair, or a string, which is the reason itself (``"rank 3, not 2"``)."""
+    """None when a ``var_constraints`` result accepts, else the reason it refuses.
+
+    Accepts: ``True``, ``numpy.True_`` or any other true value that is not a string. Refuses: a false
+    value (``False``, ``numpy.False_``, 0), a ``(False, "reason")`` pair, or a string, which is the reason
+    itself (``"rank 3, not 2"``; the empty string refuses without a reason).
+
+    Raises:
+        PassExecutionError: ``None`` (a constraint that forgot its ``return``), or an array of several
+            elements (whose truth numpy refuses to decide).
+    """
     if isinstance(result, tuple) and len(result) == 2 and isinstance(result[1], str):
         result = True if result[0] else result[1]  # accepted, or the reason
+    if result is None:
+        raise PassExecutionError(
+            "var_constraints returned None, which accepts nothing: the constraint has no `return` on some "
+            "path; end it with `return True` (or return False / a reason string to refuse)."
+        )
+    if isinstance(result, np.ndarray) and result.size != 1:
+        raise PassExecutionError(
+            f"var_constraints returned an array of shape {result.shape}, neither true nor false; return "
+            f"bool((...).all()) or bool((...).any())."
+        )
     if result and not isinstance(result, str):
         return None
     return f"constraint returned False: {result}" if result else "constraint returned False"

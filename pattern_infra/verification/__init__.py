@@ -3,7 +3,8 @@
 
 * :mod:`.evaluator`: a numpy reference evaluator of MIL programs (the numerics Core ML's runtime would
   give, where the runtime exists only on macOS), with the op table of what it evaluates;
-* :mod:`.verify`: numeric equivalence of two programs on random inputs, pass checks (``verify_pass``);
+* :mod:`.verify`: numeric equivalence of two programs on random inputs (:mod:`.inputs`), pass checks
+  (``verify_pass``);
 * :mod:`.symbolic` with :mod:`.sympy_ops`: symbolic proofs with sympy (``prove_equivalent``).
 
 The names are reached as ``pattern_infra.evaluate``, ``pattern_infra.verify_pass`` and so on, which

@@ -16,17 +16,17 @@ import logging
 from collections import Counter
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Final
+from typing import Any
 
 import numpy as np
-from coremltools.converters.mil.mil import types
 from coremltools.converters.mil.mil.passes.pass_registry import PASS_REGISTRY
-from coremltools.converters.mil.mil.types.symbolic import is_symbolic
 
+from pattern_infra.clone import clone_program
+from pattern_infra.language.compiler import require_program
 from pattern_infra.language.errors import PassRegistrationError
 from pattern_infra.verification.errors import EvaluationError, NotElementwiseError, VerificationError
-from pattern_infra.clone import clone_program
 from pattern_infra.verification.evaluator import evaluate
+from pattern_infra.verification.inputs import random_inputs
 
 __all__ = [
     "EquivalenceReport",
@@ -44,16 +44,15 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
-_DEFAULT_SYMBOL_SIZES: Final = (3, 4, 5, 2, 6, 7)
-_INT_INPUT_HIGH: Final = 4  # random integer inputs are drawn from [0, 4)
-
-
 # --------------------------------------------------------------------------------------------------
 # Program utilities
 # --------------------------------------------------------------------------------------------------
 
 
 def program_function(prog: Any, function: str) -> Any:
+    """The function ``function`` of ``prog`` (a program, checked as every entry point checks one)."""
+    if not hasattr(prog, "functions"):
+        require_program(prog, where="verification", what="the program")
     if function not in prog.functions:
         raise EvaluationError(f"The program has no function '{function}'; it has {sorted(prog.functions)}.")
     return prog.functions[function]
@@ -78,64 +77,6 @@ def count_ops(prog: Any, *, function: str = "main") -> Counter[str]:
         A ``Counter`` from op type to number of ops.
     """
     return Counter(op.op_type for op in _walk_ops(program_function(prog, function)))
-
-
-def random_inputs(
-    prog: Any,
-    *,
-    seed: int = 0,
-    function: str = "main",
-    sizes_for_symbols: Mapping[Any, int] | None = None,
-) -> dict[str, np.ndarray]:
-    """Draw one random value per function input, with the declared shapes and dtypes.
-
-    Floating inputs come from a standard normal distribution, integer inputs uniformly from
-    ``[0, 4)``, booleans are fair coin flips. A symbolic dimension becomes a small concrete size;
-    every occurrence of the same symbol gets the same size. Deterministic for a given seed.
-
-    Args:
-        prog: A coremltools ``Program``.
-        seed: Seed of the numpy generator.
-        function: The function whose inputs are drawn.
-        sizes_for_symbols: Sizes for symbolic dimensions, keyed by symbol (or its name, e.g.
-            ``"is0"``). Unlisted symbols get sizes 3, 4, 5, 2, 6, 7, ... in order of first use.
-
-    Returns:
-        One array per input, keyed by input name, in the function's input order.
-
-    Raises:
-        EvaluationError: An input has a type that is neither a float, integer nor bool tensor.
-    """
-    func = program_function(prog, function)
-    rng = np.random.default_rng(seed)
-    sizes = {str(key): int(value) for key, value in (sizes_for_symbols or {}).items()}
-    defaults_used = 0
-    arrays: dict[str, np.ndarray] = {}
-    for name, var in func.inputs.items():
-        shape = []
-        for dim in var.shape:
-            if not is_symbolic(dim):
-                shape.append(int(dim))
-                continue
-            key = str(dim)
-            if key not in sizes:
-                sizes[key] = _DEFAULT_SYMBOL_SIZES[defaults_used % len(_DEFAULT_SYMBOL_SIZES)]
-                defaults_used += 1
-            shape.append(sizes[key])
-        dtype = var.dtype
-        np_type = np.dtype(types.nptype_from_builtin(dtype))
-        if types.is_float(dtype):
-            arrays[name] = rng.standard_normal(shape).astype(np_type)
-        elif types.is_bool(dtype):
-            arrays[name] = rng.random(shape) < 0.5
-        elif types.is_int(dtype):
-            arrays[name] = rng.integers(0, _INT_INPUT_HIGH, size=shape).astype(np_type)
-        else:
-            raise EvaluationError(
-                f"Input '{name}' has type {types.builtin_to_string(dtype)}; random_inputs draws float, "
-                "integer and bool tensors only. Pass inputs explicitly."
-            )
-    return arrays
 
 
 # --------------------------------------------------------------------------------------------------
@@ -365,6 +306,9 @@ class VerificationReport:
     """Op types of the original program (nested blocks included)."""
     op_counts_after: Counter[str]
     """Op types of the rewritten copy."""
+    rewrites: int | None
+    """Rewrites the generic passes made (0: nothing matched); None for a pass that is not generic
+    (coremltools' own, a plain function), whose rewrites are not counted."""
     transformed: Any = field(repr=False)
     """The rewritten copy of the program (left out of the repr, which stays one short line)."""
     equivalence: EquivalenceReport = field(repr=False)
@@ -374,6 +318,12 @@ class VerificationReport:
     def changed(self) -> bool:
         """Whether the pass changed the op counts."""
         return self.op_counts_before != self.op_counts_after
+
+    def __str__(self) -> str:
+        done = {None: "rewrites unknown", 0: "0 rewrites: nothing matched", 1: "1 rewrite"}
+        rewrites = done.get(self.rewrites, f"{self.rewrites} rewrites")
+        verdict = "passed" if self.passed else "FAILED"
+        return f"pass '{self.pass_name}' {verdict}: {rewrites}, max |diff| {self.max_abs_diff:.3g}"
 
 
 def _resolve_pass(graph_pass: Any) -> tuple[Callable[[Any], Any], str]:
@@ -403,8 +353,12 @@ def verify_pass(
     inputs: Mapping[str, Any] | Sequence[Mapping[str, Any]] | None = None,
     function: str = "main",
     sizes_for_symbols: Mapping[Any, int] | None = None,
+    require_rewrite: bool = False,
 ) -> VerificationReport:
     """Apply a graph pass to a copy of ``prog`` and check the copy computes the same outputs.
+
+    The report counts the rewrites of the generic passes that ran (``report.rewrites``, 0 when nothing
+    matched: a pass that passes by doing nothing says so).
 
     Args:
         graph_pass: A callable taking a ``Program`` (an ``AbstractGraphPass`` instance, a
@@ -419,23 +373,29 @@ def verify_pass(
         inputs: Explicit input set(s) instead of random ones.
         function: The function to compare.
         sizes_for_symbols: Sizes of symbolic dimensions for random inputs.
+        require_rewrite: Fail when the pass rewrote nothing (for a pass that is not generic: when the
+            program it leaves prints as the original).
 
     Returns:
         The report, with the rewritten copy as ``report.transformed``.
 
     Raises:
         PassRegistrationError: ``graph_pass`` is an unknown pass id or not callable.
-        VerificationError: The rewritten program differs beyond tolerance; the message names the
-            pass, the output and the largest difference, and ``error.report`` is the
-            :class:`VerificationReport`.
+        VerificationError: The rewritten program differs beyond tolerance, or ``require_rewrite`` and
+            nothing was rewritten; the message names the pass (and the output and the largest
+            difference), and ``error.report`` is the :class:`VerificationReport`.
     """
+    from pattern_infra.pipeline.container import run_log
+
     apply, name = _resolve_pass(graph_pass)
     before = count_ops(prog, function=function)
     transformed = clone_program(prog)
+    logged = run_log()
     returned = apply(transformed)
     if returned is not None and hasattr(returned, "functions"):
         transformed = returned
     after = count_ops(transformed, function=function)
+    rewrites = _rewrites_since(logged, run_log())
     logger.debug("pass %s: %s -> %s", name, dict(before), dict(after))
 
     def report_of(equivalence: EquivalenceReport) -> VerificationReport:
@@ -446,6 +406,7 @@ def verify_pass(
             max_rel_diff=equivalence.max_rel_diff,
             op_counts_before=before,
             op_counts_after=after,
+            rewrites=rewrites,
             transformed=transformed,
             equivalence=equivalence,
         )
@@ -468,9 +429,22 @@ def verify_pass(
         if compared is not None:
             error.report = report_of(compared)  # type: ignore[attr-defined]
         raise
-    return report_of(equivalence)
+    report = report_of(equivalence)
+    if require_rewrite and (rewrites == 0 or rewrites is None and str(prog) == str(transformed)):
+        error = VerificationError(
+            f"pass '{name}' rewrote nothing in the program (require_rewrite=True): no match was found or "
+            f"every match was refused; explain(pattern, prog) shows the nearest partial matches."
+        )
+        error.report = report  # type: ignore[attr-defined]
+        raise error
+    return report
 
 
-# --------------------------------------------------------------------------------------------------
-# Symbolic equivalence
-# --------------------------------------------------------------------------------------------------
+def _rewrites_since(earlier: list[Any], now: list[Any]) -> int | None:
+    """Rewrites of the generic runs logged in ``now`` after ``earlier``'s entries; None if none ran."""
+    start = len(earlier)
+    if earlier:  # the log keeps its last entries only: find where the earlier log ended
+        last = earlier[-1]
+        start = next((i + 1 for i in range(len(now) - 1, -1, -1) if now[i] is last), 0)
+    runs = now[start:]
+    return sum(stats.rewrites for _, _, stats in runs) if runs else None
