@@ -38,7 +38,6 @@ from typing import Any
 import numpy as np
 from coremltools.converters.mil.mil import Program
 from coremltools.converters.mil.mil.passes.pass_pipeline import PassPipeline
-from coremltools.converters.mil.mil.passes.pass_registry import PASS_REGISTRY
 
 from .from_torch import DEFAULT_BEFORE, capture_torch
 from .language.errors import PatternDefinitionError
@@ -248,46 +247,12 @@ def register_torch_rewrite(
     check = check_torch_rewrite(
         pattern_fn, replacement_fn, example_inputs, rtol=rtol, atol=atol, label=label, **capture
     )
-    snapshot = _RegistrySnapshot(f"{namespace}::{pass_name}")
-    try:
-        container = register_generic_pass(
-            check.pattern, var_constraints, replace_with(check.replacement), pass_name, namespace, **options
-        )
-    except BaseException:
-        snapshot.restore()
-        raise
+    # register_generic_pass is all-or-nothing: a call that raises leaves the registry as it was.
+    container = register_generic_pass(
+        check.pattern, var_constraints, replace_with(check.replacement), pass_name, namespace, **options
+    )
     logger.debug("%s: registered, %s, sympy: %s", label, check.point, check.symbolic)
     return container
-
-
-class _RegistrySnapshot:
-    """What a registration under ``pass_id`` may change, to put back when it raises."""
-
-    def __init__(self, pass_id: str) -> None:
-        from .pipeline.registry import generic_passes
-
-        self.pass_id = pass_id
-        self.entry = PASS_REGISTRY.passes.get(pass_id)
-        self.followers = {c: list(c.followers) for c in generic_passes().values()}
-        self.state = None
-        if isinstance(self.entry, PassContainer):
-            self.state = (
-                list(self.entry.passes),
-                dict(self.entry._declared_options),
-                dict(self.entry.options),
-            )
-
-    def restore(self) -> None:
-        if self.entry is None:
-            PASS_REGISTRY.passes.pop(self.pass_id, None)
-        else:
-            PASS_REGISTRY.passes[self.pass_id] = self.entry
-        for container, followers in self.followers.items():
-            container.followers = followers
-        if self.state is not None:
-            passes, declared, values = self.state
-            self.entry.passes[:] = passes
-            self.entry._declared_options, self.entry.options = declared, values
 
 
 def _numpy_dtype(tensor: Any) -> np.dtype:
