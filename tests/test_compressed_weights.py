@@ -245,3 +245,66 @@ def test_the_evaluator_computes_lut_and_shift_scale_as_coremltools_defines_them(
     zeros = np.zeros((4, 6 * vector_size))
     (got,) = evaluate(prog, {"x": zeros}).values()
     np.testing.assert_allclose(got, want, rtol=1e-6)
+
+
+# --------------------------------------------------------------------------------------------------
+# Measured on the zoo's conv + batch norm models (slow: four conversions per model and compression)
+# --------------------------------------------------------------------------------------------------
+
+
+def compressing_pipeline(compression: str) -> ct.PassPipeline:
+    """coremltools' default pipeline with its weights compressed first, before the fusion passes:
+    ``DEFAULT_PALETTIZATION`` with a 4-bit uniform per-channel LUT (k-means needs scikit-learn), or the
+    default pipeline after an int8 per-channel ``compression::linear_quantize_weights``."""
+    from coremltools.optimize.coreml import (
+        OpLinearQuantizerConfig,
+        OpPalettizerConfig,
+        OptimizationConfig,
+    )
+
+    if compression == "palettized":
+        pipeline = ct.PassPipeline.DEFAULT_PALETTIZATION
+        op_config = OpPalettizerConfig(
+            mode="uniform", nbits=4, granularity="per_grouped_channel", group_size=1, weight_threshold=256
+        )
+        pipeline.set_options("compression::palettize_weights", {"config": OptimizationConfig(op_config)})
+        return pipeline
+    pipeline = ct.PassPipeline.DEFAULT
+    pipeline.insert_pass(0, "compression::linear_quantize_weights")
+    op_config = OpLinearQuantizerConfig(mode="linear_symmetric", dtype="int8", weight_threshold=256)
+    pipeline.set_options("compression::linear_quantize_weights", {"config": OptimizationConfig(op_config)})
+    return pipeline
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("compression", ["palettized", "int8"])
+@pytest.mark.parametrize("model_name", ["resnet_stack", "mobilenet_block"])
+def test_measure_zoo_models(model_name, compression, tmp_path):
+    """Op counts plain / coremltools / ours, batch norms left and weight.bin bytes (printed; ``-s``)."""
+    from pattern_infra.testing import models
+    from pattern_infra.testing.convert import convert_torch_model, op_counts
+
+    model, args = getattr(models, model_name)()
+    rows = {}
+    for label, override, pipeline in [
+        ("plain", False, ct.PassPipeline.DEFAULT),
+        ("coremltools", False, compressing_pipeline(compression)),
+        ("ours", True, compressing_pipeline(compression)),
+    ]:
+        mlmodel = convert_torch_model(
+            model, args, override=override, minimum_deployment_target=ct.target.iOS18, pass_pipeline=pipeline
+        )
+        path = tmp_path / f"{label}.mlpackage"
+        mlmodel.save(str(path))
+        counts = op_counts(mlmodel._mil_program)
+        rows[label] = (
+            sum(n for t, n in counts.items() if t != "const"),
+            counts.get("batch_norm", 0),
+            (path / "Data/com.apple.CoreML/weights/weight.bin").stat().st_size,
+            {t: n for t, n in counts.items() if t.startswith("constexpr_")},
+        )
+    print(f"\n{model_name} {compression}: label, ops (no const), batch_norm, weight.bin bytes, constexpr ops")
+    for label, row in rows.items():
+        print(f"  {label:12s} {row}")
+    assert rows["ours"][1] == 0 < rows["coremltools"][1]
+    assert rows["ours"][2] <= rows["coremltools"][2]
