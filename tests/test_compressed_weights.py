@@ -285,7 +285,7 @@ def test_measure_zoo_models(model_name, compression, tmp_path):
     from pattern_infra.testing.convert import convert_torch_model, op_counts
 
     model, args = getattr(models, model_name)()
-    rows = {}
+    rows, programs = {}, {}
     for label, override, pipeline in [
         ("plain", False, ct.PassPipeline.DEFAULT),
         ("coremltools", False, compressing_pipeline(compression)),
@@ -296,6 +296,7 @@ def test_measure_zoo_models(model_name, compression, tmp_path):
         )
         path = tmp_path / f"{label}.mlpackage"
         mlmodel.save(str(path))
+        programs[label] = mlmodel._mil_program
         counts = op_counts(mlmodel._mil_program)
         rows[label] = (
             sum(n for t, n in counts.items() if t != "const"),
@@ -307,4 +308,6 @@ def test_measure_zoo_models(model_name, compression, tmp_path):
     for label, row in rows.items():
         print(f"  {label:12s} {row}")
     assert rows["ours"][1] == 0 < rows["coremltools"][1]
+    # the folded LUT entries / scales are rounded to fp32 once more than coremltools' batch_norm
+    assert_programs_equivalent(programs["coremltools"], programs["ours"], rtol=1e-4, atol=1e-5)
     assert rows["ours"][2] <= rows["coremltools"][2]
