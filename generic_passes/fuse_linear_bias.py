@@ -30,9 +30,10 @@ where that is impossible the match is refused with the reason. coremltools leave
 
 ``var_constraints`` keeps coremltools' refusals: ``b`` a compile-time constant, ``c`` with as many
 elements as ``b`` and ``Dout`` on its last axis. It adds one coremltools lacks, which protects
-correctness: ``c`` may not have more dimensions than the ``linear`` output (``(2, 4) + (1, 1, 4)`` is ``(1, 2, 4)``; coremltools 9.0 fuses it and the
-program's output loses a dimension). A scalar ``c`` is taken as ``(1,)`` (coremltools raises
-``IndexError`` on it when ``Dout == 1`` and refuses it otherwise, as does this pass).
+correctness: ``c`` may not have more dimensions than the ``linear`` output (``(2, 4) + (1, 1, 4)`` is
+``(1, 2, 4)``; coremltools 9.0 fuses it and the program's output loses a dimension). A scalar ``c`` is
+taken as ``(1,)`` (coremltools raises ``IndexError`` on it when ``Dout == 1`` and refuses it otherwise, as
+does this pass).
 """
 
 from __future__ import annotations
