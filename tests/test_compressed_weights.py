@@ -311,3 +311,26 @@ def test_measure_zoo_models(model_name, compression, tmp_path):
     # the folded LUT entries / scales are rounded to fp32 once more than coremltools' batch_norm
     assert_programs_equivalent(programs["coremltools"], programs["ours"], rtol=1e-4, atol=1e-5)
     assert rows["ours"][2] <= rows["coremltools"][2]
+
+
+@pytest.mark.parametrize("groups", [1, 2])
+@pytest.mark.parametrize("kind", ["lut_shared", "int8_per_channel"])
+def test_conv_transpose_channels_of_a_compressed_weight(kind, groups):
+    """``conv_transpose``'s weight is ``[Cin, Cout/groups, k...]``: the factors land on the right
+    channels (axis 1, per group)."""
+
+    @mb.program(input_specs=[mb.TensorSpec(shape=(1, C_IN, 5, 5))], opset_version=ct.target.iOS18)
+    def prog(x):
+        weight = compressed(kind, (C_IN, C_OUT // groups, K, K))
+        conv = mb.conv_transpose(x=x, weight=weight, groups=groups)
+        return mb.batch_norm(
+            x=conv,
+            mean=dyadic(C_OUT),
+            variance=np.full(C_OUT, 3.75, np.float32),
+            gamma=dyadic(C_OUT),
+            epsilon=0.25,
+        )
+
+    ours = cleaned(run_pass("common::fuse_conv_batchnorm", prog))
+    assert [t for t in op_types(ours) if not t.startswith("constexpr_")] == ["conv_transpose"]
+    assert_programs_equivalent(prog, ours)
