@@ -21,7 +21,12 @@ before the old ``conv``, then the ``conv`` reading them, named after the output;
 are coremltools' (per-channel ``s`` in the parameters' dtype, results cast to the weight's dtype), so
 the constants are bit for bit the same.
 
-Refusals kept from coremltools: a non-constant (or ``constexpr``) weight, a non-constant existing bias.
+A compressed weight (``constexpr_*`` ops, e.g. palettized or int8) takes the per-channel factors ``s``
+without being decompressed: into its per-channel scale or LUT, or a new per-channel
+``constexpr_blockwise_shift_scale`` after it (iOS18); where none applies the match is refused with the
+reason (``_compressed``). coremltools leaves such a conv alone.
+
+Refusals kept from coremltools: a non-constant weight, a non-constant existing bias.
 Where coremltools 9.0 raises or is wrong, this pass differs (each case has a test):
 
 * ``batch_norm`` without ``gamma`` / ``beta`` (they are optional): coremltools raises
@@ -38,7 +43,7 @@ from coremltools.converters.mil import Builder as mb
 
 from pattern_infra import Pattern, register_generic_pass
 
-from ._conv_common import bias_or_zeros, has_constant_weight_and_bias, rebuild_conv, scale_output_channels
+from ._conv_common import bias_or_zeros, rebuild_conv, scale_output_channels, scale_weight, weight_refusal
 
 __all__ = ["conv_batchnorm_pattern", "conv_batchnorm_constraints", "transform_conv_batchnorm"]
 
@@ -69,20 +74,30 @@ def _bn_params(pattern: Pattern) -> tuple[np.ndarray, ...] | None:
     return gamma, beta, mean, variance, epsilon
 
 
-def conv_batchnorm_constraints(pattern: Pattern) -> bool:
-    """Constant weight, bias and normalization parameters."""
-    return has_constant_weight_and_bias(pattern.conv) and _bn_params(pattern) is not None
+def conv_batchnorm_constraints(pattern: Pattern) -> bool | tuple[bool, str]:
+    """Constant (or foldable compressed) weight, constant bias and normalization parameters."""
+    if _bn_params(pattern) is None:
+        return False, "a batch_norm parameter is not a compile-time constant"
+    reason = weight_refusal(pattern.conv, scalar=False)
+    return (False, reason) if reason is not None else True
 
 
 def transform_conv_batchnorm(pattern: Pattern) -> None:
     """Inserts the folded weight and bias constants and the ``conv``; the framework removes the old ops."""
     conv, bn = pattern.conv, pattern.batch_norm
     gamma, beta, mean, variance, epsilon = _bn_params(pattern)
+    scale = gamma / np.sqrt(variance + epsilon)
+    if conv.weight.val is None:  # compressed: the factors go into its constexpr ops
+        bias = bias_or_zeros(conv, conv.weight)
+        new_bias = (scale * (bias - mean) + beta).astype(bias.dtype)
+        weight_var = scale_weight(conv, scale)
+        bias_var = mb.const(val=new_bias, before_op=conv)
+        fused = rebuild_conv(conv, weight=weight_var, bias=bias_var, name=bn.outputs[0].name)
+        pattern.replace_output(fused, force=True)  # the old constexpr ops give way to the new ones
+        return
     weight = conv.weight.val
     dtype = weight.dtype
     bias = bias_or_zeros(conv, weight)
-
-    scale = gamma / np.sqrt(variance + epsilon)
     new_weight = scale_output_channels(conv, weight, scale).astype(dtype)
     new_bias = (scale * (bias - mean) + beta).astype(dtype)
 

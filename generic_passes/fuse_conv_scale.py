@@ -23,8 +23,13 @@ replaces, and receives the new weight and bias as fresh constants (``<name>_weig
 the arithmetic and the dtypes are coremltools' (the result cast to the weight's dtype), so the constants
 are bit for bit the same.
 
-Refusals kept from coremltools: ``s`` not a constant or of another layout; a non-constant (or
-``constexpr``) weight. Where coremltools 9.0 raises or is wrong, this pass differs (each case has a test):
+A compressed weight (``constexpr_*`` ops, e.g. palettized or int8) takes the factors without being
+decompressed: into its per-channel scale or LUT, or a new per-channel ``constexpr_blockwise_shift_scale``
+after it (iOS18); where none applies the match is refused with the reason (``_compressed``). coremltools
+leaves such a conv alone.
+
+Refusals kept from coremltools: ``s`` not a constant or of another layout; a non-constant weight. Where
+coremltools 9.0 raises or is wrong, this pass differs (each case has a test):
 
 * ``s / conv``: coremltools fuses it as ``conv / s``; refused here (not linear in the conv).
 * grouped ``conv_transpose`` with per-channel ``s``: coremltools scales the wrong output channels
@@ -45,9 +50,10 @@ from pattern_infra import Pattern, register_generic_pass
 from ._conv_common import (
     bias_or_zeros,
     c_out_of,
-    has_constant_weight_and_bias,
     rebuild_conv,
     scale_output_channels,
+    scale_weight,
+    weight_refusal,
 )
 
 __all__ = [
@@ -81,7 +87,7 @@ def _scale(pattern: Pattern) -> tuple[bool, object] | None:
             is_scalar = False
     if not is_scalar:
         weight_rank = conv.weight.rank
-        c_out = c_out_of(conv, conv.weight.val)
+        c_out = c_out_of(conv, conv.weight)
         if np.prod(scale.shape) != c_out:
             return None
         if scale.ndim == weight_rank:
@@ -95,12 +101,17 @@ def _scale(pattern: Pattern) -> tuple[bool, object] | None:
     return is_scalar, scale
 
 
-def conv_scale_constraints(pattern: Pattern) -> bool:
-    """Constant weight and bias, ``s`` of a foldable layout, and no division by the ``conv``."""
+def conv_scale_constraints(pattern: Pattern) -> bool | tuple[bool, str]:
+    """Constant or foldable compressed weight, constant bias, ``s`` of a foldable layout, and no division
+    by the ``conv``."""
     conv, mul_or_div = pattern.conv, pattern.mul_or_div
     if mul_or_div.op_type == "real_div" and mul_or_div.x is not conv.outputs[0]:
-        return False
-    return has_constant_weight_and_bias(conv) and _scale(pattern) is not None
+        return False, "s / conv is not linear in the conv"
+    scale = _scale(pattern)
+    if scale is None:
+        return False, "s is neither a scalar nor one value per output channel"
+    reason = weight_refusal(conv, scalar=scale[0])
+    return (False, reason) if reason is not None else True
 
 
 def transform_conv_scale(pattern: Pattern) -> None:
@@ -109,6 +120,13 @@ def transform_conv_scale(pattern: Pattern) -> None:
     is_scalar, scale = _scale(pattern)
     if mul_or_div.op_type == "real_div":
         scale = 1.0 / scale
+    if conv.weight.val is None:  # compressed: the factor goes into its constexpr ops
+        bias, factors = bias_or_zeros(conv, conv.weight), np.reshape(scale, -1)
+        new_bias = np.array(bias * factors).astype(bias.dtype)
+        new_weight = scale_weight(conv, factors)
+        fused = rebuild_conv(conv, weight=new_weight, bias=new_bias, name=mul_or_div.outputs[0].name)
+        pattern.replace_output(fused, force=True)  # the old constexpr ops give way to the new ones
+        return
     weight = conv.weight.val
     dtype = weight.dtype
     c_out = c_out_of(conv, weight)

@@ -26,9 +26,16 @@ the weight, the left one when both are)::
 The ops are the ones coremltools inserts, in its order (``transpose`` ops on the weight, which later
 passes fold into a constant), before the ``matmul``; the op producing the output takes its name.
 
-Refusals kept from coremltools: no constant side; a weight that is not rank 2 or derives from a
-``constexpr`` op; a weight with several users (the fused weight would be a copy); an input of rank < 2;
-``c`` that is not ``Dout`` values laid out as ``(1, ..., 1, Dout)``.
+A compressed weight (``constexpr_*`` ops, e.g. palettized or int8) is a weight too, used as it is where
+the ``linear`` takes it untransposed (on the right with ``transpose_y``, on the left without
+``transpose_x``); a ``c - matmul`` negates it in its constexpr ops (scale or LUT, or a new
+``constexpr_blockwise_shift_scale`` at iOS18), never decompressed. Elsewhere the match is refused with
+the reason (the ``linear`` would need a transpose of the weight at run time). coremltools leaves such a
+``matmul`` alone.
+
+Refusals kept from coremltools: no constant side; a weight that is not rank 2; a weight with several
+users (the fused weight would be a copy); an input of rank < 2; ``c`` that is not ``Dout`` values laid
+out as ``(1, ..., 1, Dout)``.
 
 Where coremltools 9.0 is wrong, this pass differs (each case has a test):
 
@@ -51,6 +58,8 @@ from coremltools.converters.mil.mil import Var, get_new_symbol
 
 from pattern_infra import Pattern, register_generic_pass
 
+from ._compressed import compressed_by, is_compressed, scale_compressed, scale_refusal
+
 __all__ = ["matmul_bias_pattern", "matmul_bias_constraints", "transform_matmul_bias"]
 
 
@@ -60,10 +69,14 @@ def matmul_bias_pattern(x, y):
     return mb.add(x=matmul, y=np.zeros(4, dtype=np.float32), name="add_or_sub")
 
 
+def _is_weight(var: Var) -> bool:
+    return var.val is not None or is_compressed(var)
+
+
 def _roles(pattern: Pattern) -> tuple[bool, Var, Var, bool, bool]:
     """(weight on the left?, weight, other input, transpose the weight?, transpose the other?)."""
     mm = pattern.matmul
-    if mm.x.val is not None:
+    if _is_weight(mm.x):
         return True, mm.x, mm.y, bool(mm.transpose_x.val), bool(mm.transpose_y.val)
     return False, mm.y, mm.x, bool(mm.transpose_y.val), bool(mm.transpose_x.val)
 
@@ -92,19 +105,36 @@ def _bias_vector(pattern: Pattern) -> np.ndarray | None:
     return bias
 
 
-def matmul_bias_constraints(pattern: Pattern) -> bool:
-    """One constant rank-2 weight with no other user, an input of rank >= 2, a bias-shaped ``c``."""
+def _negates_weight(pattern: Pattern) -> bool:
+    """Whether the fusion negates the weight (``c - matmul``)."""
+    add_or_sub = pattern.add_or_sub
+    return add_or_sub.op_type == "sub" and add_or_sub.x is not pattern.matmul.outputs[0]
+
+
+def matmul_bias_constraints(pattern: Pattern) -> bool | tuple[bool, str]:
+    """One constant (or compressed) rank-2 weight with no other user, an input of rank >= 2, a
+    bias-shaped ``c``."""
     mm = pattern.matmul
-    if mm.x.val is None and mm.y.val is None:
-        return False
-    _, weight, other, _, _ = _roles(pattern)
-    if weight.nonreplaceable_vars_upstream:
-        return False
+    if not (_is_weight(mm.x) or _is_weight(mm.y)):
+        return False, "neither matmul input is a constant or a compressed weight"
+    weight_left, weight, other, transpose_weight, _ = _roles(pattern)
+    if weight.val is not None and weight.nonreplaceable_vars_upstream:
+        return False, f"the weight {weight.name} derives from a constexpr op"
     if other.rank < 2 or weight.rank != 2:
-        return False
+        return False, "the weight is not of rank 2 or the other input is of rank < 2"
     if len(weight.child_ops) > 1:
-        return False
-    return _bias_vector(pattern) is not None
+        return False, f"the weight {weight.name} has other users"
+    if _bias_vector(pattern) is None:
+        return False, "c is not one value per output feature"
+    if weight.val is None:
+        if transpose_weight == weight_left:
+            return False, (
+                f"weight compressed by {compressed_by(weight)}: the linear would need it transposed "
+                "at run time"
+            )
+        if _negates_weight(pattern) and (reason := scale_refusal(weight, (1, 1), mm)) is not None:
+            return False, reason
+    return True
 
 
 def _swap_last_two(var: Var, name: str | None = None, before_op=None) -> Var:
@@ -128,6 +158,17 @@ def transform_matmul_bias(pattern: Pattern) -> None:
             negate_weight = True
     out_name = add_or_sub.outputs[0].name
 
+    if weight.val is None:  # compressed, in the orientation the linear takes (constraints)
+        w = scale_compressed(weight, np.full((1, 1), -1.0), before_op=mm) if negate_weight else weight
+        if weight_left:
+            x = other if transpose_other else _swap_last_two(other, before_op=mm)
+            fused = mb.linear(x=x, weight=w, bias=bias, before_op=mm)
+            fused = _swap_last_two(fused, name=out_name, before_op=mm)
+        else:
+            x = _swap_last_two(other, before_op=mm) if transpose_other else other
+            fused = mb.linear(x=x, weight=w, bias=bias, name=out_name, before_op=mm)
+        pattern.replace_output(fused, force=True)  # a negated weight's new constexpr ops replace the old
+        return
     if weight_left:
         # Wm @ y = transpose(linear(transpose(y), Wm))
         x = other if transpose_other else _swap_last_two(other, before_op=mm)

@@ -11,7 +11,7 @@ from .errors import (
     PatternDefinitionError,
     PatternInfraError,
 )
-from .graph import COMMUTATIVE_OPS, CompiledPattern, ConstRule, Edge, PatternNode
+from .graph import COMMUTATIVE_OPS, CompiledPattern, ConstRule, Edge, PatternNode, is_compressed
 from .pattern import Pattern
 
 __all__ = [
@@ -27,6 +27,7 @@ __all__ = [
     "PatternInfraError",
     "PatternNode",
     "compile_pattern",
+    "is_compressed",
     "one_of",
     "optional",
 ]

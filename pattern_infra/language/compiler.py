@@ -97,8 +97,8 @@ def compile_pattern(
             matched* (an ``add``/``sub`` alternative read with ``pattern.operand``), the others as written.
         alternatives: Pattern op name to the op types accepted there, e.g. ``{"add_or_sub": ["add",
             "sub"]}``; the op's own type must be among them.
-        constants: Default rule for every pattern constant (``"any"``, ``"const"``, ``"value"`` or a
-            :class:`ConstRule`).
+        constants: Default rule for every pattern constant (``"any"``, ``"const"``, ``"value"``,
+            ``"weight"`` or a :class:`ConstRule`).
         const_rules: Per-constant rules, keyed by ``"<op name>.<slot>"`` (e.g. ``"pow.y"``) or by the
             pattern's const op name.
         fanout: Pattern ops standing for every consumer of their input (one or more ops of one kind,

@@ -21,6 +21,7 @@ __all__ = [
     "PatternNode",
     "distances",
     "edge_positions",
+    "is_compressed",
 ]
 
 COMMUTATIVE_OPS: frozenset[str] = frozenset(
@@ -38,7 +39,7 @@ COMMUTATIVE_OPS: frozenset[str] = frozenset(
 )
 """MIL binary ops whose ``x`` and ``y`` may be swapped; the matcher tries both orders itself."""
 
-ConstMode = Literal["any", "const", "value"]
+ConstMode = Literal["any", "const", "value", "weight"]
 
 
 @dataclass(frozen=True)
@@ -47,16 +48,17 @@ class ConstRule:
     match, whatever the mode)."""
 
     mode: ConstMode = "any"
-    """``"any"``: anything; ``"const"``: a compile-time constant; ``"value"``: a constant close to the pattern's."""
+    """``"any"``: anything; ``"const"``: a compile-time constant; ``"value"``: a constant close to the
+    pattern's; ``"weight"``: a compile-time constant or a compressed one (see :func:`is_compressed`)."""
     rtol: float = 1e-5
     """Relative tolerance of ``"value"``."""
     atol: float = 1e-6
     """Absolute tolerance of ``"value"``."""
 
     def __post_init__(self) -> None:
-        if self.mode not in ("any", "const", "value"):
+        if self.mode not in ("any", "const", "value", "weight"):
             raise PatternDefinitionError(
-                f"ConstRule mode {self.mode!r} is not one of 'any', 'const', 'value'."
+                f"ConstRule mode {self.mode!r} is not one of 'any', 'const', 'value', 'weight'."
             )
 
     def accepts(self, var: Var, expected: np.ndarray | None) -> str | None:
@@ -66,6 +68,13 @@ class ConstRule:
         (a float16 program holds the float16 rounding of the pattern's value)."""
         if self.mode == "any":
             return None
+        if self.mode == "weight":
+            if var.val is not None or is_compressed(var):
+                return None
+            return (
+                f"operand {var.name} is neither a compile-time constant nor a compressed weight "
+                "(a chain of constexpr_* ops over constants)"
+            )
         if var.val is None:
             return f"operand {var.name} is not a compile-time constant"
         if self.mode == "const" or expected is None:
@@ -87,6 +96,20 @@ class ConstRule:
         if np.allclose(got, _in_dtype(expected, got.dtype), rtol=self.rtol, atol=self.atol):
             return None
         return f"constant {var.name} = array{got.shape} differs from the pattern's array{expected.shape}"
+
+
+def is_compressed(var: Var) -> bool:
+    """Whether ``var`` is a compressed weight: the output of a ``constexpr_*`` op whose inputs are
+    ``const`` ops or, in turn, compressed (a chain such as a ``constexpr_lut_to_dense`` whose LUT a
+    ``constexpr_blockwise_shift_scale`` dequantizes). Such a var has no value at compile time."""
+    op = var.op
+    if op is None or not op.op_type.startswith("constexpr_"):
+        return False
+    for value in op.inputs.values():
+        for v in value if isinstance(value, (list, tuple)) else (value,):
+            if v.op is None or (v.op.op_type != "const" and not is_compressed(v)):
+                return False
+    return True
 
 
 def _in_dtype(expected: np.ndarray, dtype: np.dtype[Any]) -> np.ndarray:

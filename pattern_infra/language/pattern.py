@@ -149,7 +149,7 @@ class Pattern:
                 f"Pattern {self.pattern_name!r} has no operand {op_name}.{slot}; operands: {known}"
             ) from None
 
-    def replace_output(self, new_var: Var, old_var: Var | None = None) -> None:
+    def replace_output(self, new_var: Var, old_var: Var | None = None, *, force: bool = False) -> None:
         """Makes every user of a final output read ``new_var`` instead: the linear way to rewrite.
 
         Only the users of ``old_var`` are visited; the framework removes the matched ops left without users
@@ -159,6 +159,9 @@ class Pattern:
             new_var: The replacement, already inserted in the block (e.g. by ``mb.gelu(...,
                 before_op=pattern.final_op)``).
             old_var: The output to replace; defaults to the only output of the only final op.
+            force: Replace even where ``new_var`` no longer depends on a ``constexpr_*`` op ``old_var``
+                depends on (coremltools refuses that by default): for a transform that rebuilt a
+                compressed weight as new ``constexpr_*`` ops.
 
         Raises:
             ValueError: ``old_var`` is omitted but the match has several outputs.
@@ -173,7 +176,9 @@ class Pattern:
             old_var = outputs[0]
         block = old_var.op.enclosing_block if old_var.op is not None else self.block
         try:
-            block.replace_uses_of_var_after_op(anchor_op=old_var.op, old_var=old_var, new_var=new_var)
+            block.replace_uses_of_var_after_op(
+                anchor_op=old_var.op, old_var=old_var, new_var=new_var, force_replace=force
+            )
         except ValueError as exc:
             if (new_var.dtype, new_var.shape) == (old_var.dtype, old_var.shape):
                 raise

@@ -1623,9 +1623,7 @@ def _dequantize(ctx: OpContext) -> np.ndarray:
 
 @register_op_semantics(
     "constexpr_affine_dequantize",
-    "constexpr_blockwise_shift_scale",
     "constexpr_cast",
-    "constexpr_lut_to_dense",
     "constexpr_lut_to_sparse",
     "constexpr_sparse_blockwise_shift_scale",
     "constexpr_sparse_to_dense",
@@ -1634,6 +1632,45 @@ def _constexpr(ctx: OpContext) -> Any:
     # Compressed weights: the decompression coremltools defines is the definition of these ops.
     value = ctx.op.materialized_val_inference()
     return tuple(value) if isinstance(value, (tuple, list)) else value
+
+
+def _repeat_blocks(block_values: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
+    """Per-block values (each axis dividing ``shape``'s) repeated to one per element of ``shape``."""
+    for axis, size in enumerate(shape):
+        block_values = np.repeat(block_values, size // block_values.shape[axis], axis=axis)
+    return block_values
+
+
+@register_op_semantics("constexpr_blockwise_shift_scale")
+def _constexpr_blockwise_shift_scale(ctx: OpContext) -> np.ndarray:
+    # iOS18: output[i] = scale[i // block] * (data[i] - offset[i // block]), block = data.shape / scale.shape.
+    # The inputs are evaluated, so ``data`` (or ``scale``) may come from another constexpr op.
+    dtype = ctx.out_dtype()
+    data = ctx.array("data").astype(dtype)
+    if ctx.has("offset"):
+        data = data - _repeat_blocks(ctx.array("offset").astype(dtype), data.shape)
+    return _repeat_blocks(ctx.array("scale").astype(dtype), data.shape) * data
+
+
+@register_op_semantics("constexpr_lut_to_dense")
+def _constexpr_lut_to_dense(ctx: OpContext) -> np.ndarray:
+    if ctx.has("shape"):  # iOS16: packed indices, one LUT for the whole tensor
+        return ctx.op.materialized_val_inference()
+    # iOS18: lut [I0/B0, ..., I(r-1)/B(r-1), 2^nbits, V]; element i of the output (V consecutive ones
+    # along vector_axis when V > 1) is lut[i // B, indices[i], :]. ``lut`` may come from another constexpr.
+    indices = ctx.array("indices").astype(np.int64)
+    lut = ctx.array("lut")
+    blocks = tuple(
+        grid // (size // lut.shape[k])
+        for k, (grid, size) in enumerate(zip(np.indices(indices.shape), indices.shape))
+    )
+    values = lut[blocks + (indices,)]  # indices.shape + (V,)
+    if lut.shape[-1] == 1:
+        return values[..., 0]
+    axis = _axis(ctx.attr("vector_axis"), indices.ndim)
+    out_shape = list(indices.shape)
+    out_shape[axis] *= lut.shape[-1]
+    return np.moveaxis(values, -1, axis + 1).reshape(out_shape)
 
 
 # --------------------------------------------------------------------------------------------------

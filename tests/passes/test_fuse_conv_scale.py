@@ -15,7 +15,6 @@ from coremltools.converters.mil import Builder as mb
 from coremltools.converters.mil.mil import Program
 
 import generic_passes  # noqa: F401  (registers the passes)
-from pattern_infra.verification.errors import VerificationError
 from pattern_infra.testing.passes import (
     check_fused,
     check_not_fused,
@@ -25,6 +24,7 @@ from pattern_infra.testing.passes import (
     run_pass,
     sampled_conv,
 )
+from pattern_infra.verification.errors import VerificationError
 from pattern_infra.verification.verify import assert_programs_equivalent
 
 PASS = "common::fuse_conv_scale"
@@ -151,7 +151,9 @@ def test_non_const_weight_is_not_fused():
     check_not_fused(PASS, prog)
 
 
-def test_constexpr_weight_is_not_fused():
+def test_constexpr_weight_is_fused_where_coremltools_leaves_it():
+    """An iOS16 int8 weight: the factor goes into its scale (tests/test_compressed_weights.py has more)."""
+
     @mb.program(input_specs=[mb.TensorSpec(shape=(2, C_IN, 5, 5))], opset_version=ct.target.iOS16)
     def prog(x):
         weight = mb.constexpr_affine_dequantize(
@@ -162,7 +164,10 @@ def test_constexpr_weight_is_not_fused():
         )
         return mb.mul(x=mb.conv(x=x, weight=weight), y=np.float32(2.0))
 
-    check_not_fused(PASS, prog)
+    outcome = run_both(PASS, prog)
+    assert op_types(outcome.coremltools) == op_types(prog)
+    assert op_types(outcome.ours) == ["constexpr_affine_dequantize", "constexpr_affine_dequantize", "conv"]
+    assert_programs_equivalent(prog, outcome.ours)
 
 
 def test_s_divided_by_conv_is_not_fused():
