@@ -88,6 +88,8 @@ __all__ = [
     "Trace",
     "trace",
     "run_log",
+    "suggest",
+    "Candidate",
 ]
 
 _ON_USE = {
@@ -99,6 +101,8 @@ _ON_USE = {
     "explain_in_conversion": "in_conversion",
     "program_before": "in_conversion",
     "pattern_program": "program",
+    "suggest": "suggest",
+    "Candidate": "suggest",
 }
 """Verification tooling (the numpy evaluator, sympy proofs), ``explain_in_conversion`` and
 ``pattern_program`` are imported on first use, not with the package: a conversion that only runs passes
