@@ -29,6 +29,7 @@ from .pipeline.container import ENV_VAR, PassContainer, override, override_enabl
 from .find import find_matches, fuse_all_blocks, fuse_one_block
 from .pipeline.registry import generic_passes, register_generic_pass, register_graph_pass
 from .pipeline.sweep import GenericSweep, pipeline
+from .suggest import Candidate, suggest
 
 __all__ = [
     "EvaluationError",
@@ -101,8 +102,6 @@ _ON_USE = {
     "explain_in_conversion": "in_conversion",
     "program_before": "in_conversion",
     "pattern_program": "program",
-    "suggest": "suggest",
-    "Candidate": "suggest",
 }
 """Verification tooling (the numpy evaluator, sympy proofs), ``explain_in_conversion`` and
 ``pattern_program`` are imported on first use, not with the package: a conversion that only runs passes

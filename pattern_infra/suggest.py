@@ -32,7 +32,7 @@ neighbouring layer and hide the glue that repeats (``layers=()`` mines through t
 from __future__ import annotations
 
 import itertools
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -44,8 +44,9 @@ from .language.graph import COMMUTATIVE_OPS
 from .pipeline.registry import generic_passes
 from .rewriting.blocks import iter_blocks
 from .rewriting.subpass import SubPass
+from .suggest_source import candidate_module, literal, pattern_source
 
-__all__ = ["Candidate", "LAYER_OPS", "MAX_SETS_PER_OP", "suggest"]
+__all__ = ["Candidate", "LAYER_OPS", "MAX_SETS_PER_OP", "candidate_module", "suggest"]
 
 LAYER_OPS: frozenset[str] = frozenset({"linear", "conv", "conv_transpose"})
 """Op types left out of candidates by default (see the module docstring)."""
@@ -363,17 +364,17 @@ def _candidate(index: _Index, prog: Program, code: Any, taken: list[Any]) -> Can
         k = per_type.get(op.op_type, 0)
         per_type[op.op_type] = k + 1
         names.append(f"{op.op_type}_{k}")
-    literal: dict[tuple[int, str, int], str] = {}
+    written: dict[tuple[int, str, int], str] = {}
     const_rules: dict[str, str] = {}
     for j, (position, slot, k) in enumerate(consts):
         values = [_const_at(index.ops[order[c[j][0]]], c[j][1], c[j][2]) for _, order, _, c in taken]
         first_value = values[0]
         same = all(_same(first_value, v) for v in values[1:])
         if same and first_value.size <= LITERAL_SIZE:
-            literal[(position, slot, k)] = _literal(first_value)
+            written[(position, slot, k)] = literal(first_value)
         else:
-            literal[(position, slot, k)] = (
-                _literal(first_value)
+            written[(position, slot, k)] = (
+                literal(first_value)
                 if first_value.size <= LITERAL_SIZE
                 else f"np.zeros({first_value.shape}, dtype=np.{first_value.dtype.name})"
             )
@@ -381,7 +382,7 @@ def _candidate(index: _Index, prog: Program, code: Any, taken: list[Any]) -> Can
     options: dict[str, Any] = {"constants": "value"}
     if const_rules:
         options["const_rules"] = const_rules
-    source = _source(ops, names, roots, literal, options, prog)
+    source = pattern_source(ops, names, roots, written, options, prog)
     return Candidate([op.op_type for op in ops], len(taken), where, source, options)
 
 
@@ -395,89 +396,3 @@ def _same(a: np.ndarray, b: np.ndarray) -> bool:
     if a.dtype != b.dtype or a.shape != b.shape:
         return False
     return bool(np.array_equal(a, b, equal_nan=a.dtype.kind in "fc"))
-
-
-def _number(x: Any) -> str:
-    if isinstance(x, float) and not np.isfinite(x):
-        return f"float('{x}')"
-    return repr(x)
-
-
-def _nested(values: Any) -> str:
-    if isinstance(values, list):
-        return "[" + ", ".join(_nested(v) for v in values) + "]"
-    return _number(values)
-
-
-def _literal(value: np.ndarray) -> str:
-    """Python source for a constant, keeping its dtype."""
-    if value.dtype.kind in "US":
-        return repr(value.item()) if value.ndim == 0 else repr(value.tolist())
-    if value.dtype == np.bool_:
-        return repr(bool(value)) if value.ndim == 0 else f"np.array({value.tolist()!r}, dtype=np.bool_)"
-    if value.ndim == 0:
-        return f"np.{value.dtype.name}({_number(value.item())})"
-    return f"np.array({_nested(value.tolist())}, dtype=np.{value.dtype.name})"
-
-
-def _spec(var: Var) -> str:
-    from coremltools.converters.mil.mil import types
-
-    shape = ", ".join(str(d) if isinstance(d, (int, np.integer)) else "get_new_symbol()" for d in var.shape)
-    shape = f"({shape},)" if len(var.shape) == 1 else f"({shape})"
-    dtype = types.builtin_to_string(var.dtype)
-    return f"mb.TensorSpec(shape={shape}, dtype=types.{dtype})"
-
-
-def _source(
-    ops: Sequence[Operation],
-    names: list[str],
-    roots: list[Var],
-    literal: dict[tuple[int, str, int], str],
-    options: dict[str, Any],
-    prog: Program,
-) -> str:
-    """The pattern program's text: ``pattern`` and ``OPTIONS``."""
-    position = {id(op): k for k, op in enumerate(ops)}
-    root_of = {id(v): k for k, v in enumerate(roots)}
-    args = [f"x{k}" for k in range(len(roots))]
-
-    def operand(v: Var, key: tuple[int, str, int]) -> str:
-        if key in literal:
-            return literal[key]
-        if id(v) in root_of:
-            return args[root_of[id(v)]]
-        name = names[position[id(v.op)]]
-        return name if len(v.op.outputs) == 1 else f"{name}[{v.op.outputs.index(v)}]"
-
-    body = []
-    for k, op in enumerate(ops):
-        kwargs = []
-        for slot in sorted(op.inputs):
-            value = op.inputs[slot]
-            if isinstance(value, (list, tuple)):
-                text = "[" + ", ".join(operand(v, (k, slot, j)) for j, v in enumerate(value)) + "]"
-            else:
-                text = operand(value, (k, slot, 0))
-            kwargs.append(f"{slot}={text}")
-        call = f"mb.{op.op_type}({', '.join(kwargs)}, name={names[k]!r})"
-        body.append(f"    return {call}" if k == len(ops) - 1 else f"    {names[k]} = {call}")
-    opset = getattr(prog.functions["main"], "opset_version", None) if "main" in prog.functions else None
-    opset_arg = f", opset_version=ct.target.{opset.name}" if opset is not None else ""
-    specs = ", ".join(_spec(v) for v in roots)
-    return "\n".join(
-        [
-            "import coremltools as ct",
-            "import numpy as np",
-            "from coremltools.converters.mil import Builder as mb",
-            "from coremltools.converters.mil.mil import get_new_symbol, types",
-            "",
-            f"OPTIONS = {options!r}",
-            "",
-            "",
-            f"@mb.program(input_specs=[{specs}]{opset_arg})",
-            f"def pattern({', '.join(args)}):",
-            *body,
-            "",
-        ]
-    )
