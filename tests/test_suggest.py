@@ -20,7 +20,10 @@ import pytest
 from click.testing import CliRunner
 from coremltools.converters.mil import Builder as mb
 from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from test_brute_force import build, plans
+from test_fuzz import build_program
+from test_fuzz import plans as fragment_plans
 
 from pattern_infra import COMMUTATIVE_OPS, PatternInfraError, find_matches, suggest
 from pattern_infra.cli import main
@@ -28,6 +31,10 @@ from pattern_infra.mlpackage import load_mlpackage
 from pattern_infra.rewriting.blocks import iter_blocks
 
 EXAMPLES = int(os.environ.get("FUZZ_EXAMPLES", "40"))
+repeating_plans = st.tuples(plans, st.integers(min_value=1, max_value=3)).map(
+    lambda pair: {**pair[0], "outer": pair[0]["outer"] * pair[1], "inner": pair[0]["inner"] * pair[1]}
+)
+"""``test_brute_force``'s random programs, their ops written once to three times over (repeats to find)."""
 BLOCK = ["softplus", "tanh", "mul", "sub"]
 
 
@@ -289,14 +296,14 @@ def _exhaustive_best(prog) -> tuple[int, list[list[frozenset[int]]]]:
 
 
 @settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=list(HealthCheck))
-@given(plan=plans)
+@given(plan=repeating_plans)
 def test_every_reported_subgraph_repeats_disjointly(plan):
     prog = build(plan)
     _judge(prog, suggest(prog, max_ops=4, covered_by=(), nested=True))
 
 
 @settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=list(HealthCheck))
-@given(plan=plans)
+@given(plan=repeating_plans)
 def test_the_most_frequent_small_subgraph_is_not_missed(plan):
     prog = build(plan)
     best, classes = _exhaustive_best(prog)
@@ -308,3 +315,15 @@ def test_the_most_frequent_small_subgraph_is_not_missed(plan):
         assert any(c.count == best and all(frozenset(occ) in members for occ in c.where) for c in reported), (
             cls
         )
+
+
+@settings(max_examples=EXAMPLES // 2, deadline=None, suppress_health_check=list(HealthCheck))
+@given(plan=fragment_plans.map(lambda plan: plan * 2))
+def test_repeated_fragments_and_decoys_are_judged_too(plan):
+    """``test_fuzz``'s programs (GELUs, SiLUs, linear biases, with decoys), their fragments twice over:
+    with and without the passes' coverage, every candidate repeats disjointly."""
+    prog, _ = build_program(plan)
+    uncovered = suggest(prog, max_ops=4, covered_by=(), nested=True)
+    assert uncovered
+    _judge(prog, uncovered)
+    _judge(prog, suggest(prog, max_ops=4))
