@@ -103,6 +103,8 @@ class _Index:
         self.closed = [False] * n  # every consumer in the block, no output a block output
         self.consumers: list[frozenset[int]] = [frozenset()] * n
         self.producers: list[tuple[int, ...]] = [()] * n
+        self.inputs: list[dict[str, Any]] = [{}] * n  # slot -> value, slots sorted (op.inputs copies)
+        self.commutative = [False] * n
         for i, op in enumerate(self.ops):
             block = op.enclosing_block
             if (
@@ -114,6 +116,8 @@ class _Index:
             ):
                 continue
             self.joinable[i] = True
+            self.inputs[i] = dict(sorted(op.inputs.items()))
+            self.commutative[i] = op.op_type in COMMUTATIVE_OPS and {"x", "y"} <= self.inputs[i].keys()
             outs = set(id(v) for v in block.outputs)
             users = [c for v in op.outputs for c in v.child_ops]
             self.closed[i] = bool(users) and not any(id(v) in outs for v in op.outputs)
@@ -174,31 +178,27 @@ class _Canon:
         if i not in self.tree:
             op = self.index.ops[i]
             slots = []
-            for slot in sorted(op.inputs):
-                value = op.inputs[slot]
+            for slot, value in self.index.inputs[i].items():
                 items = value if isinstance(value, (list, tuple)) else None
                 slots.append(
                     (slot, tuple(self.ref(v) for v in items) if items is not None else self.ref(value))
                 )
-            if self._commutative(op):
+            if self.index.commutative[i]:
                 (sx, cx), (sy, cy) = [s for s in slots if s[0] in "xy"]
                 rest = [s for s in slots if s[0] not in ("x", "y")]
                 slots = [(sx, min(cx, cy)), (sy, max(cx, cy)), *rest]
             self.tree[i] = (op.op_type, len(op.outputs), tuple(slots))
         return self.tree[i]
 
-    @staticmethod
-    def _commutative(op: Operation) -> bool:
-        return op.op_type in COMMUTATIVE_OPS and "x" in op.inputs and "y" in op.inputs
-
     def code(self, sink: int) -> tuple[tuple[Any, ...], list[int], list[Var], list[tuple[int, str, int]]]:
         """The code, the ops in its order, the inputs in its order and the constant slots (op, slot, k)."""
+        inputs = self.index.inputs
         ties = [
             i
             for i in sorted(self.members)
-            if self._commutative(op := self.index.ops[i])
-            and self.ref(op.x) == self.ref(op.y)
-            and op.x is not op.y
+            if self.index.commutative[i]
+            and inputs[i]["x"] is not inputs[i]["y"]
+            and self.ref(inputs[i]["x"]) == self.ref(inputs[i]["y"])
         ][:4]
         best = None
         for flips in itertools.product((False, True), repeat=len(ties)):
@@ -218,16 +218,15 @@ class _Canon:
 
         def operands(i: int) -> list[tuple[str, Any, str]]:
             """(pattern slot, value, program slot): a commutative op's operands in canonical order."""
-            op = self.index.ops[i]
-            slots = sorted(op.inputs)
+            inputs = self.index.inputs[i]
             swap = False
-            if self._commutative(op):
-                rx, ry = self.ref(op.inputs["x"]), self.ref(op.inputs["y"])
+            if self.index.commutative[i]:
+                rx, ry = self.ref(inputs["x"]), self.ref(inputs["y"])
                 swap = ry < rx or (rx == ry and flips.get(i, False))
             other = {"x": "y", "y": "x"}
             return [
-                (s, op.inputs[other[s]], other[s]) if swap and s in other else (s, op.inputs[s], s)
-                for s in slots
+                (s, inputs[other[s]], other[s]) if swap and s in other else (s, value, s)
+                for s, value in inputs.items()
             ]
 
         def visit(i: int) -> None:
