@@ -4,13 +4,10 @@ the module ``mil-patterns suggest --out`` writes (the pattern, a transform stub,
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 from coremltools.converters.mil.mil import Operation, Program, Var
-
-if TYPE_CHECKING:
-    from .suggest import Candidate
 
 __all__ = ["candidate_module", "literal", "pattern_source"]
 
@@ -101,12 +98,12 @@ def pattern_source(
     )
 
 
-def candidate_module(candidate: Candidate, rank: int, model: str) -> str:
+def candidate_module(candidate: Any, rank: int, model: str) -> str:
     """A module for ``--out``: the candidate's pattern, a transform stub to write and its registration;
     run as a script on a saved model, it prints the matches.
 
     Args:
-        candidate: The candidate.
+        candidate: The :class:`~pattern_infra.suggest.Candidate`.
         rank: Its place in the ranking.
         model: The name of the model it was found in (for the docstring).
 
