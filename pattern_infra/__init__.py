@@ -34,6 +34,7 @@ from .pipeline.container import ENV_VAR, PassContainer, override, override_enabl
 from .find import find_matches, fuse_all_blocks, fuse_one_block
 from .pipeline.registry import generic_passes, register_generic_pass, register_graph_pass
 from .pipeline.sweep import GenericSweep, pipeline
+from .suggest import Candidate, suggest
 
 __all__ = [
     "EvaluationError",
@@ -95,6 +96,8 @@ __all__ = [
     "Trace",
     "trace",
     "run_log",
+    "suggest",
+    "Candidate",
 ]
 
 _ON_USE = {

@@ -487,5 +487,35 @@ def list_passes(as_json: bool) -> None:
         click.echo(f"{row['order']:3d}. {row['id']:45s} {what}; patterns: {shown}")
 
 
+@main.command(name="suggest", epilog=_EPILOG)
+@click.argument("source", type=click.Path(exists=True, path_type=Path))
+@click.option("--max-ops", default=8, show_default=True, help="Most ops in a candidate.")
+@click.option("--top", default=10, show_default=True, help="Candidates to show.")
+@click.option(
+    "--out",
+    "out_dir",
+    type=click.Path(file_okay=False, path_type=Path),
+    help="Write one .py per candidate shown (the pattern, a transform stub) to this directory.",
+)
+@_fail_cleanly
+def suggest_fusions(source: Path, max_ops: int, top: int, out_dir: Path | None) -> None:
+    """List the repeated subgraphs of SOURCE no registered pass fuses, by ops a fusion would save."""
+    from .mlpackage import load_mlpackage
+    from .suggest import candidate_module, suggest
+
+    candidates = suggest(load_mlpackage(source).program, max_ops=max_ops)[:top]
+    if not candidates:
+        click.echo("no repeated subgraph to suggest")
+    for rank, cand in enumerate(candidates, 1):
+        click.echo(f"{rank:3d}. saves {cand.saved:5d}  x{cand.count:<4d} {' -> '.join(cand.op_types)}")
+        click.echo(f"       first at {', '.join(cand.where[0])}")
+    if out_dir is not None:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        for rank, cand in enumerate(candidates, 1):
+            path = out_dir / f"candidate_{rank:02d}.py"
+            path.write_text(candidate_module(cand, rank, source.name))
+            click.echo(f"wrote {path}")
+
+
 if __name__ == "__main__":  # pragma: no cover
     main()
