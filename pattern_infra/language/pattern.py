@@ -186,9 +186,9 @@ class Pattern:
                 f"{tuple(v.shape)} {types.builtin_to_string(v.dtype)}" for v in (new_var, old_var)
             )
             raise ValueError(
-                f"replace_output: {new_var.name} is {new_type}, but {old_var.name}, which it replaces, is {old_type}; "
-                f"build a replacement of the same shape and dtype (mb.cast, mb.reshape), or return False from the "
-                f"transform to leave the match."
+                f"replace_output: {new_var.name} is {new_type}, but {old_var.name}, which it replaces, "
+                f"is {old_type}; build a replacement of the same shape and dtype (mb.cast, mb.reshape), "
+                f"or return False from the transform to leave the match."
             ) from exc
         self._replacements.append(new_var)
 

@@ -40,7 +40,8 @@ class Matcher:
         self.variants: list[Variant] = compiled.variants
         """The pattern's spellings, each a plain pattern."""
         self.ops: list[PatternNode] = []
-        """Every distinct op of every spelling, once: the plan trees' ops; their edges index it and :attr:`consts`."""
+        """Every distinct op of every spelling, once: the plan trees' ops; their edges index it and
+        :attr:`consts`."""
         self.consts: list[tuple[str, Any, Any]] = []
         """Every constant use of every spelling, each distinct one once."""
         self.place: list[int] = []

@@ -1,8 +1,8 @@
 """Search plans: a list of :class:`Step` (:func:`plan`), the first binding the anchor, each further one
 reaching a pattern op *up* (the producer of a slot of an op already bound) or *down* (a consumer of a
 variable already bound); the matcher (:mod:`~pattern_infra.matching.matcher`) merges the spellings'
-plans into a tree (:class:`Branch`, :class:`Leaf`), the search (:mod:`~pattern_infra.matching.search`) walks it and reports a
-:class:`Failure` when tracing."""
+plans into a tree (:class:`Branch`, :class:`Leaf`), the search (:mod:`~pattern_infra.matching.search`)
+walks it and reports a :class:`Failure` when tracing."""
 
 from __future__ import annotations
 

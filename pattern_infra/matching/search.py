@@ -353,7 +353,8 @@ class Search:
         return True
 
     def structure_ok(self, compiled: Any, index: list[int], ops: list[Any], assign: list[Any]) -> bool:
-        """A complete binding's checks: uses of intermediates, no input or constant computed inside the match."""
+        """A complete binding's checks: uses of intermediates, no input or constant computed inside the
+        match."""
         for node in compiled.nodes:
             if node.is_final or node.fanout:
                 continue

@@ -21,8 +21,8 @@ from coremltools.converters.mil.mil import Program
 from coremltools.converters.mil.mil.passes.graph_pass import AbstractGraphPass, PassOption
 from coremltools.converters.mil.mil.scope import ScopeInfo, ScopeSource
 
-from ..rewriting.driver import run_subpasses
 from ..language.errors import PassRegistrationError
+from ..rewriting.driver import run_subpasses
 from ..rewriting.subpass import PassStats, SubPass
 
 __all__ = [

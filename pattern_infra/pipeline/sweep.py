@@ -16,8 +16,8 @@ from coremltools.converters.mil.mil.passes.graph_pass import AbstractGraphPass, 
 from coremltools.converters.mil.mil.passes.pass_pipeline import PassPipeline
 from coremltools.converters.mil.mil.passes.pass_registry import PASS_REGISTRY
 
-from .container import PassContainer, run_together, with_followers
 from ..language.errors import PassRegistrationError
+from .container import PassContainer, run_together, with_followers
 
 __all__ = ["GenericSweep", "pipeline"]
 

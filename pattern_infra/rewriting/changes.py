@@ -7,8 +7,8 @@ from dataclasses import dataclass, field
 
 from coremltools.converters.mil.mil import Block, Operation, Var
 
-from .blocks import flat_inputs
 from ..matching.matcher import Matcher
+from .blocks import flat_inputs
 
 __all__ = ["Changes", "near", "revisit_candidates", "validate_rewrite"]
 

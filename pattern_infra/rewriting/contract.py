@@ -1,6 +1,6 @@
-"""The contract of one rewrite (docs/ARCHITECTURE.md, "The rewrite's contract"), checked right after it on the ops it
-touched (:func:`broken_contract`); a breach is a mistake of the transform, raised with its fix. The
-constants a match reads are read-only while its transform runs (:func:`read_only_constants`)."""
+"""The contract of one rewrite (docs/ARCHITECTURE.md, "The rewrite's contract"), checked right after it
+on the ops it touched (:func:`broken_contract`); a breach is a mistake of the transform, raised with its
+fix. The constants a match reads are read-only while its transform runs (:func:`read_only_constants`)."""
 
 from __future__ import annotations
 
@@ -49,8 +49,8 @@ def broken_contract(
     replacements: Sequence[Var] = (),
 ) -> tuple[str, str] | None:
     """What one rewrite broke of its contract (docs/ARCHITECTURE.md, "The rewrite's contract"), as (the
-    mistake, its fix); None when it kept it. Only the ops it ``created`` and those it ``rewired`` are looked at, so the
-    check is linear in the size of the rewrite."""
+    mistake, its fix); None when it kept it. Only the ops it ``created`` and those it ``rewired`` are
+    looked at, so the check is linear in the size of the rewrite."""
     now = returned_names(block)
     if now != returned:
         if isinstance(now, int):

@@ -16,12 +16,12 @@ from coremltools.converters.mil import Builder as mb
 from coremltools.converters.mil.mil import Block, Operation, Program
 from coremltools.converters.mil.mil.scope import ScopeInfo
 
+from ..language.errors import FixpointError, PassExecutionError, PatternInfraError
+from ..language.pattern import Pattern
 from .blocks import BlockIndex, flat_inputs, walk_blocks
 from .changes import Changes, revisit_candidates, validate_rewrite
 from .contract import USE_THE_NEW_OPS, broken_contract, read_only_constants, returned_names
-from ..language.errors import FixpointError, PassExecutionError, PatternInfraError
 from .journal import Journal
-from ..language.pattern import Pattern
 from .removal import remove_dead
 from .subpass import PassStats, SubPass, constraint_verdict
 

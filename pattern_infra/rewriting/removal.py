@@ -1,13 +1,14 @@
-"""Dead-op removal: the matched ops a transform left without users go, without ``Block.remove_ops``' copies."""
+"""Dead-op removal: the matched ops a transform left without users go, without ``Block.remove_ops``'
+copies."""
 
 from __future__ import annotations
 
 from coremltools.converters.mil.mil import Block, Operation, Var
 from coremltools.converters.mil.mil.var import InternalVar
 
+from ..language.pattern import Pattern
 from .blocks import flat_inputs
 from .journal import journals_on_this_thread
-from ..language.pattern import Pattern
 
 __all__ = ["remove_dead", "remove_dead_ops", "unlink"]
 

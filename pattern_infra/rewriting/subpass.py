@@ -11,8 +11,8 @@ import numpy as np
 
 from ..language.compiler import CompiledPattern
 from ..language.errors import PassExecutionError
-from ..matching.matcher import Matcher
 from ..language.pattern import Pattern
+from ..matching.matcher import Matcher
 from ..matching.plan import PassStats
 
 __all__ = ["DEFAULT_MAX_ITERATIONS", "PassStats", "SubPass", "constraint_verdict"]
