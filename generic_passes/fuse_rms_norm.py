@@ -151,52 +151,64 @@ def _scalar(var: Var) -> float | None:
     return float(value.reshape(())) if value.size == 1 else None
 
 
-def _epsilon(pattern: Pattern) -> float | None:
-    """``e``: the ``add``'s constant plus ``rsqrt``'s epsilon; None when not a usable constant."""
+def _epsilon(pattern: Pattern) -> float | str:
+    """``e``: the ``add``'s constant plus ``rsqrt``'s epsilon; the reason when it is not a usable one."""
     total = 0.0
     if "add_eps" in pattern.ops:
         eps = _scalar(pattern.operand("add_eps", "y"))
         if eps is None:
-            return None
+            return "the epsilon added is not a one-element constant"
         total += eps
     if "rsqrt" in pattern.ops:
         eps = _scalar(pattern.rsqrt.epsilon)
         if eps is None:
-            return None
+            return "rsqrt's epsilon is not a constant"
         total += eps
     if "inverse" in pattern.ops and _scalar(pattern.inverse.epsilon) != 0.0:
-        return None  # 1 / (sqrt(v) + epsilon) is not an RMSNorm
+        return "inverse with a non-zero epsilon: 1 / (sqrt(v) + epsilon) is not an RMSNorm"
     if "recip" in pattern.ops and _scalar(pattern.recip.x) != 1.0:
-        return None
-    return total if total >= 0.0 and math.isfinite(total) else None
+        return f"the reciprocal's numerator is {_scalar(pattern.recip.x)}, not 1"
+    if not (total >= 0.0 and math.isfinite(total)):
+        return f"the epsilon is {total}, not a finite value >= 0"
+    return total
 
 
 _MAX_RANK = 5
 """The largest tensor rank Core ML holds."""
 
 
-def rms_norm_constraints(pattern: Pattern) -> bool:
-    """Square of 2, mean over the last axis kept, known ``d``, constant non-negative epsilon, fp16/fp32."""
+def rms_norm_constraints(pattern: Pattern) -> bool | tuple[bool, str]:
+    """Square of 2, mean over the last axis kept, known ``d``, constant non-negative epsilon, fp16/fp32.
+
+    Returns:
+        True, or ``(False, reason)``.
+    """
     x = pattern.root_vars[0] if "weight" in pattern.ops else pattern.root_var
-    if x.rank is None or x.rank < 1 or not predicates.dtype_is(x, "fp16", "fp32"):
-        return False
+    if x.rank is None or x.rank < 1:
+        return False, "x of unknown rank or a scalar"
+    if not predicates.dtype_is(x, "fp16", "fp32"):
+        return False, "x is not fp16 or fp32"
     d = x.shape[-1]
     if not isinstance(d, (int, np.integer)) or d < 1:
-        return False
+        return False, f"the last dimension of x is {d}, not a known size"
     if x.rank > _MAX_RANK - 2 and not all(isinstance(n, (int, np.integer)) for n in x.shape):
-        return False  # reshaped, not padded: the shape to go back to must be known
+        return False, f"x of rank {x.rank} with a symbolic dimension (reshaped, its shape must be known)"
     if pattern.square.op_type == "pow" and _scalar(pattern.square.y) != 2.0:
-        return False
+        return False, f"the exponent is {_scalar(pattern.square.y)}, not 2"
     mean = pattern.mean
-    if not predicates.axes_are(mean.axes, x.rank, [x.rank - 1]) or mean.keep_dims.val is not True:
-        return False
+    if not predicates.axes_are(mean.axes, x.rank, [x.rank - 1]):
+        return False, f"the mean is over axes {predicates.value_of(mean.axes)}, not the last axis"
+    if not predicates.attr_is(mean, "keep_dims", True):
+        return False, "the mean does not keep its dimensions (keep_dims=False)"
     eps = _epsilon(pattern)
-    if eps is None or pattern.normed.outputs[0].shape != x.shape:
-        return False
+    if isinstance(eps, str):
+        return False, eps
+    if pattern.normed.outputs[0].shape != x.shape:
+        return False, "the normalisation broadcasts x to another shape"
     if "weight" in pattern.ops:
         w = pattern.operand("weight", "y")
         if not predicates.is_constant(w) or predicates.is_constexpr(w) or w.dtype != x.dtype:
-            return False
+            return False, "the weight is not a constant of x's dtype"
     pattern.add_attribute("rms_x", x)
     pattern.add_attribute("rms_epsilon", int(d) * eps)
     pattern.add_attribute("rms_scale", math.sqrt(int(d)))
