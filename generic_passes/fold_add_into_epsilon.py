@@ -69,10 +69,8 @@ def transform_fold_add(pattern: Pattern) -> None:
     """The same unary op on ``x`` with ``epsilon = c + e``."""
     op = pattern.unary
     x = pattern.operand("add", "x")
-    dtype = np.float16 if predicates.dtype_is(x, "fp16") else np.float32
-    new = getattr(mb, op.op_type)(
-        x=x, epsilon=dtype(pattern.total_epsilon), name=op.outputs[0].name, before_op=op
-    )
+    epsilon = pattern.const_like(pattern.total_epsilon, like=x, before_op=op)
+    new = getattr(mb, op.op_type)(x=x, epsilon=epsilon, name=op.outputs[0].name, before_op=op)
     pattern.replace_output(new)
 
 

@@ -220,7 +220,6 @@ def transform_rms_norm(pattern: Pattern) -> None:
     x: Var = pattern.rms_x
     last = pattern.final_op
     name = last.outputs[0].name
-    dtype = np.float16 if predicates.dtype_is(x, "fp16") else np.float32
     scale: np.ndarray = np.asarray(pattern.rms_scale, dtype=np.float64)
     if "weight" in pattern.ops:
         scale = scale * np.asarray(pattern.operand("weight", "y").val, dtype=np.float64)
@@ -228,12 +227,13 @@ def transform_rms_norm(pattern: Pattern) -> None:
         padded = mb.expand_dims(x=x, axes=[-2, -1], name=f"{name}_padded", before_op=last)
     else:
         padded = mb.reshape(x=x, shape=[-1, x.shape[-1], 1, 1], name=f"{name}_padded", before_op=last)
-    normed = mb.l2_norm(x=padded, epsilon=dtype(pattern.rms_epsilon), name=f"{name}_l2_norm", before_op=last)
+    epsilon = pattern.const_like(pattern.rms_epsilon, like=x, before_op=last)
+    normed = mb.l2_norm(x=padded, epsilon=epsilon, name=f"{name}_l2_norm", before_op=last)
     if x.rank <= _MAX_RANK - 2:
         unpadded = mb.squeeze(x=normed, axes=[-2, -1], name=f"{name}_unpadded", before_op=last)
     else:
         unpadded = mb.reshape(x=normed, shape=list(x.shape), name=f"{name}_unpadded", before_op=last)
-    out = mb.mul(x=unpadded, y=scale.astype(dtype), name=name, before_op=last)
+    out = mb.mul(x=unpadded, y=pattern.const_like(scale, like=x, before_op=last), name=name, before_op=last)
     pattern.replace_output(out)
 
 

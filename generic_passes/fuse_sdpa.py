@@ -377,17 +377,14 @@ def _broadcast_reps(query_batch: tuple, kv_batch: tuple) -> list[int] | None:
     return reps
 
 
-def _np_float(var: Var) -> type:
-    return np.float16 if predicates.dtype_is(var, "fp16") else np.float32
-
-
 def transform_sdpa(pattern: Pattern) -> None:
     """Inserts the op (with the Q scaling, K transpose or inverted mask it needs) before the last matmul."""
     pv = pattern.pv
     name = pv.outputs[0].name
     query = _query(pattern, pv)
     if pattern.query_factor != 1.0:
-        query = mb.mul(x=query, y=_np_float(query)(pattern.query_factor), name=f"{name}_query", before_op=pv)
+        factor = pattern.const_like(pattern.query_factor, like=query, before_op=pv)
+        query = mb.mul(x=query, y=factor, name=f"{name}_query", before_op=pv)
     if "key_t" in pattern.ops:
         key, perm = pattern.key_t.x, _key_perm(pattern)
         if perm != list(range(len(perm))):

@@ -152,3 +152,37 @@ def test_report_names_the_target_an_ios17_attention_needs(tmp_path):
     )
     assert "generic::fuse_sdpa: 1 rewrite(s)" in fused.output
     assert "iOS18 or later" not in fused.output  # the place fused is no near miss
+
+
+def test_const_like_makes_a_float16_constant_in_a_float16_program():
+    import copy
+
+    from coremltools.converters.mil import Builder as mb
+    from coremltools.converters.mil.mil import types
+
+    from pattern_infra import fuse_all_blocks
+
+    @mb.program(input_specs=[mb.TensorSpec(shape=(2, 8))])
+    def halve(x):  # the pattern, written in float32
+        return mb.mul(x=x, y=0.5, name="half")
+
+    def to_division(pattern):  # a transform written against float32: Python floats only
+        two = pattern.const_like(2.0, like=pattern.root_var, name="two")
+        out = mb.real_div(
+            x=pattern.root_var, y=two, name=pattern.half.outputs[0].name, before_op=pattern.half
+        )
+        pattern.replace_output(out)
+
+    @mb.program(input_specs=[mb.TensorSpec(shape=(2, 8), dtype=types.fp16)], opset_version=ct.target.iOS16)
+    def prog(x):
+        return mb.relu(x=mb.mul(x=x, y=np.float16(0.5)))
+
+    before = copy.deepcopy(prog)
+    stats = fuse_all_blocks(halve, None, to_division, prog)
+    assert stats.rewrites == 1
+    ops = {op.op_type: op for op in prog.functions["main"].operations}
+    assert "mul" not in ops and ops["real_div"].y.dtype == types.fp16
+    assert ops["real_div"].y.val == np.float16(2.0) and ops["real_div"].y.op.name == "two"
+    prog.validate()
+    x = np.random.default_rng(0).normal(size=(2, 8)).astype(np.float16)
+    np.testing.assert_array_equal(evaluate(prog, {"x": x})["relu_0"], evaluate(before, {"x": x})["relu_0"])
