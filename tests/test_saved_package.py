@@ -145,6 +145,12 @@ def test_report_names_the_target_an_ios17_attention_needs(tmp_path):
     as_json = CliRunner().invoke(main, ["report", str(path), "--no-progress", "--json"])
     near = json.loads(as_json.output)["near_misses"]
     assert near["generic::fuse_sdpa"] == {"needs iOS18 or later (scaled_dot_product_attention)": 1}
+    explained = CliRunner().invoke(
+        main, ["explain", str(path), "--pattern", "generic::fuse_sdpa", "--top", "1"]
+    )
+    assert (
+        "constraint returned False: needs iOS18 or later (scaled_dot_product_attention)" in explained.output
+    )
 
     fused = CliRunner().invoke(
         main,
@@ -186,3 +192,20 @@ def test_const_like_makes_a_float16_constant_in_a_float16_program():
     prog.validate()
     x = np.random.default_rng(0).normal(size=(2, 8)).astype(np.float16)
     np.testing.assert_array_equal(evaluate(prog, {"x": x})["relu_0"], evaluate(before, {"x": x})["relu_0"])
+
+
+def test_predicates_read_a_saved_packages_numpy_attributes(tmp_path):
+    from pattern_infra import predicates
+
+    program = load_mlpackage(_attention_package(tmp_path / "a.mlpackage", ct.target.iOS18)).program
+    ops = {op.op_type: op for op in program.functions["main"].operations if op.op_type != "const"}
+    qk = next(op for op in program.functions["main"].operations if op.op_type == "matmul")
+    softmax, scale = ops["softmax"], ops["mul"].y
+    assert type(qk.transpose_y.val) is np.bool_ and qk.transpose_y.val is not True  # what broke the passes
+    assert predicates.attr_is(qk, "transpose_y", True) and not predicates.attr_is(qk, "transpose_y", 1)
+    assert predicates.attr_is(qk, "transpose_x", False)
+    assert not predicates.attr_is(softmax, "axis", True) and predicates.attr_is(softmax, "axis", -1)
+    assert type(predicates.value_of(softmax.axis)) is int
+    assert predicates.value_of(scale) == 0.08837890625  # 1 / sqrt(128) in float16
+    assert predicates.dtype_rtol(scale) == 2.0**-11 and predicates.dtype_rtol(scale, 1e-3) == 1e-3
+    assert not predicates.attr_is(softmax, "no_such_input", -1)
