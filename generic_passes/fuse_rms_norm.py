@@ -15,9 +15,10 @@ last three axes are ``(d, 1, 1)``, the sum is over ``d`` alone) and loses them a
 
 Core ML holds tensors of rank 5 at most, so ``x`` of rank 4 or 5 (Qwen3's and OLMo2's RMSNorm over each
 head of ``q`` and ``k``, shape ``(batch, seq, heads, head_dim)``) cannot take two more axes: it is
-``reshape``d to ``(-1, d, 1, 1)`` and back to its shape instead, the same 4 ops. That needs every
-dimension of ``x`` known (the shape to go back to); a rank-4 or rank-5 ``x`` with a symbolic dimension is
-left alone.
+``reshape``d to ``(-1, d, 1, 1)`` and back to its shape instead, the same 4 ops (from the input of
+the ``reshape`` giving ``x``, when only the norm reads ``x``: a reshape of a reshape is one). That needs
+every dimension of ``x`` known (the shape to go back to); a rank-4 or rank-5 ``x`` with a symbolic
+dimension is left alone.
 
 The epsilon ``e`` is the ``add``'s constant plus the ``rsqrt``'s own ``epsilon`` (``rsqrt(v, epsilon)``
 is ``1 / sqrt(v + epsilon)``; the ``sqrt`` forms add nothing). Rounding: ``d * e`` and ``sqrt(d) * w``
@@ -215,6 +216,18 @@ def rms_norm_constraints(pattern: Pattern) -> bool | tuple[bool, str]:
     return True
 
 
+def _unreshaped(x: Var, pattern: Pattern) -> Var:
+    """The input of the ``reshape`` giving ``x`` when only the match reads ``x`` (a reshape of a reshape is
+    one reshape: coremltools' ``merge_consecutive_reshapes`` makes it one in a conversion, after this pass;
+    a saved package optimized alone would keep both), else ``x``."""
+    producer = x.op
+    if producer is None or producer.op_type != "reshape" or producer.enclosing_block is not pattern.block:
+        return x
+    if any(user not in pattern.op_set for user in x.child_ops) or x.consuming_blocks:
+        return x
+    return producer.x
+
+
 def transform_rms_norm(pattern: Pattern) -> None:
     """``squeeze(l2_norm(expand_dims(x), d * e)) * c`` before the last op, named after its output."""
     x: Var = pattern.rms_x
@@ -226,7 +239,9 @@ def transform_rms_norm(pattern: Pattern) -> None:
     if x.rank <= _MAX_RANK - 2:
         padded = mb.expand_dims(x=x, axes=[-2, -1], name=f"{name}_padded", before_op=last)
     else:
-        padded = mb.reshape(x=x, shape=[-1, x.shape[-1], 1, 1], name=f"{name}_padded", before_op=last)
+        padded = mb.reshape(
+            x=_unreshaped(x, pattern), shape=[-1, x.shape[-1], 1, 1], name=f"{name}_padded", before_op=last
+        )
     epsilon = pattern.const_like(pattern.rms_epsilon, like=x, before_op=last)
     normed = mb.l2_norm(x=padded, epsilon=epsilon, name=f"{name}_l2_norm", before_op=last)
     if x.rank <= _MAX_RANK - 2:
