@@ -33,11 +33,13 @@ from pattern_infra.testing.hf_models import HF_ZOO  # noqa: E402  (needs torch)
 logging.getLogger("coremltools").setLevel(logging.ERROR)
 
 PRECISIONS = {"fp16": ct.precision.FLOAT16, "fp32": ct.precision.FLOAT32}
-TOLERANCE = 1e-5
+TOLERANCE = {"fp16": 2.0**-11, "fp32": 1e-5}
 """Largest difference between the optimized package and the conversion, relative to the output's largest
 magnitude. Both are evaluated in float64; where they differ, a fused constant is rounded from another
-value (e.g. ``l2_norm``'s epsilon ``d * e``: of the float32 ``e`` in the conversion, of the float16 one in
-the package). The Llama block differs by 1.6e-9 at float16, not at all at float32."""
+value: in the conversion from float32 constants (``add_fp16_cast`` runs after the passes), in a float16
+package from float16 ones, so it may round twice (``sqrt(d) * w``, ``d * e``), by up to float16's unit
+roundoff ``2**-11``. Measured: the Llama block 1.6e-9 at float16, 0 at float32; Llama and Qwen3 of the
+``transformers`` zoo 1.7e-5 at float16."""
 
 
 def _exported(module: torch.nn.Module, args: tuple) -> object:
@@ -97,7 +99,7 @@ def test_a_saved_llama_block_fuses_as_its_conversion(llama_block, tmp_path, prec
         counts["l2_norm"] == 1 and counts["scaled_dot_product_attention"] == 1
     )  # the RMSNorm, the attention
     assert not {"pow", "reduce_mean", "rsqrt", "softmax", "matmul"} & set(counts)
-    _assert_outputs_agree(optimized, in_conversion, _inputs(optimized, args), TOLERANCE)
+    _assert_outputs_agree(optimized, in_conversion, _inputs(optimized, args), TOLERANCE[precision])
 
 
 @pytest.mark.slow
@@ -109,7 +111,7 @@ def test_every_saved_zoo_model_fuses_as_its_conversion(tmp_path, name, precision
         _exported(module, args), precision, ct.target.iOS18, tmp_path / f"{name}.mlpackage"
     )
     assert _non_const(op_histogram(optimized)) == _non_const(op_histogram(in_conversion))
-    _assert_outputs_agree(optimized, in_conversion, _inputs(optimized, args), TOLERANCE)
+    _assert_outputs_agree(optimized, in_conversion, _inputs(optimized, args), TOLERANCE[precision])
 
 
 def _attention_package(path: Path, target: object) -> Path:
