@@ -29,7 +29,7 @@ from coremltools.converters.mil import Builder as mb
 from coremltools.converters.mil.mil import Operation, Var, types
 from coremltools.converters.mil.mil.types.symbolic import is_symbolic
 
-from pattern_infra import Pattern
+from pattern_infra import Pattern, predicates
 
 __all__ = [
     "constraints_1",
@@ -273,9 +273,13 @@ def _axes_of(op: Operation) -> list[int]:
     return _int_axes(_value(op.axes))
 
 
+_REFUSED = "shapes, axes, keep_dims or constants do not make a layer or instance norm"
+"""The reason :func:`_accept` gives (:func:`_check` tells no more, to stay fast)."""
+
+
 def _accept(
     pattern: Pattern, reductions: tuple[Operation, Operation], gamma: _Affine | None, beta: _Affine | None
-) -> bool:
+) -> bool | tuple[bool, str]:
     """Plans the normalisation every pattern computes and keeps the plan on ``pattern`` for
     :func:`transform_norm`: of ``x`` over the axes of the first of its two ``reductions`` (none if they
     are not constant), with the ``eps`` of ``add_eps``, ending at the last matched op."""
@@ -294,7 +298,7 @@ def _accept(
     plan = _check(norm, list(reductions))
     if plan is None:
         logger.debug("%s: %s left alone (shapes, axes or constants)", pattern.pattern_name, norm.end_op.name)
-        return False
+        return False, _REFUSED
     pattern.add_attribute("norm", norm)
     pattern.add_attribute("plan", plan)
     return True
@@ -352,10 +356,10 @@ def constraints_1(pattern: Pattern) -> bool:
     return _accept(pattern, (pattern.mean, pattern.mean_sq), *_folded_gamma_beta(pattern))
 
 
-def constraints_3(pattern: Pattern) -> bool:
+def constraints_3(pattern: Pattern) -> bool | tuple[bool, str]:
     x = pattern.root_var
     if x.shape is None or x.rank < 2 or is_symbolic(x.shape[1]) or not _float_dtype(x):
-        return False  # coremltools sizes its ones / zeros by x.shape[1]
+        return False, "x's axis 1 is not of known size, or x is not fp16/fp32"  # sizes coremltools' ones
     dtype = types.nptype_from_builtin(x.dtype)
     shape = (1, int(x.shape[1]), 1, 1)
     ones, zeros = np.ones(shape, dtype), np.zeros(shape, dtype)
@@ -373,22 +377,24 @@ def _scale_is_inverse_count(scale: Var, x: Var, reduce_op: Operation) -> bool:
         if is_symbolic(dim):
             return False
         count *= int(dim)
-    return bool(np.isclose(float(np.asarray(scale.val).reshape(())) * count, 1.0, rtol=0.0, atol=1e-5))
+    # 1e-5 as coremltools, or the constant's own rounding (a float16 1/N of a saved model: 2**-11)
+    atol = predicates.dtype_rtol(scale, 1e-5)
+    return bool(np.isclose(float(np.asarray(scale.val).reshape(())) * count, 1.0, rtol=0.0, atol=atol))
 
 
-def constraints_4(pattern: Pattern) -> bool:
+def constraints_4(pattern: Pattern) -> bool | tuple[bool, str]:
     x = pattern.root_var
     if x.shape is None:
-        return False
+        return False, "x of unknown shape"
     for scale in ("mean_sq", "mean"):  # coremltools only asks for a scalar; it must be 1/N
         if not _scale_is_inverse_count(pattern.operand(scale, "y"), x, pattern.sum_x):
-            return False
+            return False, f"the scale of {scale} is not 1/N for the N elements summed"
     return _accept(pattern, (pattern.sum_x, pattern.sum_sq), *_folded_gamma_beta(pattern))
 
 
-def constraints_5_affine(pattern: Pattern) -> bool:
+def constraints_5_affine(pattern: Pattern) -> bool | tuple[bool, str]:
     if pattern.mean.axes.val is None or _axes_of(pattern.mean) != [1] or _axes_of(pattern.mean_sq) != [1]:
-        return False  # as coremltools: exactly [1]; other axes are the written-out family's
+        return False, "the means are not over axis 1"  # as coremltools; other axes: the written-out family
     g_var, b_var = pattern.operand("mul_gamma", "y"), pattern.operand("add_beta", "y")
     g_val, b_val = np.asarray(g_var.val), np.asarray(b_var.val)
     g_sq = np.squeeze(g_val)

@@ -45,14 +45,22 @@ def _scalar(var) -> float | None:
     return float(value.reshape(())) if value.size == 1 else None
 
 
-def fold_add_constraints(pattern: Pattern) -> bool:
-    """Scalar constant ``c``, no broadcast, constant epsilon, fp16/fp32."""
+def fold_add_constraints(pattern: Pattern) -> bool | tuple[bool, str]:
+    """Scalar constant ``c``, no broadcast, constant epsilon, fp16/fp32.
+
+    Returns:
+        True, or ``(False, reason)``.
+    """
     x, out = pattern.operand("add", "x"), pattern.add.outputs[0]
     c, e = _scalar(pattern.operand("add", "y")), _scalar(pattern.unary.epsilon)
-    if c is None or e is None or x.shape != out.shape or x.dtype != out.dtype:
-        return False
+    if c is None:
+        return False, "the added value is not a one-element constant"
+    if e is None:
+        return False, f"{pattern.unary.op_type}'s epsilon is not a constant"
+    if x.shape != out.shape or x.dtype != out.dtype:
+        return False, "the add broadcasts x to another shape or dtype"
     if not predicates.dtype_is(x, "fp16", "fp32"):
-        return False
+        return False, "x is not fp16 or fp32"
     pattern.add_attribute("total_epsilon", c + e)
     return True
 
@@ -61,10 +69,8 @@ def transform_fold_add(pattern: Pattern) -> None:
     """The same unary op on ``x`` with ``epsilon = c + e``."""
     op = pattern.unary
     x = pattern.operand("add", "x")
-    dtype = np.float16 if predicates.dtype_is(x, "fp16") else np.float32
-    new = getattr(mb, op.op_type)(
-        x=x, epsilon=dtype(pattern.total_epsilon), name=op.outputs[0].name, before_op=op
-    )
+    epsilon = pattern.const_like(pattern.total_epsilon, like=x, before_op=op)
+    new = getattr(mb, op.op_type)(x=x, epsilon=epsilon, name=op.outputs[0].name, before_op=op)
     pattern.replace_output(new)
 
 

@@ -127,17 +127,17 @@ def _sign(pattern: Pattern) -> tuple[int, np.ndarray] | None:
 def fold_rotate_half_sign_constraints(pattern: Pattern) -> bool | str:
     """-1 exactly, one of the forms, sin of the same dtype spanning the axis; a run-time sin shared."""
     if np.asarray(pattern.operand("neg", "y").val).size != 1:
-        return False
+        return "the -1 is not a one-element constant"
     sign = _sign(pattern)
     if sign is None:
         return "not one of the rotate_half forms"
     axis, signs = sign
     sin, out = _sin(pattern), _rotated(pattern)
     if sin.shape is None or predicates.is_constexpr(sin) or sin.dtype != out.dtype:
-        return False
+        return "sin of unknown shape, a constexpr, or of another dtype than the rotation"
     from_right = out.rank - axis
     if sin.rank == 0 or sin.rank > out.rank or from_right > sin.rank:
-        return False
+        return f"sin of rank {sin.rank} does not reach the rotated axis {axis}"
     if ShapeFacts.of(pattern.block).dim(sin, sin.rank - from_right) != len(signs):
         return "sin does not span the rotated axis"
     if not predicates.is_constant(sin):

@@ -141,11 +141,17 @@ def _new_bias(pattern: Pattern) -> np.ndarray | None:
     return bias
 
 
-def conv_bias_constraints(pattern: Pattern) -> bool:
-    """``c`` is foldable (see :func:`_channel_bias`) and ``sub`` has the ``conv`` on its left."""
+def conv_bias_constraints(pattern: Pattern) -> bool | tuple[bool, str]:
+    """``c`` is foldable (see :func:`_channel_bias`) and ``sub`` has the ``conv`` on its left.
+
+    Returns:
+        True, or ``(False, reason)``.
+    """
     if pattern.add_or_sub.op_type == "sub" and not _is_first(pattern, pattern.conv):
-        return False
-    return _new_bias(pattern) is not None
+        return False, "the convolution is subtracted (c - conv)"
+    if _new_bias(pattern) is None:
+        return False, "the constant is not a scalar or one value per output channel"
+    return True
 
 
 def transform_conv_bias(pattern: Pattern) -> None:
@@ -183,16 +189,22 @@ def _transposed_channel_bias(pattern: Pattern) -> float | np.ndarray | None:
     return np.reshape(bias, (c_out,))
 
 
-def conv_transpose_bias_constraints(pattern: Pattern) -> bool:
-    """Constant weight and bias, integer ``Cout``, and ``c`` along the channels' new axis."""
+def conv_transpose_bias_constraints(pattern: Pattern) -> bool | tuple[bool, str]:
+    """Constant weight and bias, integer ``Cout``, and ``c`` along the channels' new axis.
+
+    Returns:
+        True, or ``(False, reason)``.
+    """
     conv = pattern.conv
     if not has_constant_weight_and_bias(conv):
-        return False
+        return False, "the convolution's weight or bias is not a constant"
     if not isinstance(conv.outputs[0].shape[1], (int, np.integer)):
-        return False
+        return False, "the output channels are symbolic"
     if pattern.transpose.perm.val is None:
-        return False
-    return _transposed_channel_bias(pattern) is not None
+        return False, "the transpose's perm is not a constant"
+    if _transposed_channel_bias(pattern) is None:
+        return False, "the constant is not along the channels' new axis"
+    return True
 
 
 def transform_conv_transpose_bias(pattern: Pattern) -> None:

@@ -53,21 +53,23 @@ def _channels(value: np.ndarray) -> int | None:
     return None
 
 
-def _constraints(pattern: Pattern) -> bool:
+def _constraints(pattern: Pattern) -> bool | tuple[bool, str]:
     x: Var = pattern.root_var
-    if x.val is not None or x.rank != 4 or x.dtype not in (types.fp16, types.fp32):
-        return False  # a constant x is const_elimination's job
+    if x.val is not None:
+        return False, "x is a constant (const_elimination's job)"
+    if x.rank != 4 or x.dtype not in (types.fp16, types.fp32):
+        return False, f"x of rank {x.rank} or not fp16/fp32 (batch_norm wants rank 4)"
     gamma = np.asarray(pattern.operand("mul", "y").val)
     beta = np.asarray(pattern.operand("add", "y").val)
     c_gamma, c_beta = _channels(gamma), _channels(beta)
     if c_gamma is None or c_beta is None:
-        return False
+        return False, "the scale or the shift is not per channel (shape (1, C, 1, 1))"
     channels = max(c_gamma, c_beta)
     if channels == 1 or min(c_gamma, c_beta) not in (1, channels):
-        return False  # coremltools refuses C == 1; different C do not broadcast
+        return False, f"one channel, or different channel counts ({c_gamma}, {c_beta})"  # as coremltools
     c_x = x.shape[1]
     if not is_symbolic(c_x) and int(c_x) != channels:
-        return False  # a one-channel x broadcast to C channels: batch_norm would keep one
+        return False, f"x has {c_x} channels, the constants {channels}"  # batch_norm would keep one
     pattern.add_attribute("channels", channels)
     return True
 

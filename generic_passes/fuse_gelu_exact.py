@@ -99,9 +99,12 @@ GELU_EXACT_PATTERNS: list[Program] = [
 """The six patterns: ``real_div`` then ``mul`` scaling, each with tails 1, 2, 3 of the docstring."""
 
 
-def gelu_exact_constraints(pattern: Pattern) -> bool:
+def gelu_exact_constraints(pattern: Pattern) -> bool | tuple[bool, str]:
     """Declines a match whose output does not have the shape and dtype of ``x`` (broadcast constant)."""
-    return keeps_shape_and_dtype(pattern, pattern.out)
+    return keeps_shape_and_dtype(pattern, pattern.out) or (
+        False,
+        "the output does not have the shape and dtype of x (a constant broadcasts it)",
+    )
 
 
 def transform_gelu_exact(pattern: Pattern) -> None:

@@ -49,9 +49,12 @@ def quick_gelu_pattern(x):
     return mb.mul(x=x, y=sigmoid, name="out")
 
 
-def quick_gelu_constraints(pattern: Pattern) -> bool:
+def quick_gelu_constraints(pattern: Pattern) -> bool | tuple[bool, str]:
     """Declines a match whose output does not have the shape and dtype of ``x`` (broadcast constant)."""
-    return keeps_shape_and_dtype(pattern, pattern.out)
+    return keeps_shape_and_dtype(pattern, pattern.out) or (
+        False,
+        "the output does not have the shape and dtype of x (a constant broadcasts it)",
+    )
 
 
 def transform_quick_gelu(pattern: Pattern) -> None:

@@ -224,27 +224,33 @@ def _new_mask(
     return None
 
 
-def grouped_kv_constraints(pattern: Pattern) -> bool:
-    """K and V repeated by the same ``G`` from ``Hkv`` heads, Q with ``Hkv * G`` heads; B, H and E static."""
+def grouped_kv_constraints(pattern: Pattern) -> bool | tuple[bool, str]:
+    """K and V repeated by the same ``G`` from ``Hkv`` heads, Q with ``Hkv * G`` heads; B, H and E static.
+
+    Returns:
+        True, or ``(False, reason)``.
+    """
     facts = ShapeFacts.of(pattern.block)
     sdpa = pattern.sdpa
     q = facts.dims(sdpa.query)
     groups_k, groups_v = _repeat_groups(pattern, "k"), _repeat_groups(pattern, "v")
-    if q is None or len(q) != 4 or groups_k is None or groups_k != groups_v:
-        return False
+    if q is None or len(q) != 4:
+        return False, "the query is not of rank 4"
+    if groups_k is None or groups_k != groups_v:
+        return False, f"K and V are not repeated by one number of groups (K {groups_k}, V {groups_v})"
     hkv = facts.dim(_unrepeated(pattern, "k"), 1)
     if not all(_is_int(d) for d in (q[0], q[1], q[3], hkv)):
-        return False
+        return False, "the batch, the heads or the head size is symbolic"
     if q[1] != hkv * groups_k or facts.dim(_unrepeated(pattern, "v"), 1) != hkv:
-        return False
+        return False, f"the query's {q[1]} heads are not {hkv} K/V heads times {groups_k} groups"
     out = facts.dims(sdpa.outputs[0])
     if out is None or not _is_int(out[-1]):
-        return False
+        return False, "the output's last dimension is symbolic"
     plan = None
     if sdpa.inputs.get("attn_mask") is not None:
         plan = _new_mask(pattern, sdpa.attn_mask, q, int(hkv), groups_k)
         if plan is None:
-            return False
+            return False, "the mask cannot be laid out for the grouped heads"
     pattern.add_attribute("mask_plan", plan)
     pattern.add_attribute("kv_groups", groups_k)
     pattern.add_attribute("kv_heads", int(hkv))

@@ -42,13 +42,23 @@ def leaky_relu_pattern(x):
     return mb.maximum(x=mul, y=x, name="maximum")
 
 
-def leaky_relu_constraints(pattern: Pattern) -> bool:
-    """``alpha`` is one value in ``[0, 1]``; ``x`` is fp16/fp32; the output has the shape of ``x``."""
+def leaky_relu_constraints(pattern: Pattern) -> bool | tuple[bool, str]:
+    """``alpha`` is one value in ``[0, 1]``; ``x`` is fp16/fp32; the output has the shape of ``x``.
+
+    Returns:
+        True, or ``(False, reason)``.
+    """
     alpha = np.asarray(pattern.consts["mul.y"].val)
-    if alpha.size != 1 or not 0 <= alpha.reshape(-1)[0] <= 1:
-        return False
+    if alpha.size != 1:
+        return False, f"alpha has {alpha.size} elements, not one"
+    if not 0 <= alpha.reshape(-1)[0] <= 1:
+        return False, f"alpha is {float(alpha.reshape(-1)[0])}, not in [0, 1]"
     x, y = pattern.root_var, pattern.maximum.outputs[0]
-    return x.dtype in (types.fp16, types.fp32) and x.shape == y.shape
+    if x.dtype not in (types.fp16, types.fp32):
+        return False, "x is not fp16 or fp32"
+    if x.shape != y.shape:
+        return False, "the maximum broadcasts x to another shape"
+    return True
 
 
 def transform_leaky_relu(pattern: Pattern) -> None:

@@ -39,7 +39,7 @@ from coremltools.converters.mil._deployment_compatibility import AvailableTarget
 from coremltools.converters.mil.mil import get_new_symbol, types
 from coremltools.converters.mil.mil.block import is_current_opset_version_compatible_with
 
-from pattern_infra import ConstRule, Pattern, register_generic_pass
+from pattern_infra import ConstRule, Pattern, predicates, register_generic_pass
 
 __all__ = ["onehot_matmul_pattern", "onehot_matmul_constraints", "transform_onehot_matmul"]
 
@@ -54,18 +54,26 @@ def onehot_matmul_pattern(x):
     return mb.matmul(x=one_hot, y=np.zeros((_N, _D), dtype=np.float32), name="matmul")
 
 
-def onehot_matmul_constraints(pattern: Pattern) -> bool:
-    """The one-hot axis is the last; no transposes; ``W`` has rank 2."""
+def onehot_matmul_constraints(pattern: Pattern) -> bool | tuple[bool, str]:
+    """The one-hot axis is the last; no transposes; ``W`` has rank 2.
+
+    Returns:
+        True, or ``(False, reason)``.
+    """
     one_hot, matmul = pattern.one_hot, pattern.matmul
     axis = int(one_hot.axis.val)
     rank = one_hot.outputs[0].rank
     if axis < 0:
         axis += rank
     if axis != rank - 1:
-        return False
-    if matmul.transpose_x.val or matmul.transpose_y.val:
-        return False
-    return matmul.y.rank == 2
+        return False, f"the one-hot axis is {axis}, not the last ({rank - 1})"
+    if not (
+        predicates.attr_is(matmul, "transpose_x", False) and predicates.attr_is(matmul, "transpose_y", False)
+    ):
+        return False, "the matmul transposes an operand"
+    if matmul.y.rank != 2:
+        return False, f"the matrix has rank {matmul.y.rank}, not 2"
+    return True
 
 
 def transform_onehot_matmul(pattern: Pattern) -> None:

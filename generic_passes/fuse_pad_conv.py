@@ -67,17 +67,25 @@ def _feeds_conv(op: Operation) -> bool:
     return op.op_type == "transpose" and any("conv" in user.op_type for user in op.outputs[0].child_ops)
 
 
-def pad_conv_constraints(pattern: Pattern) -> bool:
-    """Every user of the ``pad`` is a ``transpose`` feeding a convolution, each with a permuted pad."""
+def pad_conv_constraints(pattern: Pattern) -> bool | tuple[bool, str]:
+    """Every user of the ``pad`` is a ``transpose`` feeding a convolution, each with a permuted pad.
+
+    Returns:
+        True, or ``(False, reason)``.
+    """
     pad = pattern.pad
     out = pad.outputs[0]
     if out in pad.enclosing_block.outputs or out.consuming_blocks:
-        return False
+        return False, "the pad's output is a block output"
     if not _feeds_conv(pattern.transpose):
-        return False
-    return all(
-        _feeds_conv(user) and permuted_pad(pad, user) is not None for user in dict.fromkeys(out.child_ops)
-    )
+        return False, "the transpose feeds no convolution"
+    for user in dict.fromkeys(out.child_ops):
+        if not _feeds_conv(user) or permuted_pad(pad, user) is None:
+            return (
+                False,
+                f"the pad's user {user.name} is not a transpose feeding a convolution with a permuted pad",
+            )
+    return True
 
 
 def transform_pad_conv(pattern: Pattern) -> None:

@@ -73,14 +73,23 @@ def _sqrt_pow2_pair_ends_at(pow_op: Operation) -> bool:
     return len(out.child_ops) == 1 and not out.consuming_blocks and _squares(pow_op)
 
 
-def pow2_sqrt_constraints(pattern: Pattern) -> bool:
+def pow2_sqrt_constraints(pattern: Pattern) -> bool | tuple[bool, str]:
     """Exponent all 2, type kept, and no ``sqrt -> pow`` pair before this one (coremltools' order)."""
-    return _squares(pattern.pow) and _keeps_type(pattern) and not _sqrt_pow2_pair_ends_at(pattern.pow)
+    verdict = sqrt_pow2_constraints(pattern)
+    if verdict is not True:
+        return verdict
+    if _sqrt_pow2_pair_ends_at(pattern.pow):
+        return False, "the pow reads a sqrt fused with it first (sqrt -> pow)"
+    return True
 
 
-def sqrt_pow2_constraints(pattern: Pattern) -> bool:
+def sqrt_pow2_constraints(pattern: Pattern) -> bool | tuple[bool, str]:
     """Exponent all 2 and type kept."""
-    return _squares(pattern.pow) and _keeps_type(pattern)
+    if not _squares(pattern.pow):
+        return False, "the exponent is not 2"
+    if not _keeps_type(pattern):
+        return False, "the output does not have the shape and dtype of x"
+    return True
 
 
 def transform_pow2_sqrt(pattern: Pattern) -> None:

@@ -86,27 +86,24 @@ def _fits_prelu(pattern: Pattern, alpha: np.ndarray) -> bool:
     return pattern.root_var.shape[1] == alpha.size
 
 
-def prelu_constraints_1(pattern: Pattern) -> bool:
+def prelu_constraints_1(pattern: Pattern) -> bool | tuple[bool, str]:
     """Rank-4 ``x`` and output; ``a`` of shape ``(C, 1, 1)`` or ``(1, C, 1, 1)``."""
     alpha = _alpha(pattern)
-    return (
-        pattern.root_var.rank == 4
-        and pattern.out_op.outputs[0].rank == 4
-        and alpha.ndim in (3, 4)
-        and alpha.size == alpha.shape[-3]
-        and _fits_prelu(pattern, alpha)
-    )
+    if pattern.root_var.rank != 4 or pattern.out_op.outputs[0].rank != 4:
+        return False, f"x of rank {pattern.root_var.rank}, not 4"
+    if not (alpha.ndim in (3, 4) and alpha.size == alpha.shape[-3] and _fits_prelu(pattern, alpha)):
+        return False, f"alpha of shape {alpha.shape} is not one value per channel of x"
+    return True
 
 
-def prelu_constraints_2(pattern: Pattern) -> bool:
+def prelu_constraints_2(pattern: Pattern) -> bool | tuple[bool, str]:
     """Rank-4 output; ``a`` of shape ``(C,)``, ``(1, C)``, ``(1, 1, C)`` or ``(1, 1, 1, C)``."""
     alpha = _alpha(pattern)
-    return (
-        pattern.out_op.outputs[0].rank == 4
-        and alpha.ndim >= 1
-        and alpha.size == alpha.shape[-1]
-        and _fits_prelu(pattern, alpha)
-    )
+    if pattern.out_op.outputs[0].rank != 4:
+        return False, f"an output of rank {pattern.out_op.outputs[0].rank}, not 4"
+    if not (alpha.ndim >= 1 and alpha.size == alpha.shape[-1] and _fits_prelu(pattern, alpha)):
+        return False, f"alpha of shape {alpha.shape} is not one value per channel of x"
+    return True
 
 
 def transform_prelu_1(pattern: Pattern) -> None:

@@ -33,7 +33,7 @@ from coremltools.converters.mil import Builder as mb
 from coremltools.converters.mil.mil import Var, get_new_symbol
 from coremltools.converters.mil.mil.types.symbolic import is_symbolic
 
-from pattern_infra import Pattern, register_generic_pass
+from pattern_infra import Pattern, predicates, register_generic_pass
 
 __all__ = ["reduce_sum_mul", "reduce_sum_real_div", "transform_reduce_mean"]
 
@@ -65,21 +65,27 @@ def _count(x: Var, axes: np.ndarray) -> int | None:
     return count
 
 
-def _constraints(pattern: Pattern) -> bool:
+def _constraints(pattern: Pattern) -> bool | tuple[bool, str]:
     reduce_sum, scale = pattern.reduce_sum, pattern.scale
     if reduce_sum.axes.val is None or reduce_sum.keep_dims.val is None:
-        return False
+        return False, "the sum's axes or keep_dims is not a constant"
     count = _count(pattern.root_var, reduce_sum.axes.val)
     if count is None or count == 0:
-        return False
+        return False, "the number of elements summed is not known"
     const = pattern.operand("scale", "y")
     value = np.asarray(const.val)
     if value.size != 1 or value.ndim > reduce_sum.outputs[0].rank:
-        return False
+        return False, "the scale is not a one-element constant of the sum's rank at most"
     value = float(value.reshape(()))
+    # coremltools' absolute 1e-6, or the constant's own rounding (a float16 1/N of a saved model)
+    absolute = max(1e-6, predicates.dtype_rtol(const) / count)
     if scale.op_type == "mul":
-        return abs(value - 1.0 / count) < 1e-6 and abs(value * count - 1.0) <= _RELATIVE
-    return abs(value - count) < 1e-2 and abs(value / count - 1.0) <= _RELATIVE
+        if abs(value - 1.0 / count) < absolute and abs(value * count - 1.0) <= _RELATIVE:
+            return True
+        return False, f"the scale {value:.9g} is not 1/{count}"
+    if abs(value - count) < 1e-2 and abs(value / count - 1.0) <= _RELATIVE:
+        return True
+    return False, f"the divisor {value:.9g} is not {count}"
 
 
 def transform_reduce_mean(pattern: Pattern) -> None:

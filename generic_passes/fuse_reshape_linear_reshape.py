@@ -144,33 +144,43 @@ def _static_shape(var: Var) -> tuple[int, ...] | None:
     return tuple(int(d) for d in var.shape)
 
 
-def linear_constraints(pattern: Pattern) -> bool:
-    """``x`` is ``[*L, D]`` of rank 1-3, the first reshape keeps ``D``, the second gives ``[*L, N]``."""
+def linear_constraints(pattern: Pattern) -> bool | tuple[bool, str]:
+    """``x`` is ``[*L, D]`` of rank 1-3, the first reshape keeps ``D``, the second gives ``[*L, N]``.
+
+    Returns:
+        True, or ``(False, reason)``.
+    """
     x = _static_shape(pattern.root_var)
     flat = _static_shape(pattern.flatten.outputs[0])
     lin = _static_shape(pattern.linear.outputs[0])
     out = _static_shape(pattern.restore.outputs[0])
     if x is None or flat is None or lin is None or out is None:
-        return False
+        return False, "a shape is symbolic"
     if len(x) not in _LINEAR_RANKS or not flat or not lin:
-        return False
+        return False, f"x of rank {len(x)}, not 1 to 3"
     if flat[-1] != x[-1] or math.prod(flat) != math.prod(x):
-        return False
-    return out == x[:-1] + (lin[-1],)
+        return False, f"the first reshape {flat} does not keep x's last dimension {x[-1]}"
+    if out != x[:-1] + (lin[-1],):
+        return False, f"the second reshape gives {out}, not {x[:-1] + (lin[-1],)}"
+    return True
 
 
-def unary_constraints(pattern: Pattern) -> bool:
-    """Static shapes, the reshapes undo each other, every other input of the op a constant scalar/string."""
+def unary_constraints(pattern: Pattern) -> bool | tuple[bool, str]:
+    """Static shapes, the reshapes undo each other, every other input of the op a constant scalar/string.
+
+    Returns:
+        True, or ``(False, reason)``.
+    """
     x = _static_shape(pattern.root_var)
     if x is None or _static_shape(pattern.restore.outputs[0]) != x:
-        return False
+        return False, "the reshapes do not undo each other (or a shape is symbolic)"
     for slot, var in pattern.unary.inputs.items():
         if slot == "x":
             continue
         if not predicates.is_constant(var) or predicates.is_constexpr(var):
-            return False
+            return False, f"the op's {slot} is not a constant"
         if not isinstance(var.val, str) and np.asarray(var.val).size != 1:
-            return False
+            return False, f"the op's {slot} is not a scalar"
     return True
 
 

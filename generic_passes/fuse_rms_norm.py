@@ -15,9 +15,10 @@ last three axes are ``(d, 1, 1)``, the sum is over ``d`` alone) and loses them a
 
 Core ML holds tensors of rank 5 at most, so ``x`` of rank 4 or 5 (Qwen3's and OLMo2's RMSNorm over each
 head of ``q`` and ``k``, shape ``(batch, seq, heads, head_dim)``) cannot take two more axes: it is
-``reshape``d to ``(-1, d, 1, 1)`` and back to its shape instead, the same 4 ops. That needs every
-dimension of ``x`` known (the shape to go back to); a rank-4 or rank-5 ``x`` with a symbolic dimension is
-left alone.
+``reshape``d to ``(-1, d, 1, 1)`` and back to its shape instead, the same 4 ops (from the input of
+the ``reshape`` giving ``x``, when only the norm reads ``x``: a reshape of a reshape is one). That needs
+every dimension of ``x`` known (the shape to go back to); a rank-4 or rank-5 ``x`` with a symbolic
+dimension is left alone.
 
 The epsilon ``e`` is the ``add``'s constant plus the ``rsqrt``'s own ``epsilon`` (``rsqrt(v, epsilon)``
 is ``1 / sqrt(v + epsilon)``; the ``sqrt`` forms add nothing). Rounding: ``d * e`` and ``sqrt(d) * w``
@@ -151,56 +152,80 @@ def _scalar(var: Var) -> float | None:
     return float(value.reshape(())) if value.size == 1 else None
 
 
-def _epsilon(pattern: Pattern) -> float | None:
-    """``e``: the ``add``'s constant plus ``rsqrt``'s epsilon; None when not a usable constant."""
+def _epsilon(pattern: Pattern) -> float | str:
+    """``e``: the ``add``'s constant plus ``rsqrt``'s epsilon; the reason when it is not a usable one."""
     total = 0.0
     if "add_eps" in pattern.ops:
         eps = _scalar(pattern.operand("add_eps", "y"))
         if eps is None:
-            return None
+            return "the epsilon added is not a one-element constant"
         total += eps
     if "rsqrt" in pattern.ops:
         eps = _scalar(pattern.rsqrt.epsilon)
         if eps is None:
-            return None
+            return "rsqrt's epsilon is not a constant"
         total += eps
     if "inverse" in pattern.ops and _scalar(pattern.inverse.epsilon) != 0.0:
-        return None  # 1 / (sqrt(v) + epsilon) is not an RMSNorm
+        return "inverse with a non-zero epsilon: 1 / (sqrt(v) + epsilon) is not an RMSNorm"
     if "recip" in pattern.ops and _scalar(pattern.recip.x) != 1.0:
-        return None
-    return total if total >= 0.0 and math.isfinite(total) else None
+        return f"the reciprocal's numerator is {_scalar(pattern.recip.x)}, not 1"
+    if not (total >= 0.0 and math.isfinite(total)):
+        return f"the epsilon is {total}, not a finite value >= 0"
+    return total
 
 
 _MAX_RANK = 5
 """The largest tensor rank Core ML holds."""
 
 
-def rms_norm_constraints(pattern: Pattern) -> bool:
-    """Square of 2, mean over the last axis kept, known ``d``, constant non-negative epsilon, fp16/fp32."""
+def rms_norm_constraints(pattern: Pattern) -> bool | tuple[bool, str]:
+    """Square of 2, mean over the last axis kept, known ``d``, constant non-negative epsilon, fp16/fp32.
+
+    Returns:
+        True, or ``(False, reason)``.
+    """
     x = pattern.root_vars[0] if "weight" in pattern.ops else pattern.root_var
-    if x.rank is None or x.rank < 1 or not predicates.dtype_is(x, "fp16", "fp32"):
-        return False
+    if x.rank is None or x.rank < 1:
+        return False, "x of unknown rank or a scalar"
+    if not predicates.dtype_is(x, "fp16", "fp32"):
+        return False, "x is not fp16 or fp32"
     d = x.shape[-1]
     if not isinstance(d, (int, np.integer)) or d < 1:
-        return False
+        return False, f"the last dimension of x is {d}, not a known size"
     if x.rank > _MAX_RANK - 2 and not all(isinstance(n, (int, np.integer)) for n in x.shape):
-        return False  # reshaped, not padded: the shape to go back to must be known
+        return False, f"x of rank {x.rank} with a symbolic dimension (reshaped, its shape must be known)"
     if pattern.square.op_type == "pow" and _scalar(pattern.square.y) != 2.0:
-        return False
+        return False, f"the exponent is {_scalar(pattern.square.y)}, not 2"
     mean = pattern.mean
-    if not predicates.axes_are(mean.axes, x.rank, [x.rank - 1]) or mean.keep_dims.val is not True:
-        return False
+    if not predicates.axes_are(mean.axes, x.rank, [x.rank - 1]):
+        return False, f"the mean is over axes {predicates.value_of(mean.axes)}, not the last axis"
+    if not predicates.attr_is(mean, "keep_dims", True):
+        return False, "the mean does not keep its dimensions (keep_dims=False)"
     eps = _epsilon(pattern)
-    if eps is None or pattern.normed.outputs[0].shape != x.shape:
-        return False
+    if isinstance(eps, str):
+        return False, eps
+    if pattern.normed.outputs[0].shape != x.shape:
+        return False, "the normalisation broadcasts x to another shape"
     if "weight" in pattern.ops:
         w = pattern.operand("weight", "y")
         if not predicates.is_constant(w) or predicates.is_constexpr(w) or w.dtype != x.dtype:
-            return False
+            return False, "the weight is not a constant of x's dtype"
     pattern.add_attribute("rms_x", x)
     pattern.add_attribute("rms_epsilon", int(d) * eps)
     pattern.add_attribute("rms_scale", math.sqrt(int(d)))
     return True
+
+
+def _unreshaped(x: Var, pattern: Pattern) -> Var:
+    """The input of the ``reshape`` giving ``x`` when only the match reads ``x`` (a reshape of a reshape is
+    one reshape: coremltools' ``merge_consecutive_reshapes`` makes it one in a conversion, after this pass;
+    a saved package optimized alone would keep both), else ``x``."""
+    producer = x.op
+    if producer is None or producer.op_type != "reshape" or producer.enclosing_block is not pattern.block:
+        return x
+    if any(user not in pattern.op_set for user in x.child_ops) or x.consuming_blocks:
+        return x
+    return producer.x
 
 
 def transform_rms_norm(pattern: Pattern) -> None:
@@ -208,20 +233,22 @@ def transform_rms_norm(pattern: Pattern) -> None:
     x: Var = pattern.rms_x
     last = pattern.final_op
     name = last.outputs[0].name
-    dtype = np.float16 if predicates.dtype_is(x, "fp16") else np.float32
     scale: np.ndarray = np.asarray(pattern.rms_scale, dtype=np.float64)
     if "weight" in pattern.ops:
         scale = scale * np.asarray(pattern.operand("weight", "y").val, dtype=np.float64)
     if x.rank <= _MAX_RANK - 2:
         padded = mb.expand_dims(x=x, axes=[-2, -1], name=f"{name}_padded", before_op=last)
     else:
-        padded = mb.reshape(x=x, shape=[-1, x.shape[-1], 1, 1], name=f"{name}_padded", before_op=last)
-    normed = mb.l2_norm(x=padded, epsilon=dtype(pattern.rms_epsilon), name=f"{name}_l2_norm", before_op=last)
+        padded = mb.reshape(
+            x=_unreshaped(x, pattern), shape=[-1, x.shape[-1], 1, 1], name=f"{name}_padded", before_op=last
+        )
+    epsilon = pattern.const_like(pattern.rms_epsilon, like=x, before_op=last)
+    normed = mb.l2_norm(x=padded, epsilon=epsilon, name=f"{name}_l2_norm", before_op=last)
     if x.rank <= _MAX_RANK - 2:
         unpadded = mb.squeeze(x=normed, axes=[-2, -1], name=f"{name}_unpadded", before_op=last)
     else:
         unpadded = mb.reshape(x=normed, shape=list(x.shape), name=f"{name}_unpadded", before_op=last)
-    out = mb.mul(x=unpadded, y=scale.astype(dtype), name=name, before_op=last)
+    out = mb.mul(x=unpadded, y=pattern.const_like(scale, like=x, before_op=last), name=name, before_op=last)
     pattern.replace_output(out)
 
 

@@ -15,8 +15,11 @@ with an additive float ``mask``, or, for a bool ``mask``, with ``-inf`` where th
 the mask broadcasts to ``[*batch, L, S]`` and its last dimension is ``S``.
 
 * Scale. The op has no scale argument: its scale is ``1 / sqrt(E)``. A ``mul`` constant ``c`` is taken
-  as is when ``|c * sqrt(E) - 1| <= 1e-6``. Otherwise ``f = c * sqrt(E)`` is folded into ``Q`` when that
-  is exact in floating point: ``f`` a power of two (within the same ``1e-6``), so ``Q * f`` only
+  as is when ``|c * sqrt(E) - 1| <= 1e-6``, or the constant's own rounding error when larger (``2**-11``
+  for a float16 constant: ``1 / sqrt(128)`` is ``0.08837890625`` in a model saved at float16, a
+  relative ``1.1e-4`` from the real number, which the conversion's float32 constant is not). Otherwise
+  ``f = c * sqrt(E)`` is folded into ``Q`` when that is exact in floating point: ``f`` a power of two
+  (within the same tolerance), so ``Q * f`` only
   changes exponents, and ``(Q * f) @ K^T / sqrt(E)`` is ``c * (Q @ K^T)`` up to the rounding of the
   final scaling, as in the original. Any other constant is declined: folding it would add a rounding
   step the original does not have.
@@ -231,24 +234,32 @@ def _fits(mask: tuple, scores: tuple) -> bool:
     return all(m == 1 or m == s for m, s in zip(reversed(mask), reversed(scores)))
 
 
-def _scale_factor(pattern: Pattern, embed: int) -> float | None:
-    """1.0 when the scale is ``1/sqrt(E)``; a power of two to fold into Q; None to decline."""
-    value = np.ones(())
+def _scale_factor(pattern: Pattern, embed: int) -> float | str:
+    """1.0 when the scale is ``1/sqrt(E)``; a power of two to fold into Q; else the reason to decline.
+
+    The tolerance is :data:`SCALE_RTOL`, or the scale's dtype's rounding error when larger: a float16
+    ``1/sqrt(128)`` is ``0.08837890625``, 1.1e-4 of it away from the real number.
+    """
+    value, rtol = np.ones(()), SCALE_RTOL
     if "scale" in pattern.ops:
         scale = pattern.operand("scale", "y")
         if not predicates.is_constant(scale) or predicates.is_constexpr(scale):
-            return None
+            return "the scale is not a constant"
         value = np.asarray(scale.val)
-        if value.size != 1 or _shape(pattern, pattern.scale.outputs[0]) != _shape(
-            pattern, pattern.operand("scale", "x")
-        ):
-            return None
+        if value.size != 1:
+            return f"the scale has {value.size} elements, not one"
+        if _shape(pattern, pattern.scale.outputs[0]) != _shape(pattern, pattern.operand("scale", "x")):
+            return "the scale broadcasts the scores to another shape"
+        rtol = predicates.dtype_rtol(scale, SCALE_RTOL)
     factor = float(value.reshape(())) * math.sqrt(embed)
     if not factor > 0.0 or not math.isfinite(factor):
-        return None
+        return f"the scale {float(value.reshape(()))} is not a positive number"
     power = 2.0 ** round(math.log2(factor))
-    if abs(factor - power) > SCALE_RTOL * power:
-        return None
+    if abs(factor - power) > rtol * power:
+        return (
+            f"the scale {float(value.reshape(())):.9g} is neither 1/sqrt({embed}) nor a power of two "
+            f"times it (rtol {rtol:.3g})"
+        )
     return power
 
 
@@ -271,67 +282,82 @@ def _query(pattern: Pattern, before: Operation) -> Var:
     return query
 
 
-def _mask_fits(pattern: Pattern, scores: tuple) -> bool:
+def _mask_problem(pattern: Pattern, scores: tuple) -> str | None:
+    """Why the mask cannot be the op's ``attn_mask`` (None: it can, or there is none)."""
     if "mask_add" in pattern.ops:
         mask = pattern.operand("mask_add", "y")
-        out = _shape(pattern, pattern.mask_add.outputs[0])
-        return (
-            predicates.dtype_is(mask, "fp16", "fp32")
-            and _shape(pattern, mask) is not None
-            and _fits(_shape(pattern, mask), scores)
-            and out == scores
-        )
+        if not predicates.dtype_is(mask, "fp16", "fp32"):
+            return "the additive mask is not fp16 or fp32"
+        mask_shape = _shape(pattern, mask)
+        if mask_shape is None or not _fits(mask_shape, scores):
+            return f"the mask of shape {mask_shape} does not broadcast to the scores {scores}"
+        if _shape(pattern, pattern.mask_add.outputs[0]) != scores:
+            return "adding the mask enlarges the scores"
+        return None
     if "mask_select" in pattern.ops:
         op = pattern.mask_select
         inverted = op.b is _scores(pattern)
         fill = op.a if inverted else op.b
         cond = op.cond
         if not predicates.is_constant(cond) or not predicates.is_constant(fill):
-            return False
+            return "the bool mask or its fill is not a compile-time constant"
         if predicates.is_constexpr(cond) or predicates.is_constexpr(fill):
-            return False
+            return "the bool mask or its fill is a constexpr"
         if _shape(pattern, op.outputs[0]) != scores or not _fits(_shape(pattern, cond), scores):
-            return False
+            return "the bool mask does not broadcast to the scores"
         if not np.all(np.asarray(fill.val, dtype=np.float64) <= MASK_FILL_MAX):
-            return False
+            return f"the select fill is above {MASK_FILL_MAX:g}"
         keep = np.asarray(cond.val, dtype=bool)
         keep = ~keep if inverted else keep
-        return bool(np.all(np.any(keep, axis=-1)))
-    return True
+        if not np.all(np.any(keep, axis=-1)):
+            return "a row of the bool mask keeps no score"
+    return None
 
 
-def sdpa_constraints(pattern: Pattern) -> bool:
-    """iOS18+, the shapes and dtypes the op accepts, softmax on the last axis, scale and mask as above."""
+def sdpa_constraints(pattern: Pattern) -> bool | tuple[bool, str]:
+    """iOS18+, the shapes and dtypes the op accepts, softmax on the last axis, scale and mask as above.
+
+    Returns:
+        True, or ``(False, reason)``.
+    """
     opset = function_of(pattern.block).opset_version
     if opset is None or opset < target.iOS18:
-        return False
+        return False, "needs iOS18 or later (scaled_dot_product_attention)"
     qk, pv = pattern.qk, pattern.pv
     want_ty = "key_t" not in pattern.ops
-    if qk.transpose_x.val or bool(qk.transpose_y.val) != want_ty or pv.transpose_x.val or pv.transpose_y.val:
-        return False
+    if not (
+        predicates.attr_is(qk, "transpose_x", False)
+        and predicates.attr_is(qk, "transpose_y", want_ty)
+        and predicates.attr_is(pv, "transpose_x", False)
+        and predicates.attr_is(pv, "transpose_y", False)
+    ):
+        return False, "the matmuls transpose other operands than K"
     if "key_t" in pattern.ops and _key_perm(pattern) is None:
-        return False
+        return False, "the transpose of K is not a constant permutation"
     q, key, v = _shape(pattern, qk.x), _key_shape(pattern), _shape(pattern, pv.y)
     if q is None or key is None or v is None or not len(q) == len(key) == len(v) >= 3:
-        return False
+        return False, "Q, K and V are not of one rank >= 3"
     if key[:-2] != v[:-2] or q[-1] != key[-1] or key[-2] != v[-2]:
-        return False
+        return False, f"the shapes of Q {q}, K {key} and V {v} do not fit"
     reps = _broadcast_reps(q[:-2], key[:-2])
     if reps is None:
-        return False
+        return False, f"K's batch dimensions {key[:-2]} do not broadcast to Q's {q[:-2]}"
     if not q[-1].is_Integer:
-        return False  # E must be known to compare the scale with 1/sqrt(E)
+        return False, "the head size is symbolic (needed to compare the scale with 1/sqrt(E))"
     operands = (qk.x, qk.y, pv.y)
     if len({var.dtype for var in operands}) != 1 or not predicates.dtype_is(qk.x, "fp16", "fp32"):
-        return False
+        return False, "Q, K and V are not all fp16 or all fp32"
     if not predicates.axes_are(pattern.softmax.axis, len(q), [len(q) - 1]):
-        return False
+        return False, "the softmax is not over the last axis"
     factor = _scale_factor(pattern, int(q[-1]))
-    if factor is None:
-        return False
+    if isinstance(factor, str):
+        return False, factor
     scores = q[:-1] + (key[-2],)
-    if _shape(pattern, qk.outputs[0]) != scores or not _mask_fits(pattern, scores):
-        return False
+    if _shape(pattern, qk.outputs[0]) != scores:
+        return False, "Q @ K^T broadcasts to another shape"
+    problem = _mask_problem(pattern, scores)
+    if problem is not None:
+        return False, problem
     pattern.add_attribute("query_factor", factor)
     pattern.add_attribute("kv_reps", reps)
     return True
@@ -351,17 +377,14 @@ def _broadcast_reps(query_batch: tuple, kv_batch: tuple) -> list[int] | None:
     return reps
 
 
-def _np_float(var: Var) -> type:
-    return np.float16 if predicates.dtype_is(var, "fp16") else np.float32
-
-
 def transform_sdpa(pattern: Pattern) -> None:
     """Inserts the op (with the Q scaling, K transpose or inverted mask it needs) before the last matmul."""
     pv = pattern.pv
     name = pv.outputs[0].name
     query = _query(pattern, pv)
     if pattern.query_factor != 1.0:
-        query = mb.mul(x=query, y=_np_float(query)(pattern.query_factor), name=f"{name}_query", before_op=pv)
+        factor = pattern.const_like(pattern.query_factor, like=query, before_op=pv)
+        query = mb.mul(x=query, y=factor, name=f"{name}_query", before_op=pv)
     if "key_t" in pattern.ops:
         key, perm = pattern.key_t.x, _key_perm(pattern)
         if perm != list(range(len(perm))):

@@ -36,12 +36,14 @@ def squeeze_expand_dims(x):
     return mb.expand_dims(x=squeezed, axes=[1, 3], name="expand_dims")
 
 
-def _constraints(pattern: Pattern) -> bool:
+def _constraints(pattern: Pattern) -> bool | tuple[bool, str]:
     x = pattern.root_var
     out = pattern.expand_dims.outputs[0]
     if x.shape is None or out.shape is None or tuple(x.shape) != tuple(out.shape):
-        return False
-    return out.nonreplaceable_vars_upstream.issubset(x.nonreplaceable_vars_upstream)
+        return False, f"expand_dims gives shape {out.shape}, not x's {x.shape}"
+    if not out.nonreplaceable_vars_upstream.issubset(x.nonreplaceable_vars_upstream):
+        return False, "the output cannot be replaced by x (a non-replaceable var upstream)"
+    return True
 
 
 def transform_squeeze_expand_dims(pattern: Pattern) -> None:

@@ -130,10 +130,19 @@ def _fused_sides(pattern: Pattern) -> list[tuple[str, Var]]:
     ]
 
 
-def transpose_matmul_constraints(pattern: Pattern) -> bool:
-    """There is a transpose to fuse, and every one swaps only the last two axes."""
+def transpose_matmul_constraints(pattern: Pattern) -> bool | tuple[bool, str]:
+    """There is a transpose to fuse, and every one swaps only the last two axes.
+
+    Returns:
+        True, or ``(False, reason)``.
+    """
     sides = _fused_sides(pattern)
-    return bool(sides) and all(swaps_last_two_axes(out) for _, out in sides)
+    if not sides:
+        return False, "no transpose feeds the matmul"
+    for _, out in sides:
+        if not swaps_last_two_axes(out):
+            return False, f"the transpose {out.op.name} does more than swap the last two axes"
+    return True
 
 
 def transform_transpose_matmul(pattern: Pattern) -> None:

@@ -47,17 +47,23 @@ def _is_block_output(var: Var, pattern: Pattern) -> bool:
     return any(out is var for out in pattern.block.outputs)
 
 
-def follows_single_use_relu(pattern: Pattern) -> bool:
-    """The input is a ``relu`` of the same block used only here, and the merge keeps every output."""
+def follows_single_use_relu(pattern: Pattern) -> bool | tuple[bool, str]:
+    """The input is a ``relu`` of the same block used only here, and the merge keeps every output.
+
+    Returns:
+        True, or ``(False, reason)``.
+    """
     first_out, second_out = pattern.root_var, pattern.relu2.outputs[0]
     first = first_out.op
     if first is None or first.op_type != "relu" or first.enclosing_block is not pattern.block:
-        return False
+        return False, "the input is not a relu of the same block"
     if len(first_out.child_ops) != 1:
-        return False
+        return False, "the first relu has other users"
     if _is_block_output(first_out, pattern) and _is_block_output(second_out, pattern):
-        return False
-    return second_out.can_be_replaced_by_var(first_out)
+        return False, "both relus are block outputs"
+    if not second_out.can_be_replaced_by_var(first_out):
+        return False, "the second relu's output cannot be replaced by the first's"
+    return True
 
 
 def transform_merge_relus(pattern: Pattern) -> None:

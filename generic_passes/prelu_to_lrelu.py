@@ -33,10 +33,10 @@ def prelu_pattern(x):
     return mb.prelu(x=x, alpha=np.array([0.25, 0.25], dtype=np.float32), name="prelu")
 
 
-def common_leakage_factor(pattern: Pattern) -> bool:
+def common_leakage_factor(pattern: Pattern) -> bool | tuple[bool, str]:
     """Every channel has the same ``alpha``."""
     alpha = pattern.consts["prelu.alpha"].val
-    return bool(np.all(alpha == alpha[0]))
+    return bool(np.all(alpha == alpha[0])) or (False, "the channels' alphas differ")
 
 
 def transform_prelu_to_lrelu(pattern: Pattern) -> None:

@@ -28,10 +28,14 @@ def single_concat_pattern(x):
     return mb.concat(values=[x], axis=0, name="concat")
 
 
-def single_concat_constraints(pattern: Pattern) -> bool:
+def single_concat_constraints(pattern: Pattern) -> bool | tuple[bool, str]:
     """Same shape and dtype in and out, and the output is not a block output."""
     x, y = pattern.root_var, pattern.concat.outputs[0]
-    return x.shape == y.shape and x.dtype == y.dtype and predicates.not_block_output([pattern.concat])
+    if x.shape != y.shape or x.dtype != y.dtype:
+        return False, "the concat changes the shape or dtype"
+    if not predicates.not_block_output([pattern.concat]):
+        return False, "the concat is a block output"
+    return True
 
 
 def transform_single_concat(pattern: Pattern) -> None:

@@ -46,7 +46,7 @@ def unit_tile_constraints(pattern: Pattern) -> bool | str:
     """Reps proven all ones, same dtype, not a block output."""
     tile = pattern.tile
     if tile.outputs[0].dtype != tile.x.dtype or not predicates.not_block_output([tile]):
-        return False
+        return "the tile changes the dtype or is a block output"
     reps = ShapeFacts.of(pattern.block).values(tile.reps)
     if reps is None or len(reps) != tile.x.rank or any(r != 1 for r in reps):
         return "reps not proven all ones"

@@ -20,8 +20,10 @@ import functools
 import importlib
 import json
 import os
+import re
 import sys
 import textwrap
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -312,6 +314,7 @@ def report(
                     "rewrites": result.rewrites.to_dicts(),
                     "before": dict(result.before),
                     "after": dict(result.after),
+                    "near_misses": {pass_id: dict(c) for pass_id, c in result.near_misses.items()},
                 },
                 indent=1,
             )
@@ -402,7 +405,30 @@ def _report_text(result: Any) -> str:
     if not by_pass:
         lines.append("no generic pass found anything to fuse")
     lines.append(f"non-const ops: {_non_const(result.before)} -> {_non_const(result.after)}")
+    lines.extend(_near_miss_lines(getattr(result, "near_misses", {})))
     return "\n".join(lines)
+
+
+_NEEDS_TARGET = re.compile(r"needs (iOS\d+|macOS\d+) or later")
+"""A refusal worded after the deployment target that would lift it (``needs iOS18 or later (op)``)."""
+
+
+def _near_miss_lines(near_misses: Any) -> list[str]:
+    """Per pass, the places its own checks refused, by reason, and what a newer target would fuse."""
+    if not near_misses:
+        return []
+    lines = ["near misses (refused by a pass's own checks):"]
+    for pass_id, reasons in near_misses.items():
+        lines.append(f"{pass_id}: {sum(reasons.values())} near miss(es)")
+        targets: Counter[str] = Counter()
+        for reason, n in sorted(reasons.items(), key=lambda item: (-item[1], item[0])):
+            lines.append(f"  {n} x {reason}")
+            needed = _NEEDS_TARGET.search(reason)
+            if needed:
+                targets[needed.group(1)] += n
+        for target, n in targets.items():
+            lines.append(f"  would fuse {n} match{'' if n == 1 else 'es'} at {target}")
+    return lines
 
 
 @main.command(epilog=_EPILOG)

@@ -36,6 +36,7 @@ from .language.errors import PassRegistrationError, PatternInfraError
 from .pipeline.container import PassContainer, override
 from .pipeline.registry import generic_passes
 from .quiet import no_progress_bars
+from .rewriting.subpass import SubPass, constraint_verdict
 from .tracing import Trace, trace
 
 __all__ = [
@@ -81,6 +82,10 @@ class OptimizeResult:
     """The same after the passes and the cleanup."""
     written: Path | None = None
     """The package :func:`optimize_mlpackage` wrote (None for :func:`run_passes` alone)."""
+    near_misses: dict[str, Counter[str]] = field(default_factory=dict)
+    """Per pass id, the reasons its own checks (``var_constraints``) gave for refusing a match, each with
+    the number of places refused for it: overlapping refused matches count once, and a place the pass
+    rewrote after all (another operand order, another spelling) not at all."""
 
 
 def load_mlpackage(path: str | os.PathLike[str]) -> SavedModel:
@@ -392,7 +397,8 @@ def run_passes(
     excluded = [p for p in generic_passes() if p not in set(plan)]
     result = OptimizeResult(plan=plan, excluded=excluded, before=op_histogram(prog))
     steps = [(pass_id, True) for pass_id in plan] + [(p, False) for p in PassPipeline.CLEANUP.passes]
-    with trace() as rewrites, override(), coremltools_own(excluded):
+    refused: dict[str, dict[str, list[set[str]]]] = {}
+    with trace() as rewrites, override(), coremltools_own(excluded), _recording_refusals(plan, refused):
         bar = tqdm(steps, desc="passes", unit="pass", disable=not progress, file=sys.stderr, leave=False)
         for pass_id, generic in bar:
             bar.set_postfix_str(pass_id, refresh=False)
@@ -406,7 +412,68 @@ def run_passes(
         bar.close()
     result.rewrites = rewrites
     result.after = op_histogram(prog)
+    result.near_misses = _near_misses(refused, rewrites)
     return result
+
+
+_REFUSED = "constraint returned False: "
+"""How :func:`~pattern_infra.rewriting.subpass.constraint_verdict` prefixes a constraint's own reason."""
+
+
+@contextlib.contextmanager
+def _recording_refusals(
+    pass_ids: Sequence[str], refused: dict[str, dict[str, list[set[str]]]]
+) -> Iterator[None]:
+    """Inside the block, every refusal by the ``var_constraints`` of the passes ``pass_ids`` is recorded
+    in ``refused`` (pass id -> reason -> the op names of each refused match); the constraints are the
+    registered ones again on exit."""
+    wrapped: list[tuple[SubPass, Any]] = []
+
+    def recording(pass_id: str, constraints: Any) -> Any:
+        def record(match: Any) -> Any:
+            answer = constraints(match)
+            reason = constraint_verdict(answer)
+            if reason is not None:
+                reason = reason.removeprefix(_REFUSED)
+                ops = {op.name for op in match.op_list()}
+                refused.setdefault(pass_id, {}).setdefault(reason, []).append(ops)
+            return answer
+
+        return record
+
+    registered = generic_passes()
+    try:
+        for pass_id in dict.fromkeys(pass_ids):
+            for sub in registered[pass_id].passes:
+                if isinstance(sub, SubPass) and sub.var_constraints is not None:
+                    wrapped.append((sub, sub.var_constraints))
+                    sub.var_constraints = recording(pass_id, sub.var_constraints)
+        yield
+    finally:
+        for sub, constraints in wrapped:
+            sub.var_constraints = constraints
+
+
+def _near_misses(refused: dict[str, dict[str, list[set[str]]]], rewrites: Trace) -> dict[str, Counter[str]]:
+    """Places refused per pass and reason: overlapping matches merged, places the pass rewrote dropped."""
+    rewritten: dict[str, set[str]] = {}
+    for rewrite in rewrites:
+        rewritten.setdefault(rewrite.pass_id, set()).update(rewrite.matched)
+    out: dict[str, Counter[str]] = {}
+    for pass_id, reasons in refused.items():
+        counts: Counter[str] = Counter()
+        for reason, matches in reasons.items():
+            places: list[set[str]] = []
+            for ops in matches:
+                joined = [p for p in places if p & ops]
+                for p in joined:
+                    places.remove(p)
+                places.append(set(ops).union(*joined))
+            counts[reason] = sum(1 for p in places if not p & rewritten.get(pass_id, set()))
+        counts = +counts  # drop reasons left with no place
+        if counts:
+            out[pass_id] = counts
+    return out
 
 
 def op_histogram(prog: Program) -> Counter[str]:

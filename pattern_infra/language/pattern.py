@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from typing import Any
 
+import numpy as np
 from coremltools.converters.mil.mil import Block, Operation, Var, types
 
 from .graph import CompiledPattern
@@ -22,6 +23,7 @@ RESERVED_NAMES: frozenset[str] = frozenset(
         "op_set",
         "op_list",
         "add_attribute",
+        "const_like",
         "operand",
         "consts",
         "ops",
@@ -116,6 +118,26 @@ class Pattern:
                 f"Pattern attribute {attribute_name!r} is reserved by Pattern; choose another name."
             )
         object.__setattr__(self, attribute_name, attribute)
+
+    def const_like(
+        self, value: Any, like: Var, *, name: str | None = None, before_op: Operation | None = None
+    ) -> Var:
+        """An ``mb.const`` of ``value`` in ``like``'s dtype: float16 in a float16 program, float32 in a
+        float32 one, so a transform written with Python floats fits both.
+
+        Args:
+            value: A number or an array.
+            like: The variable whose dtype the constant takes.
+            name: The const's name (default: coremltools').
+            before_op: Where to insert it (default: before the first matched op).
+        """
+        from coremltools.converters.mil import Builder as mb
+
+        val = np.asarray(value, dtype=types.nptype_from_builtin(like.dtype))
+        kwargs = {} if name is None else {"name": name}
+        return mb.const(
+            val=val[()] if val.ndim == 0 else val, before_op=before_op or self.op_list()[0], **kwargs
+        )
 
     def op_list(self) -> list[Operation]:
         """The captured ops, without duplicates, in program order."""

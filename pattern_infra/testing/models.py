@@ -48,6 +48,7 @@ __all__ = [
     "gelu_tanh_pow",
     "gpt2_block",
     "jax_style_gelu_mlp",
+    "llama_block",
     "mobilenet_block",
     "prenorm_transformer",
     "prenorm_transformer_inline_ln",
@@ -172,14 +173,14 @@ def _randomize_affine(module: nn.Module) -> None:
 class SelfAttention(nn.Module):
     """Multi-head self-attention written out: projections, head split, softmax(QK^T / sqrt(d)) V."""
 
-    def __init__(self, d_model: int, n_heads: int) -> None:
+    def __init__(self, d_model: int, n_heads: int, bias: bool = True) -> None:
         super().__init__()
         self.n_heads = n_heads
         self.head_dim = d_model // n_heads
-        self.q_proj = nn.Linear(d_model, d_model)
-        self.k_proj = nn.Linear(d_model, d_model)
-        self.v_proj = nn.Linear(d_model, d_model)
-        self.out_proj = nn.Linear(d_model, d_model)
+        self.q_proj = nn.Linear(d_model, d_model, bias=bias)
+        self.k_proj = nn.Linear(d_model, d_model, bias=bias)
+        self.v_proj = nn.Linear(d_model, d_model, bias=bias)
+        self.out_proj = nn.Linear(d_model, d_model, bias=bias)
 
     def _split(self, t: torch.Tensor) -> torch.Tensor:
         b, s, _ = t.shape
@@ -730,6 +731,59 @@ def jax_style_gelu_mlp(d_model: int = 64, seq_len: int = 16, seed: int = 0) -> M
     torch.manual_seed(seed)
     model = JaxGeluMLP(d_model, 4 * d_model)
     return model.eval(), (torch.randn(1, seq_len, d_model),)
+
+
+# --------------------------------------------------------------------------------------------------------
+# A Llama block: RMSNorm, then attention of head size 128 (the saved-package tests).
+# --------------------------------------------------------------------------------------------------------
+
+
+class LlamaRMSNorm(nn.Module):
+    """Llama's RMSNorm as ``transformers`` writes it: ``weight * (x * rsqrt(mean(x^2) + eps))``."""
+
+    def __init__(self, dim: int, eps: float = 1e-6) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        variance = x.pow(2).mean(-1, keepdim=True)
+        return self.weight * (x * torch.rsqrt(variance + self.eps))
+
+
+class LlamaBlock(nn.Module):
+    """``x + attn(norm(x))`` with bias-free projections, as a Llama decoder layer's first half."""
+
+    def __init__(self, d_model: int, n_heads: int) -> None:
+        super().__init__()
+        self.norm = LlamaRMSNorm(d_model)
+        self.attn = SelfAttention(d_model, n_heads, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.attn(self.norm(x))
+
+
+def llama_block(n_heads: int = 2, head_dim: int = 128, seq_len: int = 8, seed: int = 0) -> ModelAndArgs:
+    """RMSNorm then written-out attention of head size 128, the sizes of Llama's heads.
+
+    ``1 / sqrt(128)`` is not exact in float16 (``0.08837890625`` against ``0.0883883...``), so a model
+    saved at float16 holds a scale that differs from the op's own ``1 / sqrt(E)`` by float16's rounding.
+    Not in :data:`ZOO`: its attention fuses at iOS18 only, and the zoo converts at iOS16.
+
+    Args:
+        n_heads: Number of attention heads.
+        head_dim: Size of each head.
+        seq_len: Sequence length of the example input.
+        seed: Seed of :func:`torch.manual_seed` for weights and inputs.
+
+    Returns:
+        The module in eval mode and a ``(1, seq_len, n_heads * head_dim)`` input.
+    """
+    torch.manual_seed(seed)
+    model = LlamaBlock(n_heads * head_dim, n_heads)
+    with torch.no_grad():
+        model.norm.weight.copy_(1.0 + 0.1 * torch.randn_like(model.norm.weight))
+    return model.eval(), (torch.randn(1, seq_len, n_heads * head_dim),)
 
 
 ZOO: dict[str, Callable[[], ModelAndArgs]] = {

@@ -10,9 +10,9 @@ from coremltools.converters.mil.mil import Program, get_new_symbol, types
 
 import generic_passes  # noqa: F401  (registers the passes)
 from generic_passes.fuse_rms_norm import INV_SQRT_FORMS, SQUARE_FORMS
-from pattern_infra.verification.evaluator import evaluate
 from pattern_infra.testing.convert import convert_torch, op_counts
 from pattern_infra.testing.passes import op_types, run_pass
+from pattern_infra.verification.evaluator import evaluate
 from pattern_infra.verification.verify import assert_programs_equivalent
 
 PASS = "generic::fuse_rms_norm"
@@ -124,6 +124,27 @@ def test_rank_4_and_5_are_reshaped_not_padded_past_rank_5(shape):
     """Per-head q/k norms (Qwen3): two more axes would exceed Core ML's rank 5."""
     ours = check(rms_norm(shape=shape), ["reshape", "l2_norm", "reshape", "mul"])
     assert max(len(op.outputs[0].shape) for op in ours.functions["main"].operations) == len(shape)
+
+
+@pytest.mark.parametrize("other_user", [False, True])
+def test_rank_4_from_a_reshape_is_reshaped_once(other_user):
+    """Qwen3's heads: x = reshape(q) read only by the norm becomes one reshape of q, as coremltools'
+    merge_consecutive_reshapes makes it in a conversion (a saved package is optimized without it)."""
+    w = np.random.default_rng(1).normal(1.0, 0.1, size=(D,)).astype(np.float32)
+
+    @mb.program(input_specs=[mb.TensorSpec(shape=(1, L, 4 * D))])
+    def prog(q):
+        x = mb.reshape(x=q, shape=[1, L, 4, D])
+        r = mb.rsqrt(x=mb.add(x=mb.reduce_mean(x=mb.mul(x=x, y=x), axes=[-1], keep_dims=True), y=EPS))
+        y = mb.mul(x=mb.mul(x=x, y=r), y=w)
+        return (y, mb.relu(x=x)) if other_user else y
+
+    fused = ["reshape", "reshape", "l2_norm", "reshape", "mul"]  # the first: x's own, left to DCE if dead
+    ours = check(prog, fused + (["relu"] if other_user else []))
+    padded = next(op for op in ours.functions["main"].operations if op.op_type == "l2_norm").x.op
+    assert (padded.x.name == "q") is not other_user
+    original = next(op for op in ours.functions["main"].operations if op.op_type == "reshape")
+    assert bool(original.outputs[0].child_ops) is other_user
 
 
 def test_rank_4_with_a_symbolic_dim_left_alone():
