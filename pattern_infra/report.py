@@ -125,7 +125,7 @@ def _layer(nodes: dict[str, _Node], edges: list[tuple[str, str]]) -> None:
         row = layers[index]
         if index > 0:
 
-            def centre(node: _Node) -> float:
+            def centre(node: _Node, index: int = index) -> float:
                 xs = [nodes[p].x + nodes[p].width / 2 for p in preds[node.key] if nodes[p].layer < index]
                 return sum(xs) / len(xs) if xs else 0.0
 

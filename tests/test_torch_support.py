@@ -10,8 +10,8 @@ from coremltools.converters.mil.frontend.torch import ops as ct_ops
 from coremltools.converters.mil.frontend.torch.torch_op_registry import _TORCH_OPS_REGISTRY
 
 from pattern_infra import torch_support
-from pattern_infra.verification.evaluator import evaluate
 from pattern_infra.testing.convert import convert_exported, convert_torch, op_counts
+from pattern_infra.verification.evaluator import evaluate
 
 
 class Alias(torch.nn.Module):

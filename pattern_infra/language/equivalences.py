@@ -11,7 +11,6 @@ from collections import ChainMap
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import partial
-from typing import Union
 
 import numpy as np
 from coremltools.converters.mil import Builder as mb
@@ -47,10 +46,10 @@ RSQRT_RTOL = 1.2e-7
 MAX_FACTORS = 5
 """Most factors of a chain re-associated (four ``mul``); a longer ``mul`` tree is cut there."""
 
-Tree = Union[int, tuple["Tree", "Tree"]]
+Tree = int | tuple["Tree", "Tree"]
 """An order of multiplication: a factor's index in :attr:`Chain.factors`, or a pair multiplied together."""
 
-Equivalences = Union[bool, Sequence[str], Mapping[str, Sequence[str]]]  # what equivalences= accepts
+Equivalences = bool | Sequence[str] | Mapping[str, Sequence[str]]  # what equivalences= accepts
 
 Scope = ChainMap[int, Var]  # a pattern variable's id to its copy; an alternative builds in a child scope
 

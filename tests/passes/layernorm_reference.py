@@ -126,6 +126,12 @@ import numpy as np
 from coremltools.converters.mil import Builder as mb
 from coremltools.converters.mil.mil import Program, get_new_symbol
 
+from generic_passes._norm_plan import constraints_1 as _constraints_1
+from generic_passes._norm_plan import constraints_3 as _constraints_3
+from generic_passes._norm_plan import constraints_4 as _constraints_4
+from generic_passes._norm_plan import constraints_5_affine as _constraints_5_affine
+from generic_passes._norm_plan import constraints_written_out as _constraints_written_out
+from generic_passes._norm_plan import transform_norm
 from pattern_infra import ConstRule, Pattern, register_generic_pass
 
 __all__ = [
@@ -309,17 +315,8 @@ layernorm_pattern_5 = WRITTEN_OUT_PATTERNS["sub1_mul_rsqrt_none_nobeta"]
 
 
 # -- what a match says, and which op it becomes: the semantic half, moved unchanged to
-# generic_passes/_norm_plan.py (the rewrite changed only the patterns, which this module keeps)
-
-from generic_passes._norm_plan import (  # noqa: E402
-    constraints_1 as _constraints_1,
-    constraints_3 as _constraints_3,
-    constraints_4 as _constraints_4,
-    constraints_5_affine as _constraints_5_affine,
-    constraints_written_out as _constraints_written_out,
-    transform_norm,
-)
-
+# generic_passes/_norm_plan.py (the rewrite changed only the patterns, which this module keeps); imported
+# at the top of this module.
 
 # -- registration ------------------------------------------------------------------------------------------------
 

@@ -19,8 +19,8 @@ import generic_passes  # noqa: F401  (registers the passes)
 from pattern_infra.testing.convert import convert_torch
 from pattern_infra.testing.models import gelu_tanh_cube, gelu_tanh_pow
 from pattern_infra.testing.passes import check_fused, check_not_fused, op_types, run_both, run_pass
-from pattern_infra.verification.verify import assert_programs_equivalent
 from pattern_infra.verification.symbolic import prove_equivalent
+from pattern_infra.verification.verify import assert_programs_equivalent
 
 PASS = "common::fuse_gelu_tanh_approximation"
 SHAPE = (2, 3, 4)

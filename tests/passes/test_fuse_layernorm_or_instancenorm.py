@@ -9,12 +9,12 @@ import pytest
 import torch
 from coremltools.converters.mil import Builder as mb
 from coremltools.converters.mil.mil import Program, Var
-
-import generic_passes  # noqa: F401  (registers the passes)
 from layernorm_reference import (
     WRITTEN_OUT_PATTERNS,
     written_out_pattern,
 )  # the 108 spellings, one program each
+
+import generic_passes  # noqa: F401  (registers the passes)
 from pattern_infra import VerificationError, find_matches
 from pattern_infra.testing.convert import convert_mil, convert_torch
 from pattern_infra.testing.models import ChannelsFirstLayerNorm, InlineLayerNorm, WrittenLayerNorm

@@ -10,9 +10,9 @@ from coremltools.converters.mil.mil import Program, get_new_symbol, types
 
 import generic_passes  # noqa: F401  (registers the passes)
 from generic_passes.fuse_rms_norm import INV_SQRT_FORMS, SQUARE_FORMS
-from pattern_infra.verification.evaluator import evaluate
 from pattern_infra.testing.convert import convert_torch, op_counts
 from pattern_infra.testing.passes import op_types, run_pass
+from pattern_infra.verification.evaluator import evaluate
 from pattern_infra.verification.verify import assert_programs_equivalent
 
 PASS = "generic::fuse_rms_norm"
