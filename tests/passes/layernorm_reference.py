@@ -49,8 +49,9 @@ Patterns 1-5 are coremltools' own (same numbering); the written-out family is wh
 
         x --> mul(x, x) --> reduce_sum --> mul(1/N) = E[x^2] --+
         |                                                      v
-        x --> reduce_sum --> mul(1/N) = m --> mul(m, m) --> sub(E[x^2], m^2) --> add(eps) --> rsqrt --> mul(gamma) = k
-        |                             |
+        x --> reduce_sum --> mul(1/N) = m --> mul(m, m) --> sub(E[x^2], m^2) --> add(eps) --> rsqrt --+
+        |                             |                                                                 |
+        |                             |                                               k = mul(gamma) <--+
         |                             +--> mul(m, k) --> sub(beta, m * k) --+
         +--------------------------------> mul(x, k) ---------------------> add --> y
 
@@ -318,7 +319,7 @@ layernorm_pattern_5 = WRITTEN_OUT_PATTERNS["sub1_mul_rsqrt_none_nobeta"]
 # generic_passes/_norm_plan.py (the rewrite changed only the patterns, which this module keeps); imported
 # at the top of this module.
 
-# -- registration ------------------------------------------------------------------------------------------------
+# -- registration --------------------------------------------------------------------------------------------
 
 
 def _size(program: Program) -> int:

@@ -1,4 +1,5 @@
-"""``common::fuse_conv_bias``: ``conv``/``conv_transpose`` (``transpose``) then ``add``/``sub`` of a constant."""
+"""``common::fuse_conv_bias``: ``conv``/``conv_transpose`` (``transpose``) then ``add``/``sub`` of a
+constant."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""``common::fuse_matmul_weight_bias``: ``matmul`` by a constant matrix, then ``add``/``sub`` of a constant."""
+"""``common::fuse_matmul_weight_bias``: ``matmul`` by a constant matrix, then ``add``/``sub`` of a
+constant."""
 
 from __future__ import annotations
 

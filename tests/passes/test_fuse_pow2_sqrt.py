@@ -1,4 +1,5 @@
-"""``mil_backend::fuse_pow2_sqrt``: ``sqrt(pow(x, 2))`` into ``abs(x)``, ``pow(sqrt(x), 2)`` into ``identity(x)``.
+"""``mil_backend::fuse_pow2_sqrt``: ``sqrt(pow(x, 2))`` into ``abs(x)``, ``pow(sqrt(x), 2)`` into
+``identity(x)``.
 
 coremltools turns both into ``identity``; ours differs on purpose for ``sqrt(pow(x, 2))`` (``|x|``, not
 ``x``). Programs are compared with coremltools' output op for op, ``abs`` standing where coremltools has
