@@ -4,10 +4,11 @@ The example scripts and the documentation snippets each run in their own interpr
 script's conversion, registered passes or environment cannot leak into the next. Importing coremltools
 and torch is most of such an interpreter's time. Here one *zygote* interpreter per pytest process
 imports them once (and nothing of the project) and waits; every run forks it, and the child, a copy of
-that untouched interpreter, runs the script with ``runpy`` as ``python script.py`` or ``python -c code``
-would: its own ``sys.argv``, ``sys.path[0]``, working directory, environment and standard input, its
-standard output and error (the file descriptors, so C-level output too) captured, its exit status
-returned. One script per child process: each keeps its isolation, the zygote stays clean.
+that untouched interpreter, runs the script with ``runpy`` as ``python script.py``, ``python -c code``
+or ``python -m module`` would: its own ``sys.argv``, ``sys.path[0]``, working directory, environment
+and standard input, its standard output and error (the file descriptors, so C-level output too)
+captured, its exit status returned. One script per child process: each keeps its isolation, the zygote
+stays clean.
 
 Use :func:`run` like ``subprocess.run(..., capture_output=True, text=True)``.
 """
@@ -45,12 +46,20 @@ def child(job):
     os.environ.clear()
     os.environ.update(job["env"])
     sys.argv = list(job["argv"])
+    # PYTHONPATH entries a fresh interpreter would put on sys.path (after sys.path[0]).
+    extra = [p for p in job["env"].get("PYTHONPATH", "").split(os.pathsep) if p and p not in sys.path]
+    sys.path[1:1] = extra
     code = 0
     try:
         if job["argv"][0] == "-c":
+            sys.argv = ["-c", *job["argv"][2:]]
             sys.path[0] = ""
             namespace = {"__name__": "__main__", "__builtins__": __builtins__}
             exec(compile(job["argv"][1], "<string>", "exec"), namespace)
+        elif job["argv"][0] == "-m":
+            sys.argv = [job["argv"][1], *job["argv"][2:]]  # run_module puts the module's path in argv[0]
+            sys.path[0] = os.getcwd()
+            runpy.run_module(job["argv"][1], run_name="__main__", alter_sys=True)
         else:
             sys.path[0] = os.path.dirname(os.path.abspath(job["argv"][0]))
             runpy.run_path(job["argv"][0], run_name="__main__")
@@ -130,10 +139,11 @@ def run(
     input: str | None = None,
     timeout: float = 300,
 ) -> subprocess.CompletedProcess[str]:
-    """Run ``python *argv`` (a script and its arguments, or ``-c`` and code) in a forked fresh interpreter.
+    """Run ``python *argv`` (a script, ``-c`` code or ``-m`` module, with arguments) in a fresh interpreter.
 
     Args:
-        argv: What follows ``python`` on the command line: ``[script, *args]`` or ``["-c", code, *args]``.
+        argv: What follows ``python`` on the command line: ``[script, *args]``, ``["-c", code, *args]`` or
+            ``["-m", module, *args]``.
         cwd: The working directory of the run (the caller's by default).
         env: Its whole environment (the caller's ``os.environ`` by default).
         input: Text on its standard input (empty by default).

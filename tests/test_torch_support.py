@@ -185,15 +185,15 @@ def test_a_converter_coremltools_already_has_is_kept(without_converters):
 
 
 def test_import_installs_nothing():
-    import subprocess
-    import sys
+    import forked
 
     code = (
         "import pattern_infra, generic_passes;"
         "from coremltools.converters.mil.frontend.torch.torch_op_registry import _TORCH_OPS_REGISTRY as R;"
         "print('alias' in R.name_to_func_mapping)"
     )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    out = forked.run(["-c", code])  # a fresh interpreter (tests/forked.py)
+    assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "False"
 
 
