@@ -27,9 +27,9 @@ lint: $(STAMP) ## Check formatting and lint rules (ruff, configured in pyproject
 demo: $(STAMP) ## Convert a PyTorch pre-norm transformer with and without the override; show what fused
 	$(PY) examples/demo.py
 
-# The suite runs in 2 processes (pytest-xdist; processes, not threads: coremltools' builder is global).
-# --dist loadgroup keeps each file of tests/conftest.py's SHARED_SETUP on one worker.
-PYTEST_PARALLEL ?= -n 2 --dist loadgroup
+# The suite runs in 2 processes (pytest-xdist; processes, not threads: coremltools' builder is global);
+# each worker builds the session's shared fixtures once for itself.
+PYTEST_PARALLEL ?= -n 2
 
 test: $(STAMP) ## Run the test suite (bounded fuzzing included), in 2 processes
 	$(PY) -m pytest -q $(PYTEST_PARALLEL) tests

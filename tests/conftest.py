@@ -76,24 +76,7 @@ def pytest_addoption(parser):
     )
 
 
-SHARED_SETUP = {
-    "test_stateful.py": "module-scoped exported and converted decoders",
-    "test_in_conversion.py": "a module-scoped conversion",
-    "test_layernorm_rewrite.py": "the module-scoped reference pass",
-    "test_models_zoo.py": "zoo conversions cached per process (functools.cache)",
-    "test_hf_models.py": "zoo conversions cached per process (functools.cache)",
-}
-"""Test files whose tests share an expensive module-scoped fixture or per-process cache: under
-``pytest -n`` (``make test``) each runs whole on one worker, so the setup is paid once, not per worker."""
-
-
-@pytest.hookimpl(tryfirst=True)  # before pytest-xdist's own hook reads the groups (--dist loadgroup)
 def pytest_collection_modifyitems(config, items):
-    for item in items:
-        if "saved" in item.fixturenames:  # the session-scoped converted .mlpackage
-            item.add_marker(pytest.mark.xdist_group("saved"))
-        elif item.path.name in SHARED_SETUP:
-            item.add_marker(pytest.mark.xdist_group(item.path.name))
     if config.getoption("--run-slow"):
         return
     skip = pytest.mark.skip(reason="slow: run with --run-slow (make models)")
