@@ -27,8 +27,12 @@ lint: $(STAMP) ## Check formatting and lint rules (ruff, configured in pyproject
 demo: $(STAMP) ## Convert a PyTorch pre-norm transformer with and without the override; show what fused
 	$(PY) examples/demo.py
 
-test: $(STAMP) ## Run the test suite (bounded fuzzing included)
-	$(PY) -m pytest -q tests
+# The suite runs in 2 processes (pytest-xdist; processes, not threads: coremltools' builder is global);
+# each worker builds the session's shared fixtures once for itself.
+PYTEST_PARALLEL ?= -n 2
+
+test: $(STAMP) ## Run the test suite (bounded fuzzing included), in 2 processes
+	$(PY) -m pytest -q $(PYTEST_PARALLEL) tests
 
 $(STAMP_CT8): pyproject.toml
 	$(PYTHON) -m venv $(VENV_CT8)
@@ -37,7 +41,7 @@ $(STAMP_CT8): pyproject.toml
 	touch $(STAMP_CT8)
 
 test-coremltools-8: $(STAMP_CT8) ## Run the test suite on coremltools 8.3, in its own environment (.venv-ct8)
-	$(VENV_CT8)/bin/python -m pytest -q tests
+	$(VENV_CT8)/bin/python -m pytest -q $(PYTEST_PARALLEL) tests
 
 bench: $(STAMP) ## Benchmark against coremltools side by side; prints ratios, writes bench/out/scaling.png
 	$(PY) -m bench

@@ -1,4 +1,5 @@
-"""mkdocs hooks: put README.md, CHANGELOG.md and an API page generated from ``pattern_infra.__all__`` on the site.
+"""mkdocs hooks: put README.md, CHANGELOG.md and an API page generated from ``pattern_infra.__all__`` on
+the site.
 
 README.md and CHANGELOG.md live at the repository's root, where GitHub shows them; the site serves them as
 ``index.md`` and ``changelog.md`` with their links rewritten (``docs/X.md`` -> ``X.md``). The API page
@@ -41,7 +42,8 @@ def _literal(tree: ast.Module, name: str) -> Any:
 
 def _shadowed(tree: ast.Module) -> dict[str, str]:
     """Names imported from a submodule that share their name with another submodule (``explain`` from
-    ``explain.py``): ``pattern_infra.<name>`` would name the module, so these are documented at their source."""
+    ``explain.py``): ``pattern_infra.<name>`` would name the module, so these are documented at their
+    source."""
     package = ROOT / "pattern_infra"
     shadowed = {}
     for node in tree.body:

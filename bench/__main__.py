@@ -175,7 +175,10 @@ def _run(args: argparse.Namespace) -> int:
         "date": time.strftime("%Y-%m-%d %H:%M:%S"),
     }
     write_json(args.out / "results.json", meta, rows, skipped, k_results, transformer, targets)
-    note = f"{meta['mode']} run, {meta['cpus']} CPUs, load avg {load_start[0]:.1f}; coremltools {meta['coremltools']}"
+    note = (
+        f"{meta['mode']} run, {meta['cpus']} CPUs, load avg {load_start[0]:.1f}; "
+        f"coremltools {meta['coremltools']}"
+    )
     plot_scaling(args.out / "scaling.png", rows, note)
     print(f"\nwrote {args.out / 'results.json'} and {args.out / 'scaling.png'} ({elapsed:.0f}s in all)")
     return 0

@@ -42,9 +42,8 @@ from coremltools.converters.mil.mil import Program  # noqa: E402
 
 from bench.instructions import count_instructions  # noqa: E402
 from pattern_infra import Matcher, compile_pattern  # noqa: E402
-from pattern_infra.find import anchored_blocks  # noqa: E402
+from pattern_infra.find import anchored_blocks, find_in_program  # noqa: E402
 from pattern_infra.language.choices import one_of  # noqa: E402
-from pattern_infra.find import find_in_program  # noqa: E402
 
 __all__ = ["main"]
 
@@ -101,7 +100,7 @@ def measure(matchers: list[Matcher], prog: Program) -> tuple[int, float, float]:
     found = 0
     before = sum(m.stats.bind_attempts for m in matchers)
     best = float("inf")
-    for rep in range(5):
+    for _rep in range(5):
         start = time.perf_counter()
         count = sum(1 for m in matchers for _ in find_in_program(prog, m, None))
         best = min(best, time.perf_counter() - start)

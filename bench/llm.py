@@ -17,14 +17,15 @@ and 100k ops; see :mod:`bench.llm_workloads`), one process converts a freshly bu
 Every pipeline entry is timed (a wrapper around each ``PASS_REGISTRY`` entry, summed per pass id over
 the frontend, main and backend pipelines; a generic pass's ``run_after`` followers count in their
 leader; inside a sweep of ``pipeline()``, coremltools' passes are timed on their own as well, so a
-sweep's time includes theirs), and so are coremltools' whole-program validations (``Program.validate``) and the formatting
-of the whole program (``Program.__str__``: ``apply_pipeline`` formats it twice per pipeline for a debug
-message even when debug logging is off). ``on``, ``on+`` and ``ours`` must give the same program; ``off`` is
-skipped at a size where its time, extrapolated from the smaller sizes, would exceed ``--off-budget``.
+sweep's time includes theirs), and so are coremltools' whole-program validations (``Program.validate``)
+and the formatting of the whole program (``Program.__str__``: ``apply_pipeline`` formats it twice per
+pipeline for a debug message even when debug logging is off). ``on``, ``on+`` and ``ours`` must give
+the same program; ``off`` is skipped at a size where its time, extrapolated from the smaller sizes,
+would exceed ``--off-budget``.
 
 Times are CPU times of the converting thread (the machine may be shared), the whole conversion's wall
-time beside them. Each pass's growth exponent is the slope of log(time) against log(ops) over the mix sizes. Writes
-``<out>/llm.json`` and the plot (default ``docs/llm_scaling.png``).
+time beside them. Each pass's growth exponent is the slope of log(time) against log(ops) over the mix
+sizes. Writes ``<out>/llm.json`` and the plot (default ``docs/llm_scaling.png``).
 
 Usage::
 
@@ -232,8 +233,9 @@ def _run_workload(
         del out
         rows.append(row)
         print(
-            f"  {name} ({row.ops} ops) {mode:>4}: {row.seconds:7.1f} s (CPU {row.cpu_seconds:7.1f} s)  validate {row.validate_seconds:6.1f} s "
-            f"({row.validations}x)  format {row.format_seconds:5.1f} s ({row.formats}x)  -> {row.ops_after} ops"
+            f"  {name} ({row.ops} ops) {mode:>4}: {row.seconds:7.1f} s (CPU {row.cpu_seconds:7.1f} s)  "
+            f"validate {row.validate_seconds:6.1f} s ({row.validations}x)  format {row.format_seconds:5.1f} "
+            f"s ({row.formats}x)  -> {row.ops_after} ops"
             + ("" if row.same_as_on is None else f"  same program as on: {row.same_as_on}"),
             flush=True,
         )

@@ -18,9 +18,9 @@ from typing import Any
 from coremltools.converters.mil.mil import Block
 
 from pattern_infra import ConstRule, SubPass
+from pattern_infra.matching.matcher import Matcher
 from pattern_infra.rewriting import blocks, changes, removal
 from pattern_infra.rewriting.journal import Journal
-from pattern_infra.matching.matcher import Matcher
 
 from .runners import workload_runners
 
@@ -138,7 +138,7 @@ def profile_ours(workload: str, n: int, top: int = 25) -> str:
         f"ours on {workload} chain N={n}: {plain[0]:.3f}s CPU unprofiled (best of 3), floor {plain[1]:.3f}s, "
         f"c/d = {plain[0] / plain[1]:.2f}x. Profiled run: {total:.3f}s.\n\n"
         f"Garbage collection (unprofiled runs, gc.callbacks):\n" + "".join(gc_lines) + "\n"
-        f"Phases of the run (cumulative time, share of the profiled run):\n"
+        "Phases of the run (cumulative time, share of the profiled run):\n"
     )
     subs = [p for p in ours.container.passes if isinstance(p, SubPass)]
     accounted = 0.0

@@ -43,8 +43,8 @@ from coremltools.converters.mil.mil.passes.pass_registry import PASS_REGISTRY
 from coremltools.converters.mil.mil.scope import ScopeInfo, ScopeSource
 
 from pattern_infra import ConstRule, PassContainer, SubPass, find_matches, override, remove_dead_ops
-from pattern_infra.rewriting.blocks import iter_blocks
 from pattern_infra.find import find_in_program
+from pattern_infra.rewriting.blocks import iter_blocks
 
 __all__ = [
     "RUNNER_KEYS",
@@ -352,8 +352,11 @@ def workload_runners(workload: str) -> WorkloadRunners:
     Raises:
         ValueError: Unknown workload name.
     """
-    from coremltools.converters.mil.mil.passes.defs import optimize_activation, optimize_conv
-    from coremltools.converters.mil.mil.passes.defs import optimize_normalization
+    from coremltools.converters.mil.mil.passes.defs import (
+        optimize_activation,
+        optimize_conv,
+        optimize_normalization,
+    )
 
     if workload == "gelu":
         pass_id = "common::fuse_gelu_tanh_approximation"

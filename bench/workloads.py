@@ -9,7 +9,7 @@ pattern has (coremltools' generic matcher insists on that count).
   copies, pattern 2 on odd ones) and writing operands the way a PyTorch export does (the constant on
   the right), so commutativity is exercised::
 
-      x --> pow(3) --> mul(0.044715) --> add(x) --> mul(sqrt(2/pi)) --> tanh --> add(1) --> mul(0.5) --> mul(x)
+    x --> pow(3) --> mul(0.044715) --> add(x) --> mul(sqrt(2/pi)) --> tanh --> add(1) --> mul(0.5) --> mul(x)
 
 * :func:`layernorm_chain`: the written-out layer norm in the form coremltools'
   ``common::fuse_layernorm_or_instancenorm`` fuses (its pattern 1, axes ``[-1]``)::

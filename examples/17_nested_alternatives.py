@@ -13,8 +13,8 @@ declares each choice where it occurs, and stays one pattern::
 
 Each of the 12 spellings is compiled as a plain pattern when the pattern compiles; the search merges
 their plans into one tree, so what they share is searched once and a choice costs a branch. Shown: the
-pattern's spellings, a program with all 12 of them, each matched once with the alternatives that matched, the rewrite and numerical
-equality, and ``explain`` on a spelling no alternative covers.
+pattern's spellings, a program with all 12 of them, each matched once with the alternatives that
+matched, the rewrite and numerical equality, and ``explain`` on a spelling no alternative covers.
 """
 
 import _common as ex

@@ -21,12 +21,12 @@ os.environ.setdefault("TQDM_DISABLE", "1")  # coremltools' per-pass progress bar
 logging.getLogger("coremltools").setLevel(logging.ERROR)
 warnings.filterwarnings("ignore")
 
-import numpy as np
-import torch
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
 
-from pattern_infra import run_log
-from pattern_infra.testing.convert import convert_torch, op_counts
-from pattern_infra.testing.models import prenorm_transformer
+from pattern_infra import run_log  # noqa: E402
+from pattern_infra.testing.convert import convert_torch, op_counts  # noqa: E402
+from pattern_infra.testing.models import prenorm_transformer  # noqa: E402
 
 N_LAYERS = 2
 

@@ -10,9 +10,13 @@ from .quiet import held_import_warnings as _held_import_warnings
 with _held_import_warnings():  # shown at once, except in the command line (see pattern_infra.quiet)
     import coremltools  # noqa: F401
 
+from . import predicates
+from .design import detect_pattern, lists_op_equality, pattern_detected
+from .explain import Explanation, Explanations, explain
+from .find import find_matches, fuse_all_blocks, fuse_one_block
+from .from_torch import TorchCapture, capture_torch, pattern_from_torch
+from .language.choices import one_of, optional
 from .language.compiler import COMMUTATIVE_OPS, CompiledPattern, ConstRule, compile_pattern
-from .rewriting.subpass import DEFAULT_MAX_ITERATIONS, PassStats, SubPass
-from .rewriting.removal import remove_dead_ops
 from .language.errors import (
     FixpointError,
     PassExecutionError,
@@ -20,21 +24,17 @@ from .language.errors import (
     PatternDefinitionError,
     PatternInfraError,
 )
-from .verification.errors import EvaluationError, NotElementwiseError, UnsupportedOpError, VerificationError
-from .language.choices import one_of, optional
-from .explain import Explanation, Explanations, explain
-from .from_torch import TorchCapture, capture_torch, pattern_from_torch
-from .design import detect_pattern, lists_op_equality, pattern_detected
-from .matching.matcher import Failure, Matcher
 from .language.pattern import Pattern
-from .rewrite import replace_with
-from .tracing import Rewrite, Trace, trace
-from . import predicates
+from .matching.matcher import Failure, Matcher
 from .pipeline.container import ENV_VAR, PassContainer, override, override_enabled, run_log
-from .find import find_matches, fuse_all_blocks, fuse_one_block
 from .pipeline.registry import generic_passes, register_generic_pass, register_graph_pass
 from .pipeline.sweep import GenericSweep, pipeline
+from .rewrite import replace_with
+from .rewriting.removal import remove_dead_ops
+from .rewriting.subpass import DEFAULT_MAX_ITERATIONS, PassStats, SubPass
 from .suggest import Candidate, suggest
+from .tracing import Rewrite, Trace, trace
+from .verification.errors import EvaluationError, NotElementwiseError, UnsupportedOpError, VerificationError
 
 __all__ = [
     "EvaluationError",

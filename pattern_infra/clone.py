@@ -3,8 +3,8 @@
 Copying a program: ``copy.deepcopy`` works on coremltools programs (coremltools' own pass tests rely
 on it) but recurses about 15 Python frames per op along a dependency chain, so a chain of about 65
 ops already exceeds Python's default recursion limit, and a few thousand ops overflow a default
-thread stack (a segmentation fault, not an exception). :func:`clone_program` therefore runs the deep copy on a worker thread whose stack and
-recursion limit grow with the op count.
+thread stack (a segmentation fault, not an exception). :func:`clone_program` therefore runs the deep
+copy on a worker thread whose stack and recursion limit grow with the op count.
 """
 
 from __future__ import annotations

@@ -216,7 +216,8 @@ def check_destination(
         tempfile.TemporaryDirectory(dir=folder, prefix=".mil-patterns-check-").cleanup()
     except OSError as exc:
         raise PatternInfraError(
-            f"{destination}: cannot write in the folder {folder} ({_one_line(exc)}); choose a writable folder."
+            f"{destination}: cannot write in the folder {folder} ({_one_line(exc)}); choose a writable "
+            "folder."
         ) from exc
     return destination
 

@@ -21,7 +21,8 @@ __all__ = ["pattern_program"]
 
 
 class _Checked:
-    """The pattern function, as ``mb.program`` sees it (same code object and name), with its result checked."""
+    """The pattern function, as ``mb.program`` sees it (same code object and name), with its result
+    checked."""
 
     def __init__(self, function: Callable[..., Any]) -> None:
         self.function = function
@@ -39,8 +40,8 @@ class _Checked:
         for output in outputs if isinstance(outputs, (list, tuple)) else [outputs]:
             if any(output is var for var in inputs):
                 raise PatternDefinitionError(
-                    f"Pattern function {name!r} returns its input {output.name!r}: a pattern returns what its "
-                    f"last op computes. Return the output of the op that ends the sequence to find."
+                    f"Pattern function {name!r} returns its input {output.name!r}: a pattern returns what "
+                    "its last op computes. Return the output of the op that ends the sequence to find."
                 )
         return outputs
 

@@ -125,7 +125,7 @@ def _layer(nodes: dict[str, _Node], edges: list[tuple[str, str]]) -> None:
         row = layers[index]
         if index > 0:
 
-            def centre(node: _Node) -> float:
+            def centre(node: _Node, index: int = index) -> float:
                 xs = [nodes[p].x + nodes[p].width / 2 for p in preds[node.key] if nodes[p].layer < index]
                 return sum(xs) / len(xs) if xs else 0.0
 
@@ -165,18 +165,20 @@ def _svg(nodes: dict[str, _Node], edges: list[tuple[str, str]]) -> str:
         if node.kind in ("input", "output"):
             dash = ' stroke-dasharray="4 3"' if node.kind == "output" else ""
             shape = (
-                f'<ellipse cx="{node.x + node.width / 2:.1f}" cy="{y + _HEIGHT / 2:.1f}" rx="{node.width / 2:.1f}" '
-                f'ry="{_HEIGHT / 2:.1f}" fill="{fill}" stroke="{stroke}"{dash}/>'
+                f'<ellipse cx="{node.x + node.width / 2:.1f}" cy="{y + _HEIGHT / 2:.1f}" '
+                f'rx="{node.width / 2:.1f}" ry="{_HEIGHT / 2:.1f}" fill="{fill}" stroke="{stroke}"{dash}/>'
             )
         else:
             shape = (
                 f'<rect x="{node.x:.1f}" y="{y:.1f}" width="{node.width:.1f}" height="{_HEIGHT}" rx="6" '
-                f'fill="{fill}" stroke="{stroke}" stroke-width="{1.6 if node.kind in ("before", "after") else 1}"/>'
+                f'fill="{fill}" stroke="{stroke}" '
+                f'stroke-width="{1.6 if node.kind in ("before", "after") else 1}"/>'
             )
         weight = ' font-weight="bold"' if node.kind in ("before", "after") else ""
         parts.append(
             f"<g><title>{html.escape(node.title)}</title>{shape}"
-            f'<text x="{node.x + node.width / 2:.1f}" y="{y + _HEIGHT / 2 + 4:.1f}" text-anchor="middle"{weight}>'
+            f'<text x="{node.x + node.width / 2:.1f}" y="{y + _HEIGHT / 2 + 4:.1f}" '
+            f'text-anchor="middle"{weight}>'
             f"{html.escape(node.label)}</text></g>"
         )
     parts.append("</svg>")
@@ -221,7 +223,8 @@ def write_html_report(
         _histogram(Counter(before), Counter(after), out / "histogram.svg")
         non_const = [sum(n for t, n in counts.items() if t != "const") for counts in (before, after)]
         body.append(
-            f'<p class="summary">{len(rewrites)} rewrite(s); non-const ops {non_const[0]} &rarr; {non_const[1]}.</p>'
+            f'<p class="summary">{len(rewrites)} rewrite(s); '
+            f"non-const ops {non_const[0]} &rarr; {non_const[1]}.</p>"
             '<figure><img src="histogram.svg" alt="op histogram before and after"/>'
             "<figcaption>Ops by type, before and after.</figcaption></figure>"
         )
@@ -250,7 +253,8 @@ def write_html_report(
                 (out / name).write_text(draw_graph(ops, kind), encoding="utf-8")
                 count = f"{len(ops)} op{'' if len(ops) == 1 else 's'}"
                 pictures.append(
-                    f'<figure><figcaption>{kind} ({count})</figcaption><img src="{name}" alt="{kind}"/></figure>'
+                    f'<figure><figcaption>{kind} ({count})</figcaption><img src="{name}" '
+                    f'alt="{kind}"/></figure>'
                 )
             replaced = ", ".join(rewrite.replaced_by) or "(outputs redirected)"
             body.append(

@@ -13,8 +13,8 @@ contains nodes coremltools 9.0's PyTorch frontend rejects:
 * ``aten.new_ones`` (``q_idx.new_ones((), dtype=torch.bool)``, where ``transformers`` combines mask
   functions, e.g. Mistral's sliding window): ``Unsupported fx node new_ones``. A constant of ones of
   the given size and dtype (the size must be known at conversion time).
-* ``aten.__and__.Tensor`` (``result & mask(...)`` on those bool masks): ``Unsupported fx node ... kind __and__``.
-  coremltools' ``bitwise_and`` converter (``logical_and`` on bool tensors, an error otherwise).
+* ``aten.__and__.Tensor`` (``result & mask(...)`` on those bool masks): ``Unsupported fx node ... kind
+  __and__``. coremltools' ``bitwise_and`` converter (``logical_and`` on bool tensors, an error otherwise).
 
 * ``aten.index_add`` (``out.index_add_(0, token_idx, expert_out)``, how MoE layers such as Mixtral's and
   Qwen2-MoE's eager experts accumulate each expert's tokens): ``Unsupported fx node index_add``. MIL's
@@ -214,7 +214,8 @@ def _copy_repeats(
     dst: Any, src: Any, dst_torch: list[Any] | None, src_torch: list[Any] | None, name: str
 ) -> list[int | str]:
     """The repeat of each axis of ``src`` (as ``dst``'s rank) in ``copy(dst, src)`` (:func:`_copy`): an int,
-    ``"dst"`` (``dst``'s size, read at run time) or ``"ratio"`` (``dst``'s size over ``src``'s, at run time)."""
+    ``"dst"`` (``dst``'s size, read at run time) or ``"ratio"`` (``dst``'s size over ``src``'s, at run
+    time)."""
     import sympy as sp
     from coremltools.converters.mil.mil.types.symbolic import is_symbolic
 

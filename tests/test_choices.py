@@ -236,8 +236,8 @@ def test_a_choices_name_is_the_op_of_its_alternative_in_every_view_of_the_match(
     """``pattern.<choice>`` is the last op of the alternative that matched (through a nested choice's), and
     so is ``pattern.ops[<choice>]`` (right after that alternative's ops); the choice's operands
     (``pattern.operand``) are the operands of its alternative's ops that read them, located by the
-    spelling (``pattern_infra.language.spelling``): ``pattern.choices``, shared by the matches of one spelling, so
-    read-only; ``add_attribute`` refuses a choice's name. On every spelling."""
+    spelling (``pattern_infra.language.spelling``): ``pattern.choices``, shared by the matches of one
+    spelling, so read-only; ``add_attribute`` refuses a choice's name. On every spelling."""
 
     def views(spelling):
         prog = rms_program(*spelling)

@@ -11,11 +11,11 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import subprocess
 import sys
 import tomllib
 from pathlib import Path
 
+import forked
 import numpy as np
 import pytest
 from click.testing import CliRunner
@@ -74,10 +74,9 @@ def test_optimize_end_to_end(saved, tmp_path):
 def test_optimize_as_a_separate_process(saved, tmp_path):
     out = tmp_path / "optimized.mlpackage"
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
-    done = subprocess.run(
-        [sys.executable, "-m", "pattern_infra", "optimize", str(saved["path"]), "-o", str(out), "--progress"],
-        capture_output=True,
-        text=True,
+    # A fresh interpreter forked from one that imported coremltools and torch (tests/forked.py).
+    done = forked.run(
+        ["-m", "pattern_infra", "optimize", str(saved["path"]), "-o", str(out), "--progress"],
         env=env,
         cwd=ROOT,
         timeout=600,

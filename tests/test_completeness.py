@@ -109,8 +109,8 @@ def test_a_nested_rewrite_that_frees_an_outer_match_is_revisited(namespace):
 @mb.program(input_specs=[mb.TensorSpec(shape=S)])
 def relu_and_log_of_one_input(x0):
     r = mb.relu(x=x0, name="r")
-    l = mb.log(x=x0, name="l")
-    return r, l
+    lg = mb.log(x=x0, name="l")
+    return r, lg
 
 
 def test_a_rewrite_next_to_a_shared_constant_is_revisited_through_it(namespace):
@@ -268,9 +268,9 @@ def test_a_constraints_reason_is_counted_and_explained(namespace, refusal):
 def test_several_passes_in_one_call_each_reach_their_fixpoint_before_the_next(namespace):
     """With ``passes=``, a later pass's rewrite is not revisited by an earlier pass (as pass by pass);
     without it, all sub-passes form one pass and it is."""
+    from pattern_infra.language.compiler import compile_pattern
     from pattern_infra.rewriting.driver import run_subpasses
     from pattern_infra.rewriting.subpass import SubPass
-    from pattern_infra.language.compiler import compile_pattern
 
     @mb.program(input_specs=[mb.TensorSpec(shape=S)])
     def relu_exp_chain(x0):

@@ -63,7 +63,8 @@ def anchors(path: Path) -> set[str]:
 
 
 def broken_links(path: Path, root: Path = ROOT) -> list[str]:
-    """Each link of ``path`` (a page of the repository at ``root``) that does not resolve, with its line and why."""
+    """Each link of ``path`` (a page of the repository at ``root``) that does not resolve, with its line and
+    why."""
     problems = []
     for number, line in prose_lines(path.read_text()):
         for target in _LINK.findall(line):
@@ -101,7 +102,8 @@ def test_the_checker_reports_a_missing_file_a_missing_anchor_and_a_file_outside_
         "\n".join(
             [
                 "[ok](../README.md#a-five-minute-tour) [here](#local) [file](MISSING.md)",
-                "[anchor](../README.md#no-such-heading) [image](../README.md) [code](../README.md#not-a-heading)",
+                "[anchor](../README.md#no-such-heading) [image](../README.md) "
+                "[code](../README.md#not-a-heading)",
                 "[outside](../pyproject.toml) `[code](NOT_CHECKED.md)`",
                 "```text",
                 "[fenced](ALSO_NOT.md)",

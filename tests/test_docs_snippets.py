@@ -1,6 +1,7 @@
 """Every ```python block of README.md and docs/*.md runs, so no snippet goes stale.
 
-One subprocess per file; its blocks run in order in one namespace, as a reader would paste them into
+One fresh interpreter per file (a process forked from one that has imported coremltools and torch once,
+``tests/forked.py``); its blocks run in order in one namespace, as a reader would paste them into
 one session. A failing block fails the test with the file and line where the block starts, and the
 traceback points at the line of the markdown file. Other fences (```text, ```sh, ...) are not run.
 
@@ -15,10 +16,10 @@ import json
 import os
 import re
 import subprocess
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+import forked
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -86,15 +87,7 @@ def run_markdown(path: Path, *, run_slow: bool, cwd: Path) -> subprocess.Complet
     job = {"path": str(path), "blocks": [{"line": b.line, "code": b.code} for b in blocks]}
     env = {k: v for k, v in os.environ.items() if k != "ENABLE_EXPERIMENTAL_PASSES"}
     env.update(HF_HUB_OFFLINE="1", MPLBACKEND="Agg")
-    return subprocess.run(
-        [sys.executable, "-c", _RUNNER],
-        input=json.dumps(job),
-        capture_output=True,
-        text=True,
-        cwd=cwd,
-        env=env,
-        timeout=1800,
-    )
+    return forked.run(["-c", _RUNNER], input=json.dumps(job), cwd=cwd, env=env, timeout=1800)
 
 
 def _failure(done: subprocess.CompletedProcess[str]) -> str:

@@ -15,16 +15,18 @@ from pattern_infra import (
     find_matches,
     register_generic_pass,
 )
+from pattern_infra.find import find_in_program
 from pattern_infra.language.equivalences import (
     DIV_RTOL,
     IDENTITIES,
     MAX_FACTORS,
     REASSOC_RTOL,
     RSQRT_RTOL,
+    association_orders,
+    chain_at,
+    constant_value,
     reassoc_rtol,
 )
-from pattern_infra.find import find_in_program
-from pattern_infra.language.equivalences import association_orders, chain_at, constant_value
 from pattern_infra.verification.evaluator import evaluate
 
 SHAPE = (4, 64)

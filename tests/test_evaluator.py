@@ -14,12 +14,11 @@ import zlib
 from collections.abc import Callable, Sequence
 from typing import Any
 
+import coremltools as ct
 import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
-
-import coremltools as ct
 from coremltools.converters.mil import Builder as mb
 from coremltools.converters.mil.mil import get_new_symbol, types
 

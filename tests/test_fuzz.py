@@ -17,8 +17,8 @@ from __future__ import annotations
 import copy
 import os
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import numpy as np
 import pytest
@@ -159,7 +159,7 @@ def test_every_generic_pass_on_random_programs(plan):
     original = copy.deepcopy(prog)
     baseline = leftovers(prog)
     with override(True):
-        for pass_id, container in generic_passes().items():
+        for container in generic_passes().values():
             container.set_options(None)
             container(prog)
             prog.validate()
@@ -175,7 +175,6 @@ def test_every_generic_pass_on_random_programs(plan):
 def test_the_fuzzer_can_see_a_wrong_fusion(namespace):
     # A deliberately wrong pass (tanh GELU fused as the exact GELU) must fail the same numerical check.
     from generic_passes.fuse_gelu_tanh_approximation import gelu_tanh_pattern_1
-
     from pattern_infra import register_generic_pass
 
     def wrong(p):

@@ -10,7 +10,6 @@ import pytest
 from coremltools.converters.mil import Builder as mb
 from coremltools.converters.mil.mil.passes.pass_registry import PASS_REGISTRY
 
-import pattern_infra
 from pattern_infra import (
     ENV_VAR,
     Explanations,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from coremltools.converters.mil import Builder as mb
-from coremltools.converters.mil.mil import types
+from coremltools.converters.mil.mil import Program, types
 
 from pattern_infra import (
     Matcher,
@@ -189,8 +189,7 @@ def test_consumer_order_does_not_matter():
         b = mb.sigmoid(x=x, name="sg")
         return mb.mul(x=a, y=b, name="m")
 
-    for first in ("relu", "sigmoid", "decoys_first"):
-
+    def program(first: str) -> Program:
         @mb.program(input_specs=spec())
         def prog(x):
             decoys = [mb.tanh(x=x) for _ in range(3)] if first == "decoys_first" else []
@@ -203,7 +202,10 @@ def test_consumer_order_does_not_matter():
             out = mb.mul(x=b, y=a, name="m")
             return [out] + decoys
 
-        (m,) = find_matches(pat, prog)
+        return prog
+
+    for first in ("relu", "sigmoid", "decoys_first"):
+        (m,) = find_matches(pat, program(first))
         assert (m.ra.name, m.sg.name, m.m.name) == ("r", "s", "m")
 
 

@@ -16,10 +16,12 @@ from pattern_infra import (
     PatternDefinitionError,
     explain,
     find_matches,
-    predicates as P,
     register_generic_pass,
     replace_with,
     run_log,
+)
+from pattern_infra import (
+    predicates as P,
 )
 from pattern_infra.testing.passes import op_types
 

@@ -10,8 +10,8 @@ from coremltools.converters.mil.mil.passes.pass_registry import PASS_REGISTRY
 from coremltools.converters.mil.mil.scope import ScopeSource
 
 import generic_passes  # noqa: F401  registers the project's passes
-from generic_passes import CLEANUP_PASSES
 from bench.llm_workloads import llama_decoder, synthetic_mix
+from generic_passes import CLEANUP_PASSES
 from pattern_infra import GenericSweep, PassContainer, PassRegistrationError, evaluate, pipeline, run_log
 from pattern_infra.rewriting.blocks import iter_blocks
 from pattern_infra.testing.models import ZOO

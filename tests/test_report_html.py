@@ -10,8 +10,8 @@ from __future__ import annotations
 import os
 import shutil
 import struct
-import sys
 import subprocess
+import sys
 import xml.etree.ElementTree as ET
 from pathlib import Path
 

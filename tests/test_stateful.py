@@ -12,11 +12,11 @@ import numpy as np
 import pytest
 from coremltools.converters.mil import Builder as mb
 from coremltools.converters.mil.mil import types
-
-from pattern_infra.verification.errors import EvaluationError
-from pattern_infra.testing.convert import op_counts
-from pattern_infra.verification.evaluator import evaluate, initial_state
 from test_torch_support import RUN_TIME_SLICE_END
+
+from pattern_infra.testing.convert import op_counts
+from pattern_infra.verification.errors import EvaluationError
+from pattern_infra.verification.evaluator import evaluate, initial_state
 
 STATE_OPS = ("read_state", "coreml_update_state", "slice_update")
 RTOL = 1e-5

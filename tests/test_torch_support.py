@@ -10,8 +10,8 @@ from coremltools.converters.mil.frontend.torch import ops as ct_ops
 from coremltools.converters.mil.frontend.torch.torch_op_registry import _TORCH_OPS_REGISTRY
 
 from pattern_infra import torch_support
-from pattern_infra.verification.evaluator import evaluate
 from pattern_infra.testing.convert import convert_exported, convert_torch, op_counts
+from pattern_infra.verification.evaluator import evaluate
 
 
 class Alias(torch.nn.Module):
@@ -185,15 +185,15 @@ def test_a_converter_coremltools_already_has_is_kept(without_converters):
 
 
 def test_import_installs_nothing():
-    import subprocess
-    import sys
+    import forked
 
     code = (
         "import pattern_infra, generic_passes;"
         "from coremltools.converters.mil.frontend.torch.torch_op_registry import _TORCH_OPS_REGISTRY as R;"
         "print('alias' in R.name_to_func_mapping)"
     )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    out = forked.run(["-c", code])  # a fresh interpreter (tests/forked.py)
+    assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "False"
 
 

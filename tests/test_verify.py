@@ -14,14 +14,15 @@ from typing import Any
 import numpy as np
 import pytest
 import sympy as sp
-
 from coremltools.converters.mil import Builder as mb
 from coremltools.converters.mil.mil import get_new_symbol, types
 from coremltools.converters.mil.mil.passes.pass_registry import PASS_REGISTRY
 
+from pattern_infra.clone import clone_program
 from pattern_infra.language.errors import PassRegistrationError
 from pattern_infra.verification.errors import VerificationError
 from pattern_infra.verification.evaluator import evaluate
+from pattern_infra.verification.symbolic import ProofStatus, prove_equivalent, to_sympy
 from pattern_infra.verification.verify import (
     NotElementwiseError,
     VerificationReport,
@@ -30,8 +31,6 @@ from pattern_infra.verification.verify import (
     random_inputs,
     verify_pass,
 )
-from pattern_infra.verification.symbolic import ProofStatus, prove_equivalent, to_sympy
-from pattern_infra.clone import clone_program
 
 SHAPE = (4, 16)
 

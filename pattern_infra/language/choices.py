@@ -91,9 +91,10 @@ def one_of(name: str, *alternatives: Callable[[], Var], fallback: bool = False) 
         if not isinstance(out, Var) or all(out.op is not op for op in ops) or out.op.op_type == "const":
             what = out.name if isinstance(out, Var) else type(out).__name__
             raise PatternDefinitionError(
-                f"one_of({name!r}): alternative {k} returns {what}, which none of its own ops computes. Rule: every "
-                f"alternative produces the choice's variable with one of the ops it builds. Fix: return the output "
-                f"of the alternative's last op, not a pattern input, a constant or a variable built outside it."
+                f"one_of({name!r}): alternative {k} returns {what}, which none of its own ops computes. "
+                "Rule: every alternative produces the choice's variable with one of the ops it builds. Fix: "
+                "return the output of the alternative's last op, not a pattern input, a constant or a "
+                "variable built outside it."
             )
         record.alternatives.append((ops, out))
     return record.alternatives[0][1]
@@ -164,9 +165,10 @@ def regions_of(ops: list[Any], records: list[Record], pattern_name: str) -> dict
             ]
             if len(set(per_alt)) > 1:
                 raise PatternDefinitionError(
-                    f"Pattern {pattern_name!r}: the alternatives of choice {record.name!r} read {var.name!r} a "
-                    f"different number of times ({per_alt}), so whether it has a consumer outside the match "
-                    "would depend on the alternative. Read it the same number of times in each (e.g. through one op)."
+                    f"Pattern {pattern_name!r}: the alternatives of choice {record.name!r} read {var.name!r} "
+                    f"a different number of times ({per_alt}), so whether it has a consumer outside the "
+                    "match would depend on the alternative. Read it the same number of times in each (e.g. "
+                    "through one op)."
                 )
     return found
 
@@ -186,8 +188,9 @@ def _regions(record: Record, outside_names: set[str], pattern_name: str) -> list
         for op in alt_ops:
             if op.op_type != "const" and op.name in outside_names:
                 raise PatternDefinitionError(
-                    f"Pattern {pattern_name!r}: op name {op.name!r} in alternative {k} of choice {record.name!r} is "
-                    f"also used outside the choice; rename it (only alternatives of one choice may share names)."
+                    f"Pattern {pattern_name!r}: op name {op.name!r} in alternative {k} of choice "
+                    f"{record.name!r} is also used outside the choice; rename it (only alternatives of one "
+                    "choice may share names)."
                 )
             for var in _vars_read(op):
                 other = owner.get(id(var.op)) if var.op is not None else None
@@ -195,8 +198,9 @@ def _regions(record: Record, outside_names: set[str], pattern_name: str) -> list
                     reads.setdefault(id(var), var)
                 elif other != k:
                     raise PatternDefinitionError(
-                        f"Pattern {pattern_name!r}: alternative {k} of choice {record.name!r} reads {var.name!r}, "
-                        f"built by alternative {other}; alternatives are independent: rebuild it in alternative {k}."
+                        f"Pattern {pattern_name!r}: alternative {k} of choice {record.name!r} reads "
+                        f"{var.name!r}, built by alternative {other}; alternatives are independent: rebuild "
+                        f"it in alternative {k}."
                     )
         external.append(list(reads.values()))
     slots: dict[int, str] = {}
@@ -210,8 +214,9 @@ def _regions(record: Record, outside_names: set[str], pattern_name: str) -> list
         missing = [k for k, reads in enumerate(external) if all(v is not var for v in reads)]
         if var.op is not None and var.op.op_type != "const" and missing:
             raise PatternDefinitionError(
-                f"Pattern {pattern_name!r}: op {var.op.name!r} is read by some alternatives of choice {record.name!r} "
-                f"but not by alternative(s) {missing}, so nothing would match it: build it inside the ones reading it."
+                f"Pattern {pattern_name!r}: op {var.op.name!r} is read by some alternatives of choice "
+                f"{record.name!r} but not by alternative(s) {missing}, so nothing would match it: build it "
+                "inside the ones reading it."
             )
     return [
         Region(list(alt_ops), {slots[id(v)]: v for v in external[k]}, [out], _label(out, slots))

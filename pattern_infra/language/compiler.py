@@ -92,9 +92,10 @@ def compile_pattern(
     Args:
         ops_arrangement: The pattern, an ``mb.program`` whose ops all carry unique names.
         name: Name used in messages; defaults to the name of the pattern's last op.
-        commutative: ``True``: either operand order where the program op matched is in :data:`COMMUTATIVE_OPS`;
-            ``False``: as written; an iterable: the ops whose ``x`` and ``y`` are tried in both orders *whatever op type
-            matched* (an ``add``/``sub`` alternative read with ``pattern.operand``), the others as written.
+        commutative: ``True``: either operand order where the program op matched is in
+            :data:`COMMUTATIVE_OPS`; ``False``: as written; an iterable: the ops whose ``x`` and ``y`` are
+            tried in both orders *whatever op type matched* (an ``add``/``sub`` alternative read with
+            ``pattern.operand``), the others as written.
         alternatives: Pattern op name to the op types accepted there, e.g. ``{"add_or_sub": ["add",
             "sub"]}``; the op's own type must be among them.
         constants: Default rule for every pattern constant (``"any"``, ``"const"``, ``"value"``,
@@ -222,9 +223,10 @@ def _check_pattern(
     total = count(records, regions)
     if total > MAX_VARIANTS:
         raise PatternDefinitionError(
-            f"Pattern {pattern_name!r} stands for {total} spellings (the product of its choices' alternatives), "
-            f"at most {MAX_VARIANTS} are searched (each compiles as a pattern of its own). Fix: register its parts "
-            f"as separate patterns (a list in one register_generic_pass call), or name fewer ops in equivalences=."
+            f"Pattern {pattern_name!r} stands for {total} spellings (the product of its choices' "
+            f"alternatives), at most {MAX_VARIANTS} are searched (each compiles as a pattern of its own). "
+            "Fix: register its parts as separate patterns (a list in one register_generic_pass call), or "
+            "name fewer ops in equivalences=."
         )
 
 
@@ -248,7 +250,8 @@ def _compile_graph(
         # a choice may share its name only with the op computing its variable
         if op.name in by_name or op.name in combo.chosen and op.name not in combo.aliases.get(op.name, ()):
             raise PatternDefinitionError(
-                f"Pattern {pattern_name!r}: two ops are named {op.name!r}. Give every op a unique `name=` argument."
+                f"Pattern {pattern_name!r}: two ops are named {op.name!r}. Give every op a unique `name=` "
+                "argument."
             )
         if op.name in RESERVED_NAMES or op.name.startswith("_"):
             raise PatternDefinitionError(
@@ -360,13 +363,14 @@ def _check_used(
     unknown = set(options["rules"]) - known
     if unknown:
         raise PatternDefinitionError(
-            f"Pattern {pattern_name!r}: const_rules name {sorted(unknown)}, which are not "
-            f"constants of the pattern. Keys are '<op name>.<slot>' or a const op's name; constants: {sorted(known)}."
+            f"Pattern {pattern_name!r}: const_rules name {sorted(unknown)}, which are not constants of the "
+            f"pattern. Keys are '<op name>.<slot>' or a const op's name; constants: {sorted(known)}."
         )
     unused = [name for r, name in enumerate(func.inputs) if not any(c.root_consumers[r] for c in spellings)]
     if unused:
         raise PatternDefinitionError(
-            f"Pattern {pattern_name!r}: input {unused[0]!r} is used by no op. Remove it from input_specs, or use it."
+            f"Pattern {pattern_name!r}: input {unused[0]!r} is used by no op. Remove it from input_specs, or "
+            "use it."
         )
 
 
@@ -395,8 +399,9 @@ def _final_nodes(
     if stray:
         last = [nodes[i].name for i in finals]
         raise PatternDefinitionError(
-            f"Pattern {pattern_name!r} has more than one last op: {stray + last} have no consumer in the pattern but "
-            f"only {last} is returned. To match several outputs, return every one of them from the pattern program."
+            f"Pattern {pattern_name!r} has more than one last op: {stray + last} have no consumer in the "
+            f"pattern but only {last} is returned. To match several outputs, return every one of them from "
+            "the pattern program."
         )
     for idx in finals:
         nodes[idx].is_final = True

@@ -11,7 +11,6 @@ from collections import ChainMap
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import partial
-from typing import Union
 
 import numpy as np
 from coremltools.converters.mil import Builder as mb
@@ -38,26 +37,29 @@ __all__ = [
 ]
 
 DIV_RTOL = 2.4e-7
-"""Relative tolerance of ``x / c`` against ``x * (1/c)`` in float32 (3 units in the last place, rounded up)."""
+"""Relative tolerance of ``x / c`` against ``x * (1/c)`` in float32 (3 units in the last place, rounded
+up)."""
 REASSOC_RTOL = 2.4e-7
-"""Relative tolerance of ``(a * c) * b`` against ``a * (b * c)`` in float32: ``reassoc_rtol(3)`` rounded up."""
+"""Relative tolerance of ``(a * c) * b`` against ``a * (b * c)`` in float32: ``reassoc_rtol(3)`` rounded
+up."""
 RSQRT_RTOL = 1.2e-7
 """Relative tolerance of ``rsqrt(x)`` against ``1 / sqrt(x)`` in float32, beyond rsqrt's epsilon term."""
 
 MAX_FACTORS = 5
 """Most factors of a chain re-associated (four ``mul``); a longer ``mul`` tree is cut there."""
 
-Tree = Union[int, tuple["Tree", "Tree"]]
+Tree = int | tuple["Tree", "Tree"]
 """An order of multiplication: a factor's index in :attr:`Chain.factors`, or a pair multiplied together."""
 
-Equivalences = Union[bool, Sequence[str], Mapping[str, Sequence[str]]]  # what equivalences= accepts
+Equivalences = bool | Sequence[str] | Mapping[str, Sequence[str]]  # what equivalences= accepts
 
 Scope = ChainMap[int, Var]  # a pattern variable's id to its copy; an alternative builds in a child scope
 
 
 def reassoc_rtol(factors: int) -> float:
-    """Relative tolerance of two orders of multiplication of ``factors`` (2 or more) float32 factors, each making
-    ``factors - 1`` products: ``((1 + u) / (1 - u)) ** (factors - 1) - 1``, ``u = 2**-24`` (docs/LANGUAGE.md)."""
+    """Relative tolerance of two orders of multiplication of ``factors`` (2 or more) float32 factors, each
+    making ``factors - 1`` products: ``((1 + u) / (1 - u)) ** (factors - 1) - 1``, ``u = 2**-24``
+    (docs/LANGUAGE.md)."""
     if factors < 2:
         raise ValueError(f"reassoc_rtol: a chain has 2 factors or more, got {factors}.")
     u = 2.0**-24
@@ -214,8 +216,9 @@ def _plan(func: Function, pattern_name: str, equivalences: Equivalences) -> dict
             if not identity.applies(op):
                 raise PatternDefinitionError(
                     f"Pattern {pattern_name!r}: equivalence {identity.name!r} declared on op {op_name!r} "
-                    f"({op.op_type}), where it does not hold. Rule: {identity.name} is {identity.statement}, for a "
-                    f"{identity.op_type} op with such operands. Fix: declare it on such an op or drop it."
+                    f"({op.op_type}), where it does not hold. Rule: {identity.name} is {identity.statement}, "
+                    f"for a {identity.op_type} op with such operands. Fix: declare it on such an op or drop "
+                    "it."
                 )
     return plan
 
@@ -231,7 +234,8 @@ def _known(pattern_name: str, names: Iterable[str]) -> list[Identity]:
 
 
 def _lookup(var: Var, scope: Scope) -> Var:
-    """The copy of ``var``; a constant is copied where it is first read (inside an alternative: for it alone)."""
+    """The copy of ``var``; a constant is copied where it is first read (inside an alternative: for it
+    alone)."""
     if id(var) not in scope:
         if var.op is None or var.op.op_type != "const":
             raise PatternDefinitionError(f"equivalences: variable {var.name!r} is read before it is built.")
@@ -337,10 +341,10 @@ class Chain:
 
 
 def chain_at(op: Operation, expandable: Callable[[Operation], bool] = lambda op: True) -> Chain | None:
-    """The chain of ``mul`` ops ending at ``op`` that ``reassoc`` applies to (docs/LANGUAGE.md), else None: the
-    ``mul`` tree below ``op``, ``x`` first, an operand expanded when an ``expandable`` ``mul`` makes it for the
-    tree alone (read once, not a block output), within :data:`MAX_FACTORS` factors: 3 or more, some not all
-    numeric constants."""
+    """The chain of ``mul`` ops ending at ``op`` that ``reassoc`` applies to (docs/LANGUAGE.md), else None:
+    the ``mul`` tree below ``op``, ``x`` first, an operand expanded when an ``expandable`` ``mul`` makes it
+    for the tree alone (read once, not a block output), within :data:`MAX_FACTORS` factors: 3 or more,
+    some not all numeric constants."""
     if op.op_type != "mul":
         return None
     factors: list[Var] = []
@@ -374,7 +378,8 @@ def chain_at(op: Operation, expandable: Callable[[Operation], bool] = lambda op:
 
 def association_orders(chain: Chain) -> list[Tree]:
     """Every order of multiplication of the chain's factors, each once up to operand order: ``chain.written``
-    first (a factor that is the very same variable as another counts as that one: ``x * c * x`` has 2 orders)."""
+    first (a factor that is the very same variable as another counts as that one: ``x * c * x`` has 2
+    orders)."""
     same = [next(j for j, v in enumerate(chain.factors) if v is var) for var in chain.factors]
 
     def key(tree: Tree) -> str:

@@ -159,7 +159,8 @@ class PatternNode:
     is_final: bool = False
     """Whether the outputs may be used outside the match."""
     fanout: bool = False
-    """Whether this node stands for *every* consumer of its input variable (all of one kind), captured as a list."""
+    """Whether this node stands for *every* consumer of its input variable (all of one kind), captured as a
+    list."""
     output_uses: list[int] = field(default_factory=list)
     """For each output, how many pattern edges consume it."""
     consumers: list[tuple[int, str, int, int]] = field(default_factory=list)
@@ -249,7 +250,8 @@ class CompiledPattern:
 
 
 def distances(hops: list[dict[int, int]], start: int) -> dict[int, int]:
-    """Fewest steps from node ``start`` to each node it reaches over ``hops`` (:meth:`CompiledPattern.hops`)."""
+    """Fewest steps from node ``start`` to each node it reaches over ``hops``
+    (:meth:`CompiledPattern.hops`)."""
     dist = {start: 0}
     frontier = [start]
     while frontier:  # relax until nothing improves

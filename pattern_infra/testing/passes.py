@@ -19,10 +19,10 @@ from coremltools.converters.mil import Builder as mb
 from coremltools.converters.mil.mil import Program, Var
 from coremltools.converters.mil.mil.passes.pass_registry import PASS_REGISTRY
 
+from ..clone import clone_program
 from ..pipeline.container import PassContainer
 from ..verification.symbolic import ProofStatus, prove_equivalent, to_sympy
 from ..verification.verify import assert_programs_equivalent
-from ..clone import clone_program
 from .convert import experimental_passes, iter_ops
 
 __all__ = [
@@ -216,8 +216,8 @@ def check_fused(
             program (:func:`assert_same_program`); when False coremltools' pass is not run at all.
         prove: Also demand a symbolic proof (:func:`~pattern_infra.verification.symbolic.prove_equivalent`).
         reference_cleanup: See :func:`run_both`.
-        **equivalence: Passed to :func:`~pattern_infra.verification.verify.assert_programs_equivalent` (default
-            tolerances rtol 1e-5, atol 1e-6).
+        **equivalence: Passed to :func:`~pattern_infra.verification.verify.assert_programs_equivalent`
+            (default tolerances rtol 1e-5, atol 1e-6).
 
     Returns:
         Our program.

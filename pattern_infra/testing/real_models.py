@@ -216,12 +216,14 @@ def format_table(rows: list[ModelComparison], *, with_target: bool = False) -> s
     """
     if not with_target:
         lines = [
-            "| model | ops, coremltools | ops, + generic passes | generic passes that fired (rewrites) | max abs err off / on |",
+            "| model | ops, coremltools | ops, + generic passes | generic passes that fired (rewrites) "
+            "| max abs err off / on |",
             "|---|---:|---:|---|---|",
         ]
     else:
         lines = [
-            "| model | target | precision | ops, coremltools | ops, + generic passes | reduction | generic passes that fired (rewrites) | max err / output scale, off / on |",
+            "| model | target | precision | ops, coremltools | ops, + generic passes | reduction "
+            "| generic passes that fired (rewrites) | max err / output scale, off / on |",
             "|---|---|---|---:|---:|---:|---|---|",
         ]
     for r in rows:
@@ -234,7 +236,7 @@ def format_table(rows: list[ModelComparison], *, with_target: bool = False) -> s
             continue
         reduction = 1.0 - r.total_on / r.total_off if r.total_off else 0.0
         lines.append(
-            f"| {r.name} | {getattr(r.target, 'name', r.target)} | {r.precision} | {r.total_off} | {r.total_on} | "
-            f"{100 * reduction:.1f}% | {fired} | {r.rel_err_off:.1e} / {r.rel_err_on:.1e} |"
+            f"| {r.name} | {getattr(r.target, 'name', r.target)} | {r.precision} | {r.total_off} | "
+            f"{r.total_on} | {100 * reduction:.1f}% | {fired} | {r.rel_err_off:.1e} / {r.rel_err_on:.1e} |"
         )
     return "\n".join(lines)

@@ -374,8 +374,8 @@ def measure(seed: int = 0) -> list[dict[str, Any]]:
 def main() -> None:
     """Prints :func:`measure` as a Markdown table (``python -m pattern_infra.testing.stateful``)."""
     print(
-        "| variant | override | ops | tile | scaled_dot_product_attention | read_state / coreml_update_state / "
-        "slice_update | error against PyTorch |"
+        "| variant | override | ops | tile | scaled_dot_product_attention | read_state / coreml_update_state "
+        "/ slice_update | error against PyTorch |"
     )
     print("|---|---|---|---|---|---|---|")
     for row in measure():

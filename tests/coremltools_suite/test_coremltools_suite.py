@@ -31,9 +31,6 @@ from coremltools.converters.mil.mil.passes.tests.test_cleanup_passes import (  #
     TestReduceMeanFusion,
     TestTopologicalReorder,
 )
-from coremltools.converters.mil.mil.passes.tests.test_reduce_transposes_pass import (  # noqa: F401
-    TransposeOptimizationPass,
-)
 from coremltools.converters.mil.mil.passes.tests.test_optimize_linear_passes import (  # noqa: F401
     TestFuseLinearBias,
     TestFuseMatmulWeightBias,
@@ -57,6 +54,9 @@ from coremltools.converters.mil.mil.passes.tests.test_passes import (  # noqa: F
     TestPreluFusion,
     TestPreluToLrelu,
     TestSkipConstexprOps,
+)
+from coremltools.converters.mil.mil.passes.tests.test_reduce_transposes_pass import (  # noqa: F401
+    TransposeOptimizationPass,
 )
 
 PASS_TESTS: dict[str, tuple[str, ...]] = {

@@ -49,8 +49,9 @@ Patterns 1-5 are coremltools' own (same numbering); the written-out family is wh
 
         x --> mul(x, x) --> reduce_sum --> mul(1/N) = E[x^2] --+
         |                                                      v
-        x --> reduce_sum --> mul(1/N) = m --> mul(m, m) --> sub(E[x^2], m^2) --> add(eps) --> rsqrt --> mul(gamma) = k
-        |                             |
+        x --> reduce_sum --> mul(1/N) = m --> mul(m, m) --> sub(E[x^2], m^2) --> add(eps) --> rsqrt --+
+        |                             |                                                                 |
+        |                             |                                               k = mul(gamma) <--+
         |                             +--> mul(m, k) --> sub(beta, m * k) --+
         +--------------------------------> mul(x, k) ---------------------> add --> y
 
@@ -126,6 +127,12 @@ import numpy as np
 from coremltools.converters.mil import Builder as mb
 from coremltools.converters.mil.mil import Program, get_new_symbol
 
+from generic_passes._norm_plan import constraints_1 as _constraints_1
+from generic_passes._norm_plan import constraints_3 as _constraints_3
+from generic_passes._norm_plan import constraints_4 as _constraints_4
+from generic_passes._norm_plan import constraints_5_affine as _constraints_5_affine
+from generic_passes._norm_plan import constraints_written_out as _constraints_written_out
+from generic_passes._norm_plan import transform_norm
 from pattern_infra import ConstRule, Pattern, register_generic_pass
 
 __all__ = [
@@ -309,19 +316,10 @@ layernorm_pattern_5 = WRITTEN_OUT_PATTERNS["sub1_mul_rsqrt_none_nobeta"]
 
 
 # -- what a match says, and which op it becomes: the semantic half, moved unchanged to
-# generic_passes/_norm_plan.py (the rewrite changed only the patterns, which this module keeps)
+# generic_passes/_norm_plan.py (the rewrite changed only the patterns, which this module keeps); imported
+# at the top of this module.
 
-from generic_passes._norm_plan import (  # noqa: E402
-    constraints_1 as _constraints_1,
-    constraints_3 as _constraints_3,
-    constraints_4 as _constraints_4,
-    constraints_5_affine as _constraints_5_affine,
-    constraints_written_out as _constraints_written_out,
-    transform_norm,
-)
-
-
-# -- registration ------------------------------------------------------------------------------------------------
+# -- registration --------------------------------------------------------------------------------------------
 
 
 def _size(program: Program) -> int:

@@ -13,7 +13,10 @@ from pattern_infra.verification.verify import assert_programs_equivalent
 PASS = "generic::fold_add_into_epsilon"
 
 
-def program(op_type: str = "rsqrt", c=np.float32(0.25), *, swap: bool = False, shape=(3, 4)):
+QUARTER = np.float32(0.25)
+
+
+def program(op_type: str = "rsqrt", c=QUARTER, *, swap: bool = False, shape=(3, 4)):
     """``op_type(abs(x) + c, epsilon=1e-3)``, then a ``relu``."""
 
     @mb.program(input_specs=[mb.TensorSpec(shape=shape)])

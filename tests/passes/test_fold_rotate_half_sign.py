@@ -19,7 +19,8 @@ SIN = RNG.standard_normal((1, 1, L, D)).astype(np.float32)
 
 
 def rotary(*, sin: np.ndarray | None = SIN, minus: float = -1.0, neg_first: bool = True) -> Program:
-    """``q * cos + rotate_half(q) * sin`` as coremltools converts transformers' code; ``sin=None``: an input."""
+    """``q * cos + rotate_half(q) * sin`` as coremltools converts transformers' code; ``sin=None``: an
+    input."""
     specs = [mb.TensorSpec(shape=(B, H, L, D))]
     if sin is None:
         specs.append(mb.TensorSpec(shape=(1, 1, L, D)))

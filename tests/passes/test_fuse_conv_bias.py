@@ -1,4 +1,5 @@
-"""``common::fuse_conv_bias``: ``conv``/``conv_transpose`` (``transpose``) then ``add``/``sub`` of a constant."""
+"""``common::fuse_conv_bias``: ``conv``/``conv_transpose`` (``transpose``) then ``add``/``sub`` of a
+constant."""
 
 from __future__ import annotations
 
@@ -9,7 +10,6 @@ from coremltools.converters.mil import Builder as mb
 from coremltools.converters.mil.mil import Program
 
 import generic_passes  # noqa: F401  (registers the passes)
-from pattern_infra.verification.errors import VerificationError
 from pattern_infra.testing.passes import (
     check_fused,
     check_not_fused,
@@ -19,6 +19,7 @@ from pattern_infra.testing.passes import (
     run_pass,
     sampled_conv,
 )
+from pattern_infra.verification.errors import VerificationError
 from pattern_infra.verification.verify import assert_programs_equivalent
 
 PASS = "common::fuse_conv_bias"

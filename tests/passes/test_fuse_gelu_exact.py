@@ -22,8 +22,8 @@ from pattern_infra.testing.passes import (
     run_both,
     run_pass,
 )
-from pattern_infra.verification.verify import assert_programs_equivalent
 from pattern_infra.verification.symbolic import prove_equivalent
+from pattern_infra.verification.verify import assert_programs_equivalent
 
 PASS = "common::fuse_gelu_exact"
 SHAPE = (2, 3, 4)

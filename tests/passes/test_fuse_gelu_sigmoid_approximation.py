@@ -15,8 +15,8 @@ from generic_passes.fuse_gelu_sigmoid_approximation import quick_gelu_pattern
 from pattern_infra.testing.convert import convert_torch
 from pattern_infra.testing.models import quick_gelu
 from pattern_infra.testing.passes import check_fused, op_types, run_both, run_pass
-from pattern_infra.verification.verify import assert_programs_equivalent
 from pattern_infra.verification.symbolic import prove_equivalent
+from pattern_infra.verification.verify import assert_programs_equivalent
 
 NEW_PASS = "generic::fuse_gelu_sigmoid_approximation"
 EXTENDED_PASS = "common::fuse_gelu_exact"

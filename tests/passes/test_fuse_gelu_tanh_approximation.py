@@ -19,8 +19,8 @@ import generic_passes  # noqa: F401  (registers the passes)
 from pattern_infra.testing.convert import convert_torch
 from pattern_infra.testing.models import gelu_tanh_cube, gelu_tanh_pow
 from pattern_infra.testing.passes import check_fused, check_not_fused, op_types, run_both, run_pass
-from pattern_infra.verification.verify import assert_programs_equivalent
 from pattern_infra.verification.symbolic import prove_equivalent
+from pattern_infra.verification.verify import assert_programs_equivalent
 
 PASS = "common::fuse_gelu_tanh_approximation"
 SHAPE = (2, 3, 4)
@@ -157,7 +157,8 @@ def test_convert_fuses_torch_tanh_gelus_under_the_override(fn):
 
 def test_the_patterns_require_the_float32_value_of_sqrt_2_over_pi():
     """Every registered GELU pattern requires sqrt(2 / pi) where GELU has it (the value rule, read from
-    the compiled patterns), and a program off by 2e-3 there (twice the tolerance, coremltools' own) is left alone."""
+    the compiled patterns), and a program off by 2e-3 there (twice the tolerance, coremltools' own) is left
+    alone."""
     from coremltools.converters.mil.mil.passes.pass_registry import PASS_REGISTRY
 
     expected = np.float32(math.sqrt(2 / math.pi))

@@ -9,12 +9,12 @@ import pytest
 import torch
 from coremltools.converters.mil import Builder as mb
 from coremltools.converters.mil.mil import Program, Var
-
-import generic_passes  # noqa: F401  (registers the passes)
 from layernorm_reference import (
     WRITTEN_OUT_PATTERNS,
     written_out_pattern,
 )  # the 108 spellings, one program each
+
+import generic_passes  # noqa: F401  (registers the passes)
 from pattern_infra import VerificationError, find_matches
 from pattern_infra.testing.convert import convert_mil, convert_torch
 from pattern_infra.testing.models import ChannelsFirstLayerNorm, InlineLayerNorm, WrittenLayerNorm
@@ -371,7 +371,7 @@ def test_whole_default_pipeline_gives_the_same_program(build):
     assert_same_program(theirs, ours)
 
 
-# -- beyond coremltools: pre-norm roots, operand and child order, the written-out family -----------------------
+# -- beyond coremltools: pre-norm roots, operand and child order, the written-out family ---------------------
 
 
 def test_pattern_1_prenorm_root_is_fused():
@@ -541,7 +541,7 @@ def test_pattern_4_with_a_scale_that_is_not_1_over_n_is_refused():
     assert_same_program(prog, ours)
 
 
-# -- from PyTorch, as coremltools 9.0 hands the program to this pass ------------------------------------------------
+# -- from PyTorch, as coremltools 9.0 hands the program to this pass -----------------------------------------
 
 
 class RsqrtLayerNorm(torch.nn.Module):
@@ -616,7 +616,7 @@ def test_default_pipeline_with_override_fuses_inline_layer_norm():
     assert_programs_equivalent(theirs, ours, rtol=1e-5)
 
 
-# -- what must not be fused ---------------------------------------------------------------------------------------
+# -- what must not be fused ----------------------------------------------------------------------------------
 
 
 @pytest.mark.parametrize(

@@ -1,4 +1,5 @@
-"""``common::fuse_matmul_weight_bias``: ``matmul`` by a constant matrix, then ``add``/``sub`` of a constant."""
+"""``common::fuse_matmul_weight_bias``: ``matmul`` by a constant matrix, then ``add``/``sub`` of a
+constant."""
 
 from __future__ import annotations
 
@@ -8,7 +9,6 @@ from coremltools.converters.mil import Builder as mb
 from coremltools.converters.mil.mil import Program
 
 import generic_passes  # noqa: F401  (registers the passes)
-from pattern_infra.verification.errors import VerificationError
 from pattern_infra.testing.passes import (
     check_fused,
     check_not_fused,
@@ -17,6 +17,7 @@ from pattern_infra.testing.passes import (
     run_both,
     run_pass,
 )
+from pattern_infra.verification.errors import VerificationError
 from pattern_infra.verification.verify import assert_programs_equivalent
 
 PASS = "common::fuse_matmul_weight_bias"

@@ -12,8 +12,8 @@ from coremltools.converters.mil import Builder as mb
 from coremltools.converters.mil.mil import Program, types
 
 import generic_passes  # noqa: F401  (registers the passes)
-from pattern_infra.verification.errors import VerificationError
 from pattern_infra.testing.passes import check_fused, check_not_fused, normal_f32, op_types, run_both
+from pattern_infra.verification.errors import VerificationError
 from pattern_infra.verification.verify import assert_programs_equivalent
 
 PASS = "common::fuse_onehot_matmul_to_gather"

@@ -1,4 +1,5 @@
-"""``mil_backend::fuse_pow2_sqrt``: ``sqrt(pow(x, 2))`` into ``abs(x)``, ``pow(sqrt(x), 2)`` into ``identity(x)``.
+"""``mil_backend::fuse_pow2_sqrt``: ``sqrt(pow(x, 2))`` into ``abs(x)``, ``pow(sqrt(x), 2)`` into
+``identity(x)``.
 
 coremltools turns both into ``identity``; ours differs on purpose for ``sqrt(pow(x, 2))`` (``|x|``, not
 ``x``). Programs are compared with coremltools' output op for op, ``abs`` standing where coremltools has
@@ -14,8 +15,8 @@ from coremltools.converters.mil import Builder as mb
 from coremltools.converters.mil.mil import Program
 
 import generic_passes  # noqa: F401  (registers the passes)
-from pattern_infra.testing.passes import assert_same_program, op_types, run_both, run_pass
 from generic_passes.fuse_pow2_sqrt import pow2_sqrt_pattern, sqrt_pow2_pattern
+from pattern_infra.testing.passes import assert_same_program, op_types, run_both, run_pass
 from pattern_infra.verification.errors import VerificationError
 from pattern_infra.verification.symbolic import ProofStatus, prove_equivalent
 from pattern_infra.verification.verify import assert_programs_equivalent

@@ -14,10 +14,10 @@ from coremltools.converters.mil.mil.passes.pass_registry import PASS_REGISTRY
 
 import generic_passes  # noqa: F401  (registers the passes)
 from pattern_infra import run_log
-from pattern_infra.verification.evaluator import evaluate
 from pattern_infra.testing.convert import convert_torch, op_counts
 from pattern_infra.testing.models import bert_encoder, gpt2_block, prenorm_transformer
 from pattern_infra.testing.passes import assert_same_program, op_types, run_pass
+from pattern_infra.verification.evaluator import evaluate
 from pattern_infra.verification.verify import assert_programs_equivalent
 
 PASS = "generic::fuse_sdpa"

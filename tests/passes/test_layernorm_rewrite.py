@@ -11,15 +11,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import layernorm_reference
 import pytest
+import test_fuse_layernorm_or_instancenorm as ln_tests
 from coremltools.converters.mil.mil import Program
 from coremltools.converters.mil.mil.passes.pass_registry import PASS_REGISTRY
-
-import layernorm_reference
-import test_fuse_layernorm_or_instancenorm as ln_tests
-from pattern_infra.testing.passes import run_pass, same_name_counters
-
 from harvest import harvest
+
+from pattern_infra.testing.passes import run_pass, same_name_counters
 
 PASS = "common::fuse_layernorm_or_instancenorm"
 
@@ -51,7 +50,9 @@ def test_the_pass_is_eight_patterns_in_under_200_lines():
 def test_same_programs_as_before_on_every_layer_norm_test_program(reference):
     compared = changed = 0
     for prog in _programs():
-        ours, theirs = same_name_counters(lambda: run_pass(PASS, prog), lambda: run_pass(reference, prog))
+        ours, theirs = same_name_counters(
+            lambda prog=prog: run_pass(PASS, prog), lambda prog=prog: run_pass(reference, prog)
+        )
         assert str(ours) == str(theirs), str(prog)
         compared += 1
         changed += str(ours) != str(prog)
