@@ -343,7 +343,7 @@ def transform_norm(pattern: Pattern) -> None:
     pattern.replace_output(y)
 
 
-# -- reading each pattern's match ------------------------------------------------------------------------------
+# -- reading each pattern's match ----------------------------------------------------------------------------
 
 
 def _folded_gamma_beta(pattern: Pattern) -> tuple[_Affine, _Affine]:

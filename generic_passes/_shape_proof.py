@@ -32,9 +32,9 @@ Rules:
    indices pick from a vector; ``concat`` on axis 0 joins; ``add``, ``sub``, ``mul``, ``minimum``,
    ``maximum`` compute element by element (a minimum where neither side is proven the smaller stays
    undecided), and ``real_div`` of integers where the quotient is proven exact (a polynomial with
-   integer coefficients: ``S / S = 1``, never ``S / is96``); ``select(equal(v, c), a, b)`` picks element by element where each
-   comparison is decided; ``cast`` to an integer type, ``expand_dims``, ``squeeze`` and ``reshape``
-   keep the values in order.
+   integer coefficients: ``S / S = 1``, never ``S / is96``); ``select(equal(v, c), a, b)`` picks element
+   by element where each comparison is decided; ``cast`` to an integer type, ``expand_dims``,
+   ``squeeze`` and ``reshape`` keep the values in order.
 5. ``a <= b`` is proven when ``b - a`` is linear in the symbols and its minimum over their ranges
    (rule 1) is ``>= 0``; ``a == b`` when ``a - b`` expands to 0.
 """
@@ -377,7 +377,8 @@ class ShapeFacts:
 
 
 def _integral(expr: Expr | None) -> bool:
-    """``expr`` is a polynomial with integer coefficients: an integer for every integer value of its symbols."""
+    """``expr`` is a polynomial with integer coefficients: an integer for every integer value of its
+    symbols."""
     if expr is None:
         return False
     if expr.is_number:

@@ -1,4 +1,5 @@
-"""``generic::fold_add_into_epsilon``: ``add(x, c)`` before ``rsqrt``, ``inverse`` or ``log`` into their ``epsilon``.
+"""``generic::fold_add_into_epsilon``: ``add(x, c)`` before ``rsqrt``, ``inverse`` or ``log`` into their
+``epsilon``.
 
 Math: MIL's ``rsqrt(v, epsilon)`` is ``1 / sqrt(v + epsilon)``, ``inverse(v, epsilon)`` is
 ``1 / (v + epsilon)`` and ``log(v, epsilon)`` is ``log(v + epsilon)`` (iOS15 ``elementwise_unary``). So

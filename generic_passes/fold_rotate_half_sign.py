@@ -30,7 +30,11 @@ one op fewer per rotated tensor (two per attention layer), where ``sin'`` is:
   pass makes it only when ``sin`` has at least two rotations to fold (fewer ops), and reuses it for the
   others::
 
-      sin --> mul(cat_1) ...  mul(cat_2) ...          sin --> mul(s) --> sin' --> mul(cat_1) ...  mul(cat_2) ...
+      sin --> mul(cat_1) ...  mul(cat_2) ...
+
+  becomes::
+
+      sin --> mul(s) --> sin' --> mul(cat_1) ...  mul(cat_2) ...
 
 Conditions: the ``-1`` is exactly -1, ``sin`` (not a constexpr) has the same dtype and its size along the
 axis (aligned from the right) is the full size, so the sign has a place in it; the stack form stacks on

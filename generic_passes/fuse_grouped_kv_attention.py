@@ -25,8 +25,9 @@ Patterns (``k``, ``v`` of shape ``[B, Hkv, S, E]``)::
 
     k --> expand_dims(axes=[2]) --> tile(reps=[1, 1, G, 1, 1]) --> reshape([B, H, S, E]) --|
     v --> expand_dims(axes=[2]) --> tile(reps=[1, 1, G, 1, 1]) --> reshape([B, H, S, Ev]) -|
-    q ------------------------------------------------------------------------------> scaled_dot_product_attention --> y
-                                                                          [attn_mask] --^
+    q -------------------------------------------------------------------------> sdpa --> y
+                                                                     [attn_mask] --^
+    (sdpa: scaled_dot_product_attention)
 
     Multi-query form (Falcon: one K/V head, Hkv = 1, expanded to the H query heads; G = H):
 
@@ -40,7 +41,7 @@ Patterns (``k``, ``v`` of shape ``[B, Hkv, S, E]``)::
 
 all become::
 
-    q --> reshape([B, Hkv, G*L, E]) --> scaled_dot_product_attention(., k, v, [M']) --> reshape([B, H, L, Ev]) --> y
+    q --> reshape([B, Hkv, G*L, E]) --> sdpa(., k, v, [M']) --> reshape([B, H, L, Ev]) --> y
 
 7 ops become 3 (4 when a runtime mask shared by the heads needs its ``tile``; a constant mask is
 repeated at compile time); with run-time reps, 13 become 3. A ``tile`` of ``Hkv > 1`` heads by ``[1, G,
@@ -200,7 +201,7 @@ def _new_mask(
     shape = facts.dims(mask)
     if shape is None or len(shape) > 4:
         return None
-    b, h, l, _ = q
+    b, h, length, _ = q
     full = (1,) * (4 - len(shape)) + tuple(shape)
     mb_, mh, ml, ms = full
     value = (
@@ -208,18 +209,18 @@ def _new_mask(
     )
     if mh == 1 and ml == 1:
         return "keep", None
-    if mh == 1 and facts.equal(ml, l):
+    if mh == 1 and facts.equal(ml, length):
         if len(shape) != 4 and sum(not _is_int(d) for d in full) > 1:
             return None  # the reshape to rank 4 could name only one size -1
         return "tile", None if value is None else np.tile(value.reshape(full), (1, 1, groups, 1))
-    if not all(_is_int(d) for d in full + (l,)):
+    if not all(_is_int(d) for d in full + (length,)):
         return None
-    if mh == h and ml in (1, l) and (ml == l or value is not None):
+    if mh == h and ml in (1, length) and (ml == length or value is not None):
         if value is None:
             return "reshape", None
-        shape4 = tuple(int(d) for d in (mb_, h, l, ms))
+        shape4 = tuple(int(d) for d in (mb_, h, length, ms))
         return "reshape", np.broadcast_to(value.reshape(full), shape4).reshape(
-            int(mb_), hkv, groups * int(l), int(ms)
+            int(mb_), hkv, groups * int(length), int(ms)
         )
     return None
 
@@ -287,10 +288,10 @@ def transform_grouped_kv(pattern: Pattern) -> None:
     facts = ShapeFacts.of(pattern.block)
     sdpa = pattern.sdpa
     name = sdpa.outputs[0].name
-    b, h, l, e = facts.dims(sdpa.query)
+    b, h, length, e = facts.dims(sdpa.query)
     out_shape = _shape_with_one_unknown(facts.dims(sdpa.outputs[0]))
     hkv, groups = pattern.kv_heads, pattern.kv_groups
-    rows = groups * int(l) if _is_int(l) else -1
+    rows = groups * int(length) if _is_int(length) else -1
     query = mb.reshape(
         x=sdpa.query, shape=[int(b), hkv, rows, int(e)], name=f"{name}_query_folded", before_op=sdpa
     )
@@ -313,7 +314,7 @@ def transform_grouped_kv(pattern: Pattern) -> None:
         elif how == "reshape":
             mask = mb.reshape(
                 x=mask,
-                shape=[int(full[0]), hkv, groups * int(l), int(full[3])],
+                shape=[int(full[0]), hkv, groups * int(length), int(full[3])],
                 name=f"{name}_mask_folded",
                 before_op=sdpa,
             )

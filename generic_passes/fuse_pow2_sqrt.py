@@ -1,4 +1,5 @@
-"""``mil_backend::fuse_pow2_sqrt``: ``sqrt(pow(x, 2))`` into ``abs(x)``, ``pow(sqrt(x), 2)`` into ``identity(x)``.
+"""``mil_backend::fuse_pow2_sqrt``: ``sqrt(pow(x, 2))`` into ``abs(x)``, ``pow(sqrt(x), 2)`` into
+``identity(x)``.
 
 Math: ``sqrt(x^2) = |x|`` for every real ``x``; ``(sqrt(x))^2 = x`` wherever ``sqrt(x)`` is defined
 (``x >= 0``; for ``x < 0`` the original is NaN)::

@@ -66,7 +66,8 @@ dimensions, so K and V are tiled to them, which is what the broadcast computes (
 reps are ``[1, H, 1, 1]``, the multi-query form ``generic::fuse_grouped_kv_attention`` folds away right
 after this pass (Q reshaped to ``[B, 1, H*L, E]``, K and V never repeated)::
 
-    q [B, H, L, E], k [B, 1, S, E] --> matmul(transpose_y=True) --> * c --> [mask] --> softmax --> matmul(., v [B, 1, S, Ev])
+    q [B, H, L, E], k [B, 1, S, E] --> matmul(transpose_y=True) --> * c --> [mask] --> softmax
+        --> matmul(., v [B, 1, S, Ev])
 
     becomes    k --> tile([1, H, 1, 1]) --|
                v --> tile([1, H, 1, 1]) --|--> scaled_dot_product_attention --> y      (then folded, G = H)
@@ -80,8 +81,9 @@ for another. In a KV-cache decoder converted with flexible query and cache lengt
 keys are the cache sliced up to ``end = gather(shape(mask), 3)``, repeated and reshaped, and every op
 on the way gives its output fresh symbols::
 
-    mask [1, 1, L, S] --> shape --> gather(3) --> concat --> slice_by_index(cache, end=.) --> [1, Hkv, is96, E]
-        --> expand_dims --> tile(reps computed from shape(.)) --> reshape([1, H, -1, E]) --> [1, H, is97*.../32, E]
+    mask [1, 1, L, S] --> shape --> gather(3) --> concat --> slice_by_index(cache, end=.)
+        --> [1, Hkv, is96, E] --> expand_dims --> tile(reps computed from shape(.))
+        --> reshape([1, H, -1, E]) --> [1, H, is97*.../32, E]
     q [1, H, L, E] --> matmul(., keys, transpose_y=True) --> [1, H, L, is97*.../32] --> * c --> + mask --> ...
 
 The keys' length is proven ``S``, the mask's: the slice's length is ``end - 0 = S`` because ``0 <= S <= 15

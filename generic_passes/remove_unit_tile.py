@@ -6,7 +6,8 @@ lengths and converted with coremltools' own ``copy`` converter. ``torch.export``
 are different symbols, and takes the target's size from one of them in set order (so from
 ``PYTHONHASHSEED``), with a ``tile`` whose reps are computed at run time::
 
-    reps = real_div(select(equal(target, -1), shape(k), target), shape(k))     target: k's shape or the slice's
+    reps = real_div(select(equal(target, -1), shape(k), target), shape(k))
+    (target: k's shape or the slice's)
 
 coremltools' ``noop_elimination`` removes a ``tile`` only when its reps are constant ones, which these
 are not. (``pattern_infra.torch_support.install()`` replaces that converter: it reads the sizes

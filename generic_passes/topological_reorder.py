@@ -1,4 +1,5 @@
-"""``common::topological_reorder``: every ``cast`` and ``transpose`` moved right before its first use, in linear time.
+"""``common::topological_reorder``: every ``cast`` and ``transpose`` moved right before its first use, in
+linear time.
 
 Not a pattern: the pass moves ops within a whole block, and where an op goes depends on where the ops
 after it went. It is a plain graph pass (:func:`pattern_infra.register_graph_pass`), registered under

@@ -134,16 +134,20 @@ EXPECTED_DIFFERENCES: dict[str, str] = {
         "wider: as test_skip_fuse_conv, the batch_norm's factors go into the int8 weight's per-axis scale"
     ),
     "TestSkipConstexprOps::test_skip_fuse_linear_bias[constexpr_cast-True-False]": (
-        "wider: a constant bias folds into a linear whatever its weight; the constexpr_cast weight is kept as it is"
+        "wider: a constant bias folds into a linear whatever its weight; the constexpr_cast "
+        "weight is kept as it is"
     ),
     "TestSkipConstexprOps::test_skip_fuse_linear_bias[constexpr_sparse_to_dense-True-False]": (
-        "wider: a constant bias folds into a linear whatever its weight; the constexpr_sparse_to_dense weight is kept as it is"
+        "wider: a constant bias folds into a linear whatever its weight; the constexpr_sparse_to_dense "
+        "weight is kept as it is"
     ),
     "TestSkipConstexprOps::test_skip_fuse_linear_bias[constexpr_lut_to_dense-True-False]": (
-        "wider: a constant bias folds into a linear whatever its weight; the constexpr_lut_to_dense weight is kept as it is"
+        "wider: a constant bias folds into a linear whatever its weight; the constexpr_lut_to_dense "
+        "weight is kept as it is"
     ),
     "TestSkipConstexprOps::test_skip_fuse_linear_bias[constexpr_affine_dequantize-True-False]": (
-        "wider: a constant bias folds into a linear whatever its weight; the constexpr_affine_dequantize weight is kept as it is"
+        "wider: a constant bias folds into a linear whatever its weight; the constexpr_affine_dequantize "
+        "weight is kept as it is"
     ),
     "TestFuseLayerNormOrInstanceNorm::test_ane_layer_norm[True-True]": (
         "wider: coremltools refuses the whole fusion when beta is constexpr; ours fuses the norm into "
