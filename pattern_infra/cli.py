@@ -20,15 +20,12 @@ import functools
 import importlib
 import json
 import os
-import re
 import sys
 import textwrap
-from collections import Counter
 from pathlib import Path
 from typing import Any
 
 import click
-import numpy as np
 
 from .language.errors import PatternInfraError
 
@@ -261,6 +258,7 @@ def optimize(
 ) -> None:
     """Run the generic passes on SOURCE and write the result to OUTPUT (weights and metadata kept)."""
     from .mlpackage import optimize_mlpackage
+    from .report import non_const_ops
 
     result = optimize_mlpackage(
         source,
@@ -271,7 +269,7 @@ def optimize(
         overwrite=overwrite,
         check=functools.partial(_verify, tolerance=tolerance, output=output) if verify else None,
     )
-    before, after = _non_const(result.before), _non_const(result.after)
+    before, after = non_const_ops(result.before), non_const_ops(result.after)
     click.echo(f"{result.written}: {len(result.rewrites)} rewrite(s); non-const ops {before} -> {after}")
 
 
@@ -296,6 +294,7 @@ def report(
 ) -> None:
     """List what each generic pass would fuse in SOURCE, and where; SOURCE is not changed."""
     from .mlpackage import load_mlpackage, run_passes
+    from .report import report_text
 
     chosen, excluded = _checked_ids("--passes", passes) or None, _checked_ids("--exclude", exclude)
     model = load_mlpackage(source)
@@ -320,7 +319,7 @@ def report(
             )
         )
     else:
-        click.echo(_report_text(result))
+        click.echo(report_text(result))
     if html_dir is not None:
         from .report import write_html_report
 
@@ -336,32 +335,24 @@ def _verify(original: Any, optimized: Any, *, tolerance: float, output: Path) ->
     """``optimize --verify``: the model as read and ``optimized`` run in the reference evaluator (float64)
     on :data:`VERIFY_TRIALS` random input sets (flexible dimensions sized within their ranges); raises
     when an output moved by more than ``tolerance`` times its scale, before anything is written."""
-    from .verification.evaluator import evaluate
-    from .verification.inputs import random_inputs, sizes_in_ranges
+    from .verification.compare import largest_difference
+    from .verification.errors import VerificationError
+    from .verification.inputs import sizes_in_ranges
     from .verification.verify import check_same_interface
 
     untouched = f"{output} was not written (an existing one is left as it was)"
     before = original.program
-    sizes = sizes_in_ranges(before, original.spec.description)
-    worst = (0.0, 0.0, "")  # (difference / scale, difference, output)
     try:
         check_same_interface(before.functions["main"], optimized.functions["main"], "the passes")
-        for seed in range(VERIFY_TRIALS):
-            inputs = random_inputs(before, seed=seed, sizes_for_symbols=sizes)
-            expected, actual = evaluate(before, inputs), evaluate(optimized, inputs)
-            for (name, a), b in zip(expected.items(), actual.values()):
-                if np.shape(a) != np.shape(b):
-                    raise _Failure(
-                        f"--verify: the passes changed the shape of output {name!r} from {np.shape(a)} to "
-                        f"{np.shape(b)}; {untouched}."
-                    )
-                worst = max(worst, (*_difference(a, b), name))
+        sizes = sizes_in_ranges(before, original.spec.description)
+        relative, absolute, name = largest_difference(before, optimized, trials=VERIFY_TRIALS, sizes=sizes)
+    except VerificationError as exc:
+        raise _Failure(f"--verify: {exc}; {untouched}.") from exc
     except PatternInfraError as exc:
         raise _Failure(
             f"--verify: the reference evaluator cannot compare the model before and after the passes "
             f"({' '.join(str(exc).split())}); {untouched}. Run without --verify to write it unchecked."
         ) from exc
-    relative, absolute, name = worst
     figures = f"largest difference {absolute:.3g} ({relative:.3g} of the output's scale"
     figures += f", output {name!r})" if absolute > 0 else ")"
     if relative > tolerance:
@@ -371,64 +362,6 @@ def _verify(original: Any, optimized: Any, *, tolerance: float, output: Path) ->
             f"--passes, or raise --tolerance if the difference is expected (float16 models: docs/CLI.md)."
         )
     click.echo(f"verify: {figures} over {VERIFY_TRIALS} random input sets, tolerance {tolerance:g}")
-
-
-def _difference(expected: Any, actual: Any) -> tuple[float, float]:
-    """The largest ``|actual - expected|`` over the output's scale (its largest finite magnitude, at least
-    1), and itself; NaN against NaN and an infinity against the same one count as equal."""
-    a, b = np.asarray(expected, dtype=np.float64), np.asarray(actual, dtype=np.float64)
-    if a.size == 0:
-        return 0.0, 0.0
-    same = (a == b) | (np.isnan(a) & np.isnan(b))
-    with np.errstate(invalid="ignore"):
-        gap = np.where(same, 0.0, np.abs(b - a))
-    gap = float(np.nan_to_num(gap, nan=np.inf).max())
-    finite = np.abs(a[np.isfinite(a)])
-    scale = max(1.0, float(finite.max()) if finite.size else 1.0)
-    return gap / scale, gap
-
-
-def _non_const(counts: Any) -> int:
-    return sum(n for op_type, n in counts.items() if op_type != "const")
-
-
-def _report_text(result: Any) -> str:
-    lines = []
-    by_pass: dict[str, list[Any]] = {}
-    for rewrite in result.rewrites:
-        by_pass.setdefault(rewrite.pass_id, []).append(rewrite)
-    for pass_id, rewrites in by_pass.items():
-        lines.append(f"{pass_id}: {len(rewrites)} rewrite(s)")
-        for r in rewrites:
-            new = ", ".join(f"{op.name} ({op.type})" for op in r.after) or "outputs redirected"
-            lines.append(f"  {r.pattern} in {r.function}/{r.block}: {', '.join(r.matched)} -> {new}")
-    if not by_pass:
-        lines.append("no generic pass found anything to fuse")
-    lines.append(f"non-const ops: {_non_const(result.before)} -> {_non_const(result.after)}")
-    lines.extend(_near_miss_lines(getattr(result, "near_misses", {})))
-    return "\n".join(lines)
-
-
-_NEEDS_TARGET = re.compile(r"needs (iOS\d+|macOS\d+) or later")
-"""A refusal worded after the deployment target that would lift it (``needs iOS18 or later (op)``)."""
-
-
-def _near_miss_lines(near_misses: Any) -> list[str]:
-    """Per pass, the places its own checks refused, by reason, and what a newer target would fuse."""
-    if not near_misses:
-        return []
-    lines = ["near misses (refused by a pass's own checks):"]
-    for pass_id, reasons in near_misses.items():
-        lines.append(f"{pass_id}: {sum(reasons.values())} near miss(es)")
-        targets: Counter[str] = Counter()
-        for reason, n in sorted(reasons.items(), key=lambda item: (-item[1], item[0])):
-            lines.append(f"  {n} x {reason}")
-            needed = _NEEDS_TARGET.search(reason)
-            if needed:
-                targets[needed.group(1)] += n
-        for target, n in targets.items():
-            lines.append(f"  would fuse {n} match{'' if n == 1 else 'es'} at {target}")
-    return lines
 
 
 @main.command(epilog=_EPILOG)

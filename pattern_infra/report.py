@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import html
 import os
+import re
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -28,7 +29,7 @@ from typing import Any
 from .language.errors import PatternInfraError
 from .tracing import OpRecord, Rewrite
 
-__all__ = ["draw_graph", "write_html_report"]
+__all__ = ["draw_graph", "non_const_ops", "report_text", "write_html_report"]
 
 _ROW = 64
 """Vertical distance between layers, in pixels."""
@@ -323,3 +324,49 @@ window.addEventListener("load", function () {{
 </script>
 </body></html>
 """
+
+
+def non_const_ops(counts: Any) -> int:
+    """The number of ops of an op histogram that are not ``const``."""
+    return sum(n for op_type, n in counts.items() if op_type != "const")
+
+
+def report_text(result: Any) -> str:
+    """``mil-patterns report``'s text: each pass's rewrites, the op counts before and after, and the
+    near misses (:func:`pattern_infra.mlpackage.run_passes`' result)."""
+    lines = []
+    by_pass: dict[str, list[Any]] = {}
+    for rewrite in result.rewrites:
+        by_pass.setdefault(rewrite.pass_id, []).append(rewrite)
+    for pass_id, rewrites in by_pass.items():
+        lines.append(f"{pass_id}: {len(rewrites)} rewrite(s)")
+        for r in rewrites:
+            new = ", ".join(f"{op.name} ({op.type})" for op in r.after) or "outputs redirected"
+            lines.append(f"  {r.pattern} in {r.function}/{r.block}: {', '.join(r.matched)} -> {new}")
+    if not by_pass:
+        lines.append("no generic pass found anything to fuse")
+    lines.append(f"non-const ops: {non_const_ops(result.before)} -> {non_const_ops(result.after)}")
+    lines.extend(_near_miss_lines(getattr(result, "near_misses", {})))
+    return "\n".join(lines)
+
+
+_NEEDS_TARGET = re.compile(r"needs (iOS\d+|macOS\d+) or later")
+"""A refusal worded after the deployment target that would lift it (``needs iOS18 or later (op)``)."""
+
+
+def _near_miss_lines(near_misses: Any) -> list[str]:
+    """Per pass, the places its own checks refused, by reason, and what a newer target would fuse."""
+    if not near_misses:
+        return []
+    lines = ["near misses (refused by a pass's own checks):"]
+    for pass_id, reasons in near_misses.items():
+        lines.append(f"{pass_id}: {sum(reasons.values())} near miss(es)")
+        targets: Counter[str] = Counter()
+        for reason, n in sorted(reasons.items(), key=lambda item: (-item[1], item[0])):
+            lines.append(f"  {n} x {reason}")
+            needed = _NEEDS_TARGET.search(reason)
+            if needed:
+                targets[needed.group(1)] += n
+        for target, n in targets.items():
+            lines.append(f"  would fuse {n} match{'' if n == 1 else 'es'} at {target}")
+    return lines
