@@ -94,15 +94,18 @@ def _flat(match: Pattern) -> list[tuple[str, Any]]:
 
 def _spelling_of(matcher: Matcher, failure: Failure) -> tuple[str, int]:
     """The spelling a failure was in: the first whose ops include every op bound and the op it stopped
-    at; its name (the alternative taken at each choice, ``""`` for a pattern of one spelling) and size."""
+    at; its name (its number and the alternative it takes at each choice, ``""`` for a pattern of one
+    spelling) and its number of ops."""
     wanted = {*failure.ops, failure.node}
     names = [{matcher.ops[i].name for i in index} for index in matcher.index]
     v = next((v for v, ops in enumerate(names) if wanted <= ops), 0)
     if len(matcher.variants) == 1:
         return "", len(names[v])
-    chosen = matcher.variants[v].choices
-    label = ", ".join(f"{choice}=alternative {k + 1}" for choice, k in chosen.items())
-    return f"{v + 1} ({label})" if label else str(v + 1), len(names[v])
+    taken: dict[str, str] = {}
+    for choice, words in matcher.variants[v].within.values():
+        taken.setdefault(choice, words)
+    label = "; ".join(f"{choice} = {words}" for choice, words in taken.items())
+    return f"{v + 1} of {len(names)} ({label})" if label else f"{v + 1} of {len(names)}", len(names[v])
 
 
 def _readable(failure: Failure) -> Failure:
@@ -118,7 +121,7 @@ def _readable(failure: Failure) -> Failure:
             f"choice {found[1]!r} takes its first alternative that matches, and an earlier one "
             f"matches here{found[2]}"
         )
-    reason = re.sub(r" \(alternative (.*) of '(\w+)'\)$", r" (trying \1 for choice '\2')", reason)
+    reason = re.sub(r" \(alternative .* of '\w+'\)$", "", reason)  # the spelling names it
     return Failure(len(ops), failure.node, reason, ops)
 
 
