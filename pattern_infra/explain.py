@@ -122,6 +122,9 @@ def _readable(failure: Failure) -> Failure:
             f"matches here{found[2]}"
         )
     reason = re.sub(r" \(alternative .* of '\w+'\)$", "", reason)  # the spelling names it
+    reason = re.sub(
+        r"^no unmatched consumer of (\S+) has type (.+)$", r"no other consumer of \1 is a \2 op", reason
+    )
     return Failure(len(ops), failure.node, reason, ops)
 
 
