@@ -60,6 +60,9 @@ def test_the_layer_norm_pass_on_the_prenorm_transformer_reads_for_a_user(transfo
     # a spelling of several is named by its number and the alternative it takes at each choice
     assert re.search(r"ops of spelling \d+ of 36 \(squared = ", text), text
     assert "square=pow_1" in text and "squared=pow_1" not in text
+    # each pattern is named after its program (what it is), not by a bare number
+    assert not re.search(r"pattern 'pattern_\d", text), text
+    assert "pattern 'layernorm_pattern_1'" in text and "pattern 'instancenorm_pattern_4'" in text
 
 
 @mb.program(input_specs=[mb.TensorSpec(shape=(2, 4))])
