@@ -42,7 +42,7 @@ class Explanation:
     pattern: str
     """The pattern's name."""
     pattern_size: int
-    """Number of ops in the pattern."""
+    """Number of ops of the pattern's longest spelling."""
     matches: list[Pattern] = field(default_factory=list)
     """Complete matches that passed the constraints (and the transform, if one was given)."""
     near_misses: list[Failure] = field(default_factory=list)
@@ -160,7 +160,7 @@ def explain(
         return Explanations(explain(c, prog, vc, transform_pattern, top=top) for c, vc in targets)
     compiled, var_constraints = targets[0]
     matcher = Matcher(compiled)
-    result = Explanation(compiled.name, len(matcher.nodes))
+    result = Explanation(compiled.name, max(map(len, matcher.index)))
     misses: dict[tuple[int, str, str], Failure] = {}
     refused: set[str] = set()
 
@@ -190,9 +190,7 @@ def explain(
     if transform_pattern is not None and result.matches:
         result.matches = _try_transforms(prog, result, compiled.name, matcher, transform_pattern, misses)
     taken = {op.name for m in result.matches for _, op in _flat(m)}
-    readable = [
-        _readable(f) for f in misses.values() if not taken & set(_readable(f).ops.values()) or not f.ops
-    ]
+    readable = [f for f in map(_readable, misses.values()) if not taken & set(f.ops.values())]
     unique = {(f.bound, f.node, f.reason, str(f.ops)): f for f in readable}
     ranked = sorted(unique.values(), key=lambda f: (-f.bound, f.node, f.reason))
     result.near_misses = ranked[:top]
