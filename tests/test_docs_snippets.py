@@ -190,7 +190,7 @@ def test_only_python_fences_are_collected_with_their_lines_and_slow_mark():
     assert python_blocks(text) == [
         Block(3, "a = 1\n", False),
         Block(10, "b = 2\n", True),
-        Block(14, "c = 3\n", False),
+        Block(14, "c = 3\n", False, "```python"),  # the text block right after it: what it prints
     ]
 
 
