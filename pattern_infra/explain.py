@@ -10,16 +10,13 @@ program passed in is never changed. A match turned down lets the search go on, a
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from coremltools.converters.mil.mil import Program
 
-from .rewriting.blocks import BlockIndex, iter_blocks
-from .matching.matcher import Failure, Matcher
-from .language.pattern import Pattern
-from .pipeline.container import PassContainer
 from .find import (
     ALREADY_FOUND,
     COLLECTED,
@@ -30,6 +27,10 @@ from .find import (
     has_fallback,
     resolve_patterns,
 )
+from .language.pattern import Pattern
+from .matching.matcher import Failure, Matcher
+from .pipeline.container import PassContainer
+from .rewriting.blocks import BlockIndex, iter_blocks
 
 __all__ = ["Explanation", "Explanations", "explain"]
 
@@ -41,21 +42,26 @@ class Explanation:
     pattern: str
     """The pattern's name."""
     pattern_size: int
-    """Number of ops in the pattern."""
+    """Number of ops of the pattern's longest spelling."""
     matches: list[Pattern] = field(default_factory=list)
     """Complete matches that passed the constraints (and the transform, if one was given)."""
     near_misses: list[Failure] = field(default_factory=list)
-    """The partial matches that got furthest, best first."""
+    """The partial matches that got furthest, best first; none at a program op a full match holds."""
+    spellings: list[tuple[str, int]] = field(default_factory=list)
+    """Per near miss, the spelling tried (its name, or ``""`` for a pattern of one spelling) and its
+    number of ops."""
 
     def __str__(self) -> str:
-        lines = [f"pattern {self.pattern!r} ({self.pattern_size} ops): {len(self.matches)} full match(es)"]
+        lines = [f"pattern {self.pattern!r}: {len(self.matches)} full match(es)"]
         for m in self.matches:
             lines.append("  match: " + ", ".join(f"{k}={op.name}" for k, op in _flat(m)))
-        for miss in self.near_misses:
-            bound = ", ".join(f"{k}={v}" for k, v in miss.ops.items()) or "nothing"
+        for i, miss in enumerate(self.near_misses):
+            name, size = self.spellings[i] if i < len(self.spellings) else ("", self.pattern_size)
+            of = f" of spelling {name}" if name else ""
+            bound = ", ".join(f"{k}={v}" for k, v in miss.ops.items()) or "none"
             lines.append(
-                f"  near miss: {miss.bound}/{self.pattern_size} ops bound ({bound}); "
-                f"failed at {miss.node!r}: {miss.reason}"
+                f"  near miss: {miss.bound}/{size} ops{of} matched ({bound}); "
+                f"stopped at {miss.node!r}: {miss.reason}"
             )
         if not self.matches and not self.near_misses:
             lines.append("  no program op has the type of any pattern op")
@@ -75,11 +81,51 @@ class Explanations(list):
 
 
 def _flat(match: Pattern) -> list[tuple[str, Any]]:
-    out = []
+    """Pattern op name and program op, each program op once (under its first name: an op computing a
+    choice's variable is bound under its own name and the choice's)."""
+    out, seen = [], set()
     for name, op in match.ops.items():
         for one in op if isinstance(op, list) else [op]:
-            out.append((name, one))
+            if id(one) not in seen:
+                seen.add(id(one))
+                out.append((name, one))
     return out
+
+
+def _spelling_of(matcher: Matcher, failure: Failure) -> tuple[str, int]:
+    """The spelling a failure was in: the first whose ops include every op bound and the op it stopped
+    at; its name (its number and the alternative it takes at each choice, ``""`` for a pattern of one
+    spelling) and its number of ops."""
+    wanted = {*failure.ops, failure.node}
+    names = [{matcher.ops[i].name for i in index} for index in matcher.index]
+    v = next((v for v, ops in enumerate(names) if wanted <= ops), 0)
+    if len(matcher.variants) == 1:
+        return "", len(names[v])
+    taken: dict[str, str] = {}
+    for choice, words in matcher.variants[v].within.values():
+        taken.setdefault(choice, words)
+    label = "; ".join(f"{choice} = {words}" for choice, words in taken.items())
+    return f"{v + 1} of {len(names)} ({label})" if label else f"{v + 1} of {len(names)}", len(names[v])
+
+
+def _readable(failure: Failure) -> Failure:
+    """The failure with each program op named once and its reason in a user's words."""
+    ops: dict[str, str] = {}
+    for k, v in failure.ops.items():
+        if v not in ops.values():
+            ops[k] = v
+    reason = failure.reason
+    found = re.match(r"an earlier alternative of '(\w+)' matches further down(.*)", reason)
+    if found:
+        reason = (
+            f"choice {found[1]!r} takes its first alternative that matches, and an earlier one "
+            f"matches here{found[2]}"
+        )
+    reason = re.sub(r" \(alternative .* of '\w+'\)$", "", reason)  # the spelling names it
+    reason = re.sub(
+        r"^no unmatched consumer of (\S+) has type (.+)$", r"no other consumer of \1 is a \2 op", reason
+    )
+    return Failure(len(ops), failure.node, reason, ops)
 
 
 def explain(
@@ -114,7 +160,7 @@ def explain(
         return Explanations(explain(c, prog, vc, transform_pattern, top=top) for c, vc in targets)
     compiled, var_constraints = targets[0]
     matcher = Matcher(compiled)
-    result = Explanation(compiled.name, len(matcher.nodes))
+    result = Explanation(compiled.name, max(map(len, matcher.index)))
     misses: dict[tuple[int, str, str], Failure] = {}
     refused: set[str] = set()
 
@@ -135,7 +181,7 @@ def explain(
                 for found in st.tries(matcher, node.index, st.by_type.get(t, ()), offered, trace=True):
                     if (
                         isinstance(found, Failure)
-                        and found.reason not in _ANSWERS
+                        and not found.reason.startswith(_ANSWERS)
                         and found.reason not in refused
                     ):
                         key = (0, found.node, found.reason)
@@ -143,8 +189,12 @@ def explain(
                             misses[key] = found
     if transform_pattern is not None and result.matches:
         result.matches = _try_transforms(prog, result, compiled.name, matcher, transform_pattern, misses)
-    ranked = sorted(misses.values(), key=lambda f: (-f.bound, f.node, f.reason))
+    taken = {op.name for m in result.matches for _, op in _flat(m)}
+    readable = [f for f in map(_readable, misses.values()) if not taken & set(f.ops.values())]
+    unique = {(f.bound, f.node, f.reason, str(f.ops)): f for f in readable}
+    ranked = sorted(unique.values(), key=lambda f: (-f.bound, f.node, f.reason))
     result.near_misses = ranked[:top]
+    result.spellings = [_spelling_of(matcher, f) for f in result.near_misses]
     return result
 
 
@@ -174,7 +224,7 @@ def _try_transforms(
     for st, anchor, candidates in anchored_blocks(clone, matcher):
         block = st.block
 
-        def rewrite(match: Pattern) -> Any:
+        def rewrite(match: Pattern, block: Any = block) -> Any:
             names = _names(match)
             if names not in wanted:
                 return "not a match of the original program"
