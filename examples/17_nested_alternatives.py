@@ -112,4 +112,7 @@ def exp_spelling(x):
 ex.banner("4. explain: a spelling no alternative covers")
 report = explain(rms_norm, exp_spelling)
 print(report)
-ex.check("of 'normed')" in str(report), "explain names the alternative where the nearest miss failed")
+ex.check(
+    "normed = mul(x, rsqrt(var))" in str(report) and "stopped at 'inv'" in str(report),
+    "explain names the spelling tried (its alternative of 'normed') and where the nearest miss stopped",
+)

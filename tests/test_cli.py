@@ -8,7 +8,6 @@ counts of a conversion with the override on.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import sys
@@ -18,6 +17,7 @@ from pathlib import Path
 import forked
 import numpy as np
 import pytest
+from cli_helpers import digest, invoke
 from click.testing import CliRunner
 
 from pattern_infra import evaluate
@@ -29,18 +29,6 @@ pytest.importorskip("torch")
 
 ROOT = Path(__file__).resolve().parents[1]
 LAYER_NORMS = 5  # prenorm_transformer(n_layers=2): 2 per block and a final one (see the `saved` fixture)
-
-
-def _digest(package: Path) -> str:
-    sha = hashlib.sha256()
-    for file in sorted(p for p in package.rglob("*") if p.is_file()):
-        sha.update(file.relative_to(package).as_posix().encode())
-        sha.update(file.read_bytes())
-    return sha.hexdigest()
-
-
-def _invoke(*args: str):
-    return CliRunner().invoke(main, [str(a) for a in args])
 
 
 def _check_optimized(saved, out: Path) -> None:
@@ -62,13 +50,13 @@ def _check_optimized(saved, out: Path) -> None:
 
 
 def test_optimize_end_to_end(saved, tmp_path):
-    before = _digest(saved["path"])
+    before = digest(saved["path"])
     out = tmp_path / "optimized.mlpackage"
-    result = _invoke("optimize", saved["path"], "-o", out, "--no-progress")
+    result = invoke("optimize", saved["path"], "-o", out, "--no-progress")
     assert result.exit_code == 0, result.output
     assert f"{LAYER_NORMS} rewrite(s); non-const ops 87 -> 47" in result.output
     _check_optimized(saved, out)
-    assert _digest(saved["path"]) == before  # the source is only read
+    assert digest(saved["path"]) == before  # the source is only read
 
 
 def test_optimize_as_a_separate_process(saved, tmp_path):
@@ -96,7 +84,7 @@ def test_console_script_is_declared_and_points_at_the_command():
 
 def test_exclude_keeps_a_pass_out(saved, tmp_path):
     out = tmp_path / "o.mlpackage"
-    result = _invoke(
+    result = invoke(
         "optimize", saved["path"], "-o", out, "--exclude", "common::fuse_layernorm_or_instancenorm"
     )
     assert result.exit_code == 0, result.output
@@ -110,7 +98,7 @@ def test_exclude_keeps_a_pass_out(saved, tmp_path):
 
 def test_passes_selects_the_passes_run(saved, tmp_path):
     out = tmp_path / "o.mlpackage"
-    result = _invoke(
+    result = invoke(
         "optimize",
         saved["path"],
         "-o",
@@ -123,8 +111,8 @@ def test_passes_selects_the_passes_run(saved, tmp_path):
 
 
 def test_report_lists_every_rewrite_and_writes_nothing(saved):
-    before = _digest(saved["path"])
-    result = _invoke("report", saved["path"], "--json")
+    before = digest(saved["path"])
+    result = invoke("report", saved["path"], "--json")
     assert result.exit_code == 0, result.output
     data = json.loads(result.output)
     assert [r["pass_id"] for r in data["rewrites"]] == [
@@ -132,11 +120,11 @@ def test_report_lists_every_rewrite_and_writes_nothing(saved):
     ] * LAYER_NORMS
     assert all(r["replaced_by"] and r["matched"] for r in data["rewrites"])
     assert data["after"]["layer_norm"] == LAYER_NORMS
-    text = _invoke("report", saved["path"])
+    text = invoke("report", saved["path"])
     assert text.exit_code == 0
     assert f"common::fuse_layernorm_or_instancenorm: {LAYER_NORMS} rewrite(s)" in text.output
     assert text.output.count("(layer_norm)") == LAYER_NORMS
-    assert _digest(saved["path"]) == before
+    assert digest(saved["path"]) == before
 
 
 def test_explain_a_module_pattern_and_a_pass_id(saved, tmp_path, monkeypatch):
@@ -148,16 +136,16 @@ def test_explain_a_module_pattern_and_a_pass_id(saved, tmp_path, monkeypatch):
         "    return mb.sub(x=x, y=m, name='centred')\n"
     )
     monkeypatch.syspath_prepend(str(tmp_path))
-    result = _invoke("explain", saved["path"], "--pattern", "my_patterns:mean_sub")
+    result = invoke("explain", saved["path"], "--pattern", "my_patterns:mean_sub")
     assert result.exit_code == 0, result.output
     assert f"{LAYER_NORMS} full match(es)" in result.output
-    by_id = _invoke("explain", saved["path"], "--pattern", "common::fuse_gelu_exact")
+    by_id = invoke("explain", saved["path"], "--pattern", "common::fuse_gelu_exact")
     assert by_id.exit_code == 0, by_id.output
     assert by_id.output.count("pattern 'gelu_exact[") == 6 and "0 full match(es)" in by_id.output
 
 
 def test_passes_lists_ids_in_run_order():
-    result = _invoke("passes", "--json")
+    result = invoke("passes", "--json")
     assert result.exit_code == 0, result.output
     rows = json.loads(result.output)
     ids = [row["id"] for row in rows]
@@ -166,7 +154,7 @@ def test_passes_lists_ids_in_run_order():
     row = rows[ids.index("common::fuse_gelu_exact")]
     assert row["replaces"] == "fuse_gelu_exact" and row["run_after"] is None
     assert rows[ids.index("generic::fuse_sdpa")]["run_after"] == "common::fuse_transpose_matmul"
-    text = _invoke("passes")
+    text = invoke("passes")
     assert "replaces coremltools' fuse_gelu_exact" in text.output
 
 
@@ -220,7 +208,7 @@ def test_import_finds_a_module_in_the_current_directory(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr(sys, "path", [p for p in sys.path if p not in ("", str(tmp_path))])
     try:
-        result = _invoke("--import", "my_cwd_passes", "passes")
+        result = invoke("--import", "my_cwd_passes", "passes")
         assert result.exit_code == 0, result.output
         assert "mine::from_cwd" in result.output
     finally:
@@ -234,7 +222,7 @@ def test_help_lists_the_exit_statuses():
     from pattern_infra.cli import EXIT_CODES
 
     for args in (["--help"], ["optimize", "--help"], ["report", "--help"], ["explain", "--help"]):
-        text = _invoke(*args).output
+        text = invoke(*args).output
         assert "Exit status:" in text
         for code in EXIT_CODES:
             assert f"  {code}  " in text

@@ -3,7 +3,6 @@ are suggested by name, and a plain command prints no import-time warning (``--de
 
 from __future__ import annotations
 
-import hashlib
 import os
 import subprocess
 import sys
@@ -11,9 +10,9 @@ import textwrap
 from pathlib import Path
 
 import pytest
-from click.testing import CliRunner
+from cli_helpers import digest, invoke
 
-from pattern_infra.cli import DEFAULT_TOLERANCE, main, nearest_pass_ids
+from pattern_infra.cli import DEFAULT_TOLERANCE, nearest_pass_ids
 from pattern_infra.pipeline.registry import generic_passes
 
 pytest.importorskip("torch")
@@ -49,21 +48,9 @@ register_generic_pass(softmax, not_rewritten_yet, scale_the_logits, "scale_softm
 '''
 
 
-def _digest(package: Path) -> str:
-    sha = hashlib.sha256()
-    for file in sorted(p for p in package.rglob("*") if p.is_file()):
-        sha.update(file.relative_to(package).as_posix().encode())
-        sha.update(file.read_bytes())
-    return sha.hexdigest()
-
-
-def _invoke(*args: object):
-    return CliRunner().invoke(main, [str(a) for a in args])
-
-
 def test_a_correct_pass_passes_and_the_difference_is_printed(saved, tmp_path):
     out = tmp_path / "fused.mlpackage"
-    result = _invoke("optimize", saved["path"], "-o", out, "--no-progress", "--verify")
+    result = invoke("optimize", saved["path"], "-o", out, "--no-progress", "--verify")
     assert result.exit_code == 0, result.output
     assert f"over 2 random input sets, tolerance {DEFAULT_TOLERANCE:g}" in result.output
     assert "5 rewrite(s)" in result.output and (out / "Manifest.json").is_file()
@@ -84,25 +71,25 @@ def test_a_wrong_pass_is_refused_and_the_output_left_as_it_was(saved, tmp_path, 
     module, pass_id = wrong_pass
     out = tmp_path / "fused.mlpackage"
     if existing == "package":
-        assert _invoke("optimize", saved["path"], "-o", out, "--no-progress").exit_code == 0
-        before = _digest(out)
+        assert invoke("optimize", saved["path"], "-o", out, "--no-progress").exit_code == 0
+        before = digest(out)
     args = ["--import", module, "optimize", saved["path"], "-o", out, "--overwrite", "--no-progress"]
-    result = _invoke(*args, "--passes", pass_id, "--verify")
+    result = invoke(*args, "--passes", pass_id, "--verify")
     assert result.exit_code == 1, result.output
     assert "exceeds --tolerance" in result.output and "was not written" in result.output
     assert "Traceback" not in result.output
     if existing == "package":
-        assert _digest(out) == before
+        assert digest(out) == before
     else:
         assert not out.exists()
     assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".fused")] == []
     # the same pass is written without --verify, and with a tolerance above its difference
-    assert _invoke(*args, "--passes", pass_id, "--verify", "--tolerance", "0.1").exit_code == 0
+    assert invoke(*args, "--passes", pass_id, "--verify", "--tolerance", "0.1").exit_code == 0
     assert (out / "Manifest.json").is_file()
 
 
 def test_the_tolerance_must_be_a_non_negative_number(saved, tmp_path):
-    result = _invoke(
+    result = invoke(
         "optimize", saved["path"], "-o", tmp_path / "o.mlpackage", "--verify", "--tolerance", "-1"
     )
     assert result.exit_code == 2 and "--tolerance" in result.output
@@ -146,7 +133,7 @@ def test_a_misspelt_id_suggests_the_pass_meant_not_its_namespace_neighbours(save
     assert nearest_pass_ids("common::fuse_layernom", ids) == ["common::fuse_layernorm_or_instancenorm"]
     assert nearest_pass_ids("fuse_layernorm", ids) == ["common::fuse_layernorm_or_instancenorm"]
     assert nearest_pass_ids("frobnicate_everything", ids) == []
-    result = _invoke(
+    result = invoke(
         "optimize", saved["path"], "-o", tmp_path / "o.mlpackage", "--passes", "common::fuse_layernom"
     )
     assert result.exit_code == 1
@@ -156,7 +143,7 @@ def test_a_misspelt_id_suggests_the_pass_meant_not_its_namespace_neighbours(save
 
 
 def test_a_pattern_without_namespace_suggests_the_pass_id(saved):
-    result = _invoke("explain", saved["path"], "--pattern", "fuse_layernorm")
+    result = invoke("explain", saved["path"], "--pattern", "fuse_layernorm")
     assert result.exit_code == 2
     assert "did you mean common::fuse_layernorm_or_instancenorm?" in " ".join(result.output.split())
 
