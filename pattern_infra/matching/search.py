@@ -25,7 +25,7 @@ of a variable are never permuted (each pattern op picks one at a time).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from coremltools.converters.mil.mil import Block, Operation, Var
@@ -178,10 +178,13 @@ class Search:
         self.stats.bind_attempts += 1
         if len(op.outputs) != node.num_outputs or op.enclosing_block is not self.block or id(op) in self.used:
             return self.fail(n, self.refusal, node, op)
-        mark = len(self.trail)
+        mark, place = len(self.trail), self.m.place[n]
         for assignment in self.assignments(node, op):
             if self.check_edges(node, op, assignment):
-                self.push((self.m.place[n], op, assignment, n), (op,))
+                binding = (place, op, assignment, n)  # onto the trail, inline: the search's hottest path
+                self.trail.append(binding)
+                self.at[place] = binding
+                self.used.add(id(op))
                 if self.next(branch):
                     return True
             self.undo(mark)
@@ -210,7 +213,10 @@ class Search:
             assigned.append(ok)
         if not members:
             return self.fail(n, lambda: f"fan-out {node.name}: {var.name} has no consumer")
-        self.push((self.m.place[n], members, assigned[0], n), members)
+        binding = (self.m.place[n], members, assigned[0], n)
+        self.trail.append(binding)
+        self.at[binding[0]] = binding
+        self.used.update(map(id, members))
         if self.next(branch):
             return True
         self.undo(mark)
@@ -228,12 +234,6 @@ class Search:
         else:
             why = f"{op.name} is already matched by another pattern op"
         return why if var is None else f"fan-out {node.name}, consumer of {var.name}: {why}"
-
-    def push(self, binding: Binding, ops: Iterable[Operation]) -> None:
-        """Puts the binding of a pattern op to ``ops`` on the trail."""
-        self.trail.append(binding)
-        self.at[binding[0]] = binding
-        self.used.update(map(id, ops))
 
     def assignments(self, node: PatternNode, op: Operation) -> Iterator[dict[str, Any]]:
         """Operand assignments to try: as written, then swapped for a commutative op (first the order putting
