@@ -15,7 +15,8 @@ channel axis, given the channel-first op of the same arithmetic::
 
     layer_norm(T(x), axes=[-1], g, b)   =  T(layer_norm(x, axes=[1], g, b))     (same mean, variance,
                                                                                  g and b per channel)
-    linear(T(x), W, b)                  =  T(conv(x, W[:, :, 1, ..., 1], b))    (a 1x1 convolution maps
+    linear(T(x), W, b)                  =  T(conv(x, W', b))                    (W' = W as [Cout, Cin, 1,
+                                                                                 ..., 1]: a 1x1 conv maps
                                                                                  each position's channels)
     f(T(x))                             =  T(f(x))                              (f elementwise, scalar
                                                                                  parameters)
@@ -47,6 +48,7 @@ so ``T^-1(ops(T(x))) = ops'(x)``. Two patterns, the choices inside the second::
 ``silu``, ...; shown for rank 4, the same for ranks 3 and 5.) The ``mul`` after the transpose back, a
 layer scale, is then a convolution's, which ``common::fuse_conv_scale`` folds.
 
+A ``layer_norm`` is matched with its ``gamma`` and ``beta`` (as PyTorch's ``LayerNorm`` converts).
 Refused, with the reason: a ``perm`` other than the channels-last one and its inverse; a rank outside 3-5
 (``conv`` has one to three spatial axes); a norm over other axes; a ``linear`` whose weight is compressed
 (``constexpr_*`` ops: the 1x1 kernel would need the data reshaped) or not a constant; an op with a
