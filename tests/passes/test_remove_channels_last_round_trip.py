@@ -297,3 +297,19 @@ def test_convnext_at_float16(name):
         (out,) = evaluate(prog, {name_in: x.numpy()}, precision="native").values()
         errors.append(float(np.max(np.abs(out - expected))))
     assert errors[1] <= 2 * errors[0], errors  # float16 rounding of other sums, as large as coremltools'
+
+
+def test_the_project_pipeline_gives_the_same_program():
+    """``pattern_infra.pipeline()`` runs both passes where the default pipeline does, with the override."""
+    from pattern_infra import pipeline
+    from pattern_infra.testing.pipelines import converted, program_signature
+
+    def source():
+        model, x = _randomised(_timm_convnext(False)), torch.randn(1, 3, 64, 64)
+        return torch.export.export(model, (x,)).run_decompositions({})
+
+    options = {"compute_precision": ct.precision.FLOAT32, "minimum_deployment_target": ct.target.iOS18}
+    by_pass = converted(source, **options)
+    swept = converted(source, pipeline, **options)
+    assert program_signature(swept) == program_signature(by_pass)
+    assert op_counts(swept)["transpose"] == 0
