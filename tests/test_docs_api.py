@@ -3,7 +3,8 @@ with ``mkdocs build --strict`` as ``make docs`` builds it, grouped by what a use
 ``register_generic_pass`` documented, the docstrings' Sphinx roles rendered as links or code (none left
 raw), the building blocks left out, and every public name accounted for.
 
-Needs the ``docs`` extra (``make docs`` installs it); skipped without mkdocs. The build takes about 10 s.
+Needs the ``docs`` extra (``make docs`` installs it); skipped without mkdocs. The build takes about 10 s;
+``make docs`` runs these tests on the site it built (``DOCS_SITE=site``).
 """
 
 from __future__ import annotations
@@ -60,18 +61,22 @@ def _text(fragment: str) -> str:
 
 @pytest.fixture(scope="module")
 def api_page(tmp_path_factory) -> str:
-    """The built API page's article (the docs site built once, ``--strict``)."""
-    site = tmp_path_factory.mktemp("site")
-    env = dict(os.environ, NO_MKDOCS_2_WARNING="1")
-    done = subprocess.run(
-        [sys.executable, "-m", "mkdocs", "build", "--strict", "-d", str(site)],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert done.returncode == 0, f"mkdocs build --strict failed:\n{done.stderr[-6000:]}"
+    """The built API page's article: the docs site built once with ``--strict``, or the site ``make docs``
+    has just built (``DOCS_SITE=site``)."""
+    if os.environ.get("DOCS_SITE"):
+        site = ROOT / os.environ["DOCS_SITE"]
+    else:
+        site = tmp_path_factory.mktemp("site")
+        env = dict(os.environ, NO_MKDOCS_2_WARNING="1")
+        done = subprocess.run(
+            [sys.executable, "-m", "mkdocs", "build", "--strict", "-d", str(site)],
+            cwd=ROOT,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+        assert done.returncode == 0, f"mkdocs build --strict failed:\n{done.stderr[-6000:]}"
     page = (site / "api" / "index.html").read_text()
     return page[page.index("<article") : page.index("</article>")]
 
