@@ -56,29 +56,13 @@ def _literal(tree: ast.Module, name: str) -> Any:
     raise LookupError(f"pattern_infra/__init__.py has no literal {name}")
 
 
-def _shadowed(tree: ast.Module) -> dict[str, str]:
-    """Names imported from a submodule that share their name with another submodule (``explain`` from
-    ``explain.py``): ``pattern_infra.<name>`` names the module there, so these are documented at their
-    source."""
-    package = ROOT / "pattern_infra"
-    shadowed = {}
-    for node in tree.body:
-        if isinstance(node, ast.ImportFrom) and node.level == 1 and node.module:
-            for alias in node.names:
-                name = alias.asname or alias.name
-                if (package / f"{name}.py").exists() or (package / name).is_dir():
-                    shadowed[name] = f"{node.module}.{alias.name}"
-    return shadowed
-
-
 _ENTRY = re.compile(r"^::: pattern_infra\.(?P<name>\w+)\s*$", re.MULTILINE)
 
 
 def api_markdown(markdown: str) -> str:
-    """The API page as mkdocstrings reads it: a shadowed name's entry points at its source, under the
-    heading the page gives it. Warns of each public name the page leaves unmentioned."""
-    tree = _package_tree()
-    public, shadowed = _literal(tree, "__all__"), _shadowed(tree)
+    """The API page, checked: warns of each public name the page leaves unmentioned and of each entry
+    ``pattern_infra.<name>`` that names no public name."""
+    public = _literal(_package_tree(), "__all__")
     entries = set(_ENTRY.findall(markdown))
     mentioned = set(re.findall(r"`(\w+)`", markdown))
     for name in public:
@@ -89,14 +73,7 @@ def api_markdown(markdown: str) -> str:
             )
     for name in sorted(entries - set(public)):
         log.warning(f"docs/{API_PAGE}: '::: pattern_infra.{name}' names no name of pattern_infra.__all__.")
-
-    def entry(match: re.Match[str]) -> str:
-        name = match["name"]
-        if name not in shadowed:
-            return match[0]
-        return f"::: pattern_infra.{shadowed[name]}\n    options:\n      heading: pattern_infra.{name}"
-
-    return _ENTRY.sub(entry, markdown)
+    return markdown
 
 
 def on_files(files: Files, config: Any) -> Files:
@@ -137,9 +114,6 @@ def role_markdown(match: re.Match[str], scope: griffe.Object | None) -> str:
     path = None if no_link else _resolve(target, scope)
     if path is None or path.split(".", 1)[0] not in OWN_PACKAGES:
         return f"`{shown}`"
-    public, _, rest = path.removeprefix("pattern_infra.").partition(".")
-    if path.startswith("pattern_infra.") and not rest and public in _SHADOWED:
-        path = f"pattern_infra.{_SHADOWED[public]}"  # the public name, not the module it shadows
     return f'<autoref identifier="{path}" optional>{code}</autoref>'
 
 
@@ -165,9 +139,6 @@ def markdown_docstring(text: str, scope: griffe.Object | None = None) -> str:
     block as a colon (the indented block stays a code block)."""
     text = ROLE.sub(lambda m: role_markdown(m, scope), text)
     return re.sub(r"(?<=\S)::(?=\n\s*\n)", ":", text)
-
-
-_SHADOWED = _shadowed(_package_tree())
 
 
 class SphinxRoles(griffe.Extension):

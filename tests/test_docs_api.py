@@ -135,7 +135,7 @@ def test_register_generic_pass_documents_every_option(api_page):
     assert {"constants", "alternatives", "commutative", "fanout", "equivalences", "const_rules"} <= documented
     text = _text(section)
     # what var_constraints may return, as the driver reads it (pattern_infra.rewriting.subpass)
-    for spelling in ['(False, "reason")', "a string, which is the reason itself", "numpy.True_", "None"]:
+    for spelling in ['(False, "reason")', "a string, the reason itself", "numpy.True_", "None"]:
         assert spelling in text, spelling
     assert "-> bool" not in text
     # the roles became links to the entries they name

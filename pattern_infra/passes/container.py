@@ -115,15 +115,13 @@ class PassContainer(AbstractGraphPass):
         self.pass_name = pass_name
         self.namespace = namespace
         self.replaces = replaces
-        """The coremltools pass class this one stands in for while the override is on (None: a new pass)."""
         self.passes: list[SubPass] = []
         """The sub-passes, in the order they run."""
         self.function: Callable[[Program], Any] | None = None
         """A plain graph pass, a function taking the program (``register_graph_pass``, or ``add`` given a
         callable): then the container's only entry."""
         self.stats = PassStats()
-        """Counters summed over every run of the pass: ``stats.rewrites``, ``stats.rejections`` (why
-        ``var_constraints`` refused), ..."""
+        """Counters summed over its runs: ``stats.rewrites``, ``stats.rejections`` (constraints' reasons)."""
         self.validate: bool | str = True
         """``True`` validates what each rewrite changed, right after it; ``"full"`` the whole program
         after each sub-pass that rewrote; ``False`` neither. A failed validation restores the program

@@ -94,70 +94,47 @@ def register_generic_pass(
 ) -> PassContainer:
     """Registers a pattern with its callbacks as a sub-pass of ``namespace::pass_name``.
 
-    Calls with the same ``namespace`` and ``pass_name`` group into one :class:`PassContainer`. If that id
-    names a coremltools pass, the container replaces it when ``ENABLE_EXPERIMENTAL_PASSES=1`` at run time.
-    The pattern's options, ``commutative`` to ``equivalences``, are those of
-    :func:`~pattern_infra.find_matches` and :func:`~pattern_infra.explain` too (docs/LANGUAGE.md shows
-    each at work).
-
-    All or nothing: the id, the callbacks, every pattern and ``run_after`` are checked and compiled before
-    coremltools' ``PASS_REGISTRY`` changes, so a call that raises leaves the registry as it was.
+    Calls with the same id group into one :class:`PassContainer`, which replaces coremltools' pass of that id
+    while ``ENABLE_EXPERIMENTAL_PASSES=1``. All or nothing: a call that raises leaves the registry as it was.
+    :func:`~pattern_infra.find_matches` and :func:`~pattern_infra.explain` take the same pattern options.
 
     Args:
-        ops_arrangement: The pattern, an ``mb.program`` with uniquely named ops; or a sequence of them,
-            alternatives that share the callbacks (each becomes a sub-pass, in the given order).
-        var_constraints: ``f(pattern)``, called on each structural match before the transform; None
-            accepts every structural match. It accepts with ``True`` (or any other true value that is not
-            a string: ``numpy.True_``, a non-zero number, ``(True, "...")``) and refuses with ``False``
-            (``numpy.False_``, 0), a pair ``(False, "reason")`` or a string, which is the reason itself
-            (``"rank 3, not 2"``; ``""`` refuses without one). Reasons are counted in
-            ``container.stats.rejections`` and shown by :func:`~pattern_infra.explain`. Returning
-            ``None`` (a constraint without ``return``) or an array of several elements raises
-            :class:`~pattern_infra.PassExecutionError` when the pass runs.
-        transform_pattern: ``f(pattern)`` rewriting the match: it builds the replacement with
-            ``mb.<op>(..., before_op=...)`` and hands it over with ``pattern.replace_output(new_var)``
-            (the matched ops left dead are removed). Returning ``False`` declines the match, before any
-            change; any other return value is ignored, but a transform that changes nothing without
-            returning ``False`` raises :class:`~pattern_infra.PassExecutionError`.
+        ops_arrangement: The pattern, an ``mb.program`` with uniquely named ops; or a sequence of them
+            sharing the callbacks (a sub-pass each, in order).
+        var_constraints: ``f(pattern)``, before the transform (None accepts all). Accepts: ``True``, any
+            true value but a string (``numpy.True_``, ``(True, "...")``). Refuses: a false value, a pair
+            ``(False, "reason")``, or a string, the reason itself (``""``: none); reasons are counted in
+            ``stats.rejections`` and shown by :func:`~pattern_infra.explain`. ``None`` (no ``return``)
+            raises :class:`~pattern_infra.PassExecutionError`.
+        transform_pattern: ``f(pattern)``: builds the replacement (``mb.<op>(..., before_op=...)``) and
+            calls ``pattern.replace_output(new_var)``; returning ``False`` before any change declines.
         pass_name: Pass name, e.g. ``"fuse_gelu_exact"``.
-        namespace: Namespace, e.g. ``"common"``. In coremltools' namespaces only coremltools' own pass ids
-            are accepted (the pass replaces that one); a new fusion goes in a namespace of its own.
-        commutative: ``True`` (default): the ops of :data:`~pattern_infra.COMMUTATIVE_OPS` (``add``,
-            ``mul``, ``maximum``, ...) match either operand order, the others as written; ``False``: every
-            op as written; a sequence of pattern op names: those ops try ``x`` and ``y`` in both orders
-            whatever op type matched (an ``add``/``sub`` alternative, read with ``pattern.operand``), the
-            others as written.
-        alternatives: Pattern op name to the op types accepted there, e.g. ``{"reduce": ["reduce_mean",
-            "reduce_sum"]}``; the type the pattern op is written with must be among them.
-        constants: What each pattern constant demands of the program operand in its slot, which the match
-            never computes: ``"any"`` (default) anything; ``"const"`` a compile-time constant;
-            ``"value"`` a constant equal to the pattern's (rtol 1e-5, atol 1e-6, the pattern's value
-            rounded to the program constant's dtype first; a scalar matches a constant of one element);
-            ``"weight"`` a compile-time constant or a compressed weight (the output of a chain of
-            ``constexpr_*`` ops over constants); or a :class:`ConstRule`, for other tolerances.
-        const_rules: Rules per constant, over ``constants``: keyed by ``"<op name>.<slot>"``
-            (``{"pow.y": "value"}``) or by the pattern's const op name, each value as for ``constants``.
-        fanout: Pattern op names that stand for every consumer of their input (one or more ops of one
-            type, read as the list ``pattern.<name>``); each must be a last op of the pattern and read
-            exactly one pattern input or op output.
-        equivalences: Identities also matched, each pattern op they apply to becoming a choice between
-            the op as written and its other spellings: ``False`` (default); ``True``, every identity; a
-            list of identity names (``"pow2"``, ``"square_pow"``, ``"sub_const"``, ``"add_const"``,
-            ``"div_const"``, ``"mul_const"``, ``"rsqrt"``, ``"reassoc"``); or ``{"<op name>": [names]}``.
-        priority: Sub-passes with higher priority run first within the pass; equal ones in registration
-            order.
+        namespace: Namespace, e.g. ``"common"`` (coremltools' namespaces take only its own pass ids).
+        commutative: ``True``: the ops of :data:`~pattern_infra.COMMUTATIVE_OPS` in either operand order;
+            ``False``: as written; pattern op names: those in both orders, whatever type matched.
+        alternatives: Pattern op name to the op types accepted there (``{"r": ["reduce_mean",
+            "reduce_sum"]}``), its own type among them.
+        constants: The rule of every pattern constant: ``"any"`` (anything the match does not compute),
+            ``"const"`` (a compile-time constant), ``"value"`` (the pattern's value, rtol 1e-5, atol 1e-6,
+            in the program's dtype), ``"weight"`` (a constant or a ``constexpr_*`` chain) or a
+            :class:`ConstRule`.
+        const_rules: Rules per constant, keyed ``"<op>.<slot>"`` or by const op name (``{"pow.y": "value"}``).
+        fanout: Pattern ops standing for every consumer of their input (the list ``pattern.<name>``); each
+            a last op reading one pattern input or op output.
+        equivalences: Identities also matched: ``True`` (all), names (``"pow2"``, ``"rsqrt"``, ``"reassoc"``,
+            ...: docs/LANGUAGE.md) or ``{"<op>": [names]}``.
+        priority: Sub-passes with higher priority run first within the pass.
         max_iterations: Re-visit rounds before :class:`~pattern_infra.language.errors.FixpointError`.
         options: Pipeline options the pass accepts, with defaults (read as ``container.options``).
         name: Name for messages and ``container.order`` (default: the pattern's last op name).
-        run_after: A pass id of coremltools' pipeline (e.g. ``"common::fuse_linear_bias"``): while
-            ``ENABLE_EXPERIMENTAL_PASSES=1``, this (new) pass also runs right after that one, so a new
-            fusion takes part in ``coremltools.convert`` without taking over an unrelated pass id.
+        run_after: A pass id of coremltools' pipeline (``"common::fuse_linear_bias"``) this new pass runs
+            right after while the override is on, taking part in ``coremltools.convert``.
 
     Returns:
         The container the sub-pass was added to.
 
     Raises:
-        PatternDefinitionError: The pattern breaks a rule, or an option names no op of it.
+        PatternDefinitionError: The pattern breaks a rule.
         PassRegistrationError: The pass id, a callback, ``run_after`` or ``options`` is unusable.
     """
     where = f"register_generic_pass({namespace}::{pass_name})"
