@@ -99,8 +99,8 @@ def run_log(clear: bool = False) -> list[tuple[str, bool, PassStats]]:
 
 
 class PassContainer(AbstractGraphPass):
-    """A coremltools graph pass made of generic sub-passes (the design document's ``PassContainer``), which
-    run in order of priority (higher first), then registration order (``order``), on every block."""
+    """A coremltools graph pass made of generic sub-passes (``register_generic_pass`` adds them), which run
+    in order of priority (higher first), then registration order (``order``), on every block."""
 
     def __init__(self, pass_name: str, namespace: str = "", replaces: type | None = None) -> None:
         """Creates an empty pass.
