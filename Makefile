@@ -15,10 +15,10 @@ help: ## List the targets
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e ".[test,bench,report,lint]"
+	$(PY) -m pip install -q -e ".[test,bench,report,lint,docs]"
 	touch $(STAMP)
 
-venv: $(STAMP) ## Create .venv and install the project with its test extras
+venv: $(STAMP) ## Create .venv and install the project with its test, lint and docs extras
 
 lint: $(STAMP) ## Check formatting and lint rules (ruff, configured in pyproject.toml)
 	$(VENV)/bin/ruff format --check .

@@ -3,8 +3,8 @@ with ``mkdocs build --strict`` as ``make docs`` builds it, grouped by what a use
 ``register_generic_pass`` documented, the docstrings' Sphinx roles rendered as links or code (none left
 raw), the building blocks left out, and every public name accounted for.
 
-Needs the ``docs`` extra (``make docs`` installs it); skipped without mkdocs. The build takes about 10 s;
-``make docs`` runs these tests on the site it built (``DOCS_SITE=site``).
+The ``docs`` extra is part of ``make venv``, so ``make test`` runs these (skipped without mkdocs). The build
+takes about 10 s; ``make docs`` runs these tests on the site it built (``DOCS_SITE=site``).
 """
 
 from __future__ import annotations
