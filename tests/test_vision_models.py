@@ -1,8 +1,10 @@
 """The vision zoo (torchvision and timm, random weights) converted at iOS18 with the override off and on.
 
 Every model, at float32 and float16: never more ops with the override; every program evaluable by the
-reference evaluator; float32 programs within 1e-5 of PyTorch relative to the output scale (float64
-evaluation against torch's float32); a float16 program no further from PyTorch with the override than
+reference evaluator; a float32 program with the override no further from PyTorch than coremltools' (both
+evaluated in float64 against the model run by PyTorch in float64) and within 1e-4 of it relative to the
+output scale (the rounding of folded float32 constants: 2e-14 where nothing is folded, 2e-5 at most in
+the zoo, without the override too); a float16 program no further from PyTorch with the override than
 without, beyond float16's own rounding (2**-10 of the output scale). The models of
 :data:`~pattern_infra.testing.vision.FAST` run in ``make test``, the others under ``make models``
 (``--run-slow``), with ResNet-18 and MobileNetV2 palettized before the fusion passes (issue #35).
@@ -13,6 +15,7 @@ from __future__ import annotations
 import functools
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -20,7 +23,7 @@ import torch
 from pattern_infra.testing.vision import FAST, VISION_ZOO, calibrate_batch_norms, randomize_constants
 from pattern_infra.testing.vision_compare import VisionComparison, compare_palettized, compare_vision
 
-REL_TOL = 1e-5
+REL_TOL = 1e-4
 FP16_ROUNDING = 2.0**-10
 
 
@@ -42,7 +45,8 @@ def test_never_more_ops_and_outputs_equal_to_pytorch(name):
         off, on = row.conversions[precision, False], row.conversions[precision, True]
         assert on.total <= off.total, (precision, row.changed(precision))
         if precision == "fp32":
-            assert off.error < REL_TOL and on.error < REL_TOL, (off.error, on.error)
+            assert on.error <= off.error * (1 + 1e-3) + 1e-9, (off.error, on.error)
+            assert on.error < REL_TOL, on.error
         else:
             assert on.error <= off.error + FP16_ROUNDING, (off.error, on.error)
 
@@ -84,7 +88,8 @@ def test_transformers_imports_beside_torchvision():
         "import torchvision\n"
         "print(transformers.LlamaForCausalLM.__name__, type(torchvision.models.resnet18()).__name__)"
     )
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    root = Path(__file__).resolve().parents[1]
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, cwd=root)
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.split()[-2:] == ["LlamaForCausalLM", "ResNet"]
 

@@ -172,6 +172,7 @@ def _finish(model: nn.Module, size: int, seed: int, reparameterize: bool = False
 
     randomize_constants(model, seed)
     calibrate_batch_norms(model, size, seed)
+    model.eval()  # the libraries build in training mode: dropout and stochastic depth would be exported
     if reparameterize:
         model = import_timm().utils.reparameterize_model(model)
         model.eval()
@@ -255,5 +256,5 @@ ConvNeXt (channels-first layer norms, ``conv_mlp=False``)."""
 VISION_ZOO: dict[str, Callable[[], ModelAndArgs]] = {**TORCHVISION, **TIMM}
 """Every vision model, torchvision's first."""
 
-FAST: tuple[str, ...] = ("resnet18", "mobilenet_v3_small", "mobileone_s0")
+FAST: tuple[str, ...] = ("squeezenet1_1", "mobilenet_v3_small", "fastvit_t8")
 """The models ``make test`` converts; the others run under ``make models`` (``--run-slow``)."""

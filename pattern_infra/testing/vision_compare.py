@@ -3,8 +3,9 @@
 :func:`compare_vision` exports a model of :data:`pattern_infra.testing.vision.VISION_ZOO` once and converts
 it at iOS18 four times (float32 and float16, override off and on): the op counts (consts excluded), the
 generic passes that fired, the error of each program against PyTorch (the reference evaluator, float64
-for a float32 program, native precision for a float16 one; the largest ``|MIL - PyTorch|`` over the
-largest ``|PyTorch|``) and the repeated op chains the float32 program with the override still holds
+for a float32 program, native precision for a float16 one, against the model run in float64 by PyTorch:
+the largest ``|MIL - PyTorch|`` over the largest ``|PyTorch|``; a float32 program's error is then the
+rounding of its float32 constants alone) and the repeated op chains the float32 program with the override still holds
 (:func:`pattern_infra.suggest`). A program the evaluator cannot run is recorded as ``"not evaluable:
 <op type>"``, a conversion that raises as ``"conversion failed: ..."``: neither stops the table.
 
@@ -18,6 +19,7 @@ Used by ``examples/vision_models.py`` (``make models``: the tables of docs/MODEL
 
 from __future__ import annotations
 
+import copy
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -149,8 +151,8 @@ def _export(name: str) -> tuple[Any, np.ndarray, np.ndarray]:
     torch_support.install()
     model, (image,) = VISION_ZOO[name]()
     exported = torch.export.export(model, (image,)).run_decompositions({})
-    with torch.no_grad():
-        expected = model(image).numpy().astype(np.float64)
+    with torch.no_grad():  # the reference: the same weights and image in float64
+        expected = copy.deepcopy(model).double()(image.double()).numpy()
     return exported, image.numpy(), expected
 
 
