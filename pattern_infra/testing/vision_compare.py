@@ -5,9 +5,10 @@ it at iOS18 four times (float32 and float16, override off and on): the op counts
 generic passes that fired, the error of each program against PyTorch (the reference evaluator, float64
 for a float32 program, native precision for a float16 one, against the model run in float64 by PyTorch:
 the largest ``|MIL - PyTorch|`` over the largest ``|PyTorch|``; a float32 program's error is then the
-rounding of its float32 constants alone) and the repeated op chains the float32 program with the override still holds
-(:func:`pattern_infra.suggest`). A program the evaluator cannot run is recorded as ``"not evaluable:
-<op type>"``, a conversion that raises as ``"conversion failed: ..."``: neither stops the table.
+rounding of its float32 constants alone) and the repeated op chains the float32 program with the override
+still holds (:func:`pattern_infra.suggest`). A program the evaluator cannot run is recorded as
+``"not evaluable: <op type>"``, a conversion that raises as ``"conversion failed: ..."``: neither stops the
+table.
 
 :func:`compare_palettized` measures issue #35's case: the weights palettized (4-bit, per output channel)
 before the fusion passes (``ct.PassPipeline.DEFAULT_PALETTIZATION``), override off and on, against a plain
@@ -312,21 +313,24 @@ def compare_palettized(name: str) -> PalettizedComparison:
 
 
 def format_palettized_table(rows: list[PalettizedComparison]) -> str:
-    """Rows for docs/MODELS.md's compressed-weights table (its columns).
+    """The Markdown table of docs/MODELS.md's palettized torchvision models.
 
     Args:
         rows: The comparisons.
 
     Returns:
-        The rows, one per model, without the table's header.
+        The table.
     """
-    lines = []
+    lines = [
+        "| model | compression | ops: plain / coremltools / ours | compute ops (no `constexpr_*`): plain / "
+        "coremltools / ours | batch norms left, coremltools / ours | ours against coremltools |",
+        "|---|---|---|---|---|---|",
+    ]
     for r in rows:
         off, on = r.palettized[False], r.palettized[True]
+        compute = f"{r.compute_ops(r.plain)} / {r.compute_ops(off)} / {r.compute_ops(on)}"
         lines.append(
-            f"| {r.name} | 4-bit LUT | {r.plain.total} / {off.total} / {on.total} | "
-            f"{off.ops['batch_norm']} / {on.ops['batch_norm']} | plain {r.plain.ops['batch_norm']} batch norms; "
-            f"compute ops {r.compute_ops(r.plain)} / {r.compute_ops(off)} / {r.compute_ops(on)}; "
-            f"ours vs coremltools {r.difference:.1e} |"
+            f"| {r.name} | 4-bit LUT | {r.plain.total} / {off.total} / {on.total} | {compute} | "
+            f"{off.ops['batch_norm']} / {on.ops['batch_norm']} | {r.difference:.1e} |"
         )
     return "\n".join(lines)
