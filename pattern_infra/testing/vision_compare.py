@@ -28,7 +28,7 @@ from typing import Any
 
 import numpy as np
 
-from ..pipeline.container import run_log
+from ..passes.container import run_log
 from .convert import convert_exported, op_counts
 from .vision import VISION_ZOO
 
@@ -147,7 +147,7 @@ def _convert(exported: Any, override: bool, **kwargs: Any) -> Conversion:
 def _export(name: str) -> tuple[Any, np.ndarray, np.ndarray]:
     import torch
 
-    from .. import torch_support
+    from ..pytorch import torch_support
 
     torch_support.install()
     model, (image,) = VISION_ZOO[name]()
@@ -191,7 +191,7 @@ def compare_vision(
     row = VisionComparison(name, conversions)
     ours = conversions.get(("fp32", True))
     if leftovers and ours is not None and ours.program is not None:
-        from ..suggest import suggest
+        from .. import suggest
 
         row.leftovers = [(tuple(c.op_types), c.count) for c in suggest(ours.program)[:leftovers]]
     if not keep_programs:
