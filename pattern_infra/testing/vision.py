@@ -17,7 +17,9 @@ imports torchvision whenever it is installed (``from transformers import LlamaFo
 before torchvision is imported: fake kernels for ops that do not exist are not needed, and every model
 of ``torchvision.models`` is plain PyTorch. If the compiled ops do load (a matching CPU wheel), the real
 module is imported after all. :mod:`pattern_infra.testing.hf_models` and the test suite's ``conftest``
-call the shim before ``transformers`` is imported.
+call the shim before ``transformers`` is imported. ``import coremltools`` tries torchvision before any
+of them, inside a ``try`` (its ``_HAS_TORCH_VISION``, read only by its converters of torchvision's
+detection ops): that attempt fails quietly, and a later import with the shim succeeds.
 
 **Weights.** Seeded random weights, and every parameter or buffer a fresh model holds constant
 (batch-norm, group-norm and layer-norm weights and biases, running statistics, zero biases, layer scales
@@ -251,7 +253,7 @@ TIMM: dict[str, Callable[[], ModelAndArgs]] = {
 GroupNorm1 and separable attention, EfficientViT-B's ReLU linear attention, LeViT), MetaFormers
 (PoolFormer v2's GroupNorm1 and layer scales, EfficientFormer, at 224 x 224: its last stage's attention
 biases are sized for a 7 x 7 map), re-parameterised mobile CNNs (FastViT, RepViT, MobileOne) and timm's
-ConvNeXt (channels-first layer norms, ``conv_mlp=False``)."""
+ConvNeXt (its blocks channels-last, ``conv_mlp=False``, like torchvision's)."""
 
 VISION_ZOO: dict[str, Callable[[], ModelAndArgs]] = {**TORCHVISION, **TIMM}
 """Every vision model, torchvision's first."""
