@@ -18,8 +18,8 @@ before torchvision is imported: fake kernels for ops that do not exist are not n
 of ``torchvision.models`` is plain PyTorch. If the compiled ops do load (a matching CPU wheel), the real
 module is imported after all. :mod:`pattern_infra.testing.hf_models` and the test suite's ``conftest``
 call the shim before ``transformers`` is imported. ``import coremltools`` tries torchvision before any
-of them, inside a ``try`` (its ``_HAS_TORCH_VISION``, read only by its converters of torchvision's
-detection ops): that attempt fails quietly, and a later import with the shim succeeds.
+of them, inside a ``try`` (its ``_HAS_TORCH_VISION``, read only by ``coremltools.optimize.torch``'s
+graph utilities): that attempt fails quietly, and a later import with the shim succeeds.
 
 **Weights.** Seeded random weights, and every parameter or buffer a fresh model holds constant
 (batch-norm, group-norm and layer-norm weights and biases, running statistics, zero biases, layer scales
