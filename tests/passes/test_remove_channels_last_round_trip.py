@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-import sys
-import types as pytypes
-
 import coremltools as ct
 import numpy as np
 import pytest
@@ -17,11 +14,6 @@ from pattern_infra import evaluate, explain
 from pattern_infra.testing.convert import convert_torch, count_ops, op_counts
 from pattern_infra.testing.passes import assert_same_program, op_types, run_pass
 from pattern_infra.verification.verify import assert_programs_equivalent
-
-# torchvision's C ops do not load beside the CPU torch; its models build without them
-sys.modules.setdefault(
-    "torchvision._meta_registrations", pytypes.ModuleType("torchvision._meta_registrations")
-)
 
 PASS = "generic::remove_channels_last_round_trip"
 RNG = np.random.default_rng(38)
