@@ -58,29 +58,9 @@ class Pattern:
         pattern_name: Name of the pattern that matched.
     """
 
-    # ``__init__`` fills these, and the captured ops, through ``__dict__``; declared for the type checker.
-    # ``root_var``, ``final_op`` and ``block`` are None only in an empty ``Pattern()``, never in a match
-    # handed to a callback, so they are declared as what a callback reads.
-    root_var: Var
-    root_vars: list[Var]
-    final_op: Operation
-    final_ops: list[Operation]
-    block: Block
-    op_set: set[Operation]
-    consts: dict[str, Var]
-    choices: dict[str, int]
-    pattern_name: str
-    _compiled: CompiledPattern | None
-    _ops: dict[str, Any]
-    _operands: dict[str, dict[str, Any]]
-    _order: Order | None
-    _replacements: list[Var]
+    if TYPE_CHECKING:  # for the type checker: __init__ fills the attributes above and pattern.<name> (Any)
 
-    if TYPE_CHECKING:
-
-        def __getattr__(self, name: str) -> Any:
-            """``pattern.<name>``: the program op captured as ``name`` (a list for a fan-out node), or
-            an attribute a callback added with :meth:`add_attribute`."""
+        def __getattr__(self, name: str) -> Any: ...
 
     def __init__(
         self,
@@ -170,10 +150,7 @@ class Pattern:
 
     @property
     def ops(self) -> dict[str, Any]:
-        """Pattern op name to captured op (a list for fan-out nodes).
-
-        Typed ``Any`` as ``pattern.<name>`` is: which nodes are fan-out is known to the pattern, not to
-        a type checker."""
+        """Pattern op name to captured op (a list for fan-out nodes: ``Any``, as ``pattern.<name>``)."""
         return dict(self._ops)
 
     def operand(self, op_name: str, slot: str) -> Any:

@@ -219,11 +219,9 @@ class Matcher:
                     st.pos,
                     st.out,
                 )
-                last = level[-1] if level else None
-                if not (type(last) is Branch and last.step == moved):
-                    last = Branch(moved)
-                    level.append(last)
-                level = last.then
+                if not (level and type(level[-1]) is Branch and level[-1].step == moved):
+                    level.append(Branch(moved))
+                level = level[-1].then  # type: ignore[union-attr]  # a Branch: the one matched or appended
             level.append(Leaf(v, guards))
         return cast(list[Branch], roots)  # every plan starts with the anchor's own step: no leaf at the root
 

@@ -162,11 +162,7 @@ class BlockIndex:
             high = low + 2.0
         if high is not None and node.prev is None:
             low = high - 2.0
-        if low is None or high is None:
-            self._position = None
-            return
-        place = (low + high) / 2
-        if low < place < high:
+        if low is not None and high is not None and low < (place := (low + high) / 2) < high:
             position[id(node.op)] = place
         else:
             self._position = None
