@@ -6,7 +6,7 @@ types are rarest in the block (docs/ARCHITECTURE.md, "Alternatives: expanded whe
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, cast
 
 from coremltools.converters.mil.mil import Block, Operation, Var
@@ -14,7 +14,7 @@ from coremltools.converters.mil.mil import Block, Operation, Var
 from ..language.graph import CompiledPattern, Edge, PatternNode, distances
 from ..language.pattern import Order, Pattern
 from ..language.variants import Guard, Variant
-from .plan import DOWN, Accept, Branch, Failure, Leaf, PassStats, Step, plan
+from .plan import DOWN, Accept, Branch, Failure, Leaf, PassStats, plan
 from .search import Search
 
 __all__ = ["Anchor", "Failure", "Matcher", "candidates_below"]
@@ -210,14 +210,9 @@ class Matcher:
             )
             level = roots
             for st in steps:
-                moved = Step(
-                    st.kind,
-                    index[st.node],
-                    st.src_kind,
-                    self.place[index[st.src]] if st.src_kind == "op" else st.src,
-                    st.slot,
-                    st.pos,
-                    st.out,
+                # the spelling's step on the merged ops: its node by op index, an op source by place
+                moved = replace(
+                    st, node=index[st.node], src=self.place[index[st.src]] if st.src_kind == "op" else st.src
                 )
                 if not (level and type(level[-1]) is Branch and level[-1].step == moved):
                     level.append(Branch(moved))
