@@ -172,3 +172,42 @@ def test_the_two_passes_compete_for_the_scores() -> None:
     bn_first = run_pass(SDPA_PASS, run_pass(BN_PASS, prog))
     assert op_types(sdpa_first) == [SDPA]
     assert op_types(bn_first) == ["transpose", "matmul", "batch_norm", "softmax", "matmul"]
+
+
+def _timm_levit(size: int) -> tuple[nn.Module, torch.Tensor]:
+    """timm's levit_128s for ``size`` x ``size`` images, random weights and batch-norm statistics."""
+    import sys
+    import types
+
+    # torchvision's C ops do not load beside the CPU torch; timm imports it (see the preamble's shim).
+    sys.modules.setdefault(
+        "torchvision._meta_registrations", types.ModuleType("torchvision._meta_registrations")
+    )
+    import timm
+
+    torch.manual_seed(0)
+    model = timm.create_model("levit_128s", pretrained=False, img_size=size).eval()
+    with torch.no_grad():
+        for module in model.modules():
+            if isinstance(module, (nn.BatchNorm1d, nn.BatchNorm2d)):
+                module.running_mean.normal_(0, 0.1)
+                module.running_var.uniform_(0.5, 1.5)
+                module.weight.uniform_(0.5, 1.5)
+            if hasattr(module, "attention_biases"):
+                module.attention_biases.normal_()
+    return model, torch.randn(1, 3, size, size)
+
+
+@pytest.mark.slow
+def test_timm_levit_fuses_every_attention() -> None:
+    # At 64 x 64 the last stage's 4 attentions have resolution 1: they were the 4 of 11 left unfused.
+    model, x = _timm_levit(64)
+    with torch.no_grad():
+        expected = model(x).numpy()
+    run_log(clear=True)
+    prog = convert_torch(model, (x,), override=True, minimum_deployment_target=ct.target.iOS18)
+    assert op_counts(prog)[SDPA] == 11 and op_counts(prog)["softmax"] == 0
+    assert sum(s.rewrites for pass_id, _, s in run_log() if pass_id == BN_PASS) == 0
+    (name,) = prog.functions["main"].inputs
+    (got,) = evaluate(prog, {name: x.numpy()}).values()
+    assert np.max(np.abs(got - expected)) / np.max(np.abs(expected)) < 1e-5  # torch runs in float32
