@@ -95,10 +95,13 @@ length comes from elsewhere (another input's) stays a different symbol and is de
 ``* f`` appears only when the scale is folded into Q, the transpose only when the swapped ``perm`` is
 not the identity (then it replaces the old one). The op takes the name of the last ``matmul``'s output
 and is inserted before it (the only place where Q, K, V and the mask are all defined). coremltools has
-no such pass, so this one runs as a new pass right after ``common::fuse_transpose_matmul`` while
+no such pass, so this one runs as a new pass right after ``common::fuse_layernorm_or_instancenorm`` while
 ``ENABLE_EXPERIMENTAL_PASSES=1``: the scale is a ``mul`` by then (``divide_to_multiply``), masks are
-constants (``const_elimination``), the transposes of K are merged or folded into the ``matmul``, and
-``add_fp16_cast`` has not yet run.
+constants (``const_elimination``), and ``add_fp16_cast`` has not yet run. That is before
+``common::fuse_elementwise_to_batchnorm``, which would turn the scale and a per-head bias of ``[B, H, 1,
+1]`` scores (LeViT at resolution 1) into a ``batch_norm`` and leave the attention unfused (docs/PASSES.md,
+"Pass order"). The head split and ``K^T`` are then often still two transposes: ``key_t`` is the second,
+whose swapped ``perm`` is the identity, so none is added and K is the head split's output.
 """
 
 from __future__ import annotations
@@ -444,7 +447,7 @@ def _register(key_form: str, mask_form: str, scale_form: str) -> None:
         name=f"sdpa[{key_form}, {mask_form}]"
         if scale_form == "scores"
         else f"sdpa[{key_form}, {mask_form}, {scale_form}]",
-        run_after="common::fuse_transpose_matmul",
+        run_after="common::fuse_layernorm_or_instancenorm",
     )
 
 
