@@ -51,26 +51,35 @@ import numpy as np
 from coremltools.converters.mil import Builder as mb
 from coremltools.converters.mil.mil import Operation
 
-from pattern_infra import Pattern, optional, pattern_program, register_generic_pass
+from pattern_infra import Pattern, pattern_program, register_generic_pass
 
 from ._layout import MOVEMENT_OPS, Layout, Step, emit, emittable, steps_of
 from ._shape_proof import ShapeFacts
 
-__all__ = ["chain_constraints", "linear_constraints", "movement_chain", "movement_linear"]
+__all__ = ["MOVEMENT_CHAINS", "chain_constraints", "linear_constraints", "movement_linear"]
 
 _LINEAR_RANKS = (1, 2, 3)
 
 
-@pattern_program(input_specs=[mb.TensorSpec(shape=(2, 3))])
-def movement_chain(x):
-    # identity stands for any movement op (alternatives); the longest spelling is written first.
-    def head():
-        return optional(
-            "mid0", lambda: mb.identity(x=x, name="first"), lambda v: mb.identity(x=v, name="mid0")
-        )
+_CHAIN_NAMES = ("first", "second", "third", "fourth")
 
-    held = optional("mid1", head, lambda v: mb.identity(x=v, name="mid1"))
-    return mb.identity(x=held, name="last")
+
+def _chain_of(length: int):
+    """A pattern of ``length`` movement ops in a row (``identity`` stands for any, by alternatives)."""
+
+    @pattern_program(input_specs=[mb.TensorSpec(shape=(2, 3))])
+    def movement_chain(x):
+        for name in _CHAIN_NAMES[:length]:
+            x = mb.identity(x=x, name=name)
+        return x
+
+    return movement_chain
+
+
+MOVEMENT_CHAINS = [_chain_of(n) for n in (4, 3, 2)]
+"""Chains of four, three and two ops, longest first. Three patterns, not ``optional`` ops: a choice
+takes its first alternative that matches, so a chain of two at the head of a longer one would never be
+offered on its own when the longer one is refused."""
 
 
 @pattern_program(input_specs=[mb.TensorSpec(shape=(2, 3))])
@@ -181,17 +190,20 @@ def transform_linear(pattern: Pattern) -> None:
 
 _MOVEMENT = list(MOVEMENT_OPS)
 
-register_generic_pass(
-    ops_arrangement=movement_chain,
-    var_constraints=chain_constraints,
-    transform_pattern=transform_chain,
-    pass_name="merge_reshape_transpose_chains",
-    namespace="generic",
-    alternatives={name: _MOVEMENT for name in ("first", "mid0", "mid1", "last")},
-    priority=1,
-    name="movement_chain",
-    run_after="generic::hoist_reshape_above_slices",
-)
+for _chain in MOVEMENT_CHAINS:
+    register_generic_pass(
+        ops_arrangement=_chain,
+        var_constraints=chain_constraints,
+        transform_pattern=transform_chain,
+        pass_name="merge_reshape_transpose_chains",
+        namespace="generic",
+        alternatives={
+            op.name: _MOVEMENT for op in _chain.functions["main"].operations if op.op_type == "identity"
+        },
+        priority=1,
+        name=f"movement_chain_{len(_chain.functions['main'].find_ops(op_type='identity'))}",
+        run_after="generic::hoist_reshape_above_slices",
+    )
 register_generic_pass(
     ops_arrangement=movement_linear,
     var_constraints=linear_constraints,
