@@ -74,16 +74,20 @@ def single_index(op: Operation) -> tuple[int, int, bool] | None:
     picked = []
     for axis in range(rank):
         size = x.shape[axis]
-        known = isinstance(size, (int, np.integer))
-        b = 0 if begin_mask[axis] else int(begin[axis]) % int(size) if known else int(begin[axis])
-        e = None if end_mask[axis] else int(end[axis])
-        if known and e is not None and e < 0:
-            e += int(size)
-        if squeeze[axis] and known:
+        if not isinstance(size, (int, np.integer)):  # a symbolic axis: only taken whole
+            if (begin_mask[axis] or int(begin[axis]) == 0) and end_mask[axis] and not squeeze[axis]:
+                continue
+            return None
+        size = int(size)
+        b = 0 if begin_mask[axis] else int(begin[axis]) + (size if int(begin[axis]) < 0 else 0)
+        e = size if end_mask[axis] else int(end[axis]) + (size if int(end[axis]) < 0 else 0)
+        if not 0 <= b < size:
+            return None
+        if squeeze[axis]:
             picked.append((axis, b, True))
-        elif b == 0 and (e is None or (known and e == int(size))):
+        elif b == 0 and e >= size:
             continue
-        elif known and e == b + 1 and not squeeze[axis]:
+        elif e == b + 1:
             picked.append((axis, b, False))
         else:
             return None
