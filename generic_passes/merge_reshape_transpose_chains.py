@@ -11,14 +11,18 @@ Math: a chain of these ops is a permutation of *factors*, the input's axes cut i
 (:mod:`generic_passes._layout`); any such permutation is at most ``reshape -> transpose -> reshape``,
 and often less. The sizes are proven (``generic_passes._shape_proof``), never assumed.
 
-Pattern 1 (two to four ops, each any of reshape / expand_dims / squeeze / transpose)::
+Pattern 1 (four, three or two ops in a row, each any of reshape / expand_dims / squeeze / transpose /
+identity; three patterns, longest first)::
 
-    x[1, 17, 192] --> reshape --> [17, 1, 3, 64] --> expand_dims(0) --> [1, 17, 1, 3, 64]
+    x[17, 1, 192] --> reshape --> [17, 1, 3, 64] --> expand_dims(0) --> [1, 17, 1, 3, 64]
                   --> transpose([3, 1, 2, 0, 4]) --> [3, 17, 1, 1, 64] --> squeeze(-2) --> y[3, 17, 1, 64]
 
     becomes (the plan with the fewest ops):
 
-        x[1, 17, 192] --> reshape --> [17, 1, 3, 64] --> transpose([2, 1, 0, 3]) --> y[3, 17, 1, 64]
+        x[17, 1, 192] --> reshape --> [17, 3, 1, 64] --> transpose([1, 0, 2, 3]) --> y[3, 17, 1, 64]
+
+    and, among others: reshape -> reshape into one reshape; expand_dims -> squeeze undoing it into an
+    identity; a transpose moving only size-1 axes, then a reshape, into one reshape.
 
 Pattern 2 (a movement op on each side of a ``linear``): ``linear`` maps each row of the last axis on its
 own, so an op that keeps the last axis whole commutes with it; moved to the other side, it merges with
