@@ -27,7 +27,8 @@ others reuse it, so the program has no more ops after the first rewrite and one 
 The new slice takes index ``i`` on axis 0 (squeezed) and the name of ``M``'s output. Refused: a slice
 taking more than one index, a stride, or a range along another axis; ``M'`` needing more than one op
 (axis ``a`` not outermost and ``M`` a reshape); a consumer of ``x`` that is not such a slice followed by
-the same ``M`` (nor ``M'``); fewer than two slices; a slice output used elsewhere or a block output.
+the same ``M`` (nor ``M'``), or one in another block; fewer than two slices; a slice output used
+elsewhere or a block output.
 
 Runs with the override on right after ``generic::fuse_sdpa``; ``generic::merge_reshape_transpose_chains`` then
 merges ``M'`` with the chain before it.
@@ -98,14 +99,14 @@ def single_index(op: Operation) -> tuple[int, int, bool] | None:
 
 def _batched_plan(x: Var, axis: int, move: Operation, facts: ShapeFacts) -> list[Step] | str:
     """``M'``: axis ``axis`` of ``x`` to the front, then ``move`` on every index at once."""
-    dims, out = facts.dims(x), facts.dims(move.outputs[0])
+    dims, sliced, out = facts.dims(x), facts.dims(move.x), facts.dims(move.outputs[0])
     step = steps_of(move, facts)
-    if dims is None or out is None or step is None:
+    if dims is None or sliced is None or out is None or step is None:
         return "a shape is unknown"
     layout = Layout(facts, dims)
     rest = [i for i in range(len(dims)) if i != axis]
     steps: list[Step] = [("transpose", (axis, *rest))]
-    steps.append(("reshape", (dims[axis], *facts.dims(move.x))))
+    steps.append(("reshape", (dims[axis], *sliced)))
     kind, value = step
     steps.append(
         ("transpose", (0, *(p + 1 for p in value))) if kind == "transpose" else (kind, (dims[axis], *out))
@@ -145,6 +146,8 @@ def constraints(pattern: Pattern) -> bool | tuple[bool, str]:
     slices = 0
     block_outputs = set(pattern.block.outputs)
     for user in dict.fromkeys(x.child_ops):
+        if user.enclosing_block is not pattern.block:
+            return False, f"{user.name} reads x in another block"
         if _same_op(user, x, plan[0], facts):
             continue
         other = single_index(user) if user.op_type == "slice_by_index" else None
