@@ -111,7 +111,8 @@ from coremltools.converters.mil import Builder as mb
 from coremltools.converters.mil.mil import Operation, Program, Var
 
 from generic_passes._shape_proof import ShapeFacts, function_of
-from pattern_infra import Pattern, predicates, register_generic_pass
+from pattern_infra import ConstRule, Pattern, predicates, register_generic_pass
+from pattern_infra.language.graph import ConstMode
 
 __all__ = [
     "KEY_FORMS",
@@ -229,9 +230,9 @@ def _key_shape(pattern: Pattern) -> tuple | None:
     return _shape(pattern, pattern.qk.y)
 
 
-def _fits(mask: tuple, scores: tuple) -> bool:
+def _fits(mask: tuple | None, scores: tuple) -> bool:
     """``mask`` broadcasts to ``scores`` without enlarging it and ends with ``scores``' last dim."""
-    if len(mask) > len(scores) or not mask or mask[-1] != scores[-1]:
+    if mask is None or len(mask) > len(scores) or not mask or mask[-1] != scores[-1]:
         return False
     return all(m == 1 or m == s for m, s in zip(reversed(mask), reversed(scores)))
 
@@ -389,6 +390,7 @@ def transform_sdpa(pattern: Pattern) -> None:
         query = mb.mul(x=query, y=factor, name=f"{name}_query", before_op=pv)
     if "key_t" in pattern.ops:
         key, perm = pattern.key_t.x, _key_perm(pattern)
+        assert perm is not None, "sdpa_constraints refused a key transpose of no known perm"
         if perm != list(range(len(perm))):
             key = mb.transpose(x=key, perm=perm, name=pattern.key_t.outputs[0].name, before_op=pv)
     else:
@@ -416,7 +418,7 @@ def transform_sdpa(pattern: Pattern) -> None:
 
 
 def _register(key_form: str, mask_form: str, scale_form: str) -> None:
-    const_rules: dict[str, str] = {
+    const_rules: dict[str, ConstMode | ConstRule] = {
         "qk.transpose_x": "const",
         "qk.transpose_y": "const",
         "pv.transpose_x": "const",

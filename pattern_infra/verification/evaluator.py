@@ -1360,7 +1360,9 @@ def _fill_like(ctx: OpContext) -> np.ndarray:
 
 @register_op_semantics("range_1d")
 def _range_1d(ctx: OpContext) -> np.ndarray:
-    return np.arange(ctx.array("start"), ctx.array("end"), ctx.array("step"))
+    # numpy's stubs take scalars only; 0-d arrays are what numpy itself computes with (Python floats
+    # from .item() would give float32 ranges other values)
+    return np.arange(ctx.array("start"), ctx.array("end"), ctx.array("step"))  # type: ignore[call-overload]
 
 
 @register_op_semantics("band_part")
@@ -1567,7 +1569,7 @@ def _scatter(ctx: OpContext) -> np.ndarray:
     data, updates = ctx.array("data"), ctx.array("updates")
     axis = _axis(ctx.attr("axis", 0), data.ndim)
     indices = _normalize_indices(ctx.array("indices"), data.shape[axis])
-    grid = list(np.indices(updates.shape, sparse=True))
+    grid: list[np.ndarray] = list(np.indices(updates.shape, sparse=True))
     grid[axis] = indices.reshape([-1 if d == axis else 1 for d in range(updates.ndim)])
     return _scatter_into(ctx, tuple(grid), updates)
 
@@ -1576,7 +1578,7 @@ def _scatter(ctx: OpContext) -> np.ndarray:
 def _scatter_along_axis(ctx: OpContext) -> np.ndarray:
     data, updates = ctx.array("data"), ctx.array("updates")
     axis = _axis(ctx.attr("axis", 0), data.ndim)
-    grid = list(np.indices(updates.shape, sparse=True))
+    grid: list[np.ndarray] = list(np.indices(updates.shape, sparse=True))
     grid[axis] = _normalize_indices(ctx.array("indices"), data.shape[axis])
     return _scatter_into(ctx, tuple(grid), updates)
 
