@@ -31,13 +31,13 @@ from __future__ import annotations
 
 from coremltools.converters.mil import Builder as mb
 
-from pattern_infra import Pattern, pattern_program, register_generic_pass
+from pattern_infra import Pattern, register_generic_pass
 
 __all__ = ["split_squeeze_2", "split_squeeze_3"]
 
 
 def _split_squeeze(n: int):
-    @pattern_program(input_specs=[mb.TensorSpec(shape=(n, 4, 5))])
+    @mb.program(input_specs=[mb.TensorSpec(shape=(n, 4, 5))])
     def split_squeeze(x):
         pieces = mb.split(x=x, split_sizes=[1] * n, axis=0, name="split")
         return tuple(mb.squeeze(x=p, axes=[0], name=f"squeeze_{i}") for i, p in enumerate(pieces))

@@ -40,7 +40,7 @@ import numpy as np
 from coremltools.converters.mil import Builder as mb
 from coremltools.converters.mil.mil import Operation, Var
 
-from pattern_infra import Pattern, pattern_program, register_generic_pass
+from pattern_infra import Pattern, register_generic_pass
 
 from ._layout import MOVEMENT_OPS, Layout, Step, emittable, steps_of
 from ._shape_proof import ShapeFacts
@@ -48,7 +48,7 @@ from ._shape_proof import ShapeFacts
 __all__ = ["single_index", "slice_movement"]
 
 
-@pattern_program(input_specs=[mb.TensorSpec(shape=(3, 4))])
+@mb.program(input_specs=[mb.TensorSpec(shape=(3, 4))])
 def slice_movement(x):
     picked = mb.slice_by_index(x=x, begin=[0, 0], end=[1, 4], name="slice")
     return mb.identity(x=picked, name="move")  # any movement op (alternatives)

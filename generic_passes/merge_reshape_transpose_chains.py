@@ -55,7 +55,7 @@ import numpy as np
 from coremltools.converters.mil import Builder as mb
 from coremltools.converters.mil.mil import Operation
 
-from pattern_infra import Pattern, pattern_program, register_generic_pass
+from pattern_infra import Pattern, register_generic_pass
 
 from ._layout import MOVEMENT_OPS, Layout, Step, emit, emittable, steps_of
 from ._shape_proof import ShapeFacts
@@ -71,7 +71,7 @@ _CHAIN_NAMES = ("first", "second", "third", "fourth")
 def _chain_of(length: int):
     """A pattern of ``length`` movement ops in a row (``identity`` stands for any, by alternatives)."""
 
-    @pattern_program(input_specs=[mb.TensorSpec(shape=(2, 3))])
+    @mb.program(input_specs=[mb.TensorSpec(shape=(2, 3))])
     def movement_chain(x):
         for name in _CHAIN_NAMES[:length]:
             x = mb.identity(x=x, name=name)
@@ -86,7 +86,7 @@ takes its first alternative that matches, so a chain of two at the head of a lon
 offered on its own when the longer one is refused."""
 
 
-@pattern_program(input_specs=[mb.TensorSpec(shape=(2, 3))])
+@mb.program(input_specs=[mb.TensorSpec(shape=(2, 3))])
 def movement_linear(x):
     moved = mb.identity(x=x, name="before")
     lin = mb.linear(x=moved, weight=np.zeros((4, 3), np.float32), bias=np.zeros(4, np.float32), name="linear")
@@ -149,18 +149,18 @@ def _linear_options(pattern: Pattern) -> list[tuple[str, list[Step]]] | str:
     step_before, step_after = steps_of(before, facts), steps_of(after, facts)
     if x_dims is None or lin_dims is None or step_before is None or step_after is None:
         return "a shape is unknown"
-    options = []
+    planned: list[tuple[str, list[Step] | str]] = []
     first = Layout(facts, x_dims)
     if first.apply(step_before) is None and first.keeps_last_axis() and before.x.rank in _LINEAR_RANKS:
         moved = Layout(facts, (*x_dims[:-1], n_out))
         if moved.apply(_with_last(step_before, n_out)) is None and moved.apply(step_after) is None:
-            options.append(("down", moved.plan()))
+            planned.append(("down", moved.plan()))
     last = Layout(facts, lin_dims)
     if last.apply(step_after) is None and last.keeps_last_axis() and after.outputs[0].rank in _LINEAR_RANKS:
         moved = Layout(facts, x_dims)
         if moved.apply(step_before) is None and moved.apply(_with_last(step_after, d_in)) is None:
-            options.append(("up", moved.plan()))
-    options = [(side, plan) for side, plan in options if not isinstance(plan, str) and emittable(plan)]
+            planned.append(("up", moved.plan()))
+    options = [(side, plan) for side, plan in planned if not isinstance(plan, str) and emittable(plan)]
     if not options:
         return "neither op keeps the last axis whole, or the two do not merge"
     return options
