@@ -87,25 +87,12 @@ def compile_pattern(
     fanout: Iterable[str] = (),
     equivalences: Equivalences = False,
 ) -> CompiledPattern:
-    """Reads a pattern program into a :class:`CompiledPattern`, enforcing the pattern rules.
+    """Reads a pattern program into a :class:`CompiledPattern`, enforcing the pattern rules. The options,
+    ``commutative`` to ``equivalences``, are ``register_generic_pass``'s (documented there).
 
     Args:
         ops_arrangement: The pattern, an ``mb.program`` whose ops all carry unique names.
         name: Name used in messages; defaults to the name of the pattern's last op.
-        commutative: ``True``: either operand order where the program op matched is in
-            :data:`COMMUTATIVE_OPS`; ``False``: as written; an iterable: the ops whose ``x`` and ``y`` are
-            tried in both orders *whatever op type matched* (an ``add``/``sub`` alternative read with
-            ``pattern.operand``), the others as written.
-        alternatives: Pattern op name to the op types accepted there, e.g. ``{"add_or_sub": ["add",
-            "sub"]}``; the op's own type must be among them.
-        constants: Default rule for every pattern constant (``"any"``, ``"const"``, ``"value"``,
-            ``"weight"`` or a :class:`ConstRule`).
-        const_rules: Per-constant rules, keyed by ``"<op name>.<slot>"`` (e.g. ``"pow.y"``) or by the
-            pattern's const op name.
-        fanout: Pattern ops standing for every consumer of their input (one or more ops of one kind,
-            captured as a list); each must be a last op reading exactly one pattern input or op output.
-        equivalences: Identities also matched (``pow(x, 2)`` = ``mul(x, x)``, ...): False, True, a list
-            of identity names or ``{"<op>": [names]}``; see :mod:`pattern_infra.language.equivalences`.
 
     Returns:
         Its first spelling, holding every spelling in ``variants``.
