@@ -30,6 +30,7 @@ import torch
 from torch import nn
 
 from .models import ModelAndArgs
+from .vision import install_torchvision_shim
 
 __all__ = ["HF_ZOO", "FAST", "DECODER_LLMS", "GROUPED_KV", "BOTH_PRECISIONS", "ONLY_ATTENTION_LEFT"]
 
@@ -50,8 +51,11 @@ _LLM = dict(
 
 
 def _transformers() -> Any:
-    """``transformers``, imported with the hub offline (set here, before the first import)."""
+    """``transformers``, imported with the hub offline (set here, before the first import) and torchvision
+    importable: ``transformers`` imports torchvision whenever it is installed, and torchvision's wheel does
+    not import beside the CPU torch without :func:`~pattern_infra.testing.vision.install_torchvision_shim`."""
     os.environ["HF_HUB_OFFLINE"] = "1"
+    install_torchvision_shim()
     import transformers
 
     return transformers
