@@ -20,9 +20,10 @@ $(STAMP): pyproject.toml
 
 venv: $(STAMP) ## Create .venv and install the project with its test, lint and docs extras
 
-lint: $(STAMP) ## Check formatting and lint rules (ruff, configured in pyproject.toml)
+lint: $(STAMP) ## Check formatting, lint rules and types (ruff, mypy; configured in pyproject.toml)
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/ruff check .
+	$(VENV)/bin/mypy
 
 demo: $(STAMP) ## Convert a PyTorch pre-norm transformer with and without the override; show what fused
 	$(PY) examples/demo.py

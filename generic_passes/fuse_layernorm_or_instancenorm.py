@@ -166,7 +166,9 @@ def written_out_pattern(subs: Literal["sub1", "sub2"], square: Literal["mul", "p
 
 _WRITTEN_RULES = {"square.y": _EXACT, "std.y": _ISCLOSE}  # pow(d, 2.0000001) is NaN for d < 0; coremltools
 # checks pow(v, 0.5) with np.isclose
-PATTERNS: dict[str, tuple[Program, Callable[[Pattern], bool], dict[str, ConstRule] | None]] = {
+PATTERNS: dict[
+    str, tuple[Program, Callable[[Pattern], bool | tuple[bool, str]], dict[str, ConstRule] | None]
+] = {
     "instancenorm_pattern_4": (instancenorm_pattern_4, constraints_4, None),
     "layernorm_pattern_1": (layernorm_pattern_1, constraints_1, None),
     "instancenorm_pattern_3": (instancenorm_pattern_3, constraints_3, {"mul_neg.y": _EXACT}),

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 import torch
@@ -439,7 +440,7 @@ def siglip_vision(attn: str) -> ModelAndArgs:
 
 def _both(builder: Callable[[str], ModelAndArgs]) -> dict[str, Callable[[], ModelAndArgs]]:
     name = builder.__name__
-    return {f"{name}_{attn}": (lambda attn=attn: builder(attn)) for attn in ("eager", "sdpa")}
+    return {f"{name}_{attn}": partial(builder, attn) for attn in ("eager", "sdpa")}
 
 
 def _eager(builder: Callable[[str], ModelAndArgs]) -> dict[str, Callable[[], ModelAndArgs]]:
