@@ -303,7 +303,7 @@ def test_saved_float16_group_norm_package(tmp_path):
     ``layer_norm`` between the reshapes (G = 2)."""
     import coremltools as ct
 
-    from pattern_infra.mlpackage import load_mlpackage, run_passes
+    from pattern_infra.cli.mlpackage import load_mlpackage, run_passes
 
     torch.manual_seed(1)
     model = torch.nn.Sequential(
