@@ -1372,3 +1372,26 @@ def test_converted_pytorch_model_matches_torch() -> None:
     with torch.no_grad():
         expected = model(x).numpy()
     np.testing.assert_allclose(out, expected, rtol=1e-5, atol=1e-6)  # torch runs in float32
+
+
+def test_a_float16_conv_sums_as_wide_as_a_float16_linear():
+    """Native precision: a 1x1 conv and the linear it equals are both within a float16 ulp of the exact
+    result (numpy's einsum alone would sum the 384 float16 products in float16)."""
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((1, 384, 4, 4)).astype(np.float16)
+    w = (rng.standard_normal((96, 384)) * 0.05).astype(np.float16)
+
+    @mb.program(input_specs=[mb.TensorSpec(shape=x.shape, dtype=types.fp16)], opset_version=ct.target.iOS16)
+    def conv(x):
+        return mb.conv(x=x, weight=w[:, :, None, None])
+
+    @mb.program(input_specs=[mb.TensorSpec(shape=x.shape, dtype=types.fp16)], opset_version=ct.target.iOS16)
+    def linear(x):
+        return mb.transpose(x=mb.linear(x=mb.transpose(x=x, perm=[0, 2, 3, 1]), weight=w), perm=[0, 3, 1, 2])
+
+    exact = np.einsum("nchw,oc->nohw", x.astype(np.float64), w.astype(np.float64))
+    ulp = np.spacing(np.abs(exact).astype(np.float16)).astype(np.float64)
+    for prog in (conv, linear):
+        (out,) = evaluate(prog, {"x": x}, precision="native").values()
+        assert out.dtype == np.float16
+        assert np.all(np.abs(out - exact) <= ulp)  # within one float16 ulp; summed in float16: ~20 ulp

@@ -25,6 +25,10 @@ from pattern_infra.testing.vision_compare import VisionComparison, compare_palet
 
 REL_TOL = 1e-4
 FP16_ROUNDING = 2.0**-10
+FP32_ROUNDING = 2.0**-23
+"""What a fold into float32 constants may add to a float32 program's error (against PyTorch in float64):
+a folded weight such as ``W * gamma`` is rounded to float32 once, where the unfolded program held ``W``
+and ``gamma`` exactly (ConvNeXt's layer scales folded into its 1x1 convolutions: 1.7e-8)."""
 
 
 @functools.cache
@@ -45,7 +49,7 @@ def test_never_more_ops_and_outputs_equal_to_pytorch(name):
         off, on = row.conversions[precision, False], row.conversions[precision, True]
         assert on.total <= off.total, (precision, row.changed(precision))
         if precision == "fp32":
-            assert on.error <= off.error * (1 + 1e-3) + 1e-9, (off.error, on.error)
+            assert on.error <= off.error * (1 + 1e-3) + FP32_ROUNDING, (off.error, on.error)
             assert on.error < REL_TOL, on.error
         else:
             assert on.error <= off.error + FP16_ROUNDING, (off.error, on.error)

@@ -917,6 +917,11 @@ def _spatial_padding(
     raise ctx.unsupported(f"pad_type {pad_type!r}")
 
 
+def _accumulator(*arrays: np.ndarray) -> np.dtype:
+    """The dtype a convolution sums in: the operands' own, but float32 at least."""
+    return np.promote_types(np.result_type(*arrays), np.float32)
+
+
 @register_op_semantics("conv")
 def _conv(ctx: OpContext) -> np.ndarray:
     x, weight = ctx.array("x"), ctx.array("weight")
@@ -933,7 +938,9 @@ def _conv(ctx: OpContext) -> np.ndarray:
     c_out = weight.shape[0]
     grouped_x = padded.reshape(batch, groups, c_in // groups, *padded.shape[2:])
     grouped_w = weight.reshape(groups, c_out // groups, c_in // groups, *kernels)
-    out = np.zeros((batch, groups, c_out // groups, *out_sizes), dtype=np.result_type(x, weight))
+    # accumulated at float32 at least (the result is rounded to the output's dtype afterwards): numpy's
+    # einsum of float16 operands sums in float16, where np.matmul (linear, matmul) sums wider
+    out = np.zeros((batch, groups, c_out // groups, *out_sizes), dtype=_accumulator(x, weight))
     for offset in itertools.product(*(range(k) for k in kernels)):
         window = tuple(
             slice(k * d, k * d + s * (o - 1) + 1, s)
@@ -941,7 +948,7 @@ def _conv(ctx: OpContext) -> np.ndarray:
         )
         patch = grouped_x[(slice(None),) * 3 + window]
         tap = grouped_w[(slice(None),) * 3 + offset]
-        out += np.einsum("ngc...,goc->ngo...", patch, tap)
+        out += np.einsum("ngc...,goc->ngo...", patch, tap, dtype=out.dtype)
     out = out.reshape(batch, c_out, *out_sizes)
     return out + _channel_shape(ctx.array("bias"), out.ndim) if ctx.has("bias") else out
 
@@ -969,13 +976,13 @@ def _conv_transpose(ctx: OpContext) -> np.ndarray:
     full = [(d_in - 1) * s + (k - 1) * d + 1 for d_in, s, k, d in zip(sizes, strides, kernels, dilations)]
     grouped_x = x.reshape(batch, groups, c_in // groups, *sizes)
     grouped_w = weight.reshape(groups, c_in // groups, c_out // groups, *kernels)
-    out = np.zeros((batch, groups, c_out // groups, *full), dtype=np.result_type(x, weight))
+    out = np.zeros((batch, groups, c_out // groups, *full), dtype=_accumulator(x, weight))
     for offset in itertools.product(*(range(k) for k in kernels)):
         window = tuple(
             slice(k * d, k * d + s * (n - 1) + 1, s) for k, d, s, n in zip(offset, dilations, strides, sizes)
         )
         tap = grouped_w[(slice(None),) * 3 + offset]
-        out[(slice(None),) * 3 + window] += np.einsum("ngc...,gco->ngo...", grouped_x, tap)
+        out[(slice(None),) * 3 + window] += np.einsum("ngc...,gco->ngo...", grouped_x, tap, dtype=out.dtype)
     out = out.reshape(batch, c_out, *full)
 
     pad = ctx.attr("pad", [0] * 2 * spatial)
