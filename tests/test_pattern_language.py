@@ -65,11 +65,15 @@ def test_alternative_sub_patterns_are_one_registration(namespace):
     def sin_form(x):
         return mb.sin(x=mb.relu(x=x, name="r"), name="last")
 
+    names = []
+
     def to_tanh(p):
+        names.append(p.pattern_name)
         p.replace_output(mb.tanh(x=p.root_var, before_op=p.last))
 
     c = register_generic_pass([exp_form, sin_form], None, to_tanh, "p", namespace, name="either")
-    assert c.order == ["either[0]", "either[1]"]
+    assert c.order == ["either"]  # one sub-pass, one plan tree per anchor for both programs
+    assert [v.compiled.name for v in c.passes[0].compiled.variants] == ["either[0]", "either[1]"]
 
     @one_input
     def prog(x):
@@ -77,6 +81,7 @@ def test_alternative_sub_patterns_are_one_registration(namespace):
 
     c(prog)
     assert op_types(prog) == ["tanh", "tanh"]
+    assert names == ["either[0]", "either[1]"]
 
 
 @one_input

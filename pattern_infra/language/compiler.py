@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -77,7 +78,7 @@ def require_program(value: Any, *, where: str, what: str = "the pattern") -> Non
 
 
 def compile_pattern(
-    ops_arrangement: Program,
+    ops_arrangement: Program | Sequence[Program] | Mapping[str, Program],
     *,
     name: str | None = None,
     commutative: bool | Iterable[str] = True,
@@ -87,11 +88,20 @@ def compile_pattern(
     fanout: Iterable[str] = (),
     equivalences: Equivalences = False,
 ) -> CompiledPattern:
-    """Reads a pattern program into a :class:`CompiledPattern`, enforcing the pattern rules.
+    """Reads a pattern program, or several, into a :class:`CompiledPattern`, enforcing the pattern rules.
+
+    Several programs (a sequence, or a mapping of names to programs) are one pattern whose spellings are
+    every program's, in the written order, as a ``one_of`` of the whole programs: an earlier program is
+    tried first where both match at the same anchor op. The programs may differ in their inputs (a
+    spelling reads the inputs of its program; ``pattern.root_vars`` are its program's, in its order),
+    in their ops and in their last ops. Their ops share the search's places by name, and the search
+    starts from an op name every program has outside its choices: name the ops that correspond alike.
+    The options apply to every program; a name in them must be an op or constant of one of them.
 
     Args:
-        ops_arrangement: The pattern, an ``mb.program`` whose ops all carry unique names.
-        name: Name used in messages; defaults to the name of the pattern's last op.
+        ops_arrangement: The pattern, an ``mb.program`` whose ops all carry unique names; or several.
+        name: Name used in messages; defaults to the name of the (first) pattern's last op. The programs
+            of a sequence are named ``<name>[i]``, those of a mapping by their keys.
         commutative: ``True``: either operand order where the program op matched is in
             :data:`COMMUTATIVE_OPS`; ``False``: as written; an iterable: the ops whose ``x`` and ``y`` are
             tried in both orders *whatever op type matched* (an ``add``/``sub`` alternative read with
@@ -108,15 +118,57 @@ def compile_pattern(
             of identity names or ``{"<op>": [names]}``; see :mod:`pattern_infra.language.equivalences`.
 
     Returns:
-        Its first spelling, holding every spelling in ``variants``.
+        Its first spelling, holding every spelling in ``variants`` (several programs: a copy of the first
+        program's first spelling, named ``name``, its inputs every program's, each program's pattern in
+        ``parts``).
 
     Raises:
         PatternDefinitionError: The pattern breaks a rule; the message names the rule and the fix.
     """
-    pattern_name = name or pattern_name_of(ops_arrangement)
-    require_program(
-        ops_arrangement, where="compile_pattern", what=f"pattern {name!r}" if name else "the pattern"
+    if isinstance(ops_arrangement, Mapping):
+        named = [(str(key), program) for key, program in ops_arrangement.items()]
+    elif isinstance(ops_arrangement, Sequence):
+        named = [(f"{name}[{i}]" if name else "", p) for i, p in enumerate(ops_arrangement)]
+    else:
+        named = [(name or "", ops_arrangement)]
+    options = dict(
+        commutative=commutative if isinstance(commutative, bool) else set(commutative),
+        alternatives=dict(alternatives or {}),
+        fanout=set(fanout),
+        default_rule=constants if isinstance(constants, ConstRule) else ConstRule(constants),
+        rules={k: v if isinstance(v, ConstRule) else ConstRule(v) for k, v in (const_rules or {}).items()},
     )
+    parts = [
+        _compile_program(program, pattern_name, options, equivalences) for pattern_name, program in named
+    ]
+    if not parts:
+        raise PatternDefinitionError("compile_pattern: an empty list of patterns; give at least one program.")
+    label = name or parts[0].name
+    spellings = [v.compiled for part in parts for v in part.variants]
+    _check_options(label, options, spellings)
+    if len(parts) == 1:
+        return parts[0]
+    if len(spellings) > MAX_VARIANTS:
+        raise PatternDefinitionError(
+            f"Pattern {label!r} stands for {len(spellings)} spellings over its {len(parts)} programs; at "
+            f"most {MAX_VARIANTS} are searched. Fix: register the programs in several calls."
+        )
+    return replace(
+        parts[0],
+        name=label,
+        root_names=list(dict.fromkeys(r for part in parts for r in part.root_names)),
+        variants=[v for part in parts for v in part.variants],
+        parts=parts,
+    )
+
+
+def _compile_program(
+    ops_arrangement: Program, pattern_name: str, options: dict[str, Any], equivalences: Equivalences
+) -> CompiledPattern:
+    """One program's spellings: its first, holding them all in ``variants``."""
+    what = f"pattern {pattern_name!r}" if pattern_name else "the pattern"
+    require_program(ops_arrangement, where="compile_pattern", what=what)
+    pattern_name = pattern_name or pattern_name_of(ops_arrangement)
     if set(ops_arrangement.functions) != {"main"}:
         raise PatternDefinitionError(
             f"Pattern {pattern_name!r} must have exactly one function named 'main'; it "
@@ -127,18 +179,17 @@ def compile_pattern(
         regions_of(list(func.operations), records_of(func), pattern_name)  # the choices' rules, as written
         ops_arrangement = with_equivalences(ops_arrangement, pattern_name, equivalences)
         func = ops_arrangement.functions["main"]
-    options = dict(
-        commutative=commutative if isinstance(commutative, bool) else set(commutative),
-        alternatives=dict(alternatives or {}),
-        fanout=set(fanout),
-        default_rule=constants if isinstance(constants, ConstRule) else ConstRule(constants),
-        rules={k: v if isinstance(v, ConstRule) else ConstRule(v) for k, v in (const_rules or {}).items()},
-    )
     records = records_of(func)
     regions = regions_of(list(func.operations), records, pattern_name)
     _check_pattern(pattern_name, list(func.operations), records, regions, options)
     compiled = _compile(func, ops_arrangement, pattern_name, records, regions, options)
-    _check_used(pattern_name, func, options, [v.compiled for v in compiled.variants])
+    spellings = [v.compiled for v in compiled.variants]
+    unused = [name for r, name in enumerate(func.inputs) if not any(c.root_consumers[r] for c in spellings)]
+    if unused:
+        raise PatternDefinitionError(
+            f"Pattern {pattern_name!r}: input {unused[0]!r} is used by no op. Remove it from input_specs, or "
+            "use it."
+        )
     return compiled
 
 
@@ -198,21 +249,13 @@ def _check_pattern(
     regions: dict[int, Any],
     options: dict[str, Any],
 ) -> None:
-    """The rules of the pattern as a whole: no control flow, options naming its ops, fan-out ops outside
-    the choices, at most :data:`MAX_VARIANTS` spellings."""
+    """The rules of the pattern as a whole: no control flow, fan-out ops outside the choices, at most
+    :data:`MAX_VARIANTS` spellings."""
     for op in all_ops:
         if op.blocks:
             raise PatternDefinitionError(
                 f"Pattern {pattern_name!r}: op {op.name!r} ({op.op_type}) has nested blocks: "
                 f"control flow cannot be part of a pattern; match the ops around it."
-            )
-    everywhere = {op.name for op in all_ops if op.op_type != "const"}  # alternatives' ops included
-    for option in ("alternatives", "commutative", "fanout"):
-        unknown = set() if isinstance(options[option], bool) else set(options[option]) - everywhere
-        if unknown:
-            raise PatternDefinitionError(
-                f"Pattern {pattern_name!r}: {option} names op(s) {sorted(unknown)}, which the "
-                f"pattern does not have. Pattern ops: {sorted(everywhere)}."
             )
     inside = {op.name for found in regions.values() for region in found for op in region.operations}
     if inside & options["fanout"]:
@@ -355,22 +398,22 @@ def _compile_graph(
     return compiled
 
 
-def _check_used(
-    pattern_name: str, func: Any, options: dict[str, Any], spellings: list[CompiledPattern]
-) -> None:
-    """Every const rule names a constant of some spelling, and every input is read by some spelling."""
+def _check_options(pattern_name: str, options: dict[str, Any], spellings: list[CompiledPattern]) -> None:
+    """Every op the options name and every const rule's constant is one of some spelling."""
+    everywhere = {name for c in spellings for name in c.node_names}
+    for option in ("alternatives", "commutative", "fanout"):
+        unknown = set() if isinstance(options[option], bool) else set(options[option]) - everywhere
+        if unknown:
+            raise PatternDefinitionError(
+                f"Pattern {pattern_name!r}: {option} names op(s) {sorted(unknown)}, which the "
+                f"pattern does not have. Pattern ops: {sorted(everywhere)}."
+            )
     known = {key for c in spellings for key in (*c.const_keys, *c.const_names)}
     unknown = set(options["rules"]) - known
     if unknown:
         raise PatternDefinitionError(
             f"Pattern {pattern_name!r}: const_rules name {sorted(unknown)}, which are not constants of the "
             f"pattern. Keys are '<op name>.<slot>' or a const op's name; constants: {sorted(known)}."
-        )
-    unused = [name for r, name in enumerate(func.inputs) if not any(c.root_consumers[r] for c in spellings)]
-    if unused:
-        raise PatternDefinitionError(
-            f"Pattern {pattern_name!r}: input {unused[0]!r} is used by no op. Remove it from input_specs, or "
-            "use it."
         )
 
 
@@ -411,7 +454,7 @@ def _final_nodes(
 def _mark_fanout(
     pattern_name: str, nodes: list[PatternNode], fanout: set[str], by_name: dict[str, int]
 ) -> None:
-    for name in sorted(fanout):
+    for name in sorted(fanout & by_name.keys()):  # another program of a list may have the op
         node = nodes[by_name[name]]
         if not node.is_final:
             raise PatternDefinitionError(

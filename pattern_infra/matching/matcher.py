@@ -11,6 +11,7 @@ from typing import Any
 
 from coremltools.converters.mil.mil import Block, Operation, Var
 
+from ..language.errors import PatternDefinitionError
 from ..language.graph import CompiledPattern, Edge, PatternNode, distances
 from ..language.pattern import Order, Pattern
 from ..language.variants import Guard, Variant
@@ -39,6 +40,13 @@ class Matcher:
         self.compiled = compiled
         self.variants: list[Variant] = compiled.variants
         """The pattern's spellings, each a plain pattern."""
+        parts = compiled.parts or [compiled]
+        self.program: list[int] = [p for p, part in enumerate(parts) for _ in part.variants]
+        """Per spelling, the program of a list it comes from (0 for a pattern of one program)."""
+        self.root_slots: list[list[int]] = [
+            [compiled.root_names.index(r) for r in v.compiled.root_names] for v in self.variants
+        ]
+        """Per spelling, where each of its inputs is in the search's (``compiled.root_names``: by name)."""
         self.ops: list[PatternNode] = []
         """Every distinct op of every spelling, once: the plan trees' ops; their edges index it and
         :attr:`consts`."""
@@ -51,7 +59,7 @@ class Matcher:
         self._keys: dict[tuple[Any, ...], int] = {}
         self._const_keys: dict[tuple[Any, ...], int] = {}
         self._places: dict[str, int] = {}
-        self.index: list[list[int]] = [self._merge(variant) for variant in self.variants]
+        self.index: list[list[int]] = [self._merge(v) for v in range(len(self.variants))]
         """Per spelling, its ops' indices in :attr:`ops`."""
         self.places: list[str] = list(self._places)
         """The search state's places: an op's name, or the choice whose variable it computes."""
@@ -87,7 +95,7 @@ class Matcher:
                 for t in sorted(anchor.op_types):
                     self.anchors_by_type[t] = (*self.anchors_by_type.get(t, ()), anchor.index)
         end = self.place[self.index[0][compiled.final_nodes[0]]]
-        self.final_anchor: int = next(a.index for a in self.nodes if a.name == self.places[end])
+        self.final_anchor: int = next((a.index for a in self.nodes if a.name == self.places[end]), 0)
         """The anchor of the first output."""
         self.stats = PassStats()
         """The counters of the searches handed none (outside a pass: ``find_matches``, ``explain``)."""
@@ -95,8 +103,9 @@ class Matcher:
 
     # -- the plan trees ------------------------------------------------------------------------------
 
-    def _merge(self, variant: Variant) -> list[int]:
-        """Adds the ops of one spelling to :attr:`ops` (those not there yet); returns their places."""
+    def _merge(self, v: int) -> list[int]:
+        """Adds the ops of spelling ``v`` to :attr:`ops` (those not there yet); returns their places."""
+        variant = self.variants[v]
         spelling = variant.compiled
         index: list[int] = []
         consts: dict[int, int] = {}
@@ -110,10 +119,14 @@ class Matcher:
         names = [variant.aliases.get(node.name, (node.name,))[-1] for node in spelling.nodes]
         places = [self._places.setdefault(name, len(self._places)) for name in names]
 
+        roots = self.root_slots[v]
+
         def moved(edge: Edge) -> Edge:
             if edge.kind == "op":
                 return Edge("op", places[edge.index], edge.output)
-            return Edge("const", consts[edge.index]) if edge.kind == "const" else edge
+            return (
+                Edge("const", consts[edge.index]) if edge.kind == "const" else Edge("root", roots[edge.index])
+            )
 
         for node in spelling.nodes:
             inputs = {
@@ -166,6 +179,12 @@ class Matcher:
                 if n in held
                 and (n in variant.groups.values() or (n not in variant.groups and n not in variant.choices))
             ]
+        if not names:
+            raise PatternDefinitionError(
+                f"Pattern {self.compiled.name!r}: its programs have no op name in common outside their "
+                "choices, so no op can start the search of every one. Name the ops that correspond alike "
+                "in every program (the search shares them by name), or register the programs separately."
+            )
         anchors = []
         for name in names:
             ops = [self.ops[self.index[v][self._local(v, name)]] for v in range(len(self.variants))]
@@ -181,24 +200,35 @@ class Matcher:
     def _tree(self, anchor: Anchor) -> list[Branch]:
         """The spellings' plans anchored at ``anchor``, merged: a spelling joins the last branch of each
         level while its steps are the same, so the walk meets the spellings in order."""
-        first = self.variants[0]
-        rank = [int(node.name in first.groups) for node in first.compiled.nodes]
-        steps = plan(first.compiled, self._local(0, anchor.name), rank=rank)
-        met = [
-            first.groups[first.compiled.nodes[st.node].name]
-            for st in steps
-            if first.compiled.nodes[st.node].name in first.groups
-        ]
-        choices = [c for c in dict.fromkeys(met) if c != anchor.name]  # the order the plan meets the choices
-        ranked = sorted(range(len(self.variants)), key=lambda v: _order(self.variants[v], choices))
+        choices: dict[
+            int, list[str]
+        ] = {}  # per program, the order its first spelling's plan meets its choices
+        for v, variant in enumerate(self.variants):
+            if self.program[v] not in choices:
+                nodes = variant.compiled.nodes
+                steps = plan(
+                    variant.compiled,
+                    self._local(v, anchor.name),
+                    [int(n.name in variant.groups) for n in nodes],
+                )
+                met = [
+                    variant.groups[nodes[st.node].name]
+                    for st in steps
+                    if nodes[st.node].name in variant.groups
+                ]
+                choices[self.program[v]] = [c for c in dict.fromkeys(met) if c != anchor.name]
+        ranked = sorted(
+            range(len(self.variants)),
+            key=lambda v: (self.program[v], _order(self.variants[v], choices[self.program[v]])),
+        )
         roots: list[Branch] = []
         for v in ranked:
-            variant, index = self.variants[v], self.index[v]
+            variant, index, met = self.variants[v], self.index[v], choices[self.program[v]]
             groups = variant.groups
             rank = [
                 -1
                 if groups.get(n.name) == anchor.name
-                else 1 + choices.index(groups[n.name])
+                else 1 + met.index(groups[n.name])
                 if n.name in groups
                 else 0
                 for n in variant.compiled.nodes
@@ -214,7 +244,11 @@ class Matcher:
                     st.kind,
                     index[st.node],
                     st.src_kind,
-                    self.place[index[st.src]] if st.src_kind == "op" else st.src,
+                    self.place[index[st.src]]
+                    if st.src_kind == "op"
+                    else self.root_slots[v][st.src]
+                    if st.src_kind == "root"
+                    else st.src,
                     st.slot,
                     st.pos,
                     st.out,

@@ -74,7 +74,7 @@ def _coremltools_ids(namespace: str) -> list[str]:
 
 
 def register_generic_pass(
-    ops_arrangement: Program | Sequence[Program],
+    ops_arrangement: Program | Sequence[Program] | Mapping[str, Program],
     var_constraints: Callable[[Pattern], Any] | None,
     transform_pattern: Callable[[Pattern], Any],
     pass_name: str,
@@ -92,7 +92,7 @@ def register_generic_pass(
     name: str | None = None,
     run_after: str | None = None,
 ) -> PassContainer:
-    """Registers a pattern with its callbacks as a sub-pass of ``namespace::pass_name``.
+    """Registers a pattern with its callbacks as one sub-pass of ``namespace::pass_name``.
 
     Calls with the same ``namespace`` and ``pass_name`` group into one :class:`PassContainer`. If that id
     names a coremltools pass, the container replaces it when ``ENABLE_EXPERIMENTAL_PASSES=1`` at run time.
@@ -103,8 +103,9 @@ def register_generic_pass(
     coremltools' ``PASS_REGISTRY`` changes, so a call that raises leaves the registry as it was.
 
     Args:
-        ops_arrangement: The pattern, an ``mb.program`` with uniquely named ops; or a sequence of them,
-            alternatives that share the callbacks (each becomes a sub-pass, in the given order).
+        ops_arrangement: The pattern, an ``mb.program`` with uniquely named ops; or several, a sequence
+            or a mapping of names to programs: one pattern whose spellings are each program's, tried in
+            the written order (how they may differ: :func:`~pattern_infra.language.compiler.compile_pattern`).
         var_constraints: ``f(pattern) -> bool``; None accepts every structural match.
         transform_pattern: ``f(pattern)`` rewriting the match; returning False declines it.
         pass_name: Pass name, e.g. ``"fuse_gelu_exact"``.
@@ -134,31 +135,25 @@ def register_generic_pass(
         raise PassRegistrationError(
             f"{where}: var_constraints must be callable or None, got {type(var_constraints).__name__}."
         )
-    many = isinstance(ops_arrangement, Sequence) and not isinstance(ops_arrangement, str)
-    programs = list(ops_arrangement) if many else [ops_arrangement]
+    many = isinstance(ops_arrangement, (Sequence, Mapping)) and not isinstance(ops_arrangement, str)
+    programs = [ops_arrangement]
+    if many:
+        programs = list(ops_arrangement.values() if isinstance(ops_arrangement, Mapping) else ops_arrangement)
     if not programs:
         raise PassRegistrationError(f"{where}: an empty list of patterns; give at least one pattern program.")
     for i, program in enumerate(programs):
         require_program(program, where=where, what=f"pattern [{i}]" if many else "the pattern")
-    subs = [
-        SubPass(
-            compile_pattern(
-                program,
-                name=f"{name}[{i}]" if name and len(programs) > 1 else name,
-                commutative=commutative,
-                alternatives=alternatives,
-                constants=constants,
-                const_rules=const_rules,
-                fanout=fanout,
-                equivalences=equivalences,
-            ),
-            var_constraints,
-            transform_pattern,
-            priority,
-            max_iterations,
-        )
-        for i, program in enumerate(programs)
-    ]
+    compiled = compile_pattern(
+        ops_arrangement,
+        name=name,
+        commutative=commutative,
+        alternatives=alternatives,
+        constants=constants,
+        const_rules=const_rules,
+        fanout=fanout,
+        equivalences=equivalences,
+    )
+    sub = SubPass(compiled, var_constraints, transform_pattern, priority, max_iterations)
     if run_after is not None:
         _check_leader(f"{namespace}::{pass_name}", run_after)
     if options is not None and not isinstance(options, Mapping):
@@ -166,8 +161,7 @@ def register_generic_pass(
             f"{where}: options must be a mapping of option names to defaults, got {type(options).__name__}."
         )
     container = container_for(pass_name, namespace)
-    for sub in subs:  # from here on nothing raises: the registry changes only once everything is checked
-        container.add(sub)
+    container.add(sub)  # from here on nothing raises: the registry changes only once everything is checked
     if options:
         container.declare_options(options)
     if run_after is not None:
