@@ -87,16 +87,15 @@ def compile_pattern(
     const_rules: Mapping[str, ConstMode | ConstRule] | None = None,
     fanout: Iterable[str] = (),
     equivalences: Equivalences = False,
+    where: str = "compile_pattern",
 ) -> CompiledPattern:
     """Reads a pattern program, or several, into a :class:`CompiledPattern`, enforcing the pattern rules.
 
-    Several programs (a sequence, or a mapping of names to programs) are one pattern whose spellings are
-    every program's, in the written order, as a ``one_of`` of the whole programs: an earlier program is
-    tried first where both match at the same anchor op. The programs may differ in their inputs (a
-    spelling reads the inputs of its program; ``pattern.root_vars`` are its program's, in its order),
-    in their ops and in their last ops. Their ops share the search's places by name, and the search
-    starts from an op name every program has outside its choices: name the ops that correspond alike.
-    The options apply to every program; a name in them must be an op or constant of one of them.
+    Several programs (a sequence, or a mapping of names to programs) are one pattern, each program's
+    spellings in turn, as a ``one_of`` of whole programs: where two match at one anchor op, the earlier
+    is tried first. Each spelling reads its own program's inputs (``pattern.root_vars`` in its order)
+    and ends with its own last ops; the programs share inputs and the search's places by name, and the
+    search starts from an op name they all have outside their choices. Options apply to every program.
 
     Args:
         ops_arrangement: The pattern, an ``mb.program`` whose ops all carry unique names; or several.
@@ -116,21 +115,26 @@ def compile_pattern(
             captured as a list); each must be a last op reading exactly one pattern input or op output.
         equivalences: Identities also matched (``pow(x, 2)`` = ``mul(x, x)``, ...): False, True, a list
             of identity names or ``{"<op>": [names]}``; see :mod:`pattern_infra.language.equivalences`.
+        where: The entry point, for messages.
 
     Returns:
-        Its first spelling, holding every spelling in ``variants`` (several programs: a copy of the first
-        program's first spelling, named ``name``, its inputs every program's, each program's pattern in
-        ``parts``).
+        Its first spelling, holding every spelling in ``variants``; of several programs, a copy of it
+        named ``name``, reading every program's inputs, each program's pattern in ``parts``.
 
     Raises:
         PatternDefinitionError: The pattern breaks a rule; the message names the rule and the fix.
     """
+    named = [(name, ops_arrangement, f"pattern {name!r}" if name else "the pattern")]
     if isinstance(ops_arrangement, Mapping):
-        named = [(str(key), program) for key, program in ops_arrangement.items()]
+        named = [(str(key), p, f"pattern [{i}]") for i, (key, p) in enumerate(ops_arrangement.items())]
+    elif isinstance(ops_arrangement, Sequence) and len(ops_arrangement) != 1:
+        named = [(name and f"{name}[{i}]", p, f"pattern [{i}]") for i, p in enumerate(ops_arrangement)]
     elif isinstance(ops_arrangement, Sequence):
-        named = [(f"{name}[{i}]" if name else "", p) for i, p in enumerate(ops_arrangement)]
-    else:
-        named = [(name or "", ops_arrangement)]
+        named = [(name, ops_arrangement[0], "pattern [0]")]
+    if not named:
+        raise PatternDefinitionError(
+            f"{where}: an empty list of patterns; give at least one pattern program."
+        )
     options = dict(
         commutative=commutative if isinstance(commutative, bool) else set(commutative),
         alternatives=dict(alternatives or {}),
@@ -138,11 +142,10 @@ def compile_pattern(
         default_rule=constants if isinstance(constants, ConstRule) else ConstRule(constants),
         rules={k: v if isinstance(v, ConstRule) else ConstRule(v) for k, v in (const_rules or {}).items()},
     )
-    parts = [
-        _compile_program(program, pattern_name, options, equivalences) for pattern_name, program in named
-    ]
-    if not parts:
-        raise PatternDefinitionError("compile_pattern: an empty list of patterns; give at least one program.")
+    parts = []
+    for pattern_name, program, what in named:
+        require_program(program, where=where, what=what)
+        parts.append(_compile_program(program, pattern_name, options, equivalences))
     label = name or parts[0].name
     spellings = [v.compiled for part in parts for v in part.variants]
     _check_options(label, options, spellings)
@@ -163,11 +166,9 @@ def compile_pattern(
 
 
 def _compile_program(
-    ops_arrangement: Program, pattern_name: str, options: dict[str, Any], equivalences: Equivalences
+    ops_arrangement: Program, pattern_name: str | None, options: dict[str, Any], equivalences: Equivalences
 ) -> CompiledPattern:
     """One program's spellings: its first, holding them all in ``variants``."""
-    what = f"pattern {pattern_name!r}" if pattern_name else "the pattern"
-    require_program(ops_arrangement, where="compile_pattern", what=what)
     pattern_name = pattern_name or pattern_name_of(ops_arrangement)
     if set(ops_arrangement.functions) != {"main"}:
         raise PatternDefinitionError(

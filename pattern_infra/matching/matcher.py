@@ -40,13 +40,14 @@ class Matcher:
         self.compiled = compiled
         self.variants: list[Variant] = compiled.variants
         """The pattern's spellings, each a plain pattern."""
-        parts = compiled.parts or [compiled]
-        self.program: list[int] = [p for p, part in enumerate(parts) for _ in part.variants]
-        """Per spelling, the program of a list it comes from (0 for a pattern of one program)."""
-        self.root_slots: list[list[int]] = [
+        self.program: list[int] = [
+            p for p, part in enumerate(compiled.parts or [compiled]) for _ in part.variants
+        ]
+        """Per spelling, the program it comes from (of several, :attr:`CompiledPattern.parts`)."""
+        self.root_slots = [
             [compiled.root_names.index(r) for r in v.compiled.root_names] for v in self.variants
         ]
-        """Per spelling, where each of its inputs is in the search's (``compiled.root_names``: by name)."""
+        """Per spelling, its inputs' places among the search's (``compiled.root_names``, by name)."""
         self.ops: list[PatternNode] = []
         """Every distinct op of every spelling, once: the plan trees' ops; their edges index it and
         :attr:`consts`."""
@@ -119,14 +120,10 @@ class Matcher:
         names = [variant.aliases.get(node.name, (node.name,))[-1] for node in spelling.nodes]
         places = [self._places.setdefault(name, len(self._places)) for name in names]
 
-        roots = self.root_slots[v]
-
         def moved(edge: Edge) -> Edge:
-            if edge.kind == "op":
-                return Edge("op", places[edge.index], edge.output)
-            return (
-                Edge("const", consts[edge.index]) if edge.kind == "const" else Edge("root", roots[edge.index])
-            )
+            if edge.kind == "root":  # the search's input of that name
+                return Edge("root", self.root_slots[v][edge.index])
+            return Edge(edge.kind, (places if edge.kind == "op" else consts)[edge.index], edge.output)
 
         for node in spelling.nodes:
             inputs = {
@@ -200,23 +197,8 @@ class Matcher:
     def _tree(self, anchor: Anchor) -> list[Branch]:
         """The spellings' plans anchored at ``anchor``, merged: a spelling joins the last branch of each
         level while its steps are the same, so the walk meets the spellings in order."""
-        choices: dict[
-            int, list[str]
-        ] = {}  # per program, the order its first spelling's plan meets its choices
-        for v, variant in enumerate(self.variants):
-            if self.program[v] not in choices:
-                nodes = variant.compiled.nodes
-                steps = plan(
-                    variant.compiled,
-                    self._local(v, anchor.name),
-                    [int(n.name in variant.groups) for n in nodes],
-                )
-                met = [
-                    variant.groups[nodes[st.node].name]
-                    for st in steps
-                    if nodes[st.node].name in variant.groups
-                ]
-                choices[self.program[v]] = [c for c in dict.fromkeys(met) if c != anchor.name]
+        firsts = {p: self.program.index(p) for p in dict.fromkeys(self.program)}  # per program
+        choices = {p: self._choices_met(v, anchor.name) for p, v in firsts.items()}
         ranked = sorted(
             range(len(self.variants)),
             key=lambda v: (self.program[v], _order(self.variants[v], choices[self.program[v]])),
@@ -258,6 +240,15 @@ class Matcher:
                 level = level[-1].then
             level.append(Leaf(v, guards))
         return roots
+
+    def _choices_met(self, v: int, anchor: str) -> list[str]:
+        """The choices of spelling ``v`` in the order its plan from ``anchor`` meets them."""
+        nodes, groups = self.variants[v].compiled.nodes, self.variants[v].groups
+        steps = plan(
+            self.variants[v].compiled, self._local(v, anchor), [int(n.name in groups) for n in nodes]
+        )
+        met = dict.fromkeys(groups[nodes[st.node].name] for st in steps if nodes[st.node].name in groups)
+        return [c for c in met if c != anchor]
 
     def choose_anchor(self, type_counts: Mapping[str, int]) -> int:
         """The anchor whose accepted types are rarest among ``type_counts``; ties go to the last."""

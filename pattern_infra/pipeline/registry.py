@@ -11,7 +11,7 @@ from coremltools.converters.mil.mil import Program
 from coremltools.converters.mil.mil.passes.graph_pass import AbstractGraphPass
 from coremltools.converters.mil.mil.passes.pass_registry import PASS_REGISTRY
 
-from ..language.compiler import ConstMode, ConstRule, compile_pattern, require_program
+from ..language.compiler import ConstMode, ConstRule, compile_pattern
 from ..language.equivalences import Equivalences
 from ..language.errors import PassRegistrationError
 from ..language.pattern import Pattern
@@ -135,14 +135,6 @@ def register_generic_pass(
         raise PassRegistrationError(
             f"{where}: var_constraints must be callable or None, got {type(var_constraints).__name__}."
         )
-    many = isinstance(ops_arrangement, (Sequence, Mapping)) and not isinstance(ops_arrangement, str)
-    programs = [ops_arrangement]
-    if many:
-        programs = list(ops_arrangement.values() if isinstance(ops_arrangement, Mapping) else ops_arrangement)
-    if not programs:
-        raise PassRegistrationError(f"{where}: an empty list of patterns; give at least one pattern program.")
-    for i, program in enumerate(programs):
-        require_program(program, where=where, what=f"pattern [{i}]" if many else "the pattern")
     compiled = compile_pattern(
         ops_arrangement,
         name=name,
@@ -152,6 +144,7 @@ def register_generic_pass(
         const_rules=const_rules,
         fanout=fanout,
         equivalences=equivalences,
+        where=where,
     )
     sub = SubPass(compiled, var_constraints, transform_pattern, priority, max_iterations)
     if run_after is not None:
