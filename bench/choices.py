@@ -42,7 +42,7 @@ from coremltools.converters.mil.mil import Program  # noqa: E402
 
 from bench.instructions import count_instructions  # noqa: E402
 from pattern_infra import Matcher, compile_pattern  # noqa: E402
-from pattern_infra.find import anchored_blocks, find_in_program  # noqa: E402
+from pattern_infra.authoring.find import anchored_blocks, find_in_program  # noqa: E402
 from pattern_infra.language.choices import one_of  # noqa: E402
 
 __all__ = ["main"]

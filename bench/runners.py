@@ -43,7 +43,7 @@ from coremltools.converters.mil.mil.passes.pass_registry import PASS_REGISTRY
 from coremltools.converters.mil.mil.scope import ScopeInfo, ScopeSource
 
 from pattern_infra import ConstRule, PassContainer, SubPass, find_matches, override, remove_dead_ops
-from pattern_infra.find import find_in_program
+from pattern_infra.authoring.find import find_in_program
 from pattern_infra.rewriting.blocks import iter_blocks
 
 __all__ = [

@@ -20,7 +20,7 @@ import torch
 from coremltools.converters.mil import Builder as mb
 
 from pattern_infra import find_matches, register_generic_pass
-from pattern_infra.from_torch import DEFAULT_BEFORE, capture_torch, pattern_from_torch
+from pattern_infra.pytorch.from_torch import DEFAULT_BEFORE, capture_torch, pattern_from_torch
 from pattern_infra.testing.convert import convert_torch
 
 ex.banner("1. the PyTorch code, as coremltools converts it")

@@ -10,7 +10,7 @@ are different symbols, and takes the target's size from one of them in set order
     (target: k's shape or the slice's)
 
 coremltools' ``noop_elimination`` removes a ``tile`` only when its reps are constant ones, which these
-are not. (``pattern_infra.torch_support.install()`` replaces that converter: it reads the sizes
+are not. (``pattern_infra.pytorch.torch_support.install()`` replaces that converter: it reads the sizes
 ``torch.export`` proved equal and writes ``k`` as it is, so a conversion with it has none of these tiles.)
 
 Math: tiling by one along every axis copies the tensor. ::

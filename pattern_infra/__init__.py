@@ -5,16 +5,18 @@ Write the sequence to find as an ``mb.program`` with uniquely named ops, write `
 package registers nothing; ``import generic_passes`` registers the project's passes.
 """
 
-from .quiet import held_import_warnings as _held_import_warnings
+from .cli.quiet import held_import_warnings as _held_import_warnings
 
-with _held_import_warnings():  # shown at once, except in the command line (see pattern_infra.quiet)
+with _held_import_warnings():  # shown at once, except in the command line (see pattern_infra.cli.quiet)
     import coremltools  # noqa: F401
 
-from . import predicates
-from .design import detect_pattern, lists_op_equality, pattern_detected
-from .explain import Explanation, Explanations, explain
-from .find import find_matches, fuse_all_blocks, fuse_one_block
-from .from_torch import TorchCapture, capture_torch, pattern_from_torch
+from .authoring import predicates
+from .authoring.design import detect_pattern, lists_op_equality, pattern_detected
+from .authoring.find import find_matches, fuse_all_blocks, fuse_one_block
+from .authoring.rewrite import replace_with
+from .inspecting.explain import Explanation, Explanations, explain
+from .inspecting.suggest import Candidate, suggest
+from .inspecting.tracing import Rewrite, Trace, trace
 from .language.choices import one_of, optional
 from .language.compiler import COMMUTATIVE_OPS, CompiledPattern, ConstRule, compile_pattern
 from .language.errors import (
@@ -26,14 +28,12 @@ from .language.errors import (
 )
 from .language.pattern import Pattern
 from .matching.matcher import Failure, Matcher
-from .pipeline.container import ENV_VAR, PassContainer, override, override_enabled, run_log
-from .pipeline.registry import generic_passes, register_generic_pass, register_graph_pass
-from .pipeline.sweep import GenericSweep, pipeline
-from .rewrite import replace_with
+from .passes.container import ENV_VAR, PassContainer, override, override_enabled, run_log
+from .passes.registry import generic_passes, register_generic_pass, register_graph_pass
+from .passes.sweep import GenericSweep, pipeline
+from .pytorch.from_torch import TorchCapture, capture_torch, pattern_from_torch
 from .rewriting.removal import remove_dead_ops
 from .rewriting.subpass import DEFAULT_MAX_ITERATIONS, PassStats, SubPass
-from .suggest import Candidate, suggest
-from .tracing import Rewrite, Trace, trace
 from .verification.errors import EvaluationError, NotElementwiseError, UnsupportedOpError, VerificationError
 
 __all__ = [
@@ -106,11 +106,11 @@ _ON_USE = {
     "assert_programs_equivalent": "verification.verify",
     "prove_equivalent": "verification.symbolic",
     "verify_pass": "verification.verify",
-    "explain_in_conversion": "in_conversion",
-    "program_before": "in_conversion",
-    "check_torch_rewrite": "torch_rewrite",
-    "register_torch_rewrite": "torch_rewrite",
-    "pattern_program": "program",
+    "explain_in_conversion": "inspecting.in_conversion",
+    "program_before": "inspecting.in_conversion",
+    "check_torch_rewrite": "pytorch.torch_rewrite",
+    "register_torch_rewrite": "pytorch.torch_rewrite",
+    "pattern_program": "authoring.program",
 }
 """Verification tooling (the numpy evaluator, sympy proofs), ``explain_in_conversion`` and
 ``pattern_program`` are imported on first use, not with the package: a conversion that only runs passes

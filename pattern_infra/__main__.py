@@ -1,5 +1,5 @@
-"""``python -m pattern_infra``: the ``mil-patterns`` command line (see :mod:`pattern_infra.cli`)."""
+"""``python -m pattern_infra``: the ``mil-patterns`` command line (see :mod:`pattern_infra.cli.commands`)."""
 
-from .cli import main
+from .cli.commands import main
 
 main(prog_name="mil-patterns")

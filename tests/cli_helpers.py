@@ -7,7 +7,7 @@ from pathlib import Path
 
 from click.testing import CliRunner, Result
 
-from pattern_infra.cli import main
+from pattern_infra.cli.commands import main
 
 
 def digest(package: Path) -> str:

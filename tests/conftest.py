@@ -17,9 +17,10 @@ _counter = itertools.count()
 
 @pytest.fixture(autouse=True, scope="session")
 def _torch_converters():
-    """The converters of ``pattern_infra.torch_support``, as a user converting PyTorch models installs them
-    (coremltools 8.3 needs one for every ``.to(dtype)``; tests of the converters take them out again)."""
-    from pattern_infra import torch_support
+    """The converters of ``pattern_infra.pytorch.torch_support``, as a user converting PyTorch models
+    installs them (coremltools 8.3 needs one for every ``.to(dtype)``; tests of the converters take them
+    out again)."""
+    from pattern_infra.pytorch import torch_support
 
     torch_support.install()
 
@@ -52,7 +53,7 @@ def saved(tmp_path_factory):
     conversion with the override on. For the command-line and report tests."""
     pytest.importorskip("torch")
 
-    from pattern_infra.mlpackage import op_histogram
+    from pattern_infra.cli.mlpackage import op_histogram
     from pattern_infra.testing import models
     from pattern_infra.testing.convert import convert_torch, convert_torch_model
 

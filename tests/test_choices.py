@@ -347,7 +347,7 @@ def test_matching_cost_does_not_grow_with_the_number_of_spellings():
     the weighted one at the same ops, and its longest-spelling guard (the weighted alternative searched
     below it): 11 against 6, where one search per spelling would make 12 times the prefix."""
     from pattern_infra import Matcher
-    from pattern_infra.find import find_in_program
+    from pattern_infra.authoring.find import find_in_program
 
     spelling = SPELLINGS[0]
     prog = rms_program(*spelling)
@@ -370,7 +370,7 @@ def test_the_alternatives_of_one_choice_point_add_no_bind_attempt(k):
     type passes over them), and the alternative that matched is the one of the op's type."""
     from bench.choices import ACTIVATIONS, activation_chain, activation_pattern, first_matches
     from pattern_infra import Matcher
-    from pattern_infra.find import find_in_program
+    from pattern_infra.authoring.find import find_in_program
 
     for index in (0, k - 1):
         prog = activation_chain(ACTIVATIONS[index], 5)

@@ -21,8 +21,8 @@ from cli_helpers import digest, invoke
 from click.testing import CliRunner
 
 from pattern_infra import evaluate
-from pattern_infra.cli import main
-from pattern_infra.mlpackage import load_mlpackage, op_histogram, pass_plan
+from pattern_infra.cli.commands import main
+from pattern_infra.cli.mlpackage import load_mlpackage, op_histogram, pass_plan
 from pattern_infra.verification.verify import assert_programs_equivalent
 
 pytest.importorskip("torch")
@@ -219,7 +219,7 @@ def test_import_finds_a_module_in_the_current_directory(tmp_path, monkeypatch):
 
 
 def test_help_lists_the_exit_statuses():
-    from pattern_infra.cli import EXIT_CODES
+    from pattern_infra.cli.commands import EXIT_CODES
 
     for args in (["--help"], ["optimize", "--help"], ["report", "--help"], ["explain", "--help"]):
         text = invoke(*args).output

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from pattern_infra.cli import main
+from pattern_infra.cli.commands import main
 
 WEIGHTS = Path("Data/com.apple.CoreML/weights/weight.bin")
 SPEC = Path("Data/com.apple.CoreML/model.mlmodel")

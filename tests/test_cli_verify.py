@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 from cli_helpers import digest, invoke
 
-from pattern_infra.cli import DEFAULT_TOLERANCE, nearest_pass_ids
-from pattern_infra.pipeline.registry import generic_passes
+from pattern_infra.cli.commands import DEFAULT_TOLERANCE, nearest_pass_ids
+from pattern_infra.passes.registry import generic_passes
 
 pytest.importorskip("torch")
 

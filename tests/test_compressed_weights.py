@@ -26,7 +26,7 @@ from coremltools.converters.mil.mil.ops.defs.iOS18.compression import (
 
 import generic_passes  # noqa: F401  (registers the passes)
 import pattern_infra
-from pattern_infra.clone import clone_program
+from pattern_infra.authoring.clone import clone_program
 from pattern_infra.language import ConstRule, is_compressed
 from pattern_infra.testing.passes import op_types, run_both, run_pass
 from pattern_infra.verification.evaluator import evaluate

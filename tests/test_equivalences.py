@@ -15,7 +15,7 @@ from pattern_infra import (
     find_matches,
     register_generic_pass,
 )
-from pattern_infra.find import find_in_program
+from pattern_infra.authoring.find import find_in_program
 from pattern_infra.language.equivalences import (
     DIV_RTOL,
     IDENTITIES,

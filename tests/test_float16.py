@@ -19,8 +19,8 @@ import pytest
 from click.testing import CliRunner
 from coremltools.converters.mil import Builder as mb
 
-from pattern_infra.cli import main
-from pattern_infra.mlpackage import load_mlpackage, op_histogram
+from pattern_infra.cli.commands import main
+from pattern_infra.cli.mlpackage import load_mlpackage, op_histogram
 
 D = 16
 

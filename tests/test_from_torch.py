@@ -1,4 +1,4 @@
-"""Patterns written as PyTorch code (``pattern_infra.from_torch``)."""
+"""Patterns written as PyTorch code (``pattern_infra.pytorch.from_torch``)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import torch
 from coremltools.converters.mil import Builder as mb
 
 from pattern_infra import PatternDefinitionError, compile_pattern, find_matches, register_generic_pass
-from pattern_infra.from_torch import (
+from pattern_infra.pytorch.from_torch import (
     DEFAULT_BEFORE,
     _as_pattern,
     capture_passes,
@@ -192,7 +192,8 @@ def test_module_parameters_become_constants_and_the_pattern_compiles():
 
 def test_importing_pattern_infra_never_needs_torch():
     code = (
-        "import sys; sys.modules['torch'] = None; import pattern_infra, pattern_infra.from_torch; print('ok')"
+        "import sys; sys.modules['torch'] = None; import pattern_infra, pattern_infra.pytorch.from_torch; "
+        "print('ok')"
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0 and done.stdout.strip().endswith("ok"), done.stderr[-2000:]

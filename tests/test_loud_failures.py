@@ -73,7 +73,7 @@ def test_override_values_meaning_off_are_silent(value):
 @pytest.mark.parametrize("value", ["2", "enable", "ture"])
 def test_unknown_override_value_warns_naming_the_accepted_values(value):
     os.environ[ENV_VAR] = value
-    importlib.import_module("pattern_infra.pipeline.container")._warned_values.discard(value)
+    importlib.import_module("pattern_infra.passes.container")._warned_values.discard(value)
     with pytest.warns(RuntimeWarning, match=rf"{ENV_VAR}={value!r} is not understood") as caught:
         assert not override_enabled()
     message = str(caught[0].message)

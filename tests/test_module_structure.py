@@ -1,5 +1,5 @@
 """The package's module structure (docs/ARCHITECTURE.md): the core in four packages whose imports flow
-one way, language -> matching -> rewriting -> pipeline -> the tools beside them; no import cycle (imports
+one way, language -> matching -> rewriting -> passes -> the tools beside them; no import cycle (imports
 inside functions and under ``TYPE_CHECKING`` counted); no module reaching into another's private names;
 no core module over 450 lines, no other over 500, and the core within its line budget (formatted)."""
 
@@ -25,7 +25,7 @@ def _modules() -> dict[str, Path]:
     }
 
 
-LAYERS = ("language", "matching", "rewriting", "pipeline")
+LAYERS = ("language", "matching", "rewriting", "passes")
 """The core's packages, in the order imports may flow (each may import those before it)."""
 
 
@@ -91,7 +91,7 @@ def test_no_module_of_the_package_imports_another_into_a_cycle():
 
 
 def test_the_core_imports_flow_one_way():
-    """language -> matching -> rewriting -> pipeline -> tools: no module imports one of a later stage."""
+    """language -> matching -> rewriting -> passes -> tools: no module imports one of a later stage."""
     modules = _modules()
     backward = [
         f"{path.relative_to(PACKAGE.parent)}:{line} imports {target}"
@@ -157,16 +157,24 @@ def test_no_module_generates_or_executes_code():
     assert calls == []
 
 
-def test_pattern_infra_pipeline_is_the_function_and_its_package_imports_by_full_name():
-    """The fourth stage is the package ``pattern_infra/pipeline/``; the package's ``pipeline`` name is the
-    public function (as ``pattern_infra.explain`` is, beside ``explain.py``). Importing a module of the
-    package runs ``pattern_infra/__init__.py`` first, so the order of imports does not matter."""
-    import inspect
+def test_no_public_name_shadows_a_module_and_every_public_name_imports():
+    """A package's public name (in its ``__all__``) never has the name of one of its modules: the package of
+    the registry and the container is ``pattern_infra/passes/``, so ``import pattern_infra.passes.container``
+    works, while ``pattern_infra.pipeline`` is the function. Every name of ``pattern_infra.__all__``
+    imports."""
+    import importlib
 
     import pattern_infra
-    from pattern_infra.pipeline import sweep
-    from pattern_infra.pipeline.container import PassContainer
 
-    assert inspect.isfunction(pattern_infra.pipeline) and pattern_infra.pipeline is sweep.pipeline
-    assert PassContainer is pattern_infra.PassContainer
+    shadowed = []
+    for init in PACKAGE.rglob("__init__.py"):
+        package = ".".join(init.parent.relative_to(PACKAGE.parent).parts)
+        for name in getattr(importlib.import_module(package), "__all__", []):
+            if (init.parent / f"{name}.py").exists() or (init.parent / name / "__init__.py").exists():
+                shadowed.append(f"{package}.{name}")
+    assert shadowed == []
+    import pattern_infra.passes.container as c
+
+    assert c.PassContainer is pattern_infra.PassContainer
+    assert [name for name in pattern_infra.__all__ if getattr(pattern_infra, name, None) is None] == []
     assert pattern_infra.pipeline().pipeline_name == "pattern_infra"

@@ -21,10 +21,10 @@ from coremltools.converters.mil import Builder as mb
 
 import pattern_infra
 from pattern_infra import register_generic_pass
-from pattern_infra.cli import main
-from pattern_infra.report import draw_graph, write_html_report
+from pattern_infra.cli.commands import main
+from pattern_infra.inspecting.report import draw_graph, write_html_report
+from pattern_infra.inspecting.tracing import OpRecord
 from pattern_infra.testing.passes import relu_exp, to_softplus
-from pattern_infra.tracing import OpRecord
 
 ROOT = Path(__file__).resolve().parents[1]
 SVG = "{http://www.w3.org/2000/svg}"

@@ -2,7 +2,7 @@
 
 The way users get there: a model converted by plain coremltools (override off) and saved as an
 ``.mlpackage``, read back through coremltools' milproto loader and optimized by the generic passes
-(:func:`pattern_infra.mlpackage.run_passes`, what ``mil-patterns optimize`` runs). The program read back
+(:func:`pattern_infra.cli.mlpackage.run_passes`, what ``mil-patterns optimize`` runs). The program read back
 differs from the one a conversion hands the passes: its attribute values are numpy scalars
 (``numpy.bool_`` for ``keep_dims``), and a model saved at float16 holds float16 constants (the attention
 scale ``1 / sqrt(128)`` is ``0.08837890625``). The op histogram must equal that of a conversion with
@@ -23,7 +23,7 @@ import pytest
 
 import generic_passes  # noqa: F401  (registers the passes)
 from pattern_infra import evaluate
-from pattern_infra.mlpackage import load_mlpackage, op_histogram, run_passes
+from pattern_infra.cli.mlpackage import load_mlpackage, op_histogram, run_passes
 
 torch = pytest.importorskip("torch")
 ct = pytest.importorskip("coremltools")
@@ -43,7 +43,7 @@ roundoff ``2**-11``. Measured: the Llama block 1.6e-9 at float16, 0 at float32; 
 
 
 def _exported(module: torch.nn.Module, args: tuple) -> object:
-    from pattern_infra import torch_support
+    from pattern_infra.pytorch import torch_support
 
     torch_support.install()
     return torch.export.export(module.eval(), tuple(args)).run_decompositions({})
@@ -136,7 +136,7 @@ def test_report_names_the_target_an_ios17_attention_needs(tmp_path):
 
     from click.testing import CliRunner
 
-    from pattern_infra.cli import main
+    from pattern_infra.cli.commands import main
 
     path = _attention_package(tmp_path / "attention17.mlpackage", ct.target.iOS17)
     result = CliRunner().invoke(main, ["report", str(path), "--no-progress"])

@@ -26,8 +26,8 @@ from test_fuzz import build_program
 from test_fuzz import plans as fragment_plans
 
 from pattern_infra import COMMUTATIVE_OPS, PatternInfraError, find_matches, suggest
-from pattern_infra.cli import main
-from pattern_infra.mlpackage import load_mlpackage
+from pattern_infra.cli.commands import main
+from pattern_infra.cli.mlpackage import load_mlpackage
 from pattern_infra.rewriting.blocks import iter_blocks
 
 EXAMPLES = int(os.environ.get("FUZZ_EXAMPLES", "40"))

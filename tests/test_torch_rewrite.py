@@ -1,4 +1,4 @@
-"""Rewrites written as two PyTorch functions (``pattern_infra.torch_rewrite``)."""
+"""Rewrites written as two PyTorch functions (``pattern_infra.pytorch.torch_rewrite``)."""
 
 from __future__ import annotations
 
@@ -217,7 +217,7 @@ def test_on_a_saved_package_through_the_command_line(tmp_path):
     assert "1 rewrite(s); non-const ops 3 -> 2" in result.stdout
     assert "mine_cli::sqrt_of_square" not in PASS_REGISTRY.passes
 
-    from pattern_infra.mlpackage import load_mlpackage
+    from pattern_infra.cli.mlpackage import load_mlpackage
 
     fused_prog = load_mlpackage(out).program
     assert _ops(fused_prog) == ["abs", "relu"]
@@ -256,7 +256,7 @@ def test_two_inputs_bind_by_the_pattern_functions_parameter_names(namespace):
     ],
 )
 def test_the_capture_point_is_where_the_pass_runs(pass_id, run_after, point):
-    from pattern_infra.torch_rewrite import _capture_point
+    from pattern_infra.pytorch.torch_rewrite import _capture_point
 
     namespace, name = pass_id.split("::")
     assert _capture_point(name, namespace, None, None, run_after) == point

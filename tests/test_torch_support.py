@@ -1,4 +1,4 @@
-"""``pattern_infra.torch_support``: converters for the PyTorch ops coremltools 9.0 rejects."""
+"""``pattern_infra.pytorch.torch_support``: converters for the PyTorch ops coremltools 9.0 rejects."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import torch
 from coremltools.converters.mil.frontend.torch import ops as ct_ops
 from coremltools.converters.mil.frontend.torch.torch_op_registry import _TORCH_OPS_REGISTRY
 
-from pattern_infra import torch_support
+from pattern_infra.pytorch import torch_support
 from pattern_infra.testing.convert import convert_exported, convert_torch, op_counts
 from pattern_infra.verification.evaluator import evaluate
 

@@ -7,7 +7,8 @@ import json
 from coremltools.converters.mil import Builder as mb
 
 import pattern_infra
-from pattern_infra import register_generic_pass, tracing
+from pattern_infra import register_generic_pass
+from pattern_infra.inspecting import tracing
 from pattern_infra.testing.passes import relu_exp, to_softplus
 
 

@@ -17,7 +17,7 @@ from coremltools.converters.mil import Builder as mb
 from coremltools.converters.mil.mil import Program, get_new_symbol
 
 from pattern_infra import PassExecutionError, register_generic_pass
-from pattern_infra.clone import clone_program
+from pattern_infra.authoring.clone import clone_program
 from pattern_infra.rewriting.blocks import iter_blocks
 from pattern_infra.verification.verify import assert_programs_equivalent
 

@@ -18,7 +18,7 @@ from coremltools.converters.mil import Builder as mb
 from coremltools.converters.mil.mil import get_new_symbol, types
 from coremltools.converters.mil.mil.passes.pass_registry import PASS_REGISTRY
 
-from pattern_infra.clone import clone_program
+from pattern_infra.authoring.clone import clone_program
 from pattern_infra.language.errors import PassRegistrationError
 from pattern_infra.verification.errors import VerificationError
 from pattern_infra.verification.evaluator import evaluate

@@ -30,7 +30,7 @@ from typing import Any
 import coremltools
 from coremltools.converters.mil.mil import Block, Program
 
-from ..pipeline.container import ENV_VAR, override
+from ..passes.container import ENV_VAR, override
 
 __all__ = [
     "DEFAULT_TARGET",
@@ -98,7 +98,7 @@ def convert_torch_model(
     """:func:`convert_torch`, returning the ``MLModel`` (to save it) rather than its MIL program."""
     import torch  # Imported here: the core framework never needs torch.
 
-    from .. import torch_support
+    from ..pytorch import torch_support
 
     torch_support.install()
     exported = torch.export.export(module.eval(), tuple(example_args)).run_decompositions({})
@@ -111,7 +111,7 @@ def convert_torch(
 ) -> Program:
     """Export a PyTorch module with :mod:`torch.export` and convert it to an ML program.
 
-    The converters of :func:`pattern_infra.torch_support.install` are installed first (``.to(dtype)``
+    The converters of :func:`pattern_infra.pytorch.torch_support.install` are installed first (``.to(dtype)``
     exports an ``_assert_tensor_metadata`` node, which coremltools 8.3 does not convert).
 
     Args:

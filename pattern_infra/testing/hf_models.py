@@ -8,7 +8,7 @@ tokenizers or configs are fetched: ``HF_HUB_OFFLINE=1`` is set before ``transfor
 * Decoder-only LLMs (Llama, Mistral, Qwen2, Gemma, Phi-3, GPT-2) are called as users call them,
   ``model(input_ids).logits`` through the CausalLM class's own ``forward`` (default ``use_cache=True``).
   ``torch.export`` of that forward contains ``aten.alias`` and ``aten.where.ScalarOther``, which
-  coremltools 9.0 rejects: :func:`pattern_infra.torch_support.install` registers their converters, and
+  coremltools 9.0 rejects: :func:`pattern_infra.pytorch.torch_support.install` registers their converters, and
   :func:`pattern_infra.testing.real_models.compare_model` calls it.
 * Encoders (BERT, ViT, CLIP text, Whisper encoder) return ``last_hidden_state``; vision CNNs (ConvNeXt,
   MobileViT) their ``last_hidden_state`` too.

@@ -19,8 +19,8 @@ from coremltools.converters.mil import Builder as mb
 from coremltools.converters.mil.mil import Program, Var
 from coremltools.converters.mil.mil.passes.pass_registry import PASS_REGISTRY
 
-from ..clone import clone_program
-from ..pipeline.container import PassContainer
+from ..authoring.clone import clone_program
+from ..passes.container import PassContainer
 from ..verification.symbolic import ProofStatus, prove_equivalent, to_sympy
 from ..verification.verify import assert_programs_equivalent
 from .convert import experimental_passes, iter_ops

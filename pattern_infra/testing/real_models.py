@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from ..pipeline.container import run_log
+from ..passes.container import run_log
 from .convert import DEFAULT_TARGET, convert_exported, op_counts
 from .models import ZOO, ModelAndArgs
 
@@ -109,7 +109,7 @@ def compare_targets(
     """Exports zoo model ``name`` once and converts it for each target and precision with the override off
     and on.
 
-    The converters of :mod:`pattern_infra.torch_support` are installed first: the ``transformers``
+    The converters of :mod:`pattern_infra.pytorch.torch_support` are installed first: the ``transformers``
     models' graphs need them.
 
     Args:
@@ -127,7 +127,7 @@ def compare_targets(
     import coremltools as ct
     import torch
 
-    from .. import torch_support
+    from ..pytorch import torch_support
 
     unknown = [p for p in precisions if p not in PRECISIONS]
     if unknown:

@@ -241,8 +241,8 @@ def export_decoder(module: StatefulDecoder, *, flexible: bool = True, step: Step
 def convert_decoder(exported: Any, *, override: bool, **convert_kwargs: Any) -> Any:
     """Converts an export of the decoder with its two states (fp16) at iOS18; returns the ``MLModel``.
 
-    The converters of :func:`pattern_infra.torch_support.install` are installed first, as a user converting
-    a PyTorch model installs them: its ``copy`` writes each cache update as it is, the same program
+    The converters of :func:`pattern_infra.pytorch.torch_support.install` are installed first, as a user
+    converting a PyTorch model installs them: its ``copy`` writes each cache update as it is, the same program
     under every ``PYTHONHASHSEED`` (``docs/MODELS.md``).
 
     Args:
@@ -253,7 +253,7 @@ def convert_decoder(exported: Any, *, override: bool, **convert_kwargs: Any) -> 
     """
     import coremltools as ct
 
-    from .. import torch_support
+    from ..pytorch import torch_support
     from .convert import convert_exported_model
 
     torch_support.install()

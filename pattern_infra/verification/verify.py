@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 from coremltools.converters.mil.mil.passes.pass_registry import PASS_REGISTRY
 
-from pattern_infra.clone import clone_program
+from pattern_infra.authoring.clone import clone_program
 from pattern_infra.language.compiler import require_program
 from pattern_infra.language.errors import PassRegistrationError
 from pattern_infra.verification.errors import EvaluationError, NotElementwiseError, VerificationError
@@ -385,7 +385,7 @@ def verify_pass(
             nothing was rewritten; the message names the pass (and the output and the largest
             difference), and ``error.report`` is the :class:`VerificationReport`.
     """
-    from pattern_infra.pipeline.container import run_log
+    from pattern_infra.passes.container import run_log
 
     apply, name = _resolve_pass(graph_pass)
     before = count_ops(prog, function=function)

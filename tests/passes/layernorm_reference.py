@@ -377,7 +377,7 @@ def shadow(container: Any, log_path: str) -> None:
     AssertionError with both programs (``PATTERN_INFRA_SHADOW_LAYERNORM=<log>``, ``tests/conftest.py``)."""
     from coremltools.converters.mil.mil.passes.pass_registry import PASS_REGISTRY
 
-    from pattern_infra.clone import clone_program
+    from pattern_infra.authoring.clone import clone_program
 
     pass_id = f"reference::{PASS_NAME}"
     if pass_id not in PASS_REGISTRY.passes:

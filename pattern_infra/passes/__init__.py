@@ -1,7 +1,6 @@
-"""The pipeline stage: ``register_generic_pass`` and pass ids (:mod:`.registry`), the coremltools graph
-pass and the override (:mod:`.container`), ``pipeline()`` and its sweeps (:mod:`.sweep`).
-``pattern_infra.pipeline`` is the function; import these modules with
-``from pattern_infra.pipeline.<module> import ...``."""
+"""The passes stage: ``register_generic_pass`` and pass ids (:mod:`.registry`), the coremltools graph
+pass and the override (:mod:`.container`), ``pipeline()`` and its sweeps (:mod:`.sweep`). No public
+name shadows this package: ``import pattern_infra.passes.container as c`` works."""
 
 from .container import ENV_VAR, PassContainer, override, override_enabled, run_log
 from .registry import generic_passes, register_generic_pass, register_graph_pass

@@ -39,11 +39,11 @@ from typing import Any
 import numpy as np
 from coremltools.converters.mil.mil import Operation, Program, Var
 
-from .find import find_matches
-from .language.graph import COMMUTATIVE_OPS
-from .pipeline.registry import generic_passes
-from .rewriting.blocks import iter_blocks
-from .rewriting.subpass import SubPass
+from ..authoring.find import find_matches
+from ..language.graph import COMMUTATIVE_OPS
+from ..passes.registry import generic_passes
+from ..rewriting.blocks import iter_blocks
+from ..rewriting.subpass import SubPass
 from .suggest_source import candidate_module, literal, pattern_source
 
 __all__ = ["Candidate", "LAYER_OPS", "MAX_SETS_PER_OP", "candidate_module", "suggest"]
@@ -297,7 +297,7 @@ def suggest(
     Raises:
         PatternInfraError: ``max_ops`` or ``min_count`` below 2.
     """
-    from .language.errors import PatternInfraError
+    from ..language.errors import PatternInfraError
 
     if max_ops < 2 or min_count < 2:
         raise PatternInfraError(

@@ -15,7 +15,7 @@ from typing import Any
 from coremltools.converters.mil import Builder as mb
 from coremltools.converters.mil.mil import Program
 
-from .language.errors import PatternDefinitionError
+from ..language.errors import PatternDefinitionError
 
 __all__ = ["pattern_program"]
 

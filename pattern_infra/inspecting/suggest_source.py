@@ -1,4 +1,4 @@
-"""The text of :func:`~pattern_infra.suggest.suggest`'s candidates: the pattern program (``source``) and
+"""The text of :func:`~pattern_infra.suggest`'s candidates: the pattern program (``source``) and
 the module ``mil-patterns suggest --out`` writes (the pattern, a transform stub, its registration)."""
 
 from __future__ import annotations
@@ -103,7 +103,7 @@ def candidate_module(candidate: Any, rank: int, model: str) -> str:
     run as a script on a saved model, it prints the matches.
 
     Args:
-        candidate: The :class:`~pattern_infra.suggest.Candidate`.
+        candidate: The :class:`~pattern_infra.inspecting.suggest.Candidate`.
         rank: Its place in the ranking.
         model: The name of the model it was found in (for the docstring).
 
@@ -139,7 +139,7 @@ if __name__ == "__main__":  # python this_file.py MODEL.mlpackage: the matches i
     import sys
 
     from pattern_infra import find_matches
-    from pattern_infra.mlpackage import load_mlpackage
+    from pattern_infra.cli.mlpackage import load_mlpackage
 
     matches = list(find_matches(pattern, load_mlpackage(sys.argv[1]).program, **OPTIONS))
     print(len(matches), "match(es)")

@@ -2,7 +2,7 @@
 
 ``with trace() as rewrites:`` records, for each rewrite the driver makes while the block runs (inside a
 ``coremltools.convert`` too), one :class:`Rewrite`. Each is plain data (names and op types, no MIL
-object), JSON-serialisable with :meth:`Rewrite.to_dict`; :mod:`pattern_infra.report` draws them::
+object), JSON-serialisable with :meth:`Rewrite.to_dict`; :mod:`pattern_infra.inspecting.report` draws them::
 
     with pattern_infra.trace() as rewrites:
         mlmodel = ct.convert(exported_program, convert_to="mlprogram")
@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 from coremltools.converters.mil.mil import Block, Operation
 
-from .rewriting import driver
+from ..rewriting import driver
 
 __all__ = ["OpRecord", "Rewrite", "Trace", "record", "recording", "trace"]
 

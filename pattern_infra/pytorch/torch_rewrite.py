@@ -7,7 +7,7 @@
 
 How (numbered as it happens):
 
-1. Both functions are converted with :func:`~pattern_infra.from_torch.capture_torch` at the same capture
+1. Both functions are converted with :func:`~pattern_infra.capture_torch` at the same capture
    point, the replacement's inputs named after the pattern function's parameters.
 2. :func:`check_torch_rewrite` compares the two captured programs with the reference evaluator on five
    draws of the example shapes (``normal``, ``zeros``, ``negatives``, ``large`` 1e4 and ``tiny`` 1e-4
@@ -15,13 +15,13 @@ How (numbered as it happens):
    with sympy. A difference beyond ``atol + rtol * |pattern|``, or a sympy counterexample, is a
    :class:`~pattern_infra.language.errors.PatternDefinitionError` naming the largest difference and the
    input that shows it; nothing is registered.
-3. The pattern is registered as :func:`~pattern_infra.pipeline.registry.register_generic_pass` would,
+3. The pattern is registered as :func:`~pattern_infra.passes.registry.register_generic_pass` would,
    with ``replace_with(replacement)`` as the transform (the pattern's inputs bound by name to the
    replacement's) and the other options passed through.
 
 The capture point: ``before=`` / ``after=`` as for ``pattern_from_torch``; when neither is given, after
 ``run_after`` for a pass that follows one, before the pass id itself for a pass replacing a coremltools
-pass, else :data:`~pattern_infra.from_torch.DEFAULT_BEFORE`.
+pass, else :data:`~pattern_infra.pytorch.from_torch.DEFAULT_BEFORE`.
 
 What the check does not claim: the draws are the example shapes (a rewrite that is right only for these
 shapes passes), and a rewrite relying on a constant's value holds for that value only (register it with
@@ -39,11 +39,11 @@ import numpy as np
 from coremltools.converters.mil.mil import Program
 from coremltools.converters.mil.mil.passes.pass_pipeline import PassPipeline
 
+from ..authoring.rewrite import replace_with
+from ..language.errors import PatternDefinitionError
+from ..passes.container import PassContainer
+from ..passes.registry import register_generic_pass
 from .from_torch import DEFAULT_BEFORE, capture_torch
-from .language.errors import PatternDefinitionError
-from .pipeline.container import PassContainer
-from .pipeline.registry import register_generic_pass
-from .rewrite import replace_with
 
 __all__ = ["DRAWS", "RewriteCheck", "check_torch_rewrite", "register_torch_rewrite"]
 
@@ -120,7 +120,7 @@ def check_torch_rewrite(
         atol: Absolute tolerance of the numerical comparison.
         seed: Seed of the random draws.
         label: How messages name the rewrite.
-        **capture: :func:`~pattern_infra.from_torch.capture_torch` options (``before``, ``after``,
+        **capture: :func:`~pattern_infra.capture_torch` options (``before``, ``after``,
             ``dynamic``, ``minimum_deployment_target``).
 
     Returns:
@@ -131,9 +131,9 @@ def check_torch_rewrite(
             difference, the draw and the input values that show it), a function cannot be captured, or
             the reference evaluator has no semantics for one of the ops.
     """
-    from .verification.errors import NotElementwiseError, UnsupportedOpError, VerificationError
-    from .verification.symbolic import ProofStatus, prove_equivalent
-    from .verification.verify import assert_programs_equivalent
+    from ..verification.errors import NotElementwiseError, UnsupportedOpError, VerificationError
+    from ..verification.symbolic import ProofStatus, prove_equivalent
+    from ..verification.verify import assert_programs_equivalent
 
     example_inputs = tuple(example_inputs)
     pattern_capture = capture_torch(pattern_fn, example_inputs, **capture)
@@ -219,7 +219,7 @@ def register_torch_rewrite(
     """Registers ``pattern_fn -> replacement_fn`` as a generic pass once the two are shown equivalent.
 
     Args:
-        pattern_fn: The PyTorch function to find (see :func:`~pattern_infra.from_torch.pattern_from_torch`).
+        pattern_fn: The PyTorch function to find (see :func:`~pattern_infra.pattern_from_torch`).
         replacement_fn: The PyTorch function it becomes, with the same positional arguments.
         example_inputs: One example tensor per argument (distinct dimensions larger than 1).
         pass_name: Pass name, e.g. ``"fuse_silu_mine"``.

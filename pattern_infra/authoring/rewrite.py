@@ -24,8 +24,8 @@ from typing import Any
 from coremltools.converters.mil import Builder as mb
 from coremltools.converters.mil.mil import Program, Var
 
-from .language.errors import PatternDefinitionError
-from .language.pattern import Pattern
+from ..language.errors import PatternDefinitionError
+from ..language.pattern import Pattern
 
 __all__ = ["replace_with"]
 

@@ -71,8 +71,8 @@ from coremltools.converters.mil import Builder as mb
 from coremltools.converters.mil.mil import Function, Program, Var, get_new_symbol
 from coremltools.converters.mil.mil.passes.pass_pipeline import PassPipeline, PassPipelineManager
 
-from .language.errors import PatternDefinitionError
-from .quiet import no_progress_bars
+from ..cli.quiet import no_progress_bars
+from ..language.errors import PatternDefinitionError
 
 __all__ = ["DEFAULT_BEFORE", "TorchCapture", "capture_torch", "pattern_from_torch", "capture_passes"]
 
@@ -144,7 +144,7 @@ def capture_passes(before: str | None = None, after: str | None = None) -> tuple
 
 
 def _leader_of(pass_id: str) -> str | None:
-    from .pipeline.registry import generic_passes  # the registry imports the driver; keep this module light
+    from ..passes.registry import generic_passes  # the registry imports the driver; keep this module light
 
     default = PassPipeline.DEFAULT.passes
     for leader_id, container in generic_passes().items():

@@ -14,7 +14,7 @@ import sys
 import threading
 from typing import Any, Final
 
-from .rewriting.blocks import walk_blocks
+from ..rewriting.blocks import walk_blocks
 
 __all__ = ["clone_program"]
 

@@ -9,9 +9,9 @@ from typing import Any
 
 from coremltools.converters.mil.mil import Block, Operation, Program, Var
 
-from .language.compiler import CompiledPattern, compile_pattern
-from .language.pattern import Pattern
-from .matching.matcher import Matcher
+from ..language.compiler import CompiledPattern, compile_pattern
+from ..language.pattern import Pattern
+from ..matching.matcher import Matcher
 
 __all__ = ["detect_pattern", "lists_op_equality", "pattern_detected"]
 

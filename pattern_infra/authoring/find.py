@@ -15,15 +15,15 @@ from typing import Any
 from coremltools.converters.mil.mil import Block, Operation, Program
 from coremltools.converters.mil.mil.passes.pass_registry import PASS_REGISTRY
 
-from .language.compiler import CompiledPattern, compile_pattern, require_program
-from .language.errors import PassRegistrationError
-from .language.pattern import Pattern
-from .matching.matcher import Matcher
-from .pipeline.container import PassContainer
-from .pipeline.registry import generic_passes
-from .rewriting.blocks import BlockIndex, iter_blocks
-from .rewriting.driver import run_subpasses
-from .rewriting.subpass import Constraints, PassStats, SubPass, constraint_verdict
+from ..language.compiler import CompiledPattern, compile_pattern, require_program
+from ..language.errors import PassRegistrationError
+from ..language.pattern import Pattern
+from ..matching.matcher import Matcher
+from ..passes.container import PassContainer
+from ..passes.registry import generic_passes
+from ..rewriting.blocks import BlockIndex, iter_blocks
+from ..rewriting.driver import run_subpasses
+from ..rewriting.subpass import Constraints, PassStats, SubPass, constraint_verdict
 
 __all__ = [
     "PatternSource",

@@ -382,7 +382,7 @@ def _broadcasts_to_the_destination(convert: Callable[[Any, Any], None]) -> bool:
     from coremltools.converters.mil.mil import get_new_symbol
     from coremltools.converters.mil.mil.passes.pass_registry import PASS_REGISTRY
 
-    from .verification.evaluator import evaluate
+    from ..verification.evaluator import evaluate
 
     a, b = get_new_symbol(), get_new_symbol()
     for _ in range(64):

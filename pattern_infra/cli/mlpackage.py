@@ -32,12 +32,12 @@ from coremltools.converters.mil.mil import Program
 from coremltools.converters.mil.mil.passes.pass_pipeline import PassPipeline
 from coremltools.converters.mil.mil.passes.pass_registry import PASS_REGISTRY
 
-from .language.errors import PassRegistrationError, PatternInfraError
-from .pipeline.container import PassContainer, override
-from .pipeline.registry import generic_passes
+from ..inspecting.tracing import Trace, trace
+from ..language.errors import PassRegistrationError, PatternInfraError
+from ..passes.container import PassContainer, override
+from ..passes.registry import generic_passes
+from ..rewriting.subpass import SubPass, constraint_verdict
 from .quiet import no_progress_bars
-from .rewriting.subpass import SubPass, constraint_verdict
-from .tracing import Trace, trace
 
 __all__ = [
     "SavedModel",
@@ -325,7 +325,7 @@ def optimize_mlpackage(
         )
     original = None
     if check is not None:
-        from .clone import clone_program
+        from ..authoring.clone import clone_program
 
         original = SavedModel(model.path, clone_program(model.program), model.spec, model.compute_unit)
     result = run_passes(model.program, passes=passes, exclude=exclude, progress=progress)
@@ -479,7 +479,7 @@ def _near_misses(refused: dict[str, dict[str, list[set[str]]]], rewrites: Trace)
 
 def op_histogram(prog: Program) -> Counter[str]:
     """Op types and their counts over every block of ``prog`` (const ops included)."""
-    from .rewriting.blocks import iter_blocks
+    from ..rewriting.blocks import iter_blocks
 
     return Counter(op.op_type for block in iter_blocks(prog) for op in block.operations)
 

@@ -3,7 +3,7 @@
 The program a pass works on in the middle of the pipeline is not the one ``ct.convert`` returns: the
 passes after it fuse, fold and rename. :func:`program_before` converts the model with a stand-in at the
 pass's place in the registry, which copies the program it is handed and then runs the real pass, so the
-conversion completes unchanged; :func:`explain_in_conversion` runs :func:`~pattern_infra.explain.explain`
+conversion completes unchanged; :func:`explain_in_conversion` runs :func:`~pattern_infra.explain`
 on that copy::
 
     print(explain_in_conversion(exported_program, at="common::fuse_gelu_exact"))
@@ -19,8 +19,8 @@ from coremltools.converters.mil.mil import Program
 from coremltools.converters.mil.mil.passes.graph_pass import AbstractGraphPass
 from coremltools.converters.mil.mil.passes.pass_registry import PASS_REGISTRY
 
-from .language.errors import PassRegistrationError, PatternInfraError
-from .pipeline.container import PassContainer, override
+from ..language.errors import PassRegistrationError, PatternInfraError
+from ..passes.container import PassContainer, override
 
 __all__ = ["explain_in_conversion", "program_before"]
 
@@ -39,7 +39,7 @@ class _Capture(AbstractGraphPass):
         self._real_options = pass_options
 
     def __call__(self, prog: Program) -> None:
-        from .clone import clone_program
+        from ..authoring.clone import clone_program
 
         if self.program is None:
             self.program = clone_program(prog)
@@ -114,7 +114,7 @@ def explain_in_conversion(
 
     Args:
         model: Anything ``coremltools.convert`` accepts.
-        pattern: What :func:`~pattern_infra.explain.explain` accepts (a pattern program, a list, a registered
+        pattern: What :func:`~pattern_infra.explain` accepts (a pattern program, a list, a registered
             pass or its id); None: the generic pass registered under ``at``.
         at: The pass id where the pipeline is observed, e.g. ``"common::fuse_gelu_exact"``.
         override_passes: See :func:`program_before`.

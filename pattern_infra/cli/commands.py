@@ -27,7 +27,7 @@ from typing import Any
 
 import click
 
-from .language.errors import PatternInfraError
+from ..language.errors import PatternInfraError
 
 __all__ = ["DEFAULT_TOLERANCE", "EXIT_CODES", "main", "nearest_pass_ids"]
 
@@ -125,7 +125,7 @@ def nearest_pass_ids(spec: str, ids: list[str], n: int = 3) -> list[str]:
 
 
 def _unknown_pass(spec: str, option: str, capital: bool = True) -> _Failure:
-    from .pipeline.registry import generic_passes
+    from ..passes.registry import generic_passes
 
     near = nearest_pass_ids(spec, list(generic_passes()))
     hint = f" {'Did' if capital else 'did'} you mean {', '.join(near)}?" if near else ""
@@ -137,7 +137,7 @@ def _unknown_pass(spec: str, option: str, capital: bool = True) -> _Failure:
 
 def _checked_ids(option: str, values: tuple[str, ...]) -> list[str]:
     """The ids of ``--passes`` or ``--exclude``, each a registered generic pass (checked before any work)."""
-    from .pipeline.registry import generic_passes
+    from ..passes.registry import generic_passes
 
     ids = _split_ids(values)
     registered = generic_passes()
@@ -257,8 +257,8 @@ def optimize(
     progress: bool | None,
 ) -> None:
     """Run the generic passes on SOURCE and write the result to OUTPUT (weights and metadata kept)."""
+    from ..inspecting.report import non_const_ops
     from .mlpackage import optimize_mlpackage
-    from .report import non_const_ops
 
     result = optimize_mlpackage(
         source,
@@ -293,8 +293,8 @@ def report(
     progress: bool | None,
 ) -> None:
     """List what each generic pass would fuse in SOURCE, and where; SOURCE is not changed."""
+    from ..inspecting.report import report_text
     from .mlpackage import load_mlpackage, run_passes
-    from .report import report_text
 
     chosen, excluded = _checked_ids("--passes", passes) or None, _checked_ids("--exclude", exclude)
     model = load_mlpackage(source)
@@ -321,7 +321,7 @@ def report(
     else:
         click.echo(report_text(result))
     if html_dir is not None:
-        from .report import write_html_report
+        from ..inspecting.report import write_html_report
 
         page = write_html_report(result, html_dir, title=source.name)
         click.echo(f"wrote {page}", err=as_json)
@@ -335,10 +335,10 @@ def _verify(original: Any, optimized: Any, *, tolerance: float, output: Path) ->
     """``optimize --verify``: the model as read and ``optimized`` run in the reference evaluator (float64)
     on :data:`VERIFY_TRIALS` random input sets (flexible dimensions sized within their ranges); raises
     when an output moved by more than ``tolerance`` times its scale, before anything is written."""
-    from .verification.compare import largest_difference
-    from .verification.errors import VerificationError
-    from .verification.inputs import sizes_in_ranges
-    from .verification.verify import check_same_interface
+    from ..verification.compare import largest_difference
+    from ..verification.errors import VerificationError
+    from ..verification.inputs import sizes_in_ranges
+    from ..verification.verify import check_same_interface
 
     untouched = f"{output} was not written (an existing one is left as it was)"
     before = original.program
@@ -377,7 +377,7 @@ def _verify(original: Any, optimized: Any, *, tolerance: float, output: Path) ->
 @_fail_cleanly
 def explain(source: Path, pattern: str, top: int) -> None:
     """Show the matches of a pattern in SOURCE and, where none, the nearest partial matches."""
-    from .explain import explain as explain_pattern
+    from ..inspecting.explain import explain as explain_pattern
     from .mlpackage import load_mlpackage
 
     target = _resolve_pattern(pattern)
@@ -388,8 +388,8 @@ def explain(source: Path, pattern: str, top: int) -> None:
 def _resolve_pattern(spec: str) -> Any:
     from coremltools.converters.mil.mil.passes.pass_registry import PASS_REGISTRY
 
-    from .pipeline.container import PassContainer
-    from .pipeline.registry import generic_passes
+    from ..passes.container import PassContainer
+    from ..passes.registry import generic_passes
 
     if "::" in spec:
         found = PASS_REGISTRY.passes.get(spec)
@@ -416,8 +416,8 @@ def _resolve_pattern(spec: str) -> Any:
 @click.option("--json", "as_json", is_flag=True, help="Print as JSON.")
 def list_passes(as_json: bool) -> None:
     """List the generic passes in the order `optimize` runs them, with what each replaces."""
+    from ..passes.registry import generic_passes
     from .mlpackage import pass_plan
-    from .pipeline.registry import generic_passes
 
     registered = generic_passes()
     leaders = {f.pass_id: c.pass_id for c in registered.values() for f in c.followers}
@@ -459,8 +459,8 @@ def list_passes(as_json: bool) -> None:
 @_fail_cleanly
 def suggest_fusions(source: Path, max_ops: int, top: int, out_dir: Path | None) -> None:
     """List the repeated subgraphs of SOURCE no registered pass fuses, by ops a fusion would save."""
+    from ..inspecting.suggest import candidate_module, suggest
     from .mlpackage import load_mlpackage
-    from .suggest import candidate_module, suggest
 
     candidates = suggest(load_mlpackage(source).program, max_ops=max_ops)[:top]
     if not candidates:

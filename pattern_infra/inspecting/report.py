@@ -2,7 +2,7 @@
 histogram before and after.
 
 ``write_html_report(result, "out/")`` writes ``out/index.html`` with one SVG picture per graph next to
-it. ``result`` is what :func:`pattern_infra.mlpackage.run_passes` returns (``mil-patterns report --html``
+it. ``result`` is what :func:`pattern_infra.cli.mlpackage.run_passes` returns (``mil-patterns report --html``
 passes it), or the rewrites of a :func:`pattern_infra.trace` block::
 
     with pattern_infra.trace() as rewrites:
@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .language.errors import PatternInfraError
+from ..language.errors import PatternInfraError
 from .tracing import OpRecord, Rewrite
 
 __all__ = ["draw_graph", "non_const_ops", "report_text", "write_html_report"]
@@ -65,7 +65,8 @@ def draw_graph(ops: Sequence[OpRecord | Mapping[str, Any]], kind: str = "before"
     constants grey boxes with their value, and variables no op of the graph reads are ellipses below.
 
     Args:
-        ops: The ops (:class:`~pattern_infra.tracing.OpRecord` or their ``to_dict`` form), in program order.
+        ops: The ops (:class:`~pattern_infra.inspecting.tracing.OpRecord` or their ``to_dict`` form), in
+            program order.
         kind: ``"before"`` (matched ops, red) or ``"after"`` (replacement, green).
 
     Returns:
@@ -201,8 +202,8 @@ def write_html_report(
     """Writes ``index.html`` and its pictures to ``directory`` (created if needed).
 
     Args:
-        result: What :func:`pattern_infra.mlpackage.run_passes` returned (rewrites and op counts), or a
-            sequence of :class:`~pattern_infra.tracing.Rewrite` (e.g. a :func:`pattern_infra.trace`).
+        result: What :func:`pattern_infra.cli.mlpackage.run_passes` returned (rewrites and op counts), or a
+            sequence of :class:`~pattern_infra.Rewrite` (e.g. a :func:`pattern_infra.trace`).
         directory: Where to write; existing files of an earlier report there are replaced.
         before: Op counts before the rewrites (default: ``result.before`` if it has them).
         after: Op counts after (default: ``result.after``).
@@ -333,7 +334,7 @@ def non_const_ops(counts: Any) -> int:
 
 def report_text(result: Any) -> str:
     """``mil-patterns report``'s text: each pass's rewrites, the op counts before and after, and the
-    near misses (:func:`pattern_infra.mlpackage.run_passes`' result)."""
+    near misses (:func:`pattern_infra.cli.mlpackage.run_passes`' result)."""
     lines = []
     by_pass: dict[str, list[Any]] = {}
     for rewrite in result.rewrites:

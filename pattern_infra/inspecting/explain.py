@@ -17,7 +17,7 @@ from typing import Any
 
 from coremltools.converters.mil.mil import Program
 
-from .find import (
+from ..authoring.find import (
     ALREADY_FOUND,
     COLLECTED,
     INSIDE_LONGER,
@@ -27,10 +27,10 @@ from .find import (
     has_fallback,
     resolve_patterns,
 )
-from .language.pattern import Pattern
-from .matching.matcher import Failure, Matcher
-from .pipeline.container import PassContainer
-from .rewriting.blocks import BlockIndex, iter_blocks
+from ..language.pattern import Pattern
+from ..matching.matcher import Failure, Matcher
+from ..passes.container import PassContainer
+from ..rewriting.blocks import BlockIndex, iter_blocks
 
 __all__ = ["Explanation", "Explanations", "explain"]
 
@@ -199,7 +199,7 @@ def explain(
 
 
 _ANSWERS = (ALREADY_FOUND, INSIDE_LONGER, COLLECTED)
-"""What :func:`~pattern_infra.find.distinct_matches` answers for a match it does not refuse: not
+"""What :func:`~pattern_infra.authoring.find.distinct_matches` answers for a match it does not refuse: not
 search failures to report."""
 
 
@@ -216,7 +216,7 @@ def _try_transforms(
     misses: dict[tuple[int, str, str], Failure],
 ) -> list[Pattern]:
     """Runs the transform on a copy; keeps the matches it did not decline."""
-    from .clone import clone_program
+    from ..authoring.clone import clone_program
 
     wanted = [_names(m) for m in result.matches]
     clone = clone_program(prog)
