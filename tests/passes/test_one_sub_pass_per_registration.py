@@ -17,7 +17,7 @@ from coremltools.converters.mil.mil.passes.pass_registry import PASS_REGISTRY
 from harvest import harvest
 
 from pattern_infra import generic_passes
-from pattern_infra.pipeline.container import PassContainer
+from pattern_infra.passes.container import PassContainer
 from pattern_infra.rewriting.subpass import SubPass
 from pattern_infra.testing.passes import run_pass, same_name_counters
 
