@@ -91,16 +91,13 @@ def compile_pattern(
 ) -> CompiledPattern:
     """Reads a pattern program, or several, into a :class:`CompiledPattern`, enforcing the pattern rules.
 
-    Several programs (a sequence, or a mapping of names to programs) are one pattern, each program's
-    spellings in turn, as a ``one_of`` of whole programs: where two match at one anchor op, the earlier
-    is tried first. Each spelling reads its own program's inputs (``pattern.root_vars`` in its order)
-    and ends with its own last ops; the programs share inputs and the search's places by name, and the
-    search starts from an op name they all have outside their choices. Options apply to every program.
+    Several programs (a sequence, or a mapping of names to programs) are one pattern whose spellings are
+    theirs, in the written order: how they may differ is in docs/LANGUAGE.md ("Several programs").
 
     Args:
         ops_arrangement: The pattern, an ``mb.program`` whose ops all carry unique names; or several.
-        name: Name used in messages; defaults to the name of the (first) pattern's last op. The programs
-            of a sequence are named ``<name>[i]``, those of a mapping by their keys.
+        name: Name used in messages (default: the first pattern's last op name); the programs of a sequence
+            are named ``<name>[i]``, those of a mapping by their keys.
         commutative: ``True``: either operand order where the program op matched is in
             :data:`COMMUTATIVE_OPS`; ``False``: as written; an iterable: the ops whose ``x`` and ``y`` are
             tried in both orders *whatever op type matched* (an ``add``/``sub`` alternative read with
@@ -118,8 +115,7 @@ def compile_pattern(
         where: The entry point, for messages.
 
     Returns:
-        Its first spelling, holding every spelling in ``variants``; of several programs, a copy of it
-        named ``name``, reading every program's inputs, each program's pattern in ``parts``.
+        Its first spelling, holding them all in ``variants`` (of several programs: a copy; see ``parts``).
 
     Raises:
         PatternDefinitionError: The pattern breaks a rule; the message names the rule and the fix.
@@ -127,14 +123,10 @@ def compile_pattern(
     named = [(name, ops_arrangement, f"pattern {name!r}" if name else "the pattern")]
     if isinstance(ops_arrangement, Mapping):
         named = [(str(key), p, f"pattern [{i}]") for i, (key, p) in enumerate(ops_arrangement.items())]
-    elif isinstance(ops_arrangement, Sequence) and len(ops_arrangement) != 1:
-        named = [(name and f"{name}[{i}]", p, f"pattern [{i}]") for i, p in enumerate(ops_arrangement)]
     elif isinstance(ops_arrangement, Sequence):
-        named = [(name, ops_arrangement[0], "pattern [0]")]
+        named = [(name and f"{name}[{i}]", p, f"pattern [{i}]") for i, p in enumerate(ops_arrangement)]
     if not named:
-        raise PatternDefinitionError(
-            f"{where}: an empty list of patterns; give at least one pattern program."
-        )
+        raise PatternDefinitionError(f"{where}: an empty list of patterns; give at least one pattern.")
     options = dict(
         commutative=commutative if isinstance(commutative, bool) else set(commutative),
         alternatives=dict(alternatives or {}),
@@ -146,29 +138,18 @@ def compile_pattern(
     for pattern_name, program, what in named:
         require_program(program, where=where, what=what)
         parts.append(_compile_program(program, pattern_name, options, equivalences))
-    label = name or parts[0].name
-    spellings = [v.compiled for part in parts for v in part.variants]
-    _check_options(label, options, spellings)
+    variants = [v for part in parts for v in part.variants]
+    _check_options(name or parts[0].name, options, [v.compiled for v in variants])
     if len(parts) == 1:
         return parts[0]
-    if len(spellings) > MAX_VARIANTS:
-        raise PatternDefinitionError(
-            f"Pattern {label!r} stands for {len(spellings)} spellings over its {len(parts)} programs; at "
-            f"most {MAX_VARIANTS} are searched. Fix: register the programs in several calls."
-        )
-    return replace(
-        parts[0],
-        name=label,
-        root_names=list(dict.fromkeys(r for part in parts for r in part.root_names)),
-        variants=[v for part in parts for v in part.variants],
-        parts=parts,
-    )
+    roots = max((part.root_names for part in parts), key=len)  # the inputs are shared by position
+    return replace(parts[0], name=name or parts[0].name, root_names=roots, variants=variants, parts=parts)
 
 
 def _compile_program(
     ops_arrangement: Program, pattern_name: str | None, options: dict[str, Any], equivalences: Equivalences
 ) -> CompiledPattern:
-    """One program's spellings: its first, holding them all in ``variants``."""
+    """One program's spellings (the first holding all); no control flow, no fan-out op inside a choice."""
     pattern_name = pattern_name or pattern_name_of(ops_arrangement)
     if set(ops_arrangement.functions) != {"main"}:
         raise PatternDefinitionError(
@@ -182,7 +163,25 @@ def _compile_program(
         func = ops_arrangement.functions["main"]
     records = records_of(func)
     regions = regions_of(list(func.operations), records, pattern_name)
-    _check_pattern(pattern_name, list(func.operations), records, regions, options)
+    for op in func.operations:
+        if op.blocks:
+            raise PatternDefinitionError(
+                f"Pattern {pattern_name!r}: op {op.name!r} ({op.op_type}) has nested blocks: "
+                f"control flow cannot be part of a pattern; match the ops around it."
+            )
+    inside = {op.name for found in regions.values() for region in found for op in region.operations}
+    if inside & options["fanout"]:
+        raise PatternDefinitionError(
+            f"Pattern {pattern_name!r}: fan-out op(s) {sorted(inside & options['fanout'])} "
+            f"lie inside a choice; a fan-out op must be a last op outside every choice."
+        )
+    total = count(records, regions)
+    if total > MAX_VARIANTS:
+        raise PatternDefinitionError(
+            f"Pattern {pattern_name!r} stands for {total} spellings (the product of its choices' "
+            f"alternatives), at most {MAX_VARIANTS} are searched (each compiles as a pattern of its own). "
+            "Fix: register its parts as separate patterns (a list), or name fewer ops in equivalences=."
+        )
     compiled = _compile(func, ops_arrangement, pattern_name, records, regions, options)
     spellings = [v.compiled for v in compiled.variants]
     unused = [name for r, name in enumerate(func.inputs) if not any(c.root_consumers[r] for c in spellings)]
@@ -241,37 +240,6 @@ def _compile(
         )
     variants[0].compiled.variants = variants
     return variants[0].compiled  # type: ignore[no-any-return]
-
-
-def _check_pattern(
-    pattern_name: str,
-    all_ops: list[Operation],
-    records: list[Any],
-    regions: dict[int, Any],
-    options: dict[str, Any],
-) -> None:
-    """The rules of the pattern as a whole: no control flow, fan-out ops outside the choices, at most
-    :data:`MAX_VARIANTS` spellings."""
-    for op in all_ops:
-        if op.blocks:
-            raise PatternDefinitionError(
-                f"Pattern {pattern_name!r}: op {op.name!r} ({op.op_type}) has nested blocks: "
-                f"control flow cannot be part of a pattern; match the ops around it."
-            )
-    inside = {op.name for found in regions.values() for region in found for op in region.operations}
-    if inside & options["fanout"]:
-        raise PatternDefinitionError(
-            f"Pattern {pattern_name!r}: fan-out op(s) {sorted(inside & options['fanout'])} "
-            f"lie inside a choice; a fan-out op must be a last op outside every choice."
-        )
-    total = count(records, regions)
-    if total > MAX_VARIANTS:
-        raise PatternDefinitionError(
-            f"Pattern {pattern_name!r} stands for {total} spellings (the product of its choices' "
-            f"alternatives), at most {MAX_VARIANTS} are searched (each compiles as a pattern of its own). "
-            "Fix: register its parts as separate patterns (a list in one register_generic_pass call), or "
-            "name fewer ops in equivalences=."
-        )
 
 
 def _compile_graph(

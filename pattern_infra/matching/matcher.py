@@ -40,14 +40,8 @@ class Matcher:
         self.compiled = compiled
         self.variants: list[Variant] = compiled.variants
         """The pattern's spellings, each a plain pattern."""
-        self.program: list[int] = [
-            p for p, part in enumerate(compiled.parts or [compiled]) for _ in part.variants
-        ]
+        self.program = [p for p, part in enumerate(compiled.parts or [compiled]) for _ in part.variants]
         """Per spelling, the program it comes from (of several, :attr:`CompiledPattern.parts`)."""
-        self.root_slots = [
-            [compiled.root_names.index(r) for r in v.compiled.root_names] for v in self.variants
-        ]
-        """Per spelling, its inputs' places among the search's (``compiled.root_names``, by name)."""
         self.ops: list[PatternNode] = []
         """Every distinct op of every spelling, once: the plan trees' ops; their edges index it and
         :attr:`consts`."""
@@ -95,9 +89,6 @@ class Matcher:
             if not anchor.fanout:
                 for t in sorted(anchor.op_types):
                     self.anchors_by_type[t] = (*self.anchors_by_type.get(t, ()), anchor.index)
-        end = self.place[self.index[0][compiled.final_nodes[0]]]
-        self.final_anchor: int = next((a.index for a in self.nodes if a.name == self.places[end]), 0)
-        """The anchor of the first output."""
         self.stats = PassStats()
         """The counters of the searches handed none (outside a pass: ``find_matches``, ``explain``)."""
         self._alternatives: dict[int, Matcher] = {}
@@ -121,9 +112,9 @@ class Matcher:
         places = [self._places.setdefault(name, len(self._places)) for name in names]
 
         def moved(edge: Edge) -> Edge:
-            if edge.kind == "root":  # the search's input of that name
-                return Edge("root", self.root_slots[v][edge.index])
-            return Edge(edge.kind, (places if edge.kind == "op" else consts)[edge.index], edge.output)
+            if edge.kind == "op":
+                return Edge("op", places[edge.index], edge.output)
+            return Edge("const", consts[edge.index]) if edge.kind == "const" else edge
 
         for node in spelling.nodes:
             inputs = {
@@ -179,8 +170,7 @@ class Matcher:
         if not names:
             raise PatternDefinitionError(
                 f"Pattern {self.compiled.name!r}: its programs have no op name in common outside their "
-                "choices, so no op can start the search of every one. Name the ops that correspond alike "
-                "in every program (the search shares them by name), or register the programs separately."
+                "choices, where a search could start. Name the ops that correspond alike in each program."
             )
         anchors = []
         for name in names:
@@ -226,11 +216,7 @@ class Matcher:
                     st.kind,
                     index[st.node],
                     st.src_kind,
-                    self.place[index[st.src]]
-                    if st.src_kind == "op"
-                    else self.root_slots[v][st.src]
-                    if st.src_kind == "root"
-                    else st.src,
+                    self.place[index[st.src]] if st.src_kind == "op" else st.src,
                     st.slot,
                     st.pos,
                     st.out,
@@ -257,23 +243,18 @@ class Matcher:
             min(anchors, key=lambda a: sum(type_counts.get(t, 0) for t in a.op_types)).index if anchors else 0
         )
 
-    def alternative_matcher(self, alternative: CompiledPattern) -> Matcher:
-        """The matcher of an alternative of one of this pattern's choices, built on first use."""
-        matcher = self._alternatives.get(id(alternative))
-        if matcher is None:
-            matcher = self._alternatives[id(alternative)] = Matcher(alternative)
-        return matcher
-
     def taken_further(self, guard: Guard, op: Operation, block: Block, stats: PassStats) -> bool:
         """Whether an alternative of ``guard.choice`` before the one taken matches at an op below ``op``
         with ``op`` inside (the longest spelling wins)."""
         for below in candidates_below(op.outputs[0], guard.depth, guard.output_types):
             for earlier in guard.earlier:
-                matcher = self.alternative_matcher(earlier)
-                if below.op_type not in matcher.nodes[matcher.final_anchor].op_types:
+                matcher = self._alternatives.get(id(earlier)) or Matcher(earlier)  # built on first use
+                self._alternatives[id(earlier)] = matcher
+                end = len(matcher.nodes) - 1  # the anchor of its output: an alternative's last op is its last
+                if below.op_type not in matcher.nodes[end].op_types:
                     continue
                 accept = lambda p: op in p.op_set  # noqa: E731
-                found = matcher.match_at(below, block, matcher.final_anchor, accept=accept, stats=stats)
+                found = matcher.match_at(below, block, end, accept=accept, stats=stats)
                 if found is not None:
                     return True
         return False

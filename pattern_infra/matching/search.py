@@ -81,8 +81,7 @@ class Search:
         self.at: list[Binding | None] = [None] * len(matcher.places)
         """Per place, its binding on the trail (None while unbound)."""
         self.roots: list[Var | None] = [None] * len(matcher.compiled.root_names)
-        """Per pattern input (of every program's, by name), the program variable bound (the trail's input
-        bindings)."""
+        """Per pattern input (by position), the program variable bound (the trail's input bindings)."""
         self.used: set[int] = set()
         """The program ops bound (by id): a match is injective."""
         self.failure: Failure | None = None
@@ -344,8 +343,7 @@ class Search:
                     index[variant.compiled.by_name[guard.end]],
                     f"an earlier alternative of {guard.choice!r} matches further down",
                 )
-        roots = [self.roots[r] for r in self.m.root_slots[leaf.variant]]  # in its program's order
-        pattern = build_pattern(variant, self.block, ops, assign, roots, self.order)
+        pattern = build_pattern(variant, self.block, ops, assign, self.roots, self.order)
         if self.accept is not None:
             verdict = self.accept(pattern)
             if verdict is not True:
@@ -384,7 +382,7 @@ class Search:
                 return self.fail(
                     index[0],
                     lambda: (
-                        f"input {self.m.compiled.root_names[r]!r} is bound to {var.name}, "
+                        f"input {compiled.root_names[r]!r} is bound to {var.name}, "
                         f"which the match itself computes"
                     ),
                 )
@@ -436,7 +434,8 @@ def build_pattern(
         if var is not None:  # absent: a wildcard slot the matched alternative op type does not have
             consts[key] = var
             consts.setdefault(cname, var)
-    return Pattern(compiled, block, by_name, roots, operands, consts, order, variant.choices)
+    mine = roots[: len(compiled.root_names)]  # its program's (those of a list may have more inputs)
+    return Pattern(compiled, block, by_name, mine, operands, consts, order, variant.choices)
 
 
 def slot_value(assigned: dict[str, Any], slot: str, pos: int) -> Any:

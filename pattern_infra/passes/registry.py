@@ -103,9 +103,8 @@ def register_generic_pass(
     coremltools' ``PASS_REGISTRY`` changes, so a call that raises leaves the registry as it was.
 
     Args:
-        ops_arrangement: The pattern, an ``mb.program`` with uniquely named ops; or several, a sequence
-            or a mapping of names to programs: one pattern whose spellings are each program's, tried in
-            the written order (how they may differ: :func:`~pattern_infra.language.compiler.compile_pattern`).
+        ops_arrangement: The pattern, an ``mb.program`` with uniquely named ops; or several (a sequence,
+            or a mapping of names to programs), one pattern of their spellings in the written order.
         var_constraints: ``f(pattern) -> bool``; None accepts every structural match.
         transform_pattern: ``f(pattern)`` rewriting the match; returning False declines it.
         pass_name: Pass name, e.g. ``"fuse_gelu_exact"``.
