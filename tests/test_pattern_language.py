@@ -149,7 +149,9 @@ def test_programs_of_a_list_need_an_op_name_in_common(namespace):
     def other(x):
         return mb.exp(x=mb.relu(x=x, name="r2"), name="e2")
 
-    with pytest.raises(PatternDefinitionError, match="no op name in common.*Name the ops that correspond alike"):
+    with pytest.raises(
+        PatternDefinitionError, match="no op name in common.*Name the ops that correspond alike"
+    ):
         register_generic_pass([relu_then_add_or_sub, other], None, lambda p: None, "p", namespace)
     assert f"{namespace}::p" not in PASS_REGISTRY
 
