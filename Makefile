@@ -15,10 +15,10 @@ help: ## List the targets
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e ".[test,bench,report,lint]"
+	$(PY) -m pip install -q -e ".[test,bench,report,lint,docs]"
 	touch $(STAMP)
 
-venv: $(STAMP) ## Create .venv and install the project with its test extras
+venv: $(STAMP) ## Create .venv and install the project with its test, lint and docs extras
 
 lint: $(STAMP) ## Check formatting and lint rules (ruff, configured in pyproject.toml)
 	$(VENV)/bin/ruff format --check .
@@ -71,8 +71,9 @@ $(VENV)/.docs-installed: $(STAMP)
 	$(PY) -m pip install -q -e ".[docs]"
 	touch $@
 
-docs: $(VENV)/.docs-installed ## Build the documentation site into site/ (mkdocs --strict: any warning, a broken link, fails)
+docs: $(VENV)/.docs-installed ## Build the documentation site into site/ (mkdocs --strict: any warning, a broken link, fails); check its API page
 	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict
+	DOCS_SITE=site $(PY) -m pytest -q -p no:cacheprovider tests/test_docs_api.py
 
 docs-images: $(STAMP) ## Redraw docs/report.png from the current code (headless chromium); copy make bench's plot to docs/
 	@command -v chromium >/dev/null || { echo "make docs-images needs chromium (apt-get install chromium)"; exit 1; }

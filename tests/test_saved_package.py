@@ -102,6 +102,18 @@ def test_a_saved_llama_block_fuses_as_its_conversion(llama_block, tmp_path, prec
     _assert_outputs_agree(optimized, in_conversion, _inputs(optimized, args), TOLERANCE[precision])
 
 
+INT16_CAST_STATE = (
+    "coremltools' add_int16_cast picks int16 or uint16 for a gather's indices read from a function input "
+    "by the choice it made for the previous parameter it cast (AddInt16Cast._target_dtype is never reset: "
+    "quantization.py, should_cast_parameter). The fused program visits other ops before the decoder's "
+    "gather, so inside the conversion decoder_input_ids is cast to int16 and guard_negative_gather_indices "
+    "wraps it (greater_equal, add, select, 2 casts); the plain conversion, saved, drew uint16: no wrap."
+)
+"""Why ``t5_eager`` at float16 keeps 5 more ops inside the conversion than saved and optimized: a state
+left over in a coremltools pass, not a difference of the generic passes (each pass taken out in turn, only
+``generic::fuse_rms_norm`` changes it, by the order of ops it leaves)."""
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("precision", list(PRECISIONS))
 @pytest.mark.parametrize("name", list(HF_ZOO))
@@ -110,7 +122,14 @@ def test_every_saved_zoo_model_fuses_as_its_conversion(tmp_path, name, precision
     optimized, in_conversion = _saved_then_optimized(
         _exported(module, args), precision, ct.target.iOS18, tmp_path / f"{name}.mlpackage"
     )
-    assert _non_const(op_histogram(optimized)) == _non_const(op_histogram(in_conversion))
+    extra = _non_const(op_histogram(in_conversion)) - _non_const(op_histogram(optimized))
+    if (name, precision) == ("t5_eager", "fp16"):  # INT16_CAST_STATE: exactly the guard's ops
+        assert extra == Counter(cast=2, greater_equal=1, add=1, select=1), INT16_CAST_STATE
+        extra.clear()
+    assert (
+        extra == Counter()
+        and _non_const(op_histogram(optimized)) - _non_const(op_histogram(in_conversion)) == Counter()
+    )
     _assert_outputs_agree(optimized, in_conversion, _inputs(optimized, args), TOLERANCE[precision])
 
 

@@ -90,7 +90,7 @@ def compile_pattern(
     where: str = "compile_pattern",
 ) -> CompiledPattern:
     """Reads a pattern program, or several, into a :class:`CompiledPattern`, enforcing the pattern rules.
-
+    The options, ``commutative`` to ``equivalences``, are ``register_generic_pass``'s (documented there).
     Several programs (a sequence, or a mapping of names to programs) are one pattern whose spellings are
     theirs, in the written order: how they may differ is in docs/LANGUAGE.md ("Several programs").
 
@@ -98,20 +98,6 @@ def compile_pattern(
         ops_arrangement: The pattern, an ``mb.program`` whose ops all carry unique names; or several.
         name: Name used in messages (default: the first pattern's last op name); the programs of a sequence
             are named ``<name>[i]``, those of a mapping by their keys.
-        commutative: ``True``: either operand order where the program op matched is in
-            :data:`COMMUTATIVE_OPS`; ``False``: as written; an iterable: the ops whose ``x`` and ``y`` are
-            tried in both orders *whatever op type matched* (an ``add``/``sub`` alternative read with
-            ``pattern.operand``), the others as written.
-        alternatives: Pattern op name to the op types accepted there, e.g. ``{"add_or_sub": ["add",
-            "sub"]}``; the op's own type must be among them.
-        constants: Default rule for every pattern constant (``"any"``, ``"const"``, ``"value"``,
-            ``"weight"`` or a :class:`ConstRule`).
-        const_rules: Per-constant rules, keyed by ``"<op name>.<slot>"`` (e.g. ``"pow.y"``) or by the
-            pattern's const op name.
-        fanout: Pattern ops standing for every consumer of their input (one or more ops of one kind,
-            captured as a list); each must be a last op reading exactly one pattern input or op output.
-        equivalences: Identities also matched (``pow(x, 2)`` = ``mul(x, x)``, ...): False, True, a list
-            of identity names or ``{"<op>": [names]}``; see :mod:`pattern_infra.language.equivalences`.
         where: The entry point, for messages.
 
     Returns:

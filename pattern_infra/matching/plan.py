@@ -26,8 +26,8 @@ DOWN = 1
 
 @dataclass
 class PassStats:
-    """Counters of searches and rewrites: of one run of a pass, or summed over runs (``SubPass.stats``,
-    ``PassContainer.stats``). A run fills the one it is handed (``run_subpasses``, ``Matcher.match_at``)."""
+    """Counters of searches and rewrites: of one run of a pass (``run_log()``), or summed over its runs
+    (``container.stats``). A run fills the one it is handed (``run_subpasses``, ``Matcher.match_at``)."""
 
     runs: int = 0
     """How many times the sub-pass was applied to a program."""

@@ -99,8 +99,8 @@ def run_log(clear: bool = False) -> list[tuple[str, bool, PassStats]]:
 
 
 class PassContainer(AbstractGraphPass):
-    """A coremltools graph pass made of generic sub-passes (the design document's ``PassContainer``), which
-    run in order of priority (higher first), then registration order (``order``), on every block."""
+    """A coremltools graph pass made of generic sub-passes (``register_generic_pass`` adds them), which run
+    in order of priority (higher first), then registration order (``order``), on every block."""
 
     def __init__(self, pass_name: str, namespace: str = "", replaces: type | None = None) -> None:
         """Creates an empty pass.
@@ -121,6 +121,7 @@ class PassContainer(AbstractGraphPass):
         """A plain graph pass, a function taking the program (``register_graph_pass``, or ``add`` given a
         callable): then the container's only entry."""
         self.stats = PassStats()
+        """Counters summed over its runs: ``stats.rewrites``, ``stats.rejections`` (constraints' reasons)."""
         self.validate: bool | str = True
         """``True`` validates what each rewrite changed, right after it; ``"full"`` the whole program
         after each sub-pass that rewrote; ``False`` neither. A failed validation restores the program

@@ -94,35 +94,48 @@ def register_generic_pass(
 ) -> PassContainer:
     """Registers a pattern with its callbacks as one sub-pass of ``namespace::pass_name``.
 
-    Calls with the same ``namespace`` and ``pass_name`` group into one :class:`PassContainer`. If that id
-    names a coremltools pass, the container replaces it when ``ENABLE_EXPERIMENTAL_PASSES=1`` at run time.
-    The pattern's options (``commutative``, ``alternatives``, ``constants``, ``const_rules``, ``fanout``,
-    ``equivalences``) are :func:`~pattern_infra.language.compiler.compile_pattern`'s.
-
-    All or nothing: the id, the callbacks, every pattern and ``run_after`` are checked and compiled before
-    coremltools' ``PASS_REGISTRY`` changes, so a call that raises leaves the registry as it was.
+    Calls with the same id group into one :class:`PassContainer`, which replaces coremltools' pass of that id
+    while ``ENABLE_EXPERIMENTAL_PASSES=1``. All or nothing: a call that raises leaves the registry as it was.
+    :func:`~pattern_infra.find_matches` and :func:`~pattern_infra.explain` take the same pattern options.
 
     Args:
         ops_arrangement: The pattern, an ``mb.program`` with uniquely named ops; or several (a sequence,
             or a mapping of names to programs), one pattern of their spellings in the written order.
-        var_constraints: ``f(pattern) -> bool``; None accepts every structural match.
-        transform_pattern: ``f(pattern)`` rewriting the match; returning False declines it.
+        var_constraints: ``f(pattern)``, before the transform (None accepts all). Accepts: ``True``, any
+            true value but a string (``numpy.True_``, ``(True, "...")``). Refuses: a false value, a pair
+            ``(False, "reason")``, or a string, the reason itself (``""``: none); reasons are counted in
+            ``stats.rejections`` and shown by :func:`~pattern_infra.explain`. ``None`` (no ``return``)
+            raises :class:`~pattern_infra.PassExecutionError`.
+        transform_pattern: ``f(pattern)``: builds the replacement (``mb.<op>(..., before_op=...)``) and
+            calls ``pattern.replace_output(new_var)``; returning ``False`` before any change declines.
         pass_name: Pass name, e.g. ``"fuse_gelu_exact"``.
-        namespace: Namespace, e.g. ``"common"``.
+        namespace: Namespace, e.g. ``"common"`` (coremltools' namespaces take only its own pass ids).
+        commutative: ``True``: the ops of :data:`~pattern_infra.COMMUTATIVE_OPS` in either operand order;
+            ``False``: as written; pattern op names: those in both orders, whatever type matched.
+        alternatives: Pattern op name to the op types accepted there (``{"r": ["reduce_mean",
+            "reduce_sum"]}``), its own type among them.
+        constants: The rule of every pattern constant: ``"any"`` (anything the match does not compute),
+            ``"const"`` (a compile-time constant), ``"value"`` (the pattern's value, rtol 1e-5, atol 1e-6,
+            in the program's dtype), ``"weight"`` (a constant or a ``constexpr_*`` chain) or a
+            :class:`ConstRule`.
+        const_rules: Rules per constant, keyed ``"<op>.<slot>"`` or by const op name (``{"pow.y": "value"}``).
+        fanout: Pattern ops standing for every consumer of their input (the list ``pattern.<name>``); each
+            a last op reading one pattern input or op output.
+        equivalences: Identities also matched: ``True`` (all), names (``"pow2"``, ``"rsqrt"``, ``"reassoc"``,
+            ...: docs/LANGUAGE.md) or ``{"<op>": [names]}``.
         priority: Sub-passes with higher priority run first within the pass.
         max_iterations: Re-visit rounds before :class:`~pattern_infra.language.errors.FixpointError`.
         options: Pipeline options the pass accepts, with defaults (read as ``container.options``).
         name: Name for messages and ``container.order`` (default: the pattern's last op name).
-        run_after: A pass id of coremltools' pipeline (e.g. ``"common::fuse_linear_bias"``): while
-            ``ENABLE_EXPERIMENTAL_PASSES=1``, this (new) pass also runs right after that one, so a new
-            fusion takes part in ``coremltools.convert`` without taking over an unrelated pass id.
+        run_after: A pass id of coremltools' pipeline (``"common::fuse_linear_bias"``) this new pass runs
+            right after while the override is on, taking part in ``coremltools.convert``.
 
     Returns:
         The container the sub-pass was added to.
 
     Raises:
         PatternDefinitionError: The pattern breaks a rule.
-        PassRegistrationError: The pass id or a callback is unusable.
+        PassRegistrationError: The pass id, a callback, ``run_after`` or ``options`` is unusable.
     """
     where = f"register_generic_pass({namespace}::{pass_name})"
     _checked_id(pass_name, namespace)  # every check before the registry changes

@@ -224,8 +224,8 @@ def register_torch_rewrite(
         example_inputs: One example tensor per argument (distinct dimensions larger than 1).
         pass_name: Pass name, e.g. ``"fuse_silu_mine"``.
         namespace: Namespace, e.g. ``"mine"``.
-        var_constraints: ``f(pattern) -> bool``, as for ``register_generic_pass``; the check is of the
-            pair, not of the constraint.
+        var_constraints: ``f(pattern)``, as for :func:`~pattern_infra.register_generic_pass`; the check is
+            of the pair, not of the constraint.
         rtol: Relative tolerance of the check (see :func:`check_torch_rewrite`).
         atol: Absolute tolerance of the check.
         before: Capture point, as ``pattern_from_torch``'s (default: see the module docstring).
