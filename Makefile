@@ -20,9 +20,10 @@ $(STAMP): pyproject.toml
 
 venv: $(STAMP) ## Create .venv and install the project with its test, lint and docs extras
 
-lint: $(STAMP) ## Check formatting and lint rules (ruff, configured in pyproject.toml)
+lint: $(STAMP) ## Check formatting, lint rules and types (ruff, mypy; configured in pyproject.toml)
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/ruff check .
+	$(VENV)/bin/mypy
 
 demo: $(STAMP) ## Convert a PyTorch pre-norm transformer with and without the override; show what fused
 	$(PY) examples/demo.py
@@ -52,9 +53,10 @@ bench-llm: $(STAMP) ## Whole conversion at LLM size (10k-100k ops): override off
 fuzz: $(STAMP) ## Long fuzzing: random programs through every generic pass, and against a brute-force matcher
 	FUZZ_EXAMPLES=$${FUZZ_EXAMPLES:-20000} $(PY) -m pytest -q tests/test_fuzz.py tests/test_brute_force.py -p no:cacheprovider --hypothesis-show-statistics
 
-models: $(STAMP) ## Real-model tables (hand-written and transformers zoos), then the slow zoo and stateful-decoder tests and the slow doc snippets
+models: $(STAMP) ## Real-model tables (hand-written, transformers and vision zoos), then the slow zoo and stateful-decoder tests and the slow doc snippets
 	$(PY) examples/real_models.py
-	$(PY) -m pytest -q --run-slow tests/test_hf_models.py tests/test_real_models.py tests/test_stateful.py tests/test_docs_snippets.py
+	$(PY) examples/vision_models.py
+	$(PY) -m pytest -q --run-slow tests/test_hf_models.py tests/test_real_models.py tests/test_vision_models.py tests/test_stateful.py tests/test_docs_snippets.py
 
 coremltools-suite: $(STAMP) ## Run coremltools' own tests of the replaced passes against our passes
 	$(PY) -m pytest -q tests/coremltools_suite

@@ -151,6 +151,7 @@ def _to_normalized(effect: np.ndarray, x_shape: tuple, axes: set[int], dtype: ty
 def _coremltools_plan(norm: _Norm) -> _Plan | None:
     """coremltools' decision between layer_norm and instance_norm, with its wrong fusions refused."""
     x_shape, gamma, beta = norm.shape, norm.gamma, norm.beta
+    assert x_shape is not None, "_check plans only an x of known shape"
     rank = len(x_shape)
     neg = sorted(a - rank if a >= 0 else a for a in norm.axes)
     g_rank = gamma.array.ndim if gamma is not None else -1
@@ -185,7 +186,7 @@ def _coremltools_plan(norm: _Norm) -> _Plan | None:
             return _Plan("instance_norm", transpose, params[0], params[1])
 
     trailing = neg == list(range(-len(neg), 0))
-    if trailing and g_rank == len(norm.axes) and b_rank == len(norm.axes):
+    if trailing and gamma is not None and beta is not None and g_rank == b_rank == len(norm.axes):
         for p in (gamma, beta):
             if not _dims_fit(p.array.shape, x_norm) or not along(p, pos):
                 return None
@@ -196,6 +197,7 @@ def _coremltools_plan(norm: _Norm) -> _Plan | None:
 def _general_plan(norm: _Norm) -> _Plan | None:
     """Our layer_norm where coremltools' decision refuses: gamma/beta of any shape acting along the axes."""
     x_shape = norm.shape
+    assert x_shape is not None, "_check plans only an x of known shape"
     rank = len(x_shape)
     neg = sorted(a - rank if a >= 0 else a for a in norm.axes)
     if not (neg == list(range(-len(neg), 0)) or (rank == 4 and neg == [-3])):
@@ -352,7 +354,7 @@ def _folded_gamma_beta(pattern: Pattern) -> tuple[_Affine, _Affine]:
     return _Affine.of(pattern.operand("mul_gamma", "y")), _Affine.of(pattern.operand("sub_beta", "x"))
 
 
-def constraints_1(pattern: Pattern) -> bool:
+def constraints_1(pattern: Pattern) -> bool | tuple[bool, str]:
     return _accept(pattern, (pattern.mean, pattern.mean_sq), *_folded_gamma_beta(pattern))
 
 
@@ -408,7 +410,7 @@ def constraints_5_affine(pattern: Pattern) -> bool | tuple[bool, str]:
     return _accept(pattern, (pattern.mean, pattern.mean_sq), gamma, beta)
 
 
-def constraints_written_out(pattern: Pattern) -> bool:
+def constraints_written_out(pattern: Pattern) -> bool | tuple[bool, str]:
     ops = pattern.ops
     gamma = _Affine.of(pattern.operand("mul_gamma", "x")) if "mul_gamma" in ops else None
     beta = _Affine.of(pattern.operand("add_beta", "y")) if "add_beta" in ops else None

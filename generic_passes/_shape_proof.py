@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import weakref
 from collections.abc import Sequence
+from typing import TypeAlias
 
 import numpy as np
 import sympy as sp
@@ -52,7 +53,7 @@ from coremltools.converters.mil.mil.types.symbolic import is_symbolic
 
 __all__ = ["ShapeFacts", "function_of"]
 
-Expr = sp.Expr
+Expr: TypeAlias = sp.Expr
 
 _ELEMENTWISE = frozenset(
     {
@@ -258,7 +259,8 @@ class ShapeFacts:
             if op.values[0].rank > 1:
                 return None
             parts = [self.values(v) for v in op.values]
-            return None if any(p is None for p in parts) else tuple(e for p in parts for e in p)
+            known = [p for p in parts if p is not None]
+            return tuple(e for p in known for e in p) if len(known) == len(parts) else None
         if kind in ("gather", "slice_by_index"):
             return self._picked(op)
         if kind == "select":
@@ -313,13 +315,14 @@ class ShapeFacts:
         cond = op.cond.op
         if cond is None or cond.op_type not in ("equal", "not_equal"):
             return None
-        left, right, a, b = (self.values(v) for v in (cond.x, cond.y, op.a, op.b))
-        if any(v is None for v in (left, right, a, b)):
+        operands = [self.values(v) for v in (cond.x, cond.y, op.a, op.b)]
+        known = [v for v in operands if v is not None]
+        if len(known) != len(operands):
             return None
-        n = max(len(left), len(right), len(a), len(b))
-        if any(len(v) not in (1, n) for v in (left, right, a, b)):
+        n = max(len(v) for v in known)
+        if any(len(v) not in (1, n) for v in known):
             return None
-        left, right, a, b = ((v * n if len(v) == 1 else v) for v in (left, right, a, b))
+        left, right, a, b = ((v * n if len(v) == 1 else v) for v in known)
         picked = []
         for i in range(n):
             same = self.decide_equal(left[i], right[i])

@@ -37,7 +37,9 @@ def const_elimination(prog: Program) -> None:
     """Runs coremltools' ``const_elimination`` on ``prog`` unless it would change nothing."""
     if not would_change(prog, foldable):
         return
-    graph_pass = _CONTAINER.replaces()  # coremltools' class (imported through the registry: importing its
+    original = _CONTAINER.replaces
+    assert original is not None, "registered under coremltools' id, so it replaces coremltools' pass"
+    graph_pass = original()  # coremltools' class (imported through the registry: importing its
     graph_pass.set_options(_CONTAINER.pass_options)  # module by path would shadow the class in its package)
     graph_pass.apply(prog)  # inside this pass's scope already (PassContainer.apply or the sweep)
 

@@ -37,7 +37,9 @@ def dead_code_elimination(prog: Program) -> None:
     """Runs coremltools' ``dead_code_elimination`` on ``prog`` unless no op can be dead."""
     if not would_change(prog, may_be_dead):
         return
-    _CONTAINER.replaces().apply(prog)  # coremltools' class; inside this pass's scope already
+    original = _CONTAINER.replaces
+    assert original is not None, "registered under coremltools' id, so it replaces coremltools' pass"
+    original().apply(prog)  # coremltools' class; inside this pass's scope already
 
 
 _CONTAINER = register_graph_pass(dead_code_elimination, "dead_code_elimination", "common")

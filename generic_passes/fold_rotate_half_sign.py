@@ -55,6 +55,7 @@ from __future__ import annotations
 import numpy as np
 from coremltools.converters.mil import Builder as mb
 from coremltools.converters.mil.mil import Block, Function, Operation, Program, Var
+from numpy.typing import DTypeLike
 
 from generic_passes._shape_proof import ShapeFacts
 from pattern_infra import ConstRule, Pattern, predicates, register_generic_pass
@@ -187,7 +188,7 @@ def _rotations(sin: Var) -> int:
     return count
 
 
-def _sign_table(signs: np.ndarray, from_right: int, dtype: np.dtype) -> np.ndarray:
+def _sign_table(signs: np.ndarray, from_right: int, dtype: DTypeLike) -> np.ndarray:
     return signs.reshape((-1,) + (1,) * (from_right - 1)).astype(dtype)
 
 

@@ -85,7 +85,9 @@ def conv_batchnorm_constraints(pattern: Pattern) -> bool | tuple[bool, str]:
 def transform_conv_batchnorm(pattern: Pattern) -> None:
     """Inserts the folded weight and bias constants and the ``conv``; the framework removes the old ops."""
     conv, bn = pattern.conv, pattern.batch_norm
-    gamma, beta, mean, variance, epsilon = _bn_params(pattern)
+    params = _bn_params(pattern)
+    assert params is not None, "conv_batchnorm_constraints refused parameters without a value"
+    gamma, beta, mean, variance, epsilon = params
     scale = gamma / np.sqrt(variance + epsilon)
     if conv.weight.val is None:  # compressed: the factors go into its constexpr ops
         bias = bias_or_zeros(conv, conv.weight)

@@ -88,7 +88,7 @@ def _c_out(conv: Operation) -> int | None:
     if groups is None:
         return None
     c_out = shape[0] if conv.op_type == "conv" else shape[1] * int(groups)
-    return c_out if isinstance(c_out, (int, np.integer)) else None
+    return int(c_out) if isinstance(c_out, (int, np.integer)) else None
 
 
 def _is_first(pattern: Pattern, producer: Operation) -> bool:
@@ -158,6 +158,7 @@ def transform_conv_bias(pattern: Pattern) -> None:
     """Inserts the new bias constant and the ``conv`` reading it; the framework removes the old ops."""
     conv = pattern.conv
     bias = _new_bias(pattern)
+    assert bias is not None, "conv_bias_constraints refused a bias it cannot fold"
     if bias.dtype not in (np.float32, np.float16):
         bias = bias.astype(types.nptype_from_builtin(conv.weight.dtype))
     bias_var = mb.const(val=bias, before_op=conv)
@@ -214,6 +215,7 @@ def transform_conv_transpose_bias(pattern: Pattern) -> None:
     c_out = conv.outputs[0].shape[1]
     conv_bias = np.zeros(c_out).astype(weight.dtype) if conv.bias is None else conv.bias.val
     bias = _transposed_channel_bias(pattern)
+    assert bias is not None, "the constraint refused a bias it cannot fold"
     if add_or_sub.op_type == "sub":
         if _is_first(pattern, transpose):  # transpose(conv) - c
             bias = -bias

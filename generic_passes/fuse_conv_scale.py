@@ -73,7 +73,7 @@ def conv_scale_pattern(x):
     return mb.mul(x=conv, y=np.ones((_C_OUT, 1, 1), dtype=np.float32), name="mul_or_div")
 
 
-def _scale(pattern: Pattern) -> tuple[bool, object] | None:
+def _scale(pattern: Pattern) -> tuple[bool, float | np.ndarray] | None:
     """(is scalar, value) of ``s`` as coremltools reads it, or None if its layout cannot fold."""
     conv = pattern.conv
     scale = pattern.operand("mul_or_div", "y").val
@@ -117,7 +117,9 @@ def conv_scale_constraints(pattern: Pattern) -> bool | tuple[bool, str]:
 def transform_conv_scale(pattern: Pattern) -> None:
     """Inserts the ``conv`` with the scaled weight and bias; the framework removes the old ops."""
     conv, mul_or_div = pattern.conv, pattern.mul_or_div
-    is_scalar, scale = _scale(pattern)
+    scaling = _scale(pattern)
+    assert scaling is not None, "conv_scale_constraints refused a scale of no foldable layout"
+    is_scalar, scale = scaling
     if mul_or_div.op_type == "real_div":
         scale = 1.0 / scale
     if conv.weight.val is None:  # compressed: the factor goes into its constexpr ops

@@ -258,6 +258,13 @@ def grouped_kv_constraints(pattern: Pattern) -> bool | tuple[bool, str]:
     return True
 
 
+def _known_dims(facts: ShapeFacts, var: Var) -> tuple[Any, ...]:
+    """``facts.dims(var)`` for a variable whose dimensions ``grouped_kv_constraints`` found known."""
+    dims = facts.dims(var)
+    assert dims is not None, f"{var.name}: grouped_kv_constraints checked that its shape is known"
+    return dims
+
+
 def _shape_with_one_unknown(dims: Sequence[Any]) -> list[int]:
     """A reshape target: the static sizes, ``-1`` for the one symbolic size (the query length)."""
     return [int(d) if _is_int(d) else -1 for d in dims]
@@ -288,8 +295,8 @@ def transform_grouped_kv(pattern: Pattern) -> None:
     facts = ShapeFacts.of(pattern.block)
     sdpa = pattern.sdpa
     name = sdpa.outputs[0].name
-    b, h, length, e = facts.dims(sdpa.query)
-    out_shape = _shape_with_one_unknown(facts.dims(sdpa.outputs[0]))
+    b, h, length, e = _known_dims(facts, sdpa.query)
+    out_shape = _shape_with_one_unknown(_known_dims(facts, sdpa.outputs[0]))
     hkv, groups = pattern.kv_heads, pattern.kv_groups
     rows = groups * int(length) if _is_int(length) else -1
     query = mb.reshape(
@@ -299,7 +306,7 @@ def transform_grouped_kv(pattern: Pattern) -> None:
     if pattern.mask_plan is not None:
         how, value = pattern.mask_plan
         mask = sdpa.attn_mask
-        full = (1,) * (4 - mask.rank) + tuple(facts.dims(mask))
+        full = (1,) * (4 - mask.rank) + _known_dims(facts, mask)
         if value is not None:
             mask = mb.const(val=value, name=f"{name}_mask_folded", before_op=sdpa)
         elif how == "tile" and mask.rank == 4:

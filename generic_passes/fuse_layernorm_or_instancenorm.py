@@ -166,7 +166,7 @@ def written_out_pattern(subs: Literal["sub1", "sub2"], square: Literal["mul", "p
     return pattern
 
 
-PATTERNS: dict[str, tuple[Program, Callable[[Pattern], bool]]] = {
+PATTERNS: dict[str, tuple[Program, Callable[[Pattern], bool | tuple[bool, str]]]] = {
     "instancenorm_pattern_4": (instancenorm_pattern_4, constraints_4),
     "layernorm_pattern_1": (layernorm_pattern_1, constraints_1),
     "instancenorm_pattern_3": (instancenorm_pattern_3, constraints_3),

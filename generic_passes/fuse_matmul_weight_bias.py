@@ -150,6 +150,7 @@ def transform_matmul_bias(pattern: Pattern) -> None:
     mm, add_or_sub = pattern.matmul, pattern.add_or_sub
     weight_left, weight, other, transpose_weight, transpose_other = _roles(pattern)
     bias = _bias_vector(pattern)
+    assert bias is not None, "matmul_bias_constraints refused a bias that is not a vector"
     negate_weight = False
     if add_or_sub.op_type == "sub":
         if add_or_sub.x is mm.outputs[0]:  # matmul - c

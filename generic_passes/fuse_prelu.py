@@ -45,6 +45,7 @@ from coremltools.converters.mil import Builder as mb
 from coremltools.converters.mil.mil import Var, get_new_symbol
 
 from pattern_infra import ConstRule, Pattern, register_generic_pass
+from pattern_infra.language.graph import ConstMode
 
 __all__ = [
     "prelu_pattern_1",
@@ -129,7 +130,7 @@ def transform_prelu_2(pattern: Pattern) -> None:
     pattern.replace_output(transpose)
 
 
-_CONST_RULES = {
+_CONST_RULES: dict[str, ConstMode | ConstRule] = {
     "neg.y": ConstRule("value", rtol=0.0, atol=1e-3),
     "alpha_mul.y": "const",
 }

@@ -76,16 +76,16 @@ def _constraints(pattern: Pattern) -> bool | tuple[bool, str]:
     value = np.asarray(const.val)
     if value.size != 1 or value.ndim > reduce_sum.outputs[0].rank:
         return False, "the scale is not a one-element constant of the sum's rank at most"
-    value = float(value.reshape(()))
+    scalar = float(value.reshape(()))
     # coremltools' absolute 1e-6, or the constant's own rounding (a float16 1/N of a saved model)
     absolute = max(1e-6, predicates.dtype_rtol(const) / count)
     if scale.op_type == "mul":
-        if abs(value - 1.0 / count) < absolute and abs(value * count - 1.0) <= _RELATIVE:
+        if abs(scalar - 1.0 / count) < absolute and abs(scalar * count - 1.0) <= _RELATIVE:
             return True
-        return False, f"the scale {value:.9g} is not 1/{count}"
-    if abs(value - count) < 1e-2 and abs(value / count - 1.0) <= _RELATIVE:
+        return False, f"the scale {scalar:.9g} is not 1/{count}"
+    if abs(scalar - count) < 1e-2 and abs(scalar / count - 1.0) <= _RELATIVE:
         return True
-    return False, f"the divisor {value:.9g} is not {count}"
+    return False, f"the divisor {scalar:.9g} is not {count}"
 
 
 def transform_reduce_mean(pattern: Pattern) -> None:

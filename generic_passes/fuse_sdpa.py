@@ -96,10 +96,13 @@ length comes from elsewhere (another input's) stays a different symbol and is de
 ``* f`` appears only when the scale is folded into Q, the transpose only when the swapped ``perm`` is
 not the identity (then it replaces the old one). The op takes the name of the last ``matmul``'s output
 and is inserted before it (the only place where Q, K, V and the mask are all defined). coremltools has
-no such pass, so this one runs as a new pass right after ``common::fuse_transpose_matmul`` while
+no such pass, so this one runs as a new pass right after ``common::fuse_layernorm_or_instancenorm`` while
 ``ENABLE_EXPERIMENTAL_PASSES=1``: the scale is a ``mul`` by then (``divide_to_multiply``), masks are
-constants (``const_elimination``), the transposes of K are merged or folded into the ``matmul``, and
-``add_fp16_cast`` has not yet run.
+constants (``const_elimination``), and ``add_fp16_cast`` has not yet run. That is before
+``common::fuse_elementwise_to_batchnorm``, which would turn the scale and a per-head bias of ``[B, H, 1,
+1]`` scores (LeViT at resolution 1) into a ``batch_norm`` and leave the attention unfused (docs/PASSES.md,
+"Pass order"). The head split and ``K^T`` are then often still two transposes: ``key_t`` is the second,
+whose swapped ``perm`` is the identity, so none is added and K is the head split's output.
 """
 
 from __future__ import annotations
@@ -230,9 +233,9 @@ def _key_shape(pattern: Pattern) -> tuple | None:
     return _shape(pattern, pattern.qk.y)
 
 
-def _fits(mask: tuple, scores: tuple) -> bool:
+def _fits(mask: tuple | None, scores: tuple) -> bool:
     """``mask`` broadcasts to ``scores`` without enlarging it and ends with ``scores``' last dim."""
-    if len(mask) > len(scores) or not mask or mask[-1] != scores[-1]:
+    if mask is None or len(mask) > len(scores) or not mask or mask[-1] != scores[-1]:
         return False
     return all(m == 1 or m == s for m, s in zip(reversed(mask), reversed(scores)))
 
@@ -390,6 +393,7 @@ def transform_sdpa(pattern: Pattern) -> None:
         query = mb.mul(x=query, y=factor, name=f"{name}_query", before_op=pv)
     if "key_t" in pattern.ops:
         key, perm = pattern.key_t.x, _key_perm(pattern)
+        assert perm is not None, "sdpa_constraints refused a key transpose of no known perm"
         if perm != list(range(len(perm))):
             key = mb.transpose(x=key, perm=perm, name=pattern.key_t.outputs[0].name, before_op=pv)
     else:
@@ -452,5 +456,5 @@ register_generic_pass(
         "const",
     ),
     name="sdpa",
-    run_after="common::fuse_transpose_matmul",
+    run_after="common::fuse_layernorm_or_instancenorm",
 )

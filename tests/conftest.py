@@ -11,6 +11,11 @@ from coremltools.converters.mil.mil.passes.pass_registry import PASS_REGISTRY
 import generic_passes  # noqa: F401  (registers the project's passes once)
 from pattern_infra import ENV_VAR
 from pattern_infra import generic_passes as generic_passes_registered
+from pattern_infra.testing.vision import install_torchvision_shim
+
+# torchvision's wheel does not import beside the CPU torch without it, nor then does transformers, which
+# imports torchvision whenever it is installed (see pattern_infra/testing/vision.py).
+install_torchvision_shim()
 
 _counter = itertools.count()
 

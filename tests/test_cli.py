@@ -153,7 +153,7 @@ def test_passes_lists_ids_in_run_order():
     assert ids.index("generic::fuse_reshape_linear_reshape") == ids.index("common::fuse_leaky_relu") + 1
     row = rows[ids.index("common::fuse_gelu_exact")]
     assert row["replaces"] == "fuse_gelu_exact" and row["run_after"] is None
-    assert rows[ids.index("generic::fuse_sdpa")]["run_after"] == "common::fuse_transpose_matmul"
+    assert rows[ids.index("generic::fuse_sdpa")]["run_after"] == "common::fuse_layernorm_or_instancenorm"
     text = invoke("passes")
     assert "replaces coremltools' fuse_gelu_exact" in text.output
 

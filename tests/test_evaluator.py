@@ -956,6 +956,199 @@ def test_upsample_nearest_neighbor() -> None:
         evaluate(prog, {"x": x})
 
 
+# The grids resize_bilinear's definition lists for an input [0, 1] (Xin = 2): resizing that input gives
+# the grid itself, so each sampling mode is checked against its own documentation.
+RESIZE_DOC_GRIDS = [
+    ("UNALIGN_CORNERS", 5, [0.0, 0.1, 0.5, 0.9, 1.0]),
+    ("STRICT_ALIGN_CORNERS", 5, [0.0, 0.25, 0.5, 0.75, 1.0]),
+    ("ALIGN_CORNERS", 5, [0.0, 0.25, 0.5, 0.75, 1.0]),
+    ("DEFAULT", 5, [0.0, 0.4, 0.8, 1.0, 1.0]),
+    ("OFFSET_CORNERS", 5, [0.1, 0.3, 0.5, 0.7, 0.9]),
+    ("UNALIGN_CORNERS", 6, [0.0, 0.0, 1 / 3, 2 / 3, 1.0, 1.0]),
+    ("STRICT_ALIGN_CORNERS", 6, [0.0, 0.2, 0.4, 0.6, 0.8, 1.0]),
+    ("DEFAULT", 6, [0.0, 1 / 3, 2 / 3, 1.0, 1.0, 1.0]),
+    ("OFFSET_CORNERS", 6, [1 / 12, 0.25, 5 / 12, 7 / 12, 0.75, 11 / 12]),
+]
+
+
+@pytest.mark.parametrize(("mode", "size", "grid"), RESIZE_DOC_GRIDS)
+def test_resize_bilinear_samples_the_documented_grid(mode: str, size: int, grid: list[float]) -> None:
+    x = np.array([[[0.0, 1.0], [0.0, 1.0]]], dtype=np.float32)  # [1, 2, 2]: rows identical
+    expected = np.broadcast_to(np.array(grid), (1, 3, size))
+    assert_evaluates_to(
+        lambda x: mb.resize_bilinear(x=x, target_size_height=3, target_size_width=size, sampling_mode=mode),
+        [x],
+        expected,
+        atol=1e-15,
+    )
+
+
+@pytest.mark.parametrize(
+    ("mode", "align_corners"), [("UNALIGN_CORNERS", False), ("STRICT_ALIGN_CORNERS", True)]
+)
+@pytest.mark.parametrize("size", [(7, 10), (3, 2), (12, 4)])
+def test_resize_bilinear_matches_torch(mode: str, align_corners: bool, size: tuple[int, int]) -> None:
+    x = _randn(2, 3, 5, 4)
+    expected = F.interpolate(_t(x), size=size, mode="bilinear", align_corners=align_corners)
+    assert_evaluates_to(
+        lambda x: mb.resize_bilinear(
+            x=x, target_size_height=size[0], target_size_width=size[1], sampling_mode=mode
+        ),
+        [x],
+        expected,
+        atol=1e-14,
+    )
+
+
+def test_resize_bilinear_align_corners_to_one_sample() -> None:
+    # ALIGN_CORNERS reads the middle, (Xin - 1) / 2; STRICT_ALIGN_CORNERS has no spacing there.
+    x = _randn(1, 5, 4)
+    assert_evaluates_to(
+        lambda x: mb.resize_bilinear(
+            x=x, target_size_height=1, target_size_width=4, sampling_mode="ALIGN_CORNERS"
+        ),
+        [x],
+        x[:, 2:3, :],
+    )
+    prog = _build(
+        lambda x: mb.resize_bilinear(
+            x=x, target_size_height=1, target_size_width=4, sampling_mode="STRICT_ALIGN_CORNERS"
+        ),
+        [x],
+    )
+    with pytest.raises(UnsupportedOpError, match="STRICT_ALIGN_CORNERS to one output sample"):
+        evaluate(prog, {"x": x})
+
+
+# (scale_factor_height, scale_factor_width): whole, fractional (the size recomputes the grid, as in
+# PyTorch's recompute_scale_factor=True), and downscaling.
+UPSAMPLE_SCALES = [(2, 3), (2.4, 1.5), (0.5, 1.0)]
+
+
+@pytest.mark.parametrize("align_corners", [True, False])
+@pytest.mark.parametrize("scales", UPSAMPLE_SCALES)
+def test_upsample_bilinear_matches_torch(align_corners: bool, scales: tuple[float, float]) -> None:
+    x = _randn(1, 3, 5, 4)
+    size = [math.floor(n * s) for n, s in zip(x.shape[2:], scales)]
+    expected = F.interpolate(_t(x), size=size, mode="bilinear", align_corners=align_corners)
+    assert_evaluates_to(
+        lambda x: mb.upsample_bilinear(
+            x=x, scale_factor_height=scales[0], scale_factor_width=scales[1], align_corners=align_corners
+        ),
+        [x],
+        expected,
+        atol=1e-14,
+    )
+
+
+def test_upsample_bilinear_with_integer_scale_is_torch_scale_factor() -> None:
+    # What the torch frontend converts F.interpolate(scale_factor=2) to: align_corners False.
+    x = _randn(1, 2, 3, 4)
+    expected = F.interpolate(_t(x), scale_factor=2, mode="bilinear", align_corners=False)
+    assert_evaluates_to(
+        lambda x: mb.upsample_bilinear(x=x, scale_factor_height=2, scale_factor_width=2, align_corners=False),
+        [x],
+        expected,
+        atol=1e-14,
+    )
+
+
+def test_upsample_bilinear_half_pixel_centers() -> None:
+    # iOS16: without half-pixel centers, align_corners=False is TensorFlow's legacy ResizeBilinear, the
+    # DEFAULT grid i * Xin / Xout; with both flags the op is not defined.
+    x = _randn(1, 2, 3, 4)
+    legacy = assert_evaluates_to(
+        lambda x: mb.upsample_bilinear(
+            x=x, scale_factor_height=2, scale_factor_width=2, align_corners=False, half_pixel_centers=False
+        ),
+        [x],
+        _resize_by_grid(x, [i * 3 / 6 for i in range(6)], [i * 4 / 8 for i in range(8)]),
+        opset=ct.target.iOS16,
+    )[0]
+    assert not np.allclose(legacy, F.interpolate(_t(x), scale_factor=2, mode="bilinear").numpy())
+    prog = _build(
+        lambda x: mb.upsample_bilinear(
+            x=x, scale_factor_height=2, scale_factor_width=2, align_corners=True, half_pixel_centers=True
+        ),
+        [x],
+        opset=ct.target.iOS16,
+    )
+    with pytest.raises(UnsupportedOpError, match="both True"):
+        evaluate(prog, {"x": x})
+
+
+def _resize_by_grid(x: np.ndarray, rows: Sequence[float], cols: Sequence[float]) -> np.ndarray:
+    """Bilinear samples of the last two axes of ``x`` at the given coordinates, element by element."""
+    x = np.asarray(x, dtype=np.float64)
+    h, w = x.shape[-2:]
+    out = np.zeros(x.shape[:-2] + (len(rows), len(cols)))
+    for i, r in enumerate(rows):
+        for j, c in enumerate(cols):
+            r0, c0 = math.floor(r), math.floor(c)
+            r1, c1 = min(r0 + 1, h - 1), min(c0 + 1, w - 1)
+            dr, dc = r - r0, c - c0
+            out[..., i, j] = (
+                x[..., r0, c0] * (1 - dr) * (1 - dc)
+                + x[..., r0, c1] * (1 - dr) * dc
+                + x[..., r1, c0] * dr * (1 - dc)
+                + x[..., r1, c1] * dr * dc
+            )
+    return out
+
+
+def test_resize_nearest_neighbor_whole_multiples_only() -> None:
+    x = _randn(1, 2, 3, 4)
+    assert_evaluates_to(
+        lambda x: mb.resize_nearest_neighbor(x=x, target_size_height=6, target_size_width=12),
+        [x],
+        F.interpolate(_t(x), size=(6, 12), mode="nearest"),
+    )
+    prog = _build(lambda x: mb.resize_nearest_neighbor(x=x, target_size_height=5, target_size_width=4), [x])
+    with pytest.raises(UnsupportedOpError, match="resize of 3 to 5 samples"):
+        evaluate(prog, {"x": x})
+
+
+def test_resize_ios17() -> None:
+    # The last resized_dims axes take the last entries of `shape`; a 0 keeps x's size.
+    x = _randn(2, 3, 5, 4)
+    shape = np.array([9, 0, 7], dtype=np.int32)
+    expected = F.interpolate(_t(x), size=(5, 7), mode="bilinear", align_corners=True)
+    assert_evaluates_to(
+        lambda x: mb.resize(
+            x=x, shape=shape, resized_dims=np.uint32(2), sampling_mode="STRICT_ALIGN_CORNERS"
+        ),
+        [x],
+        expected,
+        opset=ct.target.iOS17,
+        atol=1e-14,
+    )
+    one_axis = F.interpolate(_t(x), size=(5, 8), mode="nearest")
+    assert_evaluates_to(
+        lambda x: mb.resize(
+            x=x,
+            shape=np.array([8], np.int32),
+            resized_dims=np.uint32(1),
+            interpolation_mode="NEAREST_NEIGHBOR",
+        ),
+        [x],
+        one_axis,
+        opset=ct.target.iOS17,
+    )
+    prog = _build(
+        lambda x: mb.resize(
+            x=x,
+            shape=np.array([8], np.int32),
+            resized_dims=np.uint32(1),
+            interpolation_mode="NEAREST_NEIGHBOR",
+            sampling_mode="ALIGN_CORNERS",
+        ),
+        [x],
+        opset=ct.target.iOS17,
+    )
+    with pytest.raises(UnsupportedOpError, match="NEAREST_NEIGHBOR' with sampling_mode 'ALIGN_CORNERS'"):
+        evaluate(prog, {"x": x})
+
+
 def test_scaled_dot_product_attention_matches_torch() -> None:
     q, k, v = _randn(2, 3, 4, 8), _randn(2, 3, 5, 8), _randn(2, 3, 5, 6)
     mask = RNG.random((4, 5)) < 0.7

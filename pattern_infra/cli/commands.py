@@ -421,7 +421,7 @@ def list_passes(as_json: bool) -> None:
 
     registered = generic_passes()
     leaders = {f.pass_id: c.pass_id for c in registered.values() for f in c.followers}
-    rows = []
+    rows: list[dict[str, Any]] = []
     for position, pass_id in enumerate(dict.fromkeys(pass_plan()), 1):
         container = registered[pass_id]
         replaces = container.replaces.__name__ if container.replaces is not None else None

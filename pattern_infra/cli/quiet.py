@@ -67,7 +67,7 @@ def held_import_warnings(*, show: bool | None = None) -> Iterator[None]:
     held: list[logging.LogRecord | warnings.WarningMessage] = []
     logger = logging.getLogger("coremltools")
     handler = logging.Handler()
-    handler.emit = held.append  # type: ignore[method-assign]
+    handler.emit = held.append  # type: ignore[method-assign, assignment]
     propagate = logger.propagate
     logger.addHandler(handler)
     logger.propagate = False

@@ -13,7 +13,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 from coremltools.converters.mil.mil import Program
 
@@ -68,7 +68,7 @@ class Explanation:
         return "\n".join(lines)
 
 
-class Explanations(list):
+class Explanations(list[Explanation]):
     """One :class:`Explanation` per pattern, for ``explain`` given several patterns or a registered pass."""
 
     @property
@@ -136,7 +136,7 @@ def explain(
     *,
     top: int = 3,
     **pattern_options: Any,
-) -> Explanation:
+) -> Explanation | Explanations:
     """Reports full matches and the nearest partial matches of a pattern in ``prog``.
 
     Args:
@@ -157,7 +157,10 @@ def explain(
     """
     targets = resolve_patterns(ops_arrangement, var_constraints, pattern_options)
     if isinstance(ops_arrangement, (list, tuple, str, PassContainer)):
-        return Explanations(explain(c, prog, vc, transform_pattern, top=top) for c, vc in targets)
+        # one compiled pattern each: an Explanation
+        return Explanations(
+            cast(Explanation, explain(c, prog, vc, transform_pattern, top=top)) for c, vc in targets
+        )
     compiled, var_constraints = targets[0]
     matcher = Matcher(compiled)
     result = Explanation(compiled.name, max(map(len, matcher.index)))

@@ -238,7 +238,7 @@ class _Canon:
                         visit(p)
             refs = []
             for slot, value, program_slot in pairs:
-                items = []
+                items: list[tuple[Any, ...]] = []
                 for k, v in enumerate(value if isinstance(value, (list, tuple)) else (value,)):
                     p = self.index.pos.get(id(v.op)) if v.op is not None else None
                     if p in self.members:
@@ -358,7 +358,8 @@ def _candidate(index: _Index, prog: Program, code: Any, taken: list[Any]) -> Can
     _, first, roots, consts = taken[0]
     ops = [index.ops[i] for i in first]
     where = [[index.ops[i].name for i in order] for _, order, _, _ in taken]
-    names, per_type = [], {}
+    names: list[str] = []
+    per_type: dict[str, int] = {}
     for op in ops:
         k = per_type.get(op.op_type, 0)
         per_type[op.op_type] = k + 1

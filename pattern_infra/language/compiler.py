@@ -225,7 +225,7 @@ def _compile(
             Variant(compiled, combo.spelling(), combo.aliases, combo.groups, tuple(guards), combo.within)
         )
     variants[0].compiled.variants = variants
-    return variants[0].compiled  # type: ignore[no-any-return]
+    return variants[0].compiled
 
 
 def _compile_graph(

@@ -100,7 +100,7 @@ def _const_y(op: Operation, test: Callable[[np.ndarray], bool] = lambda value: T
 
 def _with_const(op_type: str, fn: Callable[[np.ndarray], np.ndarray], x: Var, op: Operation) -> Var:
     """``<op_type>(x, fn(c))`` for an op ``f(x, c)``, ``fn(c)`` in c's float dtype (else float32)."""
-    value = constant_value(op.inputs["y"])
+    value = np.asarray(op.inputs["y"].val)  # a numeric const: the guard (_const_y) found it one
     y = fn(value.astype(np.float32)).astype(value.dtype if value.dtype.kind == "f" else np.float32)
     return getattr(mb, op_type)(x=x, y=y, name=op.name)
 
@@ -193,7 +193,7 @@ def with_equivalences(program: Program, pattern_name: str, equivalences: Equival
         new.set_outputs([_lookup(v, scope) for v in func.outputs])
     result = Program()
     result.add_function("main", new)
-    result._pattern_name = getattr(program, "_pattern_name", None) or pattern_name  # type: ignore[attr-defined]
+    result._pattern_name = getattr(program, "_pattern_name", None) or pattern_name
     return result
 
 

@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from coremltools.converters.mil.mil import Block, Operation, Var, types
@@ -57,6 +57,10 @@ class Pattern:
             shared by the matches of one spelling (:class:`~pattern_infra.language.variants.Spelling`).
         pattern_name: Name of the pattern that matched.
     """
+
+    if TYPE_CHECKING:  # for the type checker: __init__ fills the attributes above and pattern.<name> (Any)
+
+        def __getattr__(self, name: str) -> Any: ...
 
     def __init__(
         self,
@@ -145,8 +149,8 @@ class Pattern:
         return self._order(ops) if self._order is not None else ops
 
     @property
-    def ops(self) -> dict[str, Operation | list[Operation]]:
-        """Pattern op name to captured op (a list for fan-out nodes)."""
+    def ops(self) -> dict[str, Any]:
+        """Pattern op name to captured op (a list for fan-out nodes: ``Any``, as ``pattern.<name>``)."""
         return dict(self._ops)
 
     def operand(self, op_name: str, slot: str) -> Any:

@@ -21,7 +21,7 @@ MAX_VARIANTS = 256
 """The most spellings one pattern may stand for (the product of its choices' alternatives)."""
 
 
-class Spelling(dict):  # type: ignore[type-arg]
+class Spelling(dict[str, int]):
     """``pattern.choices``: choice name (nested ones included) to the index of the alternative that
     matched; shared by every match of one spelling, so read-only (copy it with ``dict(pattern.choices)``)."""
 
@@ -35,7 +35,7 @@ class Spelling(dict):  # type: ignore[type-arg]
             "changed; copy it first: dict(pattern.choices)"
         )
 
-    __setitem__ = __delitem__ = clear = pop = popitem = setdefault = update = __ior__ = _refuse  # type: ignore
+    __setitem__ = __delitem__ = clear = pop = popitem = setdefault = update = __ior__ = _refuse
 
     def __init__(self, chosen: Mapping[str, int], slots: dict[str, dict[str, tuple[str, str, int]]]) -> None:
         super().__init__(chosen)

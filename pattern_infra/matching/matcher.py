@@ -6,8 +6,8 @@ types are rarest in the block (docs/ARCHITECTURE.md, "Alternatives: expanded whe
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, replace
+from typing import Any, cast
 
 from coremltools.converters.mil.mil import Block, Operation, Var
 
@@ -15,7 +15,7 @@ from ..language.errors import PatternDefinitionError
 from ..language.graph import CompiledPattern, Edge, PatternNode, distances
 from ..language.pattern import Order, Pattern
 from ..language.variants import Guard, Variant
-from .plan import DOWN, Accept, Branch, Failure, Leaf, PassStats, Step, plan
+from .plan import DOWN, Accept, Branch, Failure, Leaf, PassStats, plan
 from .search import Search
 
 __all__ = ["Anchor", "Failure", "Matcher", "candidates_below"]
@@ -121,7 +121,7 @@ class Matcher:
                 slot: tuple(map(moved, edge)) if isinstance(edge, tuple) else moved(edge)
                 for slot, edge in node.inputs.items()
             }
-            key = (
+            node_key = (
                 places[node.index],
                 node.name,
                 node.op_types,
@@ -131,7 +131,7 @@ class Matcher:
                 node.swap_any_type,
                 node.fanout,
             )
-            found = self._keys.setdefault(key, len(self._keys))
+            found = self._keys.setdefault(node_key, len(self._keys))
             if found == len(self.ops):
                 self.ops.append(
                     PatternNode(
@@ -151,9 +151,9 @@ class Matcher:
             index.append(found)
         for node in spelling.nodes:  # the consumers an op's binding checks when they are bound before it
             for consumer, slot, pos, out in node.consumers:
-                entry = (index[consumer], slot, pos, out)
-                if entry not in self.ops[index[node.index]].consumers:
-                    self.ops[index[node.index]].consumers.append(entry)
+                consumer_entry = (index[consumer], slot, pos, out)
+                if consumer_entry not in self.ops[index[node.index]].consumers:
+                    self.ops[index[node.index]].consumers.append(consumer_entry)
         return index
 
     def _anchors(self) -> list[Anchor]:
@@ -172,7 +172,7 @@ class Matcher:
                 f"Pattern {self.compiled.name!r}: its programs have no op name in common outside their "
                 "choices, where a search could start. Name the ops that correspond alike in each program."
             )
-        anchors = []
+        anchors: list[Anchor] = []
         for name in names:
             ops = [self.ops[self.index[v][self._local(v, name)]] for v in range(len(self.variants))]
             anchors.append(
@@ -193,7 +193,7 @@ class Matcher:
             range(len(self.variants)),
             key=lambda v: (self.program[v], _order(self.variants[v], choices[self.program[v]])),
         )
-        roots: list[Branch] = []
+        roots: list[Branch | Leaf] = []
         for v in ranked:
             variant, index, met = self.variants[v], self.index[v], choices[self.program[v]]
             groups = variant.groups
@@ -212,20 +212,15 @@ class Matcher:
             )
             level = roots
             for st in steps:
-                moved = Step(
-                    st.kind,
-                    index[st.node],
-                    st.src_kind,
-                    self.place[index[st.src]] if st.src_kind == "op" else st.src,
-                    st.slot,
-                    st.pos,
-                    st.out,
+                # the spelling's step on the merged ops: its node by op index, an op source by place
+                moved = replace(
+                    st, node=index[st.node], src=self.place[index[st.src]] if st.src_kind == "op" else st.src
                 )
                 if not (level and type(level[-1]) is Branch and level[-1].step == moved):
                     level.append(Branch(moved))
-                level = level[-1].then
+                level = level[-1].then  # type: ignore[union-attr]  # a Branch: the one matched or appended
             level.append(Leaf(v, guards))
-        return roots
+        return cast(list[Branch], roots)  # every plan starts with the anchor's own step: no leaf at the root
 
     def _choices_met(self, v: int, anchor: str) -> list[str]:
         """The choices of spelling ``v`` in the order its plan from ``anchor`` meets them."""

@@ -133,8 +133,8 @@ class Search:
     def step(self, branch: Branch) -> bool:
         st = branch.step
         if st.kind == UP:
-            src = self.at[st.src]
-            var = slot_value(src[2], st.slot, st.pos)  # type: ignore[index]
+            src = self.at[st.src]  # an op's place: bound before this step, with its operands
+            var = slot_value(src[2], st.slot, st.pos)  # type: ignore[index, arg-type]
             producer = var.op if var is not None else None
             if producer is None or st.out >= len(producer.outputs) or producer.outputs[st.out] is not var:
                 return self.fail(
@@ -334,7 +334,7 @@ class Search:
         variant = self.m.variants[leaf.variant]
         index = self.m.index[leaf.variant]
         bound = [self.at[p] for p in self.m.state[leaf.variant]]
-        ops, assign = [b[1] for b in bound], [b[2] for b in bound]  # type: ignore[index]
+        ops, assign = [b[1] for b in bound], [b[2] for b in bound]
         if not self.structure_ok(variant.compiled, index, ops, assign):
             return False
         for guard in leaf.guards:
@@ -430,7 +430,7 @@ def build_pattern(
             by_name[choice] = op
     consts: dict[str, Var] = {}
     for (n, slot, pos), key, cname in zip(compiled.const_slots, compiled.const_keys, compiled.const_names):
-        var = slot_value(assign[n], slot, pos)
+        var = slot_value(assign[n], slot, pos)  # type: ignore[arg-type]  # an op's operands: never None
         if var is not None:  # absent: a wildcard slot the matched alternative op type does not have
             consts[key] = var
             consts.setdefault(cname, var)

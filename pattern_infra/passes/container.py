@@ -14,7 +14,7 @@ import os
 import warnings
 from collections.abc import Callable, Iterator, Mapping
 from itertools import groupby
-from typing import Any
+from typing import Any, cast
 
 from coremltools.converters.mil import Builder as mb
 from coremltools.converters.mil.mil import Program
@@ -254,7 +254,7 @@ def run_together(prog: Program, containers: list[PassContainer], pass_name: str)
         runs = {owner: PassStats() for owner, _ in segment}  # one run_log entry each, even if twice
         stats = run_subpasses(
             prog,
-            [sub for _, sub in segment],
+            cast(list[SubPass], [sub for _, sub in segment]),  # no function in this segment: sub-passes
             pass_name,
             validate=container.validate,
             passes=[owner.pass_id for owner, _ in segment],

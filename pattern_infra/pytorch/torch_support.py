@@ -59,7 +59,7 @@ is a no-op.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 __all__ = ["CONVERTERS", "REPLACEMENTS", "install", "installed"]
@@ -220,6 +220,7 @@ def _copy_repeats(
     from coremltools.converters.mil.mil.types.symbolic import is_symbolic
 
     known = dst_torch is not None and src_torch is not None and len(dst_torch) == len(src_torch) == dst.rank
+    dst_torch, src_torch = dst_torch or [], src_torch or []  # read only where known
     reps: list[int | str] = []
     for axis, (d, s) in enumerate(zip(dst.shape, src.shape)):
         if (is_symbolic(d) == is_symbolic(s) and d == s) or (
@@ -306,7 +307,7 @@ def _run_on_stand_in(
     convert: Callable[[Any, Any], None],
     kind: str,
     args: Callable[[Any], list[Any]],
-    kwargs: dict[str, list[Any]] | None = None,
+    kwargs: dict[str, Sequence[Any]] | None = None,
     names: tuple[str, ...] = (),
 ) -> Any:
     """Runs converter ``convert`` on a one-node ``torch.export`` graph of ``kind`` inside an ``mb.program``.
@@ -316,7 +317,7 @@ def _run_on_stand_in(
         kind: The node's op kind.
         args: Called with the program's input (fp32, shape (2, 2)); returns the node's positional inputs
             (MIL vars, or literals as ``torch.export`` passes them).
-        kwargs: The node's keyword inputs, as ``torch.export`` passes them (each a list of bindings).
+        kwargs: The node's keyword inputs, as ``torch.export`` passes them (each a sequence of bindings).
         names: Names of other nodes of the graph (each bound to the input), which a string argument may
             collide with.
 

@@ -77,7 +77,7 @@ class BlockIndex:
             by_type.setdefault(op_type, []).append(new_op)
             counts[op_type] += 1
             if self._position is not None:
-                self._place(ops_list.op_to_node[new_op])
+                self._place(self._position, ops_list.op_to_node[new_op])
 
         def remove(op: Operation) -> None:
             original_remove(op)
@@ -152,19 +152,17 @@ class BlockIndex:
         self._position = {id(op): float(i) for i, op in enumerate(self.block.operations)}
         return self._position
 
-    def _place(self, node: Any) -> None:
+    def _place(self, position: dict[int, float], node: Any) -> None:
         """Gives the op of a just-inserted list node a position between its neighbours' (an end of the
         list counts as a neighbour one step away); forgets the positions if a neighbour has none or the
         floats run out of precision."""
-        position = self._position
         low = -1.0 if node.prev is None else position.get(id(node.prev.op))
         high = None if node.next is None else position.get(id(node.next.op))
         if low is not None and node.next is None:
             high = low + 2.0
         if high is not None and node.prev is None:
             low = high - 2.0
-        place = None if low is None or high is None else (low + high) / 2
-        if place is not None and low < place < high:
+        if low is not None and high is not None and low < (place := (low + high) / 2) < high:
             position[id(node.op)] = place
         else:
             self._position = None

@@ -53,7 +53,7 @@ def broken_contract(
     looked at, so the check is linear in the size of the rewrite."""
     now = returned_names(block)
     if now != returned:
-        if isinstance(now, int):
+        if isinstance(now, int) or isinstance(returned, int):
             return (
                 f"changed the number of outputs of block {block.name} from {returned} to {now}",
                 KEEP_THE_OUTPUTS,

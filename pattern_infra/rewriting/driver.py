@@ -190,7 +190,7 @@ def _run_pass(run: _Run, entries: list[tuple[SubPass, PassStats]], total: PassSt
     for revisit in range(limit + 1):
         rewrites = total.rewrites
         for k, sub in enumerate(subpasses):
-            if revisit:
+            if revisit and log is not None:  # a revisit needs the log (several sub-passes)
                 for op_type in sorted(sub.seed_types) if sub.seed_types is not None else list(log):
                     for op in log.get(op_type, ())[seen[k].get(op_type, 0) :]:
                         run.changes.seed(op)

@@ -24,12 +24,14 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 import torch
 from torch import nn
 
 from .models import ModelAndArgs
+from .vision import install_torchvision_shim
 
 __all__ = ["HF_ZOO", "FAST", "DECODER_LLMS", "GROUPED_KV", "BOTH_PRECISIONS", "ONLY_ATTENTION_LEFT"]
 
@@ -50,8 +52,11 @@ _LLM = dict(
 
 
 def _transformers() -> Any:
-    """``transformers``, imported with the hub offline (set here, before the first import)."""
+    """``transformers``, imported with the hub offline (set here, before the first import) and torchvision
+    importable: ``transformers`` imports torchvision whenever it is installed, and torchvision's wheel does
+    not import beside the CPU torch without :func:`~pattern_infra.testing.vision.install_torchvision_shim`."""
     os.environ["HF_HUB_OFFLINE"] = "1"
+    install_torchvision_shim()
     import transformers
 
     return transformers
@@ -435,7 +440,7 @@ def siglip_vision(attn: str) -> ModelAndArgs:
 
 def _both(builder: Callable[[str], ModelAndArgs]) -> dict[str, Callable[[], ModelAndArgs]]:
     name = builder.__name__
-    return {f"{name}_{attn}": (lambda attn=attn: builder(attn)) for attn in ("eager", "sdpa")}
+    return {f"{name}_{attn}": partial(builder, attn) for attn in ("eager", "sdpa")}
 
 
 def _eager(builder: Callable[[str], ModelAndArgs]) -> dict[str, Callable[[], ModelAndArgs]]:

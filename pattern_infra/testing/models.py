@@ -329,6 +329,8 @@ class Conv1D(nn.Module):
 class GPT2Attention(nn.Module):
     """Causal self-attention with fused ``c_attn`` projection and a boolean ``tril`` mask buffer."""
 
+    bias: torch.Tensor  # the registered mask buffer, declared for the type checker
+
     def __init__(self, d_model: int, n_heads: int, max_positions: int) -> None:
         super().__init__()
         self.n_heads = n_heads

@@ -29,7 +29,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import torch
@@ -113,6 +113,11 @@ class StatefulDecoder(nn.Module):
         hidden: MLP width.
     """
 
+    # registered buffers, declared for the type checker (nn.Module's attribute lookup is untyped)
+    inv_freq: torch.Tensor
+    keyCache: torch.Tensor
+    valueCache: torch.Tensor
+
     def __init__(
         self, layers: int = 2, dim: int = 32, heads: int = 4, kv_heads: int = 2, hidden: int = 64
     ) -> None:
@@ -137,7 +142,7 @@ class StatefulDecoder(nn.Module):
         emb = torch.cat((freqs, freqs), dim=-1)
         cos, sin = emb.cos()[None, None], emb.sin()[None, None]
         x = self.embed(input_ids)
-        for index, layer in enumerate(self.layers):
+        for index, layer in enumerate(cast(Sequence[Layer], self.layers)):
             x = x + self._attention(layer, index, layer.input_norm(x), cos, sin, causal_mask, begin, end)
             h = layer.post_norm(x)
             x = x + layer.down_proj(nn.functional.silu(layer.gate_proj(h)) * layer.up_proj(h))

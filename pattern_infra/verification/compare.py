@@ -21,8 +21,8 @@ def scaled_difference(expected: Any, actual: Any) -> tuple[float, float]:
         return 0.0, 0.0
     same = (a == b) | (np.isnan(a) & np.isnan(b))
     with np.errstate(invalid="ignore"):
-        gap = np.where(same, 0.0, np.abs(b - a))
-    gap = float(np.nan_to_num(gap, nan=np.inf).max())
+        gaps = np.where(same, 0.0, np.abs(b - a))
+    gap = float(np.nan_to_num(gaps, nan=np.inf).max())
     finite = np.abs(a[np.isfinite(a)])
     scale = max(1.0, float(finite.max()) if finite.size else 1.0)
     return gap / scale, gap

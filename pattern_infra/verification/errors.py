@@ -1,5 +1,7 @@
 """The errors of the verification tools: the reference evaluator, ``verify_pass``, ``prove_equivalent``."""
 
+from typing import Any
+
 from pattern_infra.language.errors import PatternInfraError
 
 __all__ = ["EvaluationError", "NotElementwiseError", "UnsupportedOpError", "VerificationError"]
@@ -11,6 +13,10 @@ class UnsupportedOpError(PatternInfraError, NotImplementedError):
 
 class VerificationError(PatternInfraError, AssertionError):
     """A rewrite changed what the program computes beyond the tolerance."""
+
+    report: Any
+    """The report of the comparison, set by ``verify_pass`` and ``check_equivalent`` where values were
+    compared (read it with ``getattr(error, "report", None)``)."""
 
 
 class EvaluationError(PatternInfraError, ValueError):

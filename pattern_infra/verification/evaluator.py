@@ -48,8 +48,9 @@ Floating-point exceptions (overflow in ``exp``, ``0/0``, ...) are silenced; they
 
 Where an op definition leaves a case open, the choice below is the one the coremltools frontends
 rely on, and it is named in the op's semantics function; cases nobody specifies (update-mode
-scatters with duplicate indices, integer ``real_div`` that is not exact, fractional nearest-neighbour
-scales, even ``local_response_norm`` windows) raise :class:`UnsupportedOpError` instead.
+scatters with duplicate indices, integer ``real_div`` that is not exact, nearest-neighbour
+resizes by other than whole multiples, even ``local_response_norm`` windows) raise
+:class:`UnsupportedOpError` instead.
 """
 
 from __future__ import annotations
@@ -1360,7 +1361,9 @@ def _fill_like(ctx: OpContext) -> np.ndarray:
 
 @register_op_semantics("range_1d")
 def _range_1d(ctx: OpContext) -> np.ndarray:
-    return np.arange(ctx.array("start"), ctx.array("end"), ctx.array("step"))
+    # numpy's stubs take scalars only; 0-d arrays are what numpy itself computes with (Python floats
+    # from .item() would give float32 ranges other values)
+    return np.arange(ctx.array("start"), ctx.array("end"), ctx.array("step"))  # type: ignore[call-overload]
 
 
 @register_op_semantics("band_part")
@@ -1492,6 +1495,142 @@ def _upsample_nearest_neighbor(ctx: OpContext) -> np.ndarray:
     return np.repeat(np.repeat(x, int(scale_h), axis=-2), int(scale_w), axis=-1)
 
 
+# Image resizing. The definitions (``ops/defs/iOS15/image_resizing.py``) describe each sampling mode by
+# the grid of input coordinates it samples along one axis: output i of Xout reads input coordinate
+# grid[i], clamped to [0, Xin - 1], interpolated linearly between its two neighbours. Each axis is
+# resampled on its own (separable), height first.
+
+_SAMPLING_MODES: Final = (
+    "STRICT_ALIGN_CORNERS",
+    "ALIGN_CORNERS",
+    "DEFAULT",
+    "OFFSET_CORNERS",
+    "UNALIGN_CORNERS",
+)
+
+
+def _sampling_grid(ctx: OpContext, mode: str, size_in: int, size_out: int) -> np.ndarray:
+    """The input coordinates ``resize_bilinear``'s ``sampling_mode`` samples, as its definition gives them."""
+    i = np.arange(size_out, dtype=np.float64)
+    if mode in ("STRICT_ALIGN_CORNERS", "ALIGN_CORNERS"):
+        if size_out == 1:
+            if mode == "STRICT_ALIGN_CORNERS" and size_in > 1:
+                raise ctx.unsupported(
+                    "STRICT_ALIGN_CORNERS to one output sample (a spacing of (Xin - 1) / 0)"
+                )
+            grid = np.full(1, (size_in - 1) / 2)
+        else:
+            grid = i * ((size_in - 1) / (size_out - 1))
+    elif mode == "DEFAULT":
+        # (Xin - Xin / Xout) / (Xout - 1) is Xin / Xout (and any spacing for one sample, which reads 0).
+        grid = i * (size_in / size_out)
+    elif mode == "OFFSET_CORNERS":
+        delta = max(1, size_in - 1) / size_out
+        grid = 0.5 * delta + i * delta
+    elif mode == "UNALIGN_CORNERS":
+        spacing = size_in / size_out
+        grid = i * spacing + 0.5 * spacing - 0.5
+    else:
+        raise ctx.unsupported(f"sampling_mode {mode!r}; the definition has {list(_SAMPLING_MODES)}")
+    return np.clip(grid, 0, size_in - 1)
+
+
+def _interpolate_axis(x: np.ndarray, axis: int, grid: np.ndarray) -> np.ndarray:
+    """Linear interpolation of ``x`` along ``axis`` at the (clamped) coordinates ``grid``."""
+    low = np.floor(grid).astype(np.int64)
+    high = np.minimum(low + 1, x.shape[axis] - 1)
+    shape = [1] * x.ndim
+    shape[axis] = grid.size
+    weight = (grid - low).reshape(shape)
+    return np.take(x, low, axis=axis) * (1 - weight) + np.take(x, high, axis=axis) * weight
+
+
+def _resize_linear(ctx: OpContext, x: np.ndarray, sizes: Sequence[int], mode: str) -> np.ndarray:
+    """Resample the last ``len(sizes)`` axes of ``x`` to ``sizes`` with ``sampling_mode`` ``mode``."""
+    for k, size_out in enumerate(sizes):
+        axis = x.ndim - len(sizes) + k
+        x = _interpolate_axis(x, axis, _sampling_grid(ctx, mode, x.shape[axis], int(size_out)))
+    return x
+
+
+def _nearest_integer_upsample(ctx: OpContext, x: np.ndarray, sizes: Sequence[int]) -> np.ndarray:
+    """Nearest-neighbour resize of the last axes to ``sizes``, each a whole multiple of its input size.
+
+    Every convention (``floor(i * Xin / Xout)``, the half-pixel ``floor((i + 0.5) * Xin / Xout)``) reads
+    the same input there: each input repeated ``Xout / Xin`` times. Other ratios differ between them and
+    the definitions do not say which one the op is, so they are refused.
+    """
+    for k, size_out in enumerate(sizes):
+        axis = x.ndim - len(sizes) + k
+        size_in = x.shape[axis]
+        if int(size_out) % size_in:
+            raise ctx.unsupported(
+                f"nearest-neighbour resize of {size_in} to {size_out} samples (not a whole multiple: the "
+                "definition does not say which input each output reads)"
+            )
+        x = np.repeat(x, int(size_out) // size_in, axis=axis)
+    return x
+
+
+@register_op_semantics("upsample_bilinear")
+def _upsample_bilinear(ctx: OpContext) -> np.ndarray:
+    # The output size is floor(X * scale); the grid is recomputed from the sizes (the definition says it
+    # is PyTorch's recompute_scale_factor=True). align_corners=True samples as ALIGN_CORNERS (PyTorch's
+    # align_corners=True: one output sample reads input 0, which is (Xin - 1) / 2 only for Xin = 1);
+    # align_corners=False with half_pixel_centers (iOS16, default: not align_corners) as UNALIGN_CORNERS
+    # (PyTorch's align_corners=False, TensorFlow's half_pixel_centers=True), without as DEFAULT
+    # (TensorFlow's legacy ResizeBilinear). Both True: TensorFlow refuses it, so does the evaluator.
+    x = ctx.array("x")
+    align_corners = bool(ctx.attr("align_corners", True))
+    half_pixel = bool(ctx.attr("half_pixel_centers", not align_corners))
+    if align_corners and half_pixel:
+        raise ctx.unsupported("align_corners and half_pixel_centers both True")
+    scales = (float(ctx.attr("scale_factor_height", 1)), float(ctx.attr("scale_factor_width", 1)))
+    sizes = [int(np.floor(n * s)) for n, s in zip(x.shape[-2:], scales)]
+    if not align_corners:
+        return _resize_linear(ctx, x, sizes, "UNALIGN_CORNERS" if half_pixel else "DEFAULT")
+    for k, size_out in enumerate(sizes):
+        axis = x.ndim - 2 + k
+        size_in = x.shape[axis]
+        spacing = (size_in - 1) / (size_out - 1) if size_out > 1 else 0.0
+        grid = np.clip(np.arange(size_out) * spacing, 0, size_in - 1)
+        x = _interpolate_axis(x, axis, grid)
+    return x
+
+
+@register_op_semantics("resize_bilinear")
+def _resize_bilinear(ctx: OpContext) -> np.ndarray:
+    sizes = (int(ctx.attr("target_size_height", 1)), int(ctx.attr("target_size_width", 1)))
+    return _resize_linear(ctx, ctx.array("x"), sizes, str(ctx.attr("sampling_mode", "DEFAULT")))
+
+
+@register_op_semantics("resize_nearest_neighbor")
+def _resize_nearest_neighbor(ctx: OpContext) -> np.ndarray:
+    sizes = (int(ctx.attr("target_size_height")), int(ctx.attr("target_size_width")))
+    return _nearest_integer_upsample(ctx, ctx.array("x"), sizes)
+
+
+@register_op_semantics("resize")
+def _resize(ctx: OpContext) -> np.ndarray:
+    # iOS17: the last resized_dims axes take their sizes from the end of `shape` (0 keeps x's size).
+    # NEAREST_NEIGHBOR with the DEFAULT sampling mode is resize_nearest_neighbor (the TensorFlow frontend
+    # emits either for the same half-pixel resize); the definition gives the other modes for LINEAR only.
+    x = ctx.array("x")
+    shape = [int(s) for s in np.asarray(ctx.array("shape")).reshape(-1)]
+    count = int(ctx.attr("resized_dims"))
+    targets = shape[len(shape) - count :]
+    sizes = [x.shape[x.ndim - count + k] if s == 0 else s for k, s in enumerate(targets)]
+    interpolation = str(ctx.attr("interpolation_mode", "LINEAR"))
+    mode = str(ctx.attr("sampling_mode", "DEFAULT"))
+    if interpolation == "NEAREST_NEIGHBOR" and mode == "DEFAULT":
+        return _nearest_integer_upsample(ctx, x, sizes)
+    if interpolation != "LINEAR":
+        raise ctx.unsupported(f"interpolation_mode {interpolation!r} with sampling_mode {mode!r}")
+    if not np.issubdtype(x.dtype, np.floating):
+        raise ctx.unsupported("a LINEAR resize of an integer tensor (the rounding is not defined)")
+    return _resize_linear(ctx, x, sizes, mode)
+
+
 # --------------------------------------------------------------------------------------------------
 # Gather and scatter
 # --------------------------------------------------------------------------------------------------
@@ -1567,7 +1706,7 @@ def _scatter(ctx: OpContext) -> np.ndarray:
     data, updates = ctx.array("data"), ctx.array("updates")
     axis = _axis(ctx.attr("axis", 0), data.ndim)
     indices = _normalize_indices(ctx.array("indices"), data.shape[axis])
-    grid = list(np.indices(updates.shape, sparse=True))
+    grid: list[np.ndarray] = list(np.indices(updates.shape, sparse=True))
     grid[axis] = indices.reshape([-1 if d == axis else 1 for d in range(updates.ndim)])
     return _scatter_into(ctx, tuple(grid), updates)
 
@@ -1576,7 +1715,7 @@ def _scatter(ctx: OpContext) -> np.ndarray:
 def _scatter_along_axis(ctx: OpContext) -> np.ndarray:
     data, updates = ctx.array("data"), ctx.array("updates")
     axis = _axis(ctx.attr("axis", 0), data.ndim)
-    grid = list(np.indices(updates.shape, sparse=True))
+    grid: list[np.ndarray] = list(np.indices(updates.shape, sparse=True))
     grid[axis] = _normalize_indices(ctx.array("indices"), data.shape[axis])
     return _scatter_into(ctx, tuple(grid), updates)
 

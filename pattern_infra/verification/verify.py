@@ -285,7 +285,7 @@ def assert_programs_equivalent(
             f"Largest differences over all outputs: abs {report.max_abs_diff:.6g}, "
             f"rel {report.max_rel_diff:.6g}."
         )
-        error.report = report  # type: ignore[attr-defined]
+        error.report = report
         raise error
     return report
 
@@ -427,16 +427,16 @@ def verify_pass(
     except VerificationError as error:
         compared = getattr(error, "report", None)
         if compared is not None:
-            error.report = report_of(compared)  # type: ignore[attr-defined]
+            error.report = report_of(compared)
         raise
     report = report_of(equivalence)
     if require_rewrite and (rewrites == 0 or rewrites is None and str(prog) == str(transformed)):
-        error = VerificationError(
+        unchanged = VerificationError(
             f"pass '{name}' rewrote nothing in the program (require_rewrite=True): no match was found or "
             f"every match was refused; explain(pattern, prog) shows the nearest partial matches."
         )
-        error.report = report  # type: ignore[attr-defined]
-        raise error
+        unchanged.report = report
+        raise unchanged
     return report
 
 

@@ -272,8 +272,12 @@ def test_rank3_fused_and_symbolic_batch():
     check(prog, [SDPA])
 
 
-def test_runs_after_fuse_transpose_matmul():
-    assert PASS_REGISTRY[PASS] in PASS_REGISTRY["common::fuse_transpose_matmul"].followers
+def test_runs_right_before_fuse_elementwise_to_batchnorm():
+    # docs/PASSES.md, "Pass order": the larger fusion first (tests/test_pass_order.py).
+    assert PASS_REGISTRY[PASS] in PASS_REGISTRY["common::fuse_layernorm_or_instancenorm"].followers
+    passes = ct.PassPipeline.DEFAULT.passes
+    leader = passes.index("common::fuse_layernorm_or_instancenorm")
+    assert passes[leader + 1] == "common::fuse_elementwise_to_batchnorm"
 
 
 def _convert(model, args, override: bool, target=ct.target.iOS18):
