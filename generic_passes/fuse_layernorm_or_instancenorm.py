@@ -24,7 +24,9 @@ square, the normaliser, gamma after / before / absent, beta present or not. Gamm
 ``fallback`` choices: the spelling with them is offered first, and when the constraints refuse it (a
 gamma acting along another axis, ...) the one without, so that gamma or beta stays an op after the fused
 norm instead of blocking the fusion. Patterns 1, 3, 4, 5 run first (longest first), then the written-out
-ones (a pattern-5 program's ``d * rsqrt(v) + beta`` is a written-out spelling).
+ones (a pattern-5 program's ``d * rsqrt(v) + beta`` is a written-out spelling). Pattern 4 is a sub-pass
+of its own; the others are one pattern whose spellings are their programs' (in this order), searched
+from the ``reduce_mean`` they all have.
 
 Every pattern becomes one op (or, for an NHWC instance norm, a transpose sandwich); which op, and the
 checks coremltools lacks, are in :mod:`generic_passes._norm_plan`::
@@ -164,37 +166,33 @@ def written_out_pattern(subs: Literal["sub1", "sub2"], square: Literal["mul", "p
     return pattern
 
 
-_WRITTEN_RULES = {"square.y": _EXACT, "std.y": _ISCLOSE}  # pow(d, 2.0000001) is NaN for d < 0; coremltools
-# checks pow(v, 0.5) with np.isclose
-PATTERNS: dict[
-    str, tuple[Program, Callable[[Pattern], bool | tuple[bool, str]], dict[str, ConstRule] | None]
-] = {
-    "instancenorm_pattern_4": (instancenorm_pattern_4, constraints_4, None),
-    "layernorm_pattern_1": (layernorm_pattern_1, constraints_1, None),
-    "instancenorm_pattern_3": (instancenorm_pattern_3, constraints_3, {"mul_neg.y": _EXACT}),
-    "layernorm_pattern_5_affine": (layernorm_pattern_5_affine, constraints_5_affine, None),
+PATTERNS: dict[str, tuple[Program, Callable[[Pattern], bool | tuple[bool, str]]]] = {
+    "instancenorm_pattern_4": (instancenorm_pattern_4, constraints_4),
+    "layernorm_pattern_1": (layernorm_pattern_1, constraints_1),
+    "instancenorm_pattern_3": (instancenorm_pattern_3, constraints_3),
+    "layernorm_pattern_5_affine": (layernorm_pattern_5_affine, constraints_5_affine),
     **{
-        f"written_out_{subs}_{square}": (
-            written_out_pattern(subs, square),
-            constraints_written_out,
-            _WRITTEN_RULES if square == "pow_or_square" else {"std.y": _ISCLOSE},
-        )
+        f"written_out_{subs}_{square}": (written_out_pattern(subs, square), constraints_written_out)
         for subs in ("sub2", "sub1")
         for square in ("pow_or_square", "mul")
     },
 }
-"""The sub-passes, in the order they run (longest first: a shorter pattern only takes what a longer one
-left): pattern, constraints, constant rules."""
+"""The patterns, in the order they are tried (longest first: a shorter pattern only takes what a longer
+one left), with their constraints."""
 
-for _priority, (_name, (_program, _constraints, _rules)) in enumerate(reversed(PATTERNS.items())):
+# pow(d, 2.0000001) is NaN for d < 0; coremltools checks pow(v, 0.5) with np.isclose; each rule applies
+# where a pattern has that constant (a written-out pow or sqrt, pattern 3's -1)
+_RULES = {"square.y": _EXACT, "std.y": _ISCLOSE, "mul_neg.y": _EXACT}
+_FIRST = "instancenorm_pattern_4"  # its own sub-pass: it shares no rare op name with the others
+for _priority, _names in ((1, [_FIRST]), (0, [name for name in PATTERNS if name != _FIRST])):
     register_generic_pass(
-        ops_arrangement=_program,
-        var_constraints=_constraints,
+        ops_arrangement={name: PATTERNS[name][0] for name in _names},
+        var_constraints=lambda pattern: PATTERNS[pattern.pattern_name][1](pattern),
         transform_pattern=transform_norm,
         pass_name=PASS_NAME,
         namespace="common",
         constants="const",
-        const_rules=_rules,
+        const_rules={k: v for k, v in _RULES.items() if _FIRST not in _names},
         priority=_priority,
-        name=_name,
+        name=_names[0] if len(_names) == 1 else "layer_norm",
     )

@@ -57,8 +57,9 @@ reach the pass: after ``merge_consecutive_transposes`` the head split and ``K^T`
 Scale form "query" (coremltools' decomposition of ``F.scaled_dot_product_attention`` with a float mask,
 e.g. ``transformers``' sdpa attention below iOS18's op conditions): the ``mul`` by ``c`` is on Q, before
 the first ``matmul``: ``(q * c) @ K^T`` is ``c * (Q @ K^T)`` up to where the product is rounded, the same
-reassociation the power-of-two folding below makes exactly; the sixteen patterns above are registered
-again in that form.
+reassociation the power-of-two folding below makes exactly; the patterns above are spelled again in
+that form. The 32 spellings (4 scale forms x 2 key forms x 4 mask forms) are one registration, a pattern
+of 32 programs searched through one merged plan tree per anchor (``softmax``, ``qk`` or ``pv``).
 
 Broadcast K and V (multi-query attention written out, Falcon's eager attention): one K/V head
 ``[B, 1, S, E]`` against ``H`` query heads, which both ``matmul`` broadcast. The op needs equal batch
@@ -114,8 +115,7 @@ from coremltools.converters.mil import Builder as mb
 from coremltools.converters.mil.mil import Operation, Program, Var
 
 from generic_passes._shape_proof import ShapeFacts, function_of
-from pattern_infra import ConstRule, Pattern, predicates, register_generic_pass
-from pattern_infra.language.graph import ConstMode
+from pattern_infra import Pattern, predicates, register_generic_pass
 
 __all__ = [
     "KEY_FORMS",
@@ -420,38 +420,41 @@ def transform_sdpa(pattern: Pattern) -> None:
     pattern.replace_output(fused)
 
 
-def _register(key_form: str, mask_form: str, scale_form: str) -> None:
-    const_rules: dict[str, ConstMode | ConstRule] = {
-        "qk.transpose_x": "const",
-        "qk.transpose_y": "const",
-        "pv.transpose_x": "const",
-        "pv.transpose_y": "const",
-        "softmax.axis": "const",
-    }
-    if scale_form != "none":
-        const_rules["scale.y"] = "const"
-    if scale_form == "query_transposed":
-        const_rules["query_t.perm"] = "const"
-    if key_form == "transpose":
-        const_rules["key_t.perm"] = "const"
-    if mask_form.startswith("select"):
-        const_rules["mask_select.cond"] = "const"
-        const_rules["mask_select.b" if mask_form == "select" else "mask_select.a"] = "const"
-    register_generic_pass(
-        ops_arrangement=attention_pattern(key_form, mask_form, scale_form),
-        var_constraints=sdpa_constraints,
-        transform_pattern=transform_sdpa,
-        pass_name="fuse_sdpa",
-        namespace="generic",
-        const_rules=const_rules,
-        name=f"sdpa[{key_form}, {mask_form}]"
-        if scale_form == "scores"
-        else f"sdpa[{key_form}, {mask_form}, {scale_form}]",
-        run_after="common::fuse_layernorm_or_instancenorm",
-    )
+def _name(key_form: str, mask_form: str, scale_form: str) -> str:
+    suffix = "" if scale_form == "scores" else f", {scale_form}"
+    return f"sdpa[{key_form}, {mask_form}{suffix}]"
 
 
-for _scale_form in SCALE_FORMS:
-    for _key_form in KEY_FORMS:
-        for _mask_form in MASK_FORMS:
-            _register(_key_form, _mask_form, _scale_form)
+register_generic_pass(
+    # one pattern of 32 spellings, in this order: the scale forms outermost (the query scaled before the
+    # plain one: "none" also matches around a query "mul"), the key forms, then the mask forms
+    ops_arrangement={
+        _name(key_form, mask_form, scale_form): attention_pattern(key_form, mask_form, scale_form)
+        for scale_form in SCALE_FORMS
+        for key_form in KEY_FORMS
+        for mask_form in MASK_FORMS
+    },
+    var_constraints=sdpa_constraints,
+    transform_pattern=transform_sdpa,
+    pass_name="fuse_sdpa",
+    namespace="generic",
+    # a rule applies where a spelling has that constant: mask_select.b in "select", .a in "select_inverted"
+    const_rules=dict.fromkeys(
+        (
+            "qk.transpose_x",
+            "qk.transpose_y",
+            "pv.transpose_x",
+            "pv.transpose_y",
+            "softmax.axis",
+            "scale.y",
+            "query_t.perm",
+            "key_t.perm",
+            "mask_select.cond",
+            "mask_select.a",
+            "mask_select.b",
+        ),
+        "const",
+    ),
+    name="sdpa",
+    run_after="common::fuse_layernorm_or_instancenorm",
+)

@@ -65,11 +65,15 @@ def test_alternative_sub_patterns_are_one_registration(namespace):
     def sin_form(x):
         return mb.sin(x=mb.relu(x=x, name="r"), name="last")
 
+    names = []
+
     def to_tanh(p):
+        names.append(p.pattern_name)
         p.replace_output(mb.tanh(x=p.root_var, before_op=p.last))
 
     c = register_generic_pass([exp_form, sin_form], None, to_tanh, "p", namespace, name="either")
-    assert c.order == ["either[0]", "either[1]"]
+    assert c.order == ["either"]  # one sub-pass, one plan tree per anchor for both programs
+    assert [v.compiled.name for v in c.passes[0].compiled.variants] == ["either[0]", "either[1]"]
 
     @one_input
     def prog(x):
@@ -77,6 +81,90 @@ def test_alternative_sub_patterns_are_one_registration(namespace):
 
     c(prog)
     assert op_types(prog) == ["tanh", "tanh"]
+    assert names == ["either[0]", "either[1]"]
+
+
+def two_inputs(fn):
+    return mb.program(input_specs=[mb.TensorSpec(shape=S), mb.TensorSpec(shape=S)])(fn)
+
+
+@two_inputs
+def scaled_sum(a, b):  # inputs (a, b), last op "out"
+    return mb.mul(x=mb.add(x=a, y=b, name="total"), y=2.0, name="out")
+
+
+@one_input
+def doubled(b):  # one input, named like the second of scaled_sum; last op "total"
+    return mb.exp(x=mb.add(x=b, y=b, name="total"), name="e")
+
+
+def test_programs_of_a_list_differ_in_inputs_and_last_ops(namespace):
+    """Each spelling reads its own program's inputs (shared with the others by name) and ends where its
+    program ends; the search starts from the op name they share."""
+    seen = []
+
+    def record(p):
+        seen.append((p.pattern_name, [v.name for v in p.root_vars], [op.name for op in p.final_ops]))
+        return False
+
+    programs = {"sum": scaled_sum, "double": doubled}
+    c = register_generic_pass(programs, None, record, "p", namespace, commutative=False)
+    assert c.passes[0].compiled.root_names == ["a", "b"]
+    assert [a.name for a in c.passes[0].matcher.nodes] == ["total"]
+
+    @two_inputs
+    def prog(x, y):
+        s = mb.mul(x=mb.add(x=x, y=y, name="s"), y=2.0, name="s2")
+        return mb.exp(x=mb.add(x=s, y=s, name="d"), name="d2")
+
+    c(prog)
+    assert seen == [("sum", ["x", "y"], ["s2"]), ("double", ["s2"], ["d2"])]
+
+
+def test_an_earlier_program_of_a_list_wins_where_both_match(namespace):
+    @one_input
+    def longer(x):
+        return mb.exp(x=mb.relu(x=mb.sin(x=x, name="s"), name="r"), name="e")
+
+    @one_input
+    def shorter(x):
+        return mb.exp(x=mb.relu(x=x, name="r"), name="e")
+
+    def to_tanh(p):
+        p.replace_output(mb.tanh(x=p.root_var, name=p.pattern_name, before_op=p.e))
+
+    for order, want in (([longer, shorter], ["tanh"]), ([shorter, longer], ["sin", "tanh"])):
+        c = register_generic_pass(order, None, to_tanh, f"p{len(want)}", namespace)
+
+        @one_input
+        def prog(x):
+            return mb.exp(x=mb.relu(x=mb.sin(x=x)))
+
+        c(prog)
+        assert op_types(prog) == want
+
+
+def test_programs_of_a_list_need_an_op_name_in_common(namespace):
+    @one_input
+    def other(x):
+        return mb.exp(x=mb.relu(x=x, name="r2"), name="e2")
+
+    with pytest.raises(
+        PatternDefinitionError, match="no op name in common.*Name the ops that correspond alike"
+    ):
+        register_generic_pass([relu_then_add_or_sub, other], None, lambda p: None, "p", namespace)
+    assert f"{namespace}::p" not in PASS_REGISTRY
+
+
+def test_an_option_of_a_list_names_an_op_or_constant_of_one_of_its_programs(namespace):
+    c = register_generic_pass(
+        [scaled_sum, doubled], None, lambda p: False, "p", namespace, const_rules={"out.y": "value"}
+    )
+    assert len(c.passes) == 1
+    with pytest.raises(PatternDefinitionError, match="const_rules name"):
+        register_generic_pass(
+            [scaled_sum, doubled], None, lambda p: None, "q", namespace, const_rules={"e.y": "const"}
+        )
 
 
 @one_input

@@ -190,8 +190,9 @@ def resolve_patterns(
 ) -> list[tuple[CompiledPattern, Callable[[Pattern], Any] | None]]:
     """The compiled patterns to search for, each with the constraints to apply.
 
-    A registered pass gives its sub-passes' patterns, compiled with the options of their registration,
-    each with its own ``var_constraints`` unless ``var_constraints`` is given.
+    A registered pass gives its sub-passes' patterns (of a sub-pass of several programs, each program's),
+    compiled with the options of their registration, each with its own ``var_constraints`` unless
+    ``var_constraints`` is given.
 
     Raises:
         PassRegistrationError: A pass id that is not registered, a pass without pattern sub-passes, or
@@ -221,9 +222,10 @@ def resolve_patterns(
                 f"{ops_arrangement!r} has no pattern sub-pass (only plain callables), so there is no "
                 f"pattern to search for."
             )
-        return [
-            (sub.compiled, sub.var_constraints if var_constraints is None else var_constraints)
+        return [  # a pattern of several programs: each program's, as written
+            (part, sub.var_constraints if var_constraints is None else var_constraints)
             for sub in subs
+            for part in sub.compiled.parts or [sub.compiled]
         ]
     if isinstance(ops_arrangement, CompiledPattern):
         return [(ops_arrangement, var_constraints)]

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -77,7 +78,7 @@ def require_program(value: Any, *, where: str, what: str = "the pattern") -> Non
 
 
 def compile_pattern(
-    ops_arrangement: Program,
+    ops_arrangement: Program | Sequence[Program] | Mapping[str, Program],
     *,
     name: str | None = None,
     commutative: bool | Iterable[str] = True,
@@ -86,24 +87,56 @@ def compile_pattern(
     const_rules: Mapping[str, ConstMode | ConstRule] | None = None,
     fanout: Iterable[str] = (),
     equivalences: Equivalences = False,
+    where: str = "compile_pattern",
 ) -> CompiledPattern:
-    """Reads a pattern program into a :class:`CompiledPattern`, enforcing the pattern rules. The options,
-    ``commutative`` to ``equivalences``, are ``register_generic_pass``'s (documented there).
+    """Reads a pattern program, or several, into a :class:`CompiledPattern`, enforcing the pattern rules.
+    The options, ``commutative`` to ``equivalences``, are ``register_generic_pass``'s (documented there).
+    Several programs (a sequence, or a mapping of names to programs) are one pattern whose spellings are
+    theirs, in the written order: how they may differ is in docs/LANGUAGE.md ("Several programs").
 
     Args:
-        ops_arrangement: The pattern, an ``mb.program`` whose ops all carry unique names.
-        name: Name used in messages; defaults to the name of the pattern's last op.
+        ops_arrangement: The pattern, an ``mb.program`` whose ops all carry unique names; or several.
+        name: Name used in messages (default: the first pattern's last op name); the programs of a sequence
+            are named ``<name>[i]``, those of a mapping by their keys.
+        where: The entry point, for messages.
 
     Returns:
-        Its first spelling, holding every spelling in ``variants``.
+        Its first spelling, holding them all in ``variants`` (of several programs: a copy; see ``parts``).
 
     Raises:
         PatternDefinitionError: The pattern breaks a rule; the message names the rule and the fix.
     """
-    pattern_name = name or pattern_name_of(ops_arrangement)
-    require_program(
-        ops_arrangement, where="compile_pattern", what=f"pattern {name!r}" if name else "the pattern"
+    named = [(name, ops_arrangement, f"pattern {name!r}" if name else "the pattern")]
+    if isinstance(ops_arrangement, Mapping):
+        named = [(str(key), p, f"pattern [{i}]") for i, (key, p) in enumerate(ops_arrangement.items())]
+    elif isinstance(ops_arrangement, Sequence):
+        named = [(name and f"{name}[{i}]", p, f"pattern [{i}]") for i, p in enumerate(ops_arrangement)]
+    if not named:
+        raise PatternDefinitionError(f"{where}: an empty list of patterns; give at least one pattern.")
+    options = dict(
+        commutative=commutative if isinstance(commutative, bool) else set(commutative),
+        alternatives=dict(alternatives or {}),
+        fanout=set(fanout),
+        default_rule=constants if isinstance(constants, ConstRule) else ConstRule(constants),
+        rules={k: v if isinstance(v, ConstRule) else ConstRule(v) for k, v in (const_rules or {}).items()},
     )
+    parts = []
+    for pattern_name, program, what in named:
+        require_program(program, where=where, what=what)
+        parts.append(_compile_program(program, pattern_name, options, equivalences))
+    variants = [v for part in parts for v in part.variants]
+    _check_options(name or parts[0].name, options, [v.compiled for v in variants])
+    if len(parts) == 1:
+        return parts[0]
+    roots = max((part.root_names for part in parts), key=len)  # the inputs are shared by position
+    return replace(parts[0], name=name or parts[0].name, root_names=roots, variants=variants, parts=parts)
+
+
+def _compile_program(
+    ops_arrangement: Program, pattern_name: str | None, options: dict[str, Any], equivalences: Equivalences
+) -> CompiledPattern:
+    """One program's spellings (the first holding all); no control flow, no fan-out op inside a choice."""
+    pattern_name = pattern_name or pattern_name_of(ops_arrangement)
     if set(ops_arrangement.functions) != {"main"}:
         raise PatternDefinitionError(
             f"Pattern {pattern_name!r} must have exactly one function named 'main'; it "
@@ -114,18 +147,35 @@ def compile_pattern(
         regions_of(list(func.operations), records_of(func), pattern_name)  # the choices' rules, as written
         ops_arrangement = with_equivalences(ops_arrangement, pattern_name, equivalences)
         func = ops_arrangement.functions["main"]
-    options = dict(
-        commutative=commutative if isinstance(commutative, bool) else set(commutative),
-        alternatives=dict(alternatives or {}),
-        fanout=set(fanout),
-        default_rule=constants if isinstance(constants, ConstRule) else ConstRule(constants),
-        rules={k: v if isinstance(v, ConstRule) else ConstRule(v) for k, v in (const_rules or {}).items()},
-    )
     records = records_of(func)
     regions = regions_of(list(func.operations), records, pattern_name)
-    _check_pattern(pattern_name, list(func.operations), records, regions, options)
+    for op in func.operations:
+        if op.blocks:
+            raise PatternDefinitionError(
+                f"Pattern {pattern_name!r}: op {op.name!r} ({op.op_type}) has nested blocks: "
+                f"control flow cannot be part of a pattern; match the ops around it."
+            )
+    inside = {op.name for found in regions.values() for region in found for op in region.operations}
+    if inside & options["fanout"]:
+        raise PatternDefinitionError(
+            f"Pattern {pattern_name!r}: fan-out op(s) {sorted(inside & options['fanout'])} "
+            f"lie inside a choice; a fan-out op must be a last op outside every choice."
+        )
+    total = count(records, regions)
+    if total > MAX_VARIANTS:
+        raise PatternDefinitionError(
+            f"Pattern {pattern_name!r} stands for {total} spellings (the product of its choices' "
+            f"alternatives), at most {MAX_VARIANTS} are searched (each compiles as a pattern of its own). "
+            "Fix: register its parts as separate patterns (a list), or name fewer ops in equivalences=."
+        )
     compiled = _compile(func, ops_arrangement, pattern_name, records, regions, options)
-    _check_used(pattern_name, func, options, [v.compiled for v in compiled.variants])
+    spellings = [v.compiled for v in compiled.variants]
+    unused = [name for r, name in enumerate(func.inputs) if not any(c.root_consumers[r] for c in spellings)]
+    if unused:
+        raise PatternDefinitionError(
+            f"Pattern {pattern_name!r}: input {unused[0]!r} is used by no op. Remove it from input_specs, or "
+            "use it."
+        )
     return compiled
 
 
@@ -176,45 +226,6 @@ def _compile(
         )
     variants[0].compiled.variants = variants
     return variants[0].compiled
-
-
-def _check_pattern(
-    pattern_name: str,
-    all_ops: list[Operation],
-    records: list[Any],
-    regions: dict[int, Any],
-    options: dict[str, Any],
-) -> None:
-    """The rules of the pattern as a whole: no control flow, options naming its ops, fan-out ops outside
-    the choices, at most :data:`MAX_VARIANTS` spellings."""
-    for op in all_ops:
-        if op.blocks:
-            raise PatternDefinitionError(
-                f"Pattern {pattern_name!r}: op {op.name!r} ({op.op_type}) has nested blocks: "
-                f"control flow cannot be part of a pattern; match the ops around it."
-            )
-    everywhere = {op.name for op in all_ops if op.op_type != "const"}  # alternatives' ops included
-    for option in ("alternatives", "commutative", "fanout"):
-        unknown = set() if isinstance(options[option], bool) else set(options[option]) - everywhere
-        if unknown:
-            raise PatternDefinitionError(
-                f"Pattern {pattern_name!r}: {option} names op(s) {sorted(unknown)}, which the "
-                f"pattern does not have. Pattern ops: {sorted(everywhere)}."
-            )
-    inside = {op.name for found in regions.values() for region in found for op in region.operations}
-    if inside & options["fanout"]:
-        raise PatternDefinitionError(
-            f"Pattern {pattern_name!r}: fan-out op(s) {sorted(inside & options['fanout'])} "
-            f"lie inside a choice; a fan-out op must be a last op outside every choice."
-        )
-    total = count(records, regions)
-    if total > MAX_VARIANTS:
-        raise PatternDefinitionError(
-            f"Pattern {pattern_name!r} stands for {total} spellings (the product of its choices' "
-            f"alternatives), at most {MAX_VARIANTS} are searched (each compiles as a pattern of its own). "
-            "Fix: register its parts as separate patterns (a list in one register_generic_pass call), or "
-            "name fewer ops in equivalences=."
-        )
 
 
 def _compile_graph(
@@ -342,22 +353,22 @@ def _compile_graph(
     return compiled
 
 
-def _check_used(
-    pattern_name: str, func: Any, options: dict[str, Any], spellings: list[CompiledPattern]
-) -> None:
-    """Every const rule names a constant of some spelling, and every input is read by some spelling."""
+def _check_options(pattern_name: str, options: dict[str, Any], spellings: list[CompiledPattern]) -> None:
+    """Every op the options name and every const rule's constant is one of some spelling."""
+    everywhere = {name for c in spellings for name in c.node_names}
+    for option in ("alternatives", "commutative", "fanout"):
+        unknown = set() if isinstance(options[option], bool) else set(options[option]) - everywhere
+        if unknown:
+            raise PatternDefinitionError(
+                f"Pattern {pattern_name!r}: {option} names op(s) {sorted(unknown)}, which the "
+                f"pattern does not have. Pattern ops: {sorted(everywhere)}."
+            )
     known = {key for c in spellings for key in (*c.const_keys, *c.const_names)}
     unknown = set(options["rules"]) - known
     if unknown:
         raise PatternDefinitionError(
             f"Pattern {pattern_name!r}: const_rules name {sorted(unknown)}, which are not constants of the "
             f"pattern. Keys are '<op name>.<slot>' or a const op's name; constants: {sorted(known)}."
-        )
-    unused = [name for r, name in enumerate(func.inputs) if not any(c.root_consumers[r] for c in spellings)]
-    if unused:
-        raise PatternDefinitionError(
-            f"Pattern {pattern_name!r}: input {unused[0]!r} is used by no op. Remove it from input_specs, or "
-            "use it."
         )
 
 
@@ -398,7 +409,7 @@ def _final_nodes(
 def _mark_fanout(
     pattern_name: str, nodes: list[PatternNode], fanout: set[str], by_name: dict[str, int]
 ) -> None:
-    for name in sorted(fanout):
+    for name in sorted(fanout & by_name.keys()):  # another program of a list may have the op
         node = nodes[by_name[name]]
         if not node.is_final:
             raise PatternDefinitionError(

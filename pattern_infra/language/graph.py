@@ -193,6 +193,8 @@ class CompiledPattern:
     by_name: dict[str, int]
     variants: list[Any] = field(default_factory=list)
     """Its spellings (:class:`~.variants.Variant`), this pattern the first; set by the compiler."""
+    parts: list[CompiledPattern] = field(default_factory=list)
+    """Of a pattern of several programs, each program's pattern (with its own spellings), in order."""
 
     @cached_property
     def node_names(self) -> tuple[str, ...]:
@@ -217,8 +219,8 @@ class CompiledPattern:
 
     @cached_property
     def has_fanout(self) -> bool:
-        """Whether a node is a fan-out op (captured as a list)."""
-        return any(node.fanout for node in self.nodes)
+        """Whether a node (of any program's) is a fan-out op (captured as a list)."""
+        return any(node.fanout for node in self.nodes) or any(part.has_fanout for part in self.parts)
 
     @cached_property
     def final_names(self) -> tuple[str, ...]:

@@ -11,6 +11,7 @@ from typing import Any, cast
 
 from coremltools.converters.mil.mil import Block, Operation, Var
 
+from ..language.errors import PatternDefinitionError
 from ..language.graph import CompiledPattern, Edge, PatternNode, distances
 from ..language.pattern import Order, Pattern
 from ..language.variants import Guard, Variant
@@ -39,6 +40,8 @@ class Matcher:
         self.compiled = compiled
         self.variants: list[Variant] = compiled.variants
         """The pattern's spellings, each a plain pattern."""
+        self.program = [p for p, part in enumerate(compiled.parts or [compiled]) for _ in part.variants]
+        """Per spelling, the program it comes from (of several, :attr:`CompiledPattern.parts`)."""
         self.ops: list[PatternNode] = []
         """Every distinct op of every spelling, once: the plan trees' ops; their edges index it and
         :attr:`consts`."""
@@ -51,7 +54,7 @@ class Matcher:
         self._keys: dict[tuple[Any, ...], int] = {}
         self._const_keys: dict[tuple[Any, ...], int] = {}
         self._places: dict[str, int] = {}
-        self.index: list[list[int]] = [self._merge(variant) for variant in self.variants]
+        self.index: list[list[int]] = [self._merge(v) for v in range(len(self.variants))]
         """Per spelling, its ops' indices in :attr:`ops`."""
         self.places: list[str] = list(self._places)
         """The search state's places: an op's name, or the choice whose variable it computes."""
@@ -86,17 +89,15 @@ class Matcher:
             if not anchor.fanout:
                 for t in sorted(anchor.op_types):
                     self.anchors_by_type[t] = (*self.anchors_by_type.get(t, ()), anchor.index)
-        end = self.place[self.index[0][compiled.final_nodes[0]]]
-        self.final_anchor: int = next(a.index for a in self.nodes if a.name == self.places[end])
-        """The anchor of the first output."""
         self.stats = PassStats()
         """The counters of the searches handed none (outside a pass: ``find_matches``, ``explain``)."""
         self._alternatives: dict[int, Matcher] = {}
 
     # -- the plan trees ------------------------------------------------------------------------------
 
-    def _merge(self, variant: Variant) -> list[int]:
-        """Adds the ops of one spelling to :attr:`ops` (those not there yet); returns their places."""
+    def _merge(self, v: int) -> list[int]:
+        """Adds the ops of spelling ``v`` to :attr:`ops` (those not there yet); returns their places."""
+        variant = self.variants[v]
         spelling = variant.compiled
         index: list[int] = []
         consts: dict[int, int] = {}
@@ -166,6 +167,11 @@ class Matcher:
                 if n in held
                 and (n in variant.groups.values() or (n not in variant.groups and n not in variant.choices))
             ]
+        if not names:
+            raise PatternDefinitionError(
+                f"Pattern {self.compiled.name!r}: its programs have no op name in common outside their "
+                "choices, where a search could start. Name the ops that correspond alike in each program."
+            )
         anchors: list[Anchor] = []
         for name in names:
             ops = [self.ops[self.index[v][self._local(v, name)]] for v in range(len(self.variants))]
@@ -181,24 +187,20 @@ class Matcher:
     def _tree(self, anchor: Anchor) -> list[Branch]:
         """The spellings' plans anchored at ``anchor``, merged: a spelling joins the last branch of each
         level while its steps are the same, so the walk meets the spellings in order."""
-        first = self.variants[0]
-        rank = [int(node.name in first.groups) for node in first.compiled.nodes]
-        steps = plan(first.compiled, self._local(0, anchor.name), rank=rank)
-        met = [
-            first.groups[first.compiled.nodes[st.node].name]
-            for st in steps
-            if first.compiled.nodes[st.node].name in first.groups
-        ]
-        choices = [c for c in dict.fromkeys(met) if c != anchor.name]  # the order the plan meets the choices
-        ranked = sorted(range(len(self.variants)), key=lambda v: _order(self.variants[v], choices))
+        firsts = {p: self.program.index(p) for p in dict.fromkeys(self.program)}  # per program
+        choices = {p: self._choices_met(v, anchor.name) for p, v in firsts.items()}
+        ranked = sorted(
+            range(len(self.variants)),
+            key=lambda v: (self.program[v], _order(self.variants[v], choices[self.program[v]])),
+        )
         roots: list[Branch | Leaf] = []
         for v in ranked:
-            variant, index = self.variants[v], self.index[v]
+            variant, index, met = self.variants[v], self.index[v], choices[self.program[v]]
             groups = variant.groups
             rank = [
                 -1
                 if groups.get(n.name) == anchor.name
-                else 1 + choices.index(groups[n.name])
+                else 1 + met.index(groups[n.name])
                 if n.name in groups
                 else 0
                 for n in variant.compiled.nodes
@@ -220,6 +222,15 @@ class Matcher:
             level.append(Leaf(v, guards))
         return cast(list[Branch], roots)  # every plan starts with the anchor's own step: no leaf at the root
 
+    def _choices_met(self, v: int, anchor: str) -> list[str]:
+        """The choices of spelling ``v`` in the order its plan from ``anchor`` meets them."""
+        nodes, groups = self.variants[v].compiled.nodes, self.variants[v].groups
+        steps = plan(
+            self.variants[v].compiled, self._local(v, anchor), [int(n.name in groups) for n in nodes]
+        )
+        met = dict.fromkeys(groups[nodes[st.node].name] for st in steps if nodes[st.node].name in groups)
+        return [c for c in met if c != anchor]
+
     def choose_anchor(self, type_counts: Mapping[str, int]) -> int:
         """The anchor whose accepted types are rarest among ``type_counts``; ties go to the last."""
         anchors = [a for a in reversed(self.nodes) if not a.fanout]
@@ -227,23 +238,18 @@ class Matcher:
             min(anchors, key=lambda a: sum(type_counts.get(t, 0) for t in a.op_types)).index if anchors else 0
         )
 
-    def alternative_matcher(self, alternative: CompiledPattern) -> Matcher:
-        """The matcher of an alternative of one of this pattern's choices, built on first use."""
-        matcher = self._alternatives.get(id(alternative))
-        if matcher is None:
-            matcher = self._alternatives[id(alternative)] = Matcher(alternative)
-        return matcher
-
     def taken_further(self, guard: Guard, op: Operation, block: Block, stats: PassStats) -> bool:
         """Whether an alternative of ``guard.choice`` before the one taken matches at an op below ``op``
         with ``op`` inside (the longest spelling wins)."""
         for below in candidates_below(op.outputs[0], guard.depth, guard.output_types):
             for earlier in guard.earlier:
-                matcher = self.alternative_matcher(earlier)
-                if below.op_type not in matcher.nodes[matcher.final_anchor].op_types:
+                matcher = self._alternatives.get(id(earlier)) or Matcher(earlier)  # built on first use
+                self._alternatives[id(earlier)] = matcher
+                end = len(matcher.nodes) - 1  # the anchor of its output: an alternative's last op is its last
+                if below.op_type not in matcher.nodes[end].op_types:
                     continue
                 accept = lambda p: op in p.op_set  # noqa: E731
-                found = matcher.match_at(below, block, matcher.final_anchor, accept=accept, stats=stats)
+                found = matcher.match_at(below, block, end, accept=accept, stats=stats)
                 if found is not None:
                     return True
         return False

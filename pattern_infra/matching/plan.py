@@ -55,12 +55,6 @@ class PassStats:
         for name in self.__dataclass_fields__:
             setattr(self, name, getattr(self, name) + getattr(other, name))
 
-    def __sub__(self, before: PassStats) -> PassStats:
-        """What was counted since the counters were ``before``."""
-        return PassStats(
-            **{name: getattr(self, name) - getattr(before, name) for name in self.__dataclass_fields__}
-        )
-
 
 @dataclass(frozen=True)
 class Step:

@@ -81,7 +81,7 @@ class Search:
         self.at: list[Binding | None] = [None] * len(matcher.places)
         """Per place, its binding on the trail (None while unbound)."""
         self.roots: list[Var | None] = [None] * len(matcher.compiled.root_names)
-        """Per pattern input, the program variable bound (the trail's input bindings)."""
+        """Per pattern input (by position), the program variable bound (the trail's input bindings)."""
         self.used: set[int] = set()
         """The program ops bound (by id): a match is injective."""
         self.failure: Failure | None = None
@@ -434,7 +434,8 @@ def build_pattern(
         if var is not None:  # absent: a wildcard slot the matched alternative op type does not have
             consts[key] = var
             consts.setdefault(cname, var)
-    return Pattern(compiled, block, by_name, list(roots), operands, consts, order, variant.choices)
+    mine = roots[: len(compiled.root_names)]  # its program's (those of a list may have more inputs)
+    return Pattern(compiled, block, by_name, mine, operands, consts, order, variant.choices)
 
 
 def slot_value(assigned: dict[str, Any], slot: str, pos: int) -> Any:

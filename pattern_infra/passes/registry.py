@@ -11,7 +11,7 @@ from coremltools.converters.mil.mil import Program
 from coremltools.converters.mil.mil.passes.graph_pass import AbstractGraphPass
 from coremltools.converters.mil.mil.passes.pass_registry import PASS_REGISTRY
 
-from ..language.compiler import ConstMode, ConstRule, compile_pattern, require_program
+from ..language.compiler import ConstMode, ConstRule, compile_pattern
 from ..language.equivalences import Equivalences
 from ..language.errors import PassRegistrationError
 from ..language.pattern import Pattern
@@ -74,7 +74,7 @@ def _coremltools_ids(namespace: str) -> list[str]:
 
 
 def register_generic_pass(
-    ops_arrangement: Program | Sequence[Program],
+    ops_arrangement: Program | Sequence[Program] | Mapping[str, Program],
     var_constraints: Callable[[Pattern], Any] | None,
     transform_pattern: Callable[[Pattern], Any],
     pass_name: str,
@@ -92,15 +92,15 @@ def register_generic_pass(
     name: str | None = None,
     run_after: str | None = None,
 ) -> PassContainer:
-    """Registers a pattern with its callbacks as a sub-pass of ``namespace::pass_name``.
+    """Registers a pattern with its callbacks as one sub-pass of ``namespace::pass_name``.
 
     Calls with the same id group into one :class:`PassContainer`, which replaces coremltools' pass of that id
     while ``ENABLE_EXPERIMENTAL_PASSES=1``. All or nothing: a call that raises leaves the registry as it was.
     :func:`~pattern_infra.find_matches` and :func:`~pattern_infra.explain` take the same pattern options.
 
     Args:
-        ops_arrangement: The pattern, an ``mb.program`` with uniquely named ops; or a sequence of them
-            sharing the callbacks (a sub-pass each, in order).
+        ops_arrangement: The pattern, an ``mb.program`` with uniquely named ops; or several (a sequence,
+            or a mapping of names to programs), one pattern of their spellings in the written order.
         var_constraints: ``f(pattern)``, before the transform (None accepts all). Accepts: ``True``, any
             true value but a string (``numpy.True_``, ``(True, "...")``). Refuses: a false value, a pair
             ``(False, "reason")``, or a string, the reason itself (``""``: none); reasons are counted in
@@ -147,31 +147,18 @@ def register_generic_pass(
         raise PassRegistrationError(
             f"{where}: var_constraints must be callable or None, got {type(var_constraints).__name__}."
         )
-    many = isinstance(ops_arrangement, Sequence) and not isinstance(ops_arrangement, str)
-    programs = list(ops_arrangement) if many else [ops_arrangement]
-    if not programs:
-        raise PassRegistrationError(f"{where}: an empty list of patterns; give at least one pattern program.")
-    for i, program in enumerate(programs):
-        require_program(program, where=where, what=f"pattern [{i}]" if many else "the pattern")
-    subs = [
-        SubPass(
-            compile_pattern(
-                program,
-                name=f"{name}[{i}]" if name and len(programs) > 1 else name,
-                commutative=commutative,
-                alternatives=alternatives,
-                constants=constants,
-                const_rules=const_rules,
-                fanout=fanout,
-                equivalences=equivalences,
-            ),
-            var_constraints,
-            transform_pattern,
-            priority,
-            max_iterations,
-        )
-        for i, program in enumerate(programs)
-    ]
+    compiled = compile_pattern(
+        ops_arrangement,
+        name=name,
+        commutative=commutative,
+        alternatives=alternatives,
+        constants=constants,
+        const_rules=const_rules,
+        fanout=fanout,
+        equivalences=equivalences,
+        where=where,
+    )
+    sub = SubPass(compiled, var_constraints, transform_pattern, priority, max_iterations)
     if run_after is not None:
         _check_leader(f"{namespace}::{pass_name}", run_after)
     if options is not None and not isinstance(options, Mapping):
@@ -179,8 +166,7 @@ def register_generic_pass(
             f"{where}: options must be a mapping of option names to defaults, got {type(options).__name__}."
         )
     container = container_for(pass_name, namespace)
-    for sub in subs:  # from here on nothing raises: the registry changes only once everything is checked
-        container.add(sub)
+    container.add(sub)  # from here on nothing raises: the registry changes only once everything is checked
     if options:
         container.declare_options(options)
     if run_after is not None:

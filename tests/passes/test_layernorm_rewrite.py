@@ -40,10 +40,13 @@ def _programs() -> list[Program]:
     return built
 
 
-def test_the_pass_is_eight_patterns_in_under_200_lines():
+def test_the_pass_is_eight_patterns_in_two_sub_passes_in_under_200_lines():
     import generic_passes.fuse_layernorm_or_instancenorm as module
 
-    assert len(PASS_REGISTRY[PASS].order) == len(module.PATTERNS) <= 8
+    subs = PASS_REGISTRY[PASS].passes
+    assert [sub.name for sub in subs] == ["instancenorm_pattern_4", "layer_norm"]
+    programs = [part.name for sub in subs for part in sub.compiled.parts or [sub.compiled]]
+    assert programs == list(module.PATTERNS) and len(programs) == 8
     assert len(Path(module.__file__).read_text().splitlines()) < 200
 
 
