@@ -97,6 +97,7 @@ def transform_linear_scale(pattern: Pattern) -> None:
     """Inserts the ``linear`` with the scaled weight and bias; the framework removes the old ops."""
     linear, mul_or_div = pattern.linear, pattern.mul_or_div
     factors = _factors(pattern)
+    assert factors is not None, "linear_scale_constraints refuses a scale of another layout"
     divide = mul_or_div.op_type == "real_div"
     bias = linear.bias.val
     new_bias = (bias / factors if divide else bias * factors).astype(bias.dtype)

@@ -205,6 +205,7 @@ def _channels_first(op: Operation, x: Var, name: str) -> Var:
         return mb.conv(x=x, weight=kernel, bias=op.bias, pad_type="valid", name=name, before_op=op)
     if kind in ("mul", "add"):
         scale = _scale_operand(op)
+        assert scale is not None, "round_trip_constraints refuses a mul/add without a constant"
         value = np.asarray(scale.val)
         if value.size != 1:
             shape = (value.size,) + (1,) * (rank - 2)
