@@ -127,7 +127,7 @@ def test_no_module_is_over_500_lines_and_no_core_module_over_450():
 
 
 CORE_BUDGET = 4758
-"""The core's lines as ``ruff format`` shapes them. The target is 4,400; the core is over it (4,761 lines:
+"""The core's lines as ``ruff format`` shapes them. The target is 4,400; the core is over it (4,758 lines:
 the formatter alone took 4,000 unformatted lines to 4,654), so this holds it where it is until a
 restructuring of language/ (compiler, equivalences) takes it to the target: never raise it."""
 
