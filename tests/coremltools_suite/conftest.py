@@ -13,7 +13,8 @@ The tests and the pass id -> tests table (``PASS_TESTS``) live in ``test_coremlt
    it), checks that each pass id resolves to a ``PassContainer`` with the override on, and wraps the
    coremltools pass class each container replaces: if coremltools' own pass runs during the test, the
    test fails. The containers' ``run_after`` followers (new passes of ours) are held back: the test
-   asserts what its one pass does. Which of its passes ran as generic passes is read from ``pattern_infra.run_log``.
+   asserts what its one pass does. Which of its passes ran as generic passes is read from
+   ``pattern_infra.run_log``.
 4. At the end, per pass id: passed, failed, skipped (by coremltools itself), not yet generic, and
    vacuous: passed without applying the pass, because coremltools' test returns early for that
    parametrization (``TestConvBiasFusion`` does, for combinations it considers invalid).
