@@ -51,7 +51,7 @@ bench-llm: $(STAMP) ## Whole conversion at LLM size (10k-100k ops): override off
 	$(PY) -m bench.llm
 
 fuzz: $(STAMP) ## Long fuzzing: random programs through every generic pass, and against a brute-force matcher
-	FUZZ_EXAMPLES=$${FUZZ_EXAMPLES:-20000} $(PY) -m pytest -q tests/test_fuzz.py tests/test_brute_force.py -p no:cacheprovider --hypothesis-show-statistics
+	FUZZ_EXAMPLES=$${FUZZ_EXAMPLES:-20000} $(PY) -m pytest -q $(PYTEST_PARALLEL) tests/test_fuzz.py tests/test_brute_force.py -p no:cacheprovider --hypothesis-show-statistics
 
 models: $(STAMP) ## Real-model tables (hand-written, transformers and vision zoos), then the slow zoo and stateful-decoder tests and the slow doc snippets
 	$(PY) examples/real_models.py
