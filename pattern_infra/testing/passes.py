@@ -35,6 +35,7 @@ __all__ = [
     "assert_same_program",
     "check_fused",
     "check_not_fused",
+    "check_new_pass",
     "prove_by_sign_of_input",
     "Sampler",
     "normal_f32",
@@ -236,6 +237,30 @@ def check_fused(
     assert_programs_equivalent(prog, ours, **equivalence)
     if prove and not (proof := prove_equivalent(prog, ours)).proven:
         raise AssertionError(f"{pass_id}: no symbolic proof\n{proof}")
+    return ours
+
+
+def check_new_pass(pass_id: str, prog: Program, expected: list[str], **equivalence: Any) -> Program:
+    """Fails unless a pass coremltools has no twin of turns ``prog`` into op types ``expected``: a program
+    left as it was (``expected == op_types(prog)``) must be the very same program, any other must compute
+    what ``prog`` computes.
+
+    Args:
+        pass_id: e.g. ``"generic::fuse_linear_scale"``.
+        prog: Left untouched.
+        expected: Op types of the result, ``const`` left out.
+        **equivalence: Passed to :func:`~pattern_infra.verification.verify.assert_programs_equivalent`
+            (default tolerances rtol 1e-5, atol 1e-6; ``rtol=0.0, atol=0.0`` for exact data movement).
+
+    Returns:
+        Our program.
+    """
+    ours = run_pass(pass_id, prog)
+    assert op_types(ours) == expected, op_types(ours)
+    if expected == op_types(prog):
+        assert_same_program(prog, ours)
+    else:
+        assert_programs_equivalent(prog, ours, **equivalence)
     return ours
 
 

@@ -7,8 +7,7 @@ from coremltools.converters.mil import Builder as mb
 from coremltools.converters.mil.mil import Program, types
 
 import generic_passes  # noqa: F401  (registers the passes)
-from pattern_infra.testing.passes import assert_same_program, op_types, run_pass
-from pattern_infra.verification.verify import assert_programs_equivalent
+from pattern_infra.testing.passes import check_new_pass, op_types
 
 PASS = "generic::fuse_split_squeeze"
 
@@ -33,13 +32,7 @@ def unbind(
 
 
 def check(prog: Program, expected: list[str]) -> Program:
-    ours = run_pass(PASS, prog)
-    assert op_types(ours) == expected, op_types(ours)
-    if expected == op_types(prog):
-        assert_same_program(prog, ours)
-    else:
-        assert_programs_equivalent(prog, ours, rtol=0.0, atol=0.0)
-    return ours
+    return check_new_pass(PASS, prog, expected, rtol=0.0, atol=0.0)
 
 
 @pytest.mark.parametrize(

@@ -10,21 +10,14 @@ from coremltools.converters.mil.mil import Program, types
 
 import generic_passes  # noqa: F401  (registers the passes)
 from generic_passes.hoist_reshape_above_slices import single_index
-from pattern_infra.testing.passes import assert_same_program, op_types, run_pass
-from pattern_infra.verification.verify import assert_programs_equivalent
+from pattern_infra.testing.passes import check_new_pass, op_types
 
 PASS = "generic::hoist_reshape_above_slices"
 
 
 def check(prog: Program, expected: list[str]) -> Program:
     """Runs the pass; demands op types ``expected`` and outputs equal to the element (movement is exact)."""
-    ours = run_pass(PASS, prog)
-    assert op_types(ours) == expected, op_types(ours)
-    if expected == op_types(prog):
-        assert_same_program(prog, ours)
-    else:
-        assert_programs_equivalent(prog, ours, rtol=0.0, atol=0.0)
-    return ours
+    return check_new_pass(PASS, prog, expected, rtol=0.0, atol=0.0)
 
 
 def sliced(

@@ -11,7 +11,7 @@ from coremltools.converters.mil.mil import Program, get_new_symbol, types
 import generic_passes  # noqa: F401  (registers the passes)
 from generic_passes._layout import Layout
 from generic_passes._shape_proof import ShapeFacts
-from pattern_infra.testing.passes import assert_same_program, op_types, run_pass
+from pattern_infra.testing.passes import check_new_pass, op_types, run_pass
 from pattern_infra.verification.verify import assert_programs_equivalent
 
 PASS = "generic::merge_reshape_transpose_chains"
@@ -20,13 +20,7 @@ RNG = np.random.default_rng(38)
 
 def check(prog: Program, expected: list[str]) -> Program:
     """Runs the pass; demands op types ``expected`` and outputs equal to the element (movement is exact)."""
-    ours = run_pass(PASS, prog)
-    assert op_types(ours) == expected, op_types(ours)
-    if expected == op_types(prog):
-        assert_same_program(prog, ours)
-    else:
-        assert_programs_equivalent(prog, ours, rtol=0.0, atol=0.0)
-    return ours
+    return check_new_pass(PASS, prog, expected, rtol=0.0, atol=0.0)
 
 
 def chain(shape, *ops, dtype=types.fp32, extra: str | None = None) -> Program:
@@ -199,13 +193,7 @@ def test_linear_out_projection():
 
 
 def check_linear(prog: Program, expected: list[str]) -> Program:
-    ours = run_pass(PASS, prog)
-    assert op_types(ours) == expected, op_types(ours)
-    if expected == op_types(prog):
-        assert_same_program(prog, ours)
-    else:
-        assert_programs_equivalent(prog, ours, rtol=1e-5)
-    return ours
+    return check_new_pass(PASS, prog, expected, rtol=1e-5)
 
 
 @pytest.mark.parametrize(
