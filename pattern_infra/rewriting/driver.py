@@ -22,7 +22,7 @@ from .blocks import BlockIndex, flat_inputs, walk_blocks
 from .changes import Changes, revisit_candidates, validate_rewrite
 from .contract import USE_THE_NEW_OPS, broken_contract, read_only_constants, returned_names
 from .journal import Journal
-from .removal import remove_dead
+from .removal import remove_dead_ops
 from .subpass import PassStats, SubPass, constraint_verdict
 
 __all__ = ["run_subpasses"]
@@ -85,9 +85,7 @@ class _Run:
         if self.journal is not None:
             self.journal.restore()
             note = "The program was restored to its state before the pass."
-        where = (
-            f"Pass {self.pass_name!r}" if sub is None else f"Pass {self.pass_name!r}, pattern {sub.name!r}"
-        )
+        where = f"Pass {self.pass_name!r}" + ("" if sub is None else f", pattern {sub.name!r}")
         if match is not None:
             text += f", on the match [{', '.join(f'{op.name} ({op.op_type})' for op in match.op_list())}]."
         return kind(" ".join(part for part in (f"{where}: {text}", fix, note) if part))
@@ -161,11 +159,10 @@ def _apply(run: _Run, sub: SubPass, into: PassStats, *, first: bool) -> PassStat
     pending = run.blocks if first else run.changes.pending(run.blocks)
     while pending:
         for block in pending:
-            if (
-                block.outer_op is None or block.outer_op.enclosing_block is not None
-            ):  # not removed with its op
-                _sweep(run, sub, run.state(block), stats, first=first)
-                run.leave(nested_only=True)
+            if block.outer_op is not None and block.outer_op.enclosing_block is None:
+                continue  # removed with its op
+            _sweep(run, sub, run.state(block), stats, first=first)
+            run.leave(nested_only=True)
         first = False
         pending = run.changes.pending(run.blocks)
     stats.seconds = time.perf_counter() - start
@@ -217,14 +214,13 @@ def _sweep(run: _Run, sub: SubPass, st: BlockIndex, stats: PassStats, *, first: 
         found = st.anchor_candidates(matcher)
         if found is None:
             return
-        anchor, candidates = found
-        extra: list[tuple[Operation, int]] = []
-    else:
-        if not st.possible(matcher):
-            run.changes.take(block)
-            return
+        anchor, searches = found[0], [found]
+    elif st.possible(matcher):
         anchor = matcher.choose_anchor(st.counts)
-        candidates, extra = revisit_candidates(run.changes.take(block), block, matcher, anchor)
+        searches = revisit_candidates(run.changes.take(block), block, matcher, anchor)
+    else:
+        run.changes.take(block)
+        return
     constraints = sub.var_constraints
     last: Pattern | None = None  # the last match rewritten, for the fixpoint message
 
@@ -248,8 +244,8 @@ def _sweep(run: _Run, sub: SubPass, st: BlockIndex, stats: PassStats, *, first: 
         last = match
         return True
 
-    tries, rounds = st.tries, run.rounds
-    while candidates or extra:
+    rounds = run.rounds
+    while searches:
         rounds[block] = done = rounds.get(block, 0) + 1
         stats.iterations += 1
         if done > sub.max_iterations:
@@ -261,12 +257,10 @@ def _sweep(run: _Run, sub: SubPass, st: BlockIndex, stats: PassStats, *, first: 
                 f"from the pattern, or raise max_iterations.",
                 kind=FixpointError,
             )
-        for _ in tries(matcher, anchor, candidates, accept, stats):
-            pass
-        for op, at in extra:  # a seed tried as another pattern op of its type
-            for _ in tries(matcher, at, (op,), accept, stats):
+        for at, ops in searches:
+            for _ in st.tries(matcher, at, ops, accept, stats):
                 pass
-        candidates, extra = revisit_candidates(run.changes.take(block), block, matcher, anchor)
+        searches = revisit_candidates(run.changes.take(block), block, matcher, anchor)
 
 
 def _rewrite(run: _Run, sub: SubPass, st: BlockIndex, match: Pattern) -> bool:
@@ -293,38 +287,29 @@ def _rewrite(run: _Run, sub: SubPass, st: BlockIndex, match: Pattern) -> bool:
     finally:
         for value in frozen:
             value.flags.writeable = True
-    n_removed_by_transform = len(st.removed)
+    created, removed = st.inserted[n_inserted:], st.removed[n_removed:]  # removed: by the transform
     if result is False:
-        if len(st.inserted) != n_inserted or n_removed_by_transform != n_removed:
+        if created or removed:
             raise run.error(
                 sub, "transform_pattern returned False (declined) after changing the program", match
             )
         return False
-    dead = remove_dead(match)
-    if len(st.inserted) == n_inserted and len(st.removed) == n_removed:
+    dead = remove_dead_ops(match)
+    if not (created or removed or dead):
         raise run.error(
             sub,
             f"transform_pattern returned {result!r} without changing the program (no op inserted or removed)",
             match,
             f"{USE_THE_NEW_OPS} To leave a match as it is, return False.",
         )
-    created = st.inserted[n_inserted:]
-    removed = st.removed[n_removed:n_removed_by_transform]
-    inputs_of_removed = [inputs for _, inputs in dead] + [flat_inputs(op) for op in removed]
+    inputs_of_removed = [flat_inputs(op) for op in [*dead, *removed]]
     run.changes.record(sub.seed_types, [*created, *outside_users], inputs_of_removed)
     if run.validate and run.validate != "full":
         try:
             validate_rewrite(created, outside_users, removed)
         except Exception as exc:
             raise run.error(sub, f"the program is inconsistent after its rewrites: {exc}.") from exc
-    breach = broken_contract(
-        created,
-        outside_users,
-        block,
-        returned,
-        lambda home, first, second: run.state(home).precedes(first, second),
-        match.replacements(),
-    )
+    breach = broken_contract(created, outside_users, block, returned, run.state, match.replacements())
     if breach is not None:
         raise run.error(sub, f"transform_pattern {breach[0]}", match, breach[1])
     for listener in rewrite_listeners:  # a trace is open (pattern_infra.trace)

@@ -52,16 +52,13 @@ class Journal:
         _open(self)
 
     def keep_op(self, op: Operation) -> None:
-        """Saves ``op``'s state, unless it is saved already: its fields, of which the hooked methods change
-        only the input map in place (cheaper than :func:`_fields`)."""
-        if op not in self.saved:
-            self.saved.add(op)
-            if (
-                getattr(op, "_output_vars", None) is not None
-            ):  # else under construction: new, nothing to restore
-                fields = op.__dict__.copy()
-                fields["_input_vars"] = fields["_input_vars"].copy()
-                self.objects.append((op, fields))
+        """Saves the state of ``op``, not saved yet (its callers ask): its fields, of which the hooked methods
+        change only the input map in place (cheaper than :func:`_fields`)."""
+        self.saved.add(op)
+        if getattr(op, "_output_vars", None) is not None:  # else under construction: new, nothing to restore
+            fields = op.__dict__.copy()
+            fields["_input_vars"] = fields["_input_vars"].copy()
+            self.objects.append((op, fields))
 
     def keep_var(self, var: Var) -> None:
         """Saves a variable's state, unless it is saved already."""
@@ -250,11 +247,10 @@ def _open(journal: Journal) -> None:
 
 def _close(journal: Journal) -> None:
     with _LOCK:
-        stack = _ACTIVE.get(journal.thread, [])
-        if journal in stack:
-            stack.remove(journal)
+        stack = _ACTIVE[journal.thread]
+        stack.remove(journal)
         if not stack:
-            _ACTIVE.pop(journal.thread, None)
+            del _ACTIVE[journal.thread]
         if not _ACTIVE:
             for cls, name, _ in _HOOKS:
                 original = _originals.pop((cls, name), _ABSENT)
