@@ -257,8 +257,8 @@ def _sweep(run: _Run, sub: SubPass, st: BlockIndex, stats: PassStats, *, first: 
                 f"from the pattern, or raise max_iterations.",
                 kind=FixpointError,
             )
-        for at, ops in searches:
-            for _ in st.tries(matcher, at, ops, accept, stats):
+        for at, candidates in searches:
+            for _ in st.tries(matcher, at, candidates, accept, stats):
                 pass
         searches = revisit_candidates(run.changes.take(block), block, matcher, anchor)
 
