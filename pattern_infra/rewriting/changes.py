@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from coremltools.converters.mil.mil import Block, Operation, Var
+from coremltools.converters.mil.mil import Block, Operation
 
 from ..matching.matcher import Matcher
 from .blocks import flat_inputs
@@ -43,13 +43,13 @@ class Changes:
             self.seeds.setdefault(block, []).append(op)
 
     def record(
-        self, types: frozenset[str] | None, touched: list[Operation], removed: list[list[Var]]
+        self, types: frozenset[str] | None, touched: list[Operation], removed: list[Operation]
     ) -> None:
         """Logs one rewrite's changed ops and seeds those of ``types`` (every type when None): the ops it
-        created or rewired (``touched``), and the producers of what the ops it removed read (``removed``)."""
+        created or rewired (``touched``), and the producers of what the ops it ``removed`` read."""
         changed = list(touched)
-        for inputs in removed:
-            for var in inputs:
+        for op in removed:
+            for var in flat_inputs(op):
                 producer = var._op  # of any block; a removed producer has none and is left out
                 if producer is not None and producer.enclosing_block is not None:
                     changed.append(producer)

@@ -18,7 +18,7 @@ from coremltools.converters.mil.mil.scope import ScopeInfo
 
 from ..language.errors import FixpointError, PassExecutionError, PatternInfraError
 from ..language.pattern import Pattern
-from .blocks import BlockIndex, flat_inputs, walk_blocks
+from .blocks import BlockIndex, walk_blocks
 from .changes import Changes, revisit_candidates, validate_rewrite
 from .contract import USE_THE_NEW_OPS, broken_contract, read_only_constants, returned_names
 from .journal import Journal
@@ -180,19 +180,18 @@ def _run_pass(run: _Run, entries: list[tuple[SubPass, PassStats]], total: PassSt
     """Applies each sub-pass to every block (its counters to its stats); with several, each then revisits
     the ops of its types the others changed after it ran (``run.changes.log``), in rounds until one
     rewrites nothing."""
-    subpasses = [sub for sub, _ in entries]
-    log = run.changes.log = {} if len(subpasses) > 1 else None
-    seen: list[dict[str, int]] = [{} for _ in subpasses]  # per sub-pass, how much of the log it has seen
-    limit = max(sub.max_iterations for sub in subpasses)
+    log = run.changes.log = {} if len(entries) > 1 else None
+    seen: list[dict[str, int]] = [{} for _ in entries]  # per sub-pass, how much of the log it has seen
+    limit = max(sub.max_iterations for sub, _ in entries)
     for revisit in range(limit + 1):
         rewrites = total.rewrites
-        for k, sub in enumerate(subpasses):
+        for k, (sub, sub_stats) in enumerate(entries):
             if revisit and log is not None:  # a revisit needs the log (several sub-passes)
                 for op_type in sorted(sub.seed_types) if sub.seed_types is not None else list(log):
                     for op in log.get(op_type, ())[seen[k].get(op_type, 0) :]:
                         run.changes.seed(op)
             if not revisit or run.changes.seeds:
-                total.add(_apply(run, sub, entries[k][1], first=not revisit))
+                total.add(_apply(run, sub, sub_stats, first=not revisit))
             if log is not None:
                 seen[k] = {op_type: len(ops) for op_type, ops in log.items()}
         if log is None or total.rewrites == rewrites:
@@ -200,7 +199,7 @@ def _run_pass(run: _Run, entries: list[tuple[SubPass, PassStats]], total: PassSt
     raise run.error(
         None,
         f"its sub-passes kept re-creating each other's patterns for {limit} rounds "
-        f"({', '.join(sub.name for sub in subpasses)}); make each replacement differ from the "
+        f"({', '.join(sub.name for sub, _ in entries)}); make each replacement differ from the "
         f"other patterns.",
         kind=FixpointError,
     )
@@ -268,7 +267,7 @@ def _rewrite(run: _Run, sub: SubPass, st: BlockIndex, match: Pattern) -> bool:
     and checks the rewrite (:func:`~.contract.broken_contract`); False if it declined, returning False
     before changing anything. Any other result without an op inserted or removed is an error."""
     if run.journal is None:
-        run.journal = Journal(run.blocks, run.ops_at_start)  # nothing was rewritten before
+        run.journal = Journal(run.ops_at_start)  # nothing was rewritten before
     st.observe()
     block = st.block
     matched = match.op_set
@@ -302,8 +301,7 @@ def _rewrite(run: _Run, sub: SubPass, st: BlockIndex, match: Pattern) -> bool:
             match,
             f"{USE_THE_NEW_OPS} To leave a match as it is, return False.",
         )
-    inputs_of_removed = [flat_inputs(op) for op in [*dead, *removed]]
-    run.changes.record(sub.seed_types, [*created, *outside_users], inputs_of_removed)
+    run.changes.record(sub.seed_types, [*created, *outside_users], [*dead, *removed])
     if run.validate and run.validate != "full":
         try:
             validate_rewrite(created, outside_users, removed)

@@ -33,10 +33,8 @@ def journals_on_this_thread() -> list[Journal]:
 class Journal:
     """Saved states of what a pass touched; :meth:`restore` (before :meth:`close`) puts the program back."""
 
-    def __init__(
-        self, blocks: Iterable[Block], op_lists: Mapping[Block, list[Operation]] | None = None
-    ) -> None:
-        """``op_lists``: each block's ops in program order, where the caller has them (kept, not copied)."""
+    def __init__(self, op_lists: Mapping[Block, list[Operation]]) -> None:
+        """``op_lists``: each block to restore with its ops in program order (kept, not copied)."""
         self.thread = _get_ident()
         self.saved: set[Any] = set()  # objects saved, or created since it opened (they hash by identity)
         self.users_saved: set[Var] = set()  # variables whose user list alone is saved (in attrs)
@@ -44,10 +42,7 @@ class Journal:
         # Flat (object, attribute, value) triples, no tuple per entry, for objects not saved whole: a user
         # list, the enclosing block of an op the driver unlinks, a name a transform may write by hand.
         self.attrs: list[Any] = []
-        listed = op_lists or {}
-        self.blocks: list[tuple[Block, list[Operation], dict[str, Any]]] = [
-            (block, listed.get(block) or list(block.operations), _fields(block)) for block in blocks
-        ]
+        self.blocks = [(block, ops, _fields(block)) for block, ops in op_lists.items()]
         self.closed = False
         _open(self)
 
@@ -143,28 +138,20 @@ def _hook(changes: Callable[..., Iterable[Any]]) -> Callable[[Callable[..., Any]
     return make
 
 
-# The methods a rewrite calls have hooks of their exact signatures (``*args`` cost 37k instructions per
-# GELU instance, 2.5k per call), the three hottest with _keep's loop written out (a call cost 6k).
+# The methods a rewrite calls have hooks of their signatures (``*args, **kwargs`` cost 37k instructions
+# per GELU instance, 2.5k per call), the hottest with _keep's loop written out (a call cost 6k).
 
 
-def _hook_add_child_op(original: Callable[..., Any]) -> Callable[..., Any]:
-    def add_child_op(self: Var, new_op: Operation) -> Any:
+def _hook_users(original: Callable[..., Any]) -> Callable[..., Any]:
+    """``Var.add_child_op(op)`` and ``Var.remove_child_op(op, no_check)`` change the variable's user list."""
+
+    def change_users(self: Var, op: Operation, *no_check: bool) -> Any:
         for journal in _ACTIVE.get(_get_ident(), ()):
             if self not in journal.saved:
                 journal.keep_users(self)
-        return original(self, new_op)
+        return original(self, op, *no_check)
 
-    return add_child_op
-
-
-def _hook_remove_child_op(original: Callable[..., Any]) -> Callable[..., Any]:
-    def remove_child_op(self: Var, target_op: Operation, no_check: bool = False) -> Any:
-        for journal in _ACTIVE.get(_get_ident(), ()):
-            if self not in journal.saved:
-                journal.keep_users(self)
-        return original(self, target_op, no_check)
-
-    return remove_child_op
+    return change_users
 
 
 def _hook_set_inputs(original: Callable[..., Any]) -> Callable[..., Any]:
@@ -217,8 +204,8 @@ def _hook_type_value_inference(original: Callable[..., Any]) -> Callable[..., An
 
 
 _HOOKS: list[tuple[type, str, Callable[[Any], Any]]] = [
-    (Var, "add_child_op", _hook_add_child_op),
-    (Var, "remove_child_op", _hook_remove_child_op),
+    (Var, "add_child_op", _hook_users),
+    (Var, "remove_child_op", _hook_users),
     (Operation, "_validate_and_set_inputs", _hook_set_inputs),
     (Operation, "type_value_inference", _hook_type_value_inference),
     (Var, "scopes", _hook_scopes),
