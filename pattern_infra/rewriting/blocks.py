@@ -103,14 +103,12 @@ class BlockIndex:
         ``anchor``, offering each structural match to ``accept``; yields what each search returned.
         ``stats`` counts the anchors and bindings tried (default: ``matcher.stats``); ``options`` go to
         ``match_at``."""
-        block = self.block
-        match_at = matcher.match_at
-        order = self.order
+        block, match_at = self.block, matcher.match_at
         stats = matcher.stats if stats is None else stats
         for op in ops:
             if op.enclosing_block is block:
                 stats.attempts += 1
-                yield match_at(op, block, anchor, order=order, accept=accept, stats=stats, **options)
+                yield match_at(op, block, anchor, order=self.order, accept=accept, stats=stats, **options)
 
     def anchor_candidates(self, matcher: Matcher) -> tuple[int, list[Operation]] | None:
         """The anchor for ``matcher`` in this block and the ops of its type(s), in program order; None

@@ -46,20 +46,12 @@ class Journal:
         self.closed = False
         _open(self)
 
-    def keep_op(self, op: Operation) -> None:
-        """Saves the state of ``op``, not saved yet (its callers ask): its fields, of which the hooked methods
-        change only the input map in place (cheaper than :func:`_fields`)."""
-        self.saved.add(op)
-        if getattr(op, "_output_vars", None) is not None:  # else under construction: new, nothing to restore
-            fields = op.__dict__.copy()
-            fields["_input_vars"] = fields["_input_vars"].copy()
-            self.objects.append((op, fields))
-
-    def keep_var(self, var: Var) -> None:
-        """Saves a variable's state, unless it is saved already."""
-        if var not in self.saved:
-            self.saved.add(var)
-            self.objects.append((var, _fields(var)))
+    def keep(self, obj: Operation | Var) -> None:
+        """Saves the fields of ``obj``, an op or a variable not saved yet (its callers ask); an op under
+        construction has none to save (new, nothing to restore)."""
+        self.saved.add(obj)
+        if not isinstance(obj, Operation) or obj._output_vars is not None:
+            self.objects.append((obj, _fields(obj)))
 
     def keep_users(self, var: Var) -> None:
         """Saves a variable's user list, unless the variable or its user list is saved already."""
@@ -71,30 +63,29 @@ class Journal:
         """Saves every variable of ``block`` and its nested blocks, which ``Block.__exit__`` rewrites."""
         for op in block.operations:
             for var in op._output_vars or ():
-                self.keep_var(var)
+                if var not in self.saved:
+                    self.keep(var)
             for inner in op.blocks:
                 self.keep_block(inner)
 
     def keep_match(self, ops: Iterable[Operation]) -> None:
         """Saves the names of a match's ops and of their outputs, which transforms may write by hand
         (``op.name = ...``); every other change to them goes through the hooks."""
-        saved, attrs = self.saved, self.attrs
         for op in ops:
-            if op not in saved:
-                attrs += (op, "name", op.name)
+            if op not in self.saved:
+                self.attrs += (op, "name", op.name)
             for var in op._output_vars or ():
-                if var not in saved:
-                    attrs += (var, "name", var.name)
+                if var not in self.saved:
+                    self.attrs += (var, "name", var.name)
 
     def unlinked(self, block: Block, removal: list[tuple[Operation, list[Var]]]) -> None:
         """Records that the driver is about to take each op of ``removal`` out of ``block`` without the
         hooked methods (``enclosing_block`` set to None, the op taken off its inputs' user lists)."""
-        saved, attrs, keep_users = self.saved, self.attrs, self.keep_users
         for op, inputs in removal:
-            if op not in saved:
-                attrs += (op, "enclosing_block", block)
+            if op not in self.saved:
+                self.attrs += (op, "enclosing_block", block)
             for var in inputs:
-                keep_users(var)
+                self.keep_users(var)
 
     def restore(self) -> None:
         """Puts every saved op, variable and block back as it was when the journal opened."""
@@ -120,8 +111,7 @@ def _keep(objects: Iterable[Any]) -> None:
     for journal in _ACTIVE.get(_get_ident(), ()):
         for obj in objects:
             if obj not in journal.saved:
-                keep = journal.keep_op if isinstance(obj, Operation) else journal.keep_var
-                keep(obj)
+                journal.keep(obj)
 
 
 def _hook(changes: Callable[..., Iterable[Any]]) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
@@ -158,7 +148,7 @@ def _hook_set_inputs(original: Callable[..., Any]) -> Callable[..., Any]:
     def _validate_and_set_inputs(self: Operation, input_kvs: Any, no_check_var_types: bool = False) -> Any:
         for journal in _ACTIVE.get(_get_ident(), ()):
             if self not in journal.saved:
-                journal.keep_op(self)
+                journal.keep(self)
         return original(self, input_kvs, no_check_var_types)
 
     return _validate_and_set_inputs
@@ -253,13 +243,12 @@ def _copied(value: Any) -> Any:
 
 def _fields(obj: Any) -> dict[str, Any]:
     """Every attribute of ``obj`` (slots and dict), containers copied one level deep."""
-    slots = [
-        name
+    state = {
+        name: getattr(obj, name, _ABSENT)
         for klass in type(obj).__mro__
         for name in klass.__dict__.get("__slots__", ())
         if name != "__dict__"
-    ]
-    state = {name: getattr(obj, name, _ABSENT) for name in slots}
+    }
     state.update(getattr(obj, "__dict__", {}))
     return {name: _copied(value) for name, value in state.items() if value is not _ABSENT}
 
