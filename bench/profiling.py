@@ -40,7 +40,7 @@ def _phases(subs: list[SubPass]) -> list[tuple[str, list[tuple[str, int, str]]]]
         ("  of which constant checks: ConstRule.accepts (np.allclose)", [_key(ConstRule.accepts)]),
         ("var_constraints callbacks", constraints),
         ("transform callbacks (build replacement, redirect uses)", transforms),
-        ("dead matched ops unlinked, per match: remove_dead_ops", [_key(removal.remove_dead_ops)]),
+        ("dead matched ops unlinked, per match: remove_dead", [_key(removal.remove_dead)]),
         (
             "undo journal: opening, names of each match, unlinked ops (hooks not counted)",
             [_key(Journal.__init__), _key(Journal.keep_match), _key(Journal.unlinked)],

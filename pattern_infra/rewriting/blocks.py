@@ -127,21 +127,23 @@ class BlockIndex:
 
     def order(self, ops: list[Operation]) -> list[Operation]:
         """Sorts ``ops`` of this block into program order; ops no longer in the block go last."""
-        position = self._positions(ops)
+        position = self._position
+        if position is None or any(id(op) not in position and op.enclosing_block is self.block for op in ops):
+            position = self._reindex()
         return sorted(ops, key=lambda op: position.get(id(op), _LAST))
 
     def precedes(self, first: Operation, second: Operation) -> bool:
         """Whether ``first`` stands before ``second`` in the block (both in it)."""
-        position = self._positions((first, second))
+        position = self._position
+        if position is None or id(first) not in position or id(second) not in position:
+            position = self._reindex()
         return position[id(first)] < position[id(second)]
 
-    def _positions(self, ops: Iterable[Operation]) -> dict[int, float]:
-        """The position of each op of the block, by id: indexed again when one of ``ops`` in the block has
-        none, else kept current while the block is observed (:meth:`_place`)."""
-        position = self._position
-        if position is None or any(id(op) not in position and op.enclosing_block is self.block for op in ops):
-            position = self._position = {id(op): float(i) for i, op in enumerate(self.block.operations)}
-        return position
+    def _reindex(self) -> dict[int, float]:
+        """The position of each op of the block, by id: indexed on demand, then kept current while the
+        block is observed (:meth:`_place`)."""
+        self._position = {id(op): float(i) for i, op in enumerate(self.block.operations)}
+        return self._position
 
     def _place(self, position: dict[int, float], node: Any) -> None:
         """Gives the op of a just-inserted list node a position between its neighbours' (an end of the

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from coremltools.converters.mil.mil import Block, Operation
+from coremltools.converters.mil.mil import Block, Operation, Var
 
 from ..matching.matcher import Matcher
 from .blocks import flat_inputs
@@ -43,13 +43,13 @@ class Changes:
             self.seeds.setdefault(block, []).append(op)
 
     def record(
-        self, types: frozenset[str] | None, touched: list[Operation], removed: list[Operation]
+        self, types: frozenset[str] | None, touched: list[Operation], removed: list[list[Var]]
     ) -> None:
         """Logs one rewrite's changed ops and seeds those of ``types`` (every type when None): the ops it
-        created or rewired (``touched``), and the producers of what the ops it ``removed`` read."""
+        created or rewired (``touched``), and the producers of what the ops it removed read (``removed``)."""
         changed = list(touched)
-        for op in removed:
-            for var in flat_inputs(op):
+        for inputs in removed:
+            for var in inputs:
                 producer = var._op  # of any block; a removed producer has none and is left out
                 if producer is not None and producer.enclosing_block is not None:
                     changed.append(producer)

@@ -18,11 +18,11 @@ from coremltools.converters.mil.mil.scope import ScopeInfo
 
 from ..language.errors import FixpointError, PassExecutionError, PatternInfraError
 from ..language.pattern import Pattern
-from .blocks import BlockIndex, walk_blocks
+from .blocks import BlockIndex, flat_inputs, walk_blocks
 from .changes import Changes, revisit_candidates, validate_rewrite
 from .contract import USE_THE_NEW_OPS, broken_contract, read_only_constants, returned_names
 from .journal import Journal
-from .removal import remove_dead_ops
+from .removal import remove_dead
 from .subpass import PassStats, SubPass, constraint_verdict
 
 __all__ = ["run_subpasses"]
@@ -293,7 +293,7 @@ def _rewrite(run: _Run, sub: SubPass, st: BlockIndex, match: Pattern) -> bool:
                 sub, "transform_pattern returned False (declined) after changing the program", match
             )
         return False
-    dead = remove_dead_ops(match)
+    dead = remove_dead(match)
     if not (created or removed or dead):
         raise run.error(
             sub,
@@ -301,7 +301,8 @@ def _rewrite(run: _Run, sub: SubPass, st: BlockIndex, match: Pattern) -> bool:
             match,
             f"{USE_THE_NEW_OPS} To leave a match as it is, return False.",
         )
-    run.changes.record(sub.seed_types, [*created, *outside_users], [*dead, *removed])
+    inputs_of_removed = [inputs for _, inputs in dead] + [flat_inputs(op) for op in removed]
+    run.changes.record(sub.seed_types, [*created, *outside_users], inputs_of_removed)
     if run.validate and run.validate != "full":
         try:
             validate_rewrite(created, outside_users, removed)

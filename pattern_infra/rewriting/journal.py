@@ -47,11 +47,15 @@ class Journal:
         _open(self)
 
     def keep(self, obj: Operation | Var) -> None:
-        """Saves the fields of ``obj``, an op or a variable not saved yet (its callers ask); an op under
-        construction has none to save (new, nothing to restore)."""
+        """Saves the fields of ``obj``, an op or a variable not saved yet (its callers ask); of an op, which
+        the hooked methods change only in its input map, a copy of its dict and of that map."""
         self.saved.add(obj)
-        if not isinstance(obj, Operation) or obj._output_vars is not None:
+        if not isinstance(obj, Operation):
             self.objects.append((obj, _fields(obj)))
+        elif obj._output_vars is not None:  # else under construction: new, nothing to restore
+            fields = obj.__dict__.copy()
+            fields["_input_vars"] = fields["_input_vars"].copy()
+            self.objects.append((obj, fields))
 
     def keep_users(self, var: Var) -> None:
         """Saves a variable's user list, unless the variable or its user list is saved already."""

@@ -3,14 +3,14 @@ copies."""
 
 from __future__ import annotations
 
-from coremltools.converters.mil.mil import Block, Operation
+from coremltools.converters.mil.mil import Block, Operation, Var
 from coremltools.converters.mil.mil.var import InternalVar
 
 from ..language.pattern import Pattern
 from .blocks import flat_inputs
 from .journal import journals_on_this_thread
 
-__all__ = ["remove_dead_ops", "unlink"]
+__all__ = ["remove_dead", "remove_dead_ops", "unlink"]
 
 
 def remove_dead_ops(match: Pattern) -> list[Operation]:
@@ -22,6 +22,11 @@ def remove_dead_ops(match: Pattern) -> list[Operation]:
     Returns:
         The removed ops.
     """
+    return [op for op, _ in remove_dead(match)]
+
+
+def remove_dead(match: Pattern) -> list[tuple[Operation, list[Var]]]:
+    """:func:`remove_dead_ops`, returning each removed op with the variables it read."""
     block = match.block
     dead: set[Operation] = set()
     order: list[Operation] = []
@@ -34,23 +39,27 @@ def remove_dead_ops(match: Pattern) -> list[Operation]:
         else:
             dead.add(op)
             order.append(op)
-    if order:
-        unlink(block, order)
-    return order
+    return unlink(block, order) if order else []
 
 
-def unlink(block: Block, ops: list[Operation]) -> None:
+def unlink(block: Block, ops: list[Operation]) -> list[tuple[Operation, list[Var]]]:
     """Takes ``ops``, dead ops of ``block``, out of it: ``Block.remove_ops`` without its checks and copies
     (ops with nested blocks or internal inputs go through it). Each open journal records the removal."""
-    if any(op.blocks or any(isinstance(v, InternalVar) for v in op._input_vars.values()) for op in ops):
-        block.remove_ops(ops)
-        return
     removal = [(op, flat_inputs(op)) for op in ops]
+    ops_list = block.operations
+    for op in ops:
+        if op.blocks:
+            block.remove_ops(ops)
+            return removal
+        for value in op._input_vars.values():
+            if isinstance(value, InternalVar):
+                block.remove_ops(ops)
+                return removal
     for journal in journals_on_this_thread():
         journal.unlinked(block, removal)
-    ops_list = block.operations
     for op, inputs in removal:
         ops_list.remove(op)
         op.enclosing_block = None
         for var in inputs:
             var._child_ops.remove(op)
+    return removal
