@@ -26,19 +26,9 @@ from .graph import (
     edge_positions,
 )
 from .pattern import RESERVED_NAMES
-from .variants import MAX_VARIANTS, Combo, Guard, Variant, combos, count, renamed
+from .variants import MAX_VARIANTS, Guard, Variant, combos, count, renamed
 
-__all__ = [
-    "COMMUTATIVE_OPS",
-    "RESERVED_NAMES",
-    "ConstRule",
-    "Edge",
-    "PatternNode",
-    "CompiledPattern",
-    "compile_pattern",
-    "edge_positions",
-    "require_program",
-]
+__all__ = ["compile_pattern", "pattern_name_of", "require_program"]
 
 logger = logging.getLogger(__name__)
 
@@ -203,33 +193,31 @@ def _compile(
             )
         return earlier[id(record), k]
 
-    variants = []
-    for combo in combos(records, list(func.outputs), regions):
-        compiled = _compile_graph(func, program, pattern_name, options, combo)
+    variants = combos(records, list(func.outputs), regions)
+    for variant in variants:
+        variant.compiled = _compile_graph(func, program, pattern_name, options, variant)
         guards = []
-        for record, k, out in combo.guards:
+        for record, k, out in variant.ends:
             alternatives = tuple(alternative(record, j) for j in range(k))
             spellings = [v.compiled for a in alternatives for v in a.variants]
             guards.append(
                 Guard(
                     record.name,
                     k,
-                    renamed(out, combo.renames).op.name,
+                    renamed(out, variant.renames).op.name,
                     record.fallback,
                     alternatives,
                     max(map(_depth, spellings)),
                     frozenset(t for c in spellings for n in c.final_nodes for t in c.nodes[n].op_types),
                 )
             )
-        variants.append(
-            Variant(compiled, combo.spelling(), combo.aliases, combo.groups, tuple(guards), combo.within)
-        )
+        variant.guards = tuple(guards)
     variants[0].compiled.variants = variants
     return variants[0].compiled
 
 
 def _compile_graph(
-    func: Any, program: Program, pattern_name: str, options: dict[str, Any], combo: Combo
+    func: Any, program: Program, pattern_name: str, options: dict[str, Any], combo: Variant
 ) -> CompiledPattern:
     """One spelling of a pattern function or region as a plain pattern: its ops but the alternatives not
     taken, each choice's variable read as the one the alternative taken computes."""

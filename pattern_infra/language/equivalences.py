@@ -32,7 +32,6 @@ __all__ = [
     "association_orders",
     "chain_at",
     "constant_value",
-    "reassoc_rtol",
     "with_equivalences",
 ]
 
@@ -40,8 +39,8 @@ DIV_RTOL = 2.4e-7
 """Relative tolerance of ``x / c`` against ``x * (1/c)`` in float32 (3 units in the last place, rounded
 up)."""
 REASSOC_RTOL = 2.4e-7
-"""Relative tolerance of ``(a * c) * b`` against ``a * (b * c)`` in float32: ``reassoc_rtol(3)`` rounded
-up."""
+"""Relative tolerance of ``(a * c) * b`` against ``a * (b * c)`` in float32: ``reassoc_rtol(3)`` of
+docs/LANGUAGE.md rounded up."""
 RSQRT_RTOL = 1.2e-7
 """Relative tolerance of ``rsqrt(x)`` against ``1 / sqrt(x)`` in float32, beyond rsqrt's epsilon term."""
 
@@ -54,16 +53,6 @@ Tree = int | tuple["Tree", "Tree"]
 Equivalences = bool | Sequence[str] | Mapping[str, Sequence[str]]  # what equivalences= accepts
 
 Scope = ChainMap[int, Var]  # a pattern variable's id to its copy; an alternative builds in a child scope
-
-
-def reassoc_rtol(factors: int) -> float:
-    """Relative tolerance of two orders of multiplication of ``factors`` (2 or more) float32 factors, each
-    making ``factors - 1`` products: ``((1 + u) / (1 - u)) ** (factors - 1) - 1``, ``u = 2**-24``
-    (docs/LANGUAGE.md)."""
-    if factors < 2:
-        raise ValueError(f"reassoc_rtol: a chain has 2 factors or more, got {factors}.")
-    u = 2.0**-24
-    return ((1 + u) / (1 - u)) ** (factors - 1) - 1
 
 
 def constant_value(var: object) -> np.ndarray | None:
@@ -93,16 +82,24 @@ class Identity:
         return op.op_type == self.op_type and self.holds(op)
 
 
-def _const_y(op: Operation, test: Callable[[np.ndarray], bool] = lambda value: True) -> bool:
+def _const_y(op: Operation, test: Callable[[np.ndarray], bool]) -> bool:
     value = constant_value(op.inputs.get("y"))
     return value is not None and bool(test(value))
 
 
-def _with_const(op_type: str, fn: Callable[[np.ndarray], np.ndarray], x: Var, op: Operation) -> Var:
-    """``<op_type>(x, fn(c))`` for an op ``f(x, c)``, ``fn(c)`` in c's float dtype (else float32)."""
-    value = np.asarray(op.inputs["y"].val)  # a numeric const: the guard (_const_y) found it one
-    y = fn(value.astype(np.float32)).astype(value.dtype if value.dtype.kind == "f" else np.float32)
-    return getattr(mb, op_type)(x=x, y=y, name=op.name)
+def _const_identity(
+    name: str, op_type: str, other: str, fn: Callable[[np.ndarray], np.ndarray], c: str, exact: bool
+) -> Identity:
+    """``<op_type>(x, c) = <other>(x, fn(c))`` for a numeric constant ``c`` (nonzero for a reciprocal),
+    ``fn(c)`` in c's float dtype (else float32); ``c`` names ``fn(c)`` in the statement."""
+
+    def build(x: Var, op: Operation) -> Var:
+        value = np.asarray(op.inputs["y"].val)  # a numeric const: holds found it one
+        y = fn(value.astype(np.float32)).astype(value.dtype if value.dtype.kind == "f" else np.float32)
+        return getattr(mb, other)(x=x, y=y, name=op.name)
+
+    holds = partial(_const_y, test=np.all if fn is np.reciprocal else lambda value: True)
+    return Identity(name, op_type, holds, build, exact, f"{op_type}(x, c) = {other}(x, {c})")
 
 
 IDENTITIES: dict[str, Identity] = {
@@ -124,38 +121,10 @@ IDENTITIES: dict[str, Identity] = {
             True,
             "mul(x, x) = pow(x, 2)",
         ),
-        Identity(
-            "sub_const",
-            "sub",
-            _const_y,
-            partial(_with_const, "add", np.negative),
-            True,
-            "sub(x, c) = add(x, -c)",
-        ),
-        Identity(
-            "add_const",
-            "add",
-            _const_y,
-            partial(_with_const, "sub", np.negative),
-            True,
-            "add(x, c) = sub(x, -c)",
-        ),
-        Identity(
-            "div_const",
-            "real_div",
-            partial(_const_y, test=np.all),
-            partial(_with_const, "mul", np.reciprocal),
-            False,
-            "real_div(x, c) = mul(x, 1/c)",
-        ),
-        Identity(
-            "mul_const",
-            "mul",
-            partial(_const_y, test=np.all),
-            partial(_with_const, "real_div", np.reciprocal),
-            False,
-            "mul(x, c) = real_div(x, 1/c)",
-        ),
+        _const_identity("sub_const", "sub", "add", np.negative, "-c", True),
+        _const_identity("add_const", "add", "sub", np.negative, "-c", True),
+        _const_identity("div_const", "real_div", "mul", np.reciprocal, "1/c", False),
+        _const_identity("mul_const", "mul", "real_div", np.reciprocal, "1/c", False),
         Identity(
             "reassoc",
             "mul",

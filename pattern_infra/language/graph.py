@@ -8,7 +8,7 @@ from functools import cached_property
 from typing import Any, Literal
 
 import numpy as np
-from coremltools.converters.mil.mil import Program, Var
+from coremltools.converters.mil.mil import Operation, Program, Var
 
 from .errors import PatternDefinitionError
 
@@ -22,6 +22,7 @@ __all__ = [
     "distances",
     "edge_positions",
     "is_compressed",
+    "operands",
 ]
 
 COMMUTATIVE_OPS: frozenset[str] = frozenset(
@@ -105,11 +106,16 @@ def is_compressed(var: Var) -> bool:
     op = var.op
     if op is None or not op.op_type.startswith("constexpr_"):
         return False
-    for value in op.inputs.values():
-        for v in value if isinstance(value, (list, tuple)) else (value,):
-            if v.op is None or (v.op.op_type != "const" and not is_compressed(v)):
-                return False
-    return True
+    return all(v.op is not None and (v.op.op_type == "const" or is_compressed(v)) for _, _, v in operands(op))
+
+
+def operands(op: Operation) -> list[tuple[str, int, Var]]:
+    """Every variable ``op`` reads: (slot, position in a tuple slot or -1, variable)."""
+    return [
+        (slot, pos, v)
+        for slot, value in op.inputs.items()
+        for pos, v in (enumerate(value) if isinstance(value, (list, tuple)) else [(-1, value)])
+    ]
 
 
 def _in_dtype(expected: np.ndarray, dtype: np.dtype[Any]) -> np.ndarray:
@@ -226,10 +232,6 @@ class CompiledPattern:
     def final_names(self) -> tuple[str, ...]:
         """The names of the final nodes, in the order the pattern returns them."""
         return tuple(self.nodes[i].name for i in self.final_nodes)
-
-    def node(self, name: str) -> PatternNode:
-        """Returns the node named ``name``."""
-        return self.nodes[self.by_name[name]]
 
     def hops(self, through_roots: bool) -> list[dict[int, int]]:
         """Per node, its neighbours and how many producer/consumer steps away they are: 1 through a data
