@@ -42,11 +42,8 @@ _ACTIVE: list[list[Record]] = []
 def one_of(name: str, *alternatives: Callable[[], Var], fallback: bool = False) -> Var:
     """Declares, inside an ``@mb.program`` pattern, a variable computed by one of several small programs.
 
-    Alternatives are tried in the order written; write the longest first. When the choice ends the
-    pattern, a later alternative is by default never matched inside a match of an earlier one (``norm *
-    w`` is the weighted spelling, not the unweighted one and an unrelated ``mul``), whatever the
-    constraints say of that match. Choices nest; ``pattern.choices[name]`` is the index of the alternative
-    that matched. What alternatives may read and how their ops are named: docs/LANGUAGE.md.
+    Alternatives are tried in the order written, the longest first; choices nest. The longest-spelling
+    rule, what alternatives may read and how a match names their ops: docs/LANGUAGE.md.
 
     Args:
         name: The choice's name: ``pattern.<name>`` is the op computing the variable in a match.

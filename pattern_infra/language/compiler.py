@@ -315,10 +315,24 @@ def _compile_graph(
                     nodes[e.index].output_uses[e.output] += 1
                     nodes[e.index].consumers.append((i, slot, pos, e.output))
 
-    final_nodes = _final_nodes(
-        pattern_name, [renamed(v, combo.renames) for v in func.outputs], nodes, op_of_output
-    )
-    _mark_fanout(pattern_name, nodes, options["fanout"], by_name)
+    outputs = [renamed(v, combo.renames) for v in func.outputs]
+    for out in outputs:
+        if id(out) not in op_of_output:
+            raise PatternDefinitionError(
+                f"Pattern {pattern_name!r} returns {out.name!r}, which no op of it computes; "
+                f"return the output of the pattern's last op."
+            )
+    final_nodes = list(dict.fromkeys(op_of_output[id(out)][0] for out in outputs))
+    stray = [n.name for n in nodes if not n.consumers and n.index not in final_nodes]
+    if stray:
+        last = [nodes[i].name for i in final_nodes]
+        raise PatternDefinitionError(
+            f"Pattern {pattern_name!r} has more than one last op: {stray + last} have no consumer in the "
+            f"pattern but only {last} is returned. To match several outputs, return every one of them from "
+            "the pattern program."
+        )
+    for i in final_nodes:
+        nodes[i].is_final = True
     compiled = CompiledPattern(
         name=pattern_name,
         program=program,
@@ -330,6 +344,7 @@ def _compile_graph(
         final_nodes=final_nodes,
         by_name=by_name,
     )
+    _mark_fanout(compiled, options["fanout"])
     reached = distances(compiled.hops(True), 0)
     if len(reached) != len(nodes):
         apart = [n.name for n in nodes if n.index not in reached]
@@ -337,7 +352,9 @@ def _compile_graph(
             f"Pattern {pattern_name!r} falls apart: ops {apart} share no variable with op "
             f"{nodes[0].name!r}. Register unrelated sequences as separate patterns."
         )
-    logger.debug("compiled %s", compiled.describe())
+    logger.debug(
+        "compiled pattern %r [%s]", pattern_name, ", ".join(f"{n.name}:{n.op_type_label}" for n in nodes)
+    )
     return compiled
 
 
@@ -371,34 +388,10 @@ def _depth(compiled: CompiledPattern) -> int:
     return max(depth)
 
 
-def _final_nodes(
-    pattern_name: str, outputs: list[Var], nodes: list[PatternNode], op_of_output: dict[int, tuple[int, int]]
-) -> list[int]:
-    for out in outputs:
-        if id(out) not in op_of_output:
-            raise PatternDefinitionError(
-                f"Pattern {pattern_name!r} returns {out.name!r}, which no op of it computes; "
-                f"return the output of the pattern's last op."
-            )
-    finals = list(dict.fromkeys(op_of_output[id(out)][0] for out in outputs))
-    stray = [n.name for n in nodes if not n.consumers and n.index not in finals]
-    if stray:
-        last = [nodes[i].name for i in finals]
-        raise PatternDefinitionError(
-            f"Pattern {pattern_name!r} has more than one last op: {stray + last} have no consumer in the "
-            f"pattern but only {last} is returned. To match several outputs, return every one of them from "
-            "the pattern program."
-        )
-    for idx in finals:
-        nodes[idx].is_final = True
-    return finals
-
-
-def _mark_fanout(
-    pattern_name: str, nodes: list[PatternNode], fanout: set[str], by_name: dict[str, int]
-) -> None:
-    for name in sorted(fanout & by_name.keys()):  # another program of a list may have the op
-        node = nodes[by_name[name]]
+def _mark_fanout(compiled: CompiledPattern, fanout: set[str]) -> None:
+    pattern_name, nodes = compiled.name, compiled.nodes
+    for name in sorted(fanout & compiled.by_name.keys()):  # another program of a list may have the op
+        node = nodes[compiled.by_name[name]]
         if not node.is_final:
             raise PatternDefinitionError(
                 f"Pattern {pattern_name!r}: fan-out op {name!r} is consumed in the pattern; "

@@ -36,11 +36,9 @@ __all__ = [
 ]
 
 DIV_RTOL = 2.4e-7
-"""Relative tolerance of ``x / c`` against ``x * (1/c)`` in float32 (3 units in the last place, rounded
-up)."""
+"""Relative tolerance of ``x / c`` against ``x * (1/c)`` in float32: 3 ulp, rounded up."""
 REASSOC_RTOL = 2.4e-7
-"""Relative tolerance of ``(a * c) * b`` against ``a * (b * c)`` in float32: ``reassoc_rtol(3)`` of
-docs/LANGUAGE.md rounded up."""
+"""Relative tolerance of ``(a * c) * b`` against ``a * (b * c)`` in float32: reassoc_rtol(3) rounded up."""
 RSQRT_RTOL = 1.2e-7
 """Relative tolerance of ``rsqrt(x)`` against ``1 / sqrt(x)`` in float32, beyond rsqrt's epsilon term."""
 
@@ -203,8 +201,7 @@ def _known(pattern_name: str, names: Iterable[str]) -> list[Identity]:
 
 
 def _lookup(var: Var, scope: Scope) -> Var:
-    """The copy of ``var``; a constant is copied where it is first read (inside an alternative: for it
-    alone)."""
+    """The copy of ``var``; a constant is copied where it is first read (in an alternative: for it alone)."""
     if id(var) not in scope:
         if var.op is None or var.op.op_type != "const":
             raise PatternDefinitionError(f"equivalences: variable {var.name!r} is read before it is built.")
@@ -246,26 +243,22 @@ def _replay(
         if op.op_type == "const" or id(op) in absorbed or id(record) in done:
             continue
         identities = [i for i in plan.get(op.name, []) if i.name != "reassoc"]
+        name, out = op.name, op.outputs[0]
         if record is not None:
             done.add(id(record))
-            scope[id(record.alternatives[0][1])] = one_of(
-                record.name,
-                *[
-                    partial(_alternative, alt_ops, record.children.get(k, []), out, plan, scope.new_child())
-                    for k, (alt_ops, out) in enumerate(record.alternatives)
-                ],
-            )
-        elif id(op) in chains:  # re-associated alone: the chain's ops take no other identity
-            orders = [
-                partial(_order, chains[id(op)], t, scope.new_child())
-                for t in association_orders(chains[id(op)])
+            name, out = record.name, record.alternatives[0][1]
+            builds = [
+                partial(_alternative, alt_ops, record.children.get(k, []), alt_out, plan)
+                for k, (alt_ops, alt_out) in enumerate(record.alternatives)
             ]
-            scope[id(op.outputs[0])] = one_of(op.name, *orders)
+        elif id(op) in chains:  # re-associated alone: the chain's ops take no other identity
+            builds = [partial(_order, chains[id(op)], t) for t in association_orders(chains[id(op)])]
         elif identities:
-            spellings = [partial(_spelling, op, i, scope.new_child()) for i in [None, *identities]]
-            scope[id(op.outputs[0])] = one_of(op.name, *spellings)
+            builds = [partial(_spelling, op, i) for i in [None, *identities]]
         else:
             _rebuild(op, scope)
+            continue
+        scope[id(out)] = one_of(name, *[partial(build, scope.new_child()) for build in builds])
 
 
 def _alternative(

@@ -45,8 +45,7 @@ ConstMode = Literal["any", "const", "value", "weight"]
 
 @dataclass(frozen=True)
 class ConstRule:
-    """What a pattern constant demands of the program variable in its slot (never computed inside the
-    match, whatever the mode)."""
+    """What a pattern constant demands of the program variable in its slot (never computed in the match)."""
 
     mode: ConstMode = "any"
     """``"any"``: anything; ``"const"``: a compile-time constant; ``"value"``: a constant close to the
@@ -165,8 +164,7 @@ class PatternNode:
     is_final: bool = False
     """Whether the outputs may be used outside the match."""
     fanout: bool = False
-    """Whether this node stands for *every* consumer of its input variable (all of one kind), captured as a
-    list."""
+    """Whether this node stands for *every* consumer of its input variable (all of one kind), as a list."""
     output_uses: list[int] = field(default_factory=list)
     """For each output, how many pattern edges consume it."""
     consumers: list[tuple[int, str, int, int]] = field(default_factory=list)
@@ -247,15 +245,9 @@ class CompiledPattern:
                         hops[a].setdefault(b, 2)
         return hops
 
-    def describe(self) -> str:
-        """A one-line summary, for logs and messages."""
-        ops = ", ".join(f"{n.name}:{n.op_type_label}" for n in self.nodes)
-        return f"pattern {self.name!r} [{ops}]"
-
 
 def distances(hops: list[dict[int, int]], start: int) -> dict[int, int]:
-    """Fewest steps from node ``start`` to each node it reaches over ``hops``
-    (:meth:`CompiledPattern.hops`)."""
+    """Fewest steps from node ``start`` to each node it reaches over :meth:`CompiledPattern.hops`."""
     dist = {start: 0}
     frontier = [start]
     while frontier:  # relax until nothing improves

@@ -103,8 +103,7 @@ class Variant:
 
     @cached_property
     def aliases(self) -> dict[str, tuple[str, ...]]:
-        """Op name to the choices whose variable it computes, innermost first (``taken`` is outermost
-        first)."""
+        """Op name to the choices whose variable it computes, innermost first (``taken``: outermost first)."""
         aliases: dict[str, tuple[str, ...]] = {}
         for choice, region in self.taken:
             end = renamed(region.outputs[0], self.renames).op.name
