@@ -73,8 +73,7 @@ class Pattern:
         order: Order | None = None,
         choices: dict[str, int] | None = None,
     ) -> None:
-        """The match the search found (``Pattern()``: an empty one); the dicts and the list become the
-        pattern's own (no copies)."""
+        """The match the search found (``Pattern()``: an empty one), owning its arguments (no copies)."""
         ops = {} if ops is None else ops
         roots = [] if roots is None else roots
         final_names = compiled.final_names if compiled is not None else ()
