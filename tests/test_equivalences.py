@@ -25,12 +25,19 @@ from pattern_infra.language.equivalences import (
     association_orders,
     chain_at,
     constant_value,
-    reassoc_rtol,
 )
 from pattern_infra.verification.evaluator import evaluate
 
 SHAPE = (4, 64)
 ANY = [mb.TensorSpec(shape=(get_new_symbol(), get_new_symbol()))]
+
+
+def reassoc_rtol(factors: int) -> float:
+    """Relative tolerance of two orders of multiplication of ``factors`` (2 or more) float32 factors, each
+    making ``factors - 1`` products: ``((1 + u) / (1 - u)) ** (factors - 1) - 1``, ``u = 2**-24``
+    (docs/LANGUAGE.md)."""
+    u = 2.0**-24
+    return ((1 + u) / (1 - u)) ** (factors - 1) - 1
 
 
 def _program(build):

@@ -411,6 +411,19 @@ def test_bad_patterns_are_refused_with_the_rule(build, rule):
     assert "my_pattern" in str(info.value)
 
 
+@pytest.mark.parametrize("name", ["root_var", "op_list", "output_vars", "replacements", "ops"])
+def test_an_op_named_like_any_public_attribute_of_pattern_is_refused(name):
+    """``pattern.<op name>`` would hide a method, property or field of Pattern: every one is reserved,
+    those added after the list was written (``output_vars``, ``replacements``) too."""
+
+    @mb.program(input_specs=spec())
+    def pat(x):
+        return mb.relu(x=x, name=name)
+
+    with pytest.raises(PatternDefinitionError, match=f"op name '{name}' is reserved"):
+        compile_pattern(pat, name="my_pattern")
+
+
 def test_design_document_helpers():
     @mb.program(input_specs=spec())
     def prog(x):

@@ -14,6 +14,7 @@ from coremltools.converters.mil.mil import Operation, Var
 from coremltools.converters.mil.mil import block as _block
 
 from .errors import PatternDefinitionError
+from .graph import operands
 
 __all__ = ["Record", "Region", "one_of", "optional", "records_of", "regions_of"]
 
@@ -41,11 +42,8 @@ _ACTIVE: list[list[Record]] = []
 def one_of(name: str, *alternatives: Callable[[], Var], fallback: bool = False) -> Var:
     """Declares, inside an ``@mb.program`` pattern, a variable computed by one of several small programs.
 
-    Alternatives are tried in the order written; write the longest first. When the choice ends the
-    pattern, a later alternative is by default never matched inside a match of an earlier one (``norm *
-    w`` is the weighted spelling, not the unweighted one and an unrelated ``mul``), whatever the
-    constraints say of that match. Choices nest; ``pattern.choices[name]`` is the index of the alternative
-    that matched. What alternatives may read and how their ops are named: docs/LANGUAGE.md.
+    Alternatives are tried in the order written, the longest first; choices nest. The longest-spelling
+    rule, what alternatives may read and how a match names their ops: docs/LANGUAGE.md.
 
     Args:
         name: The choice's name: ``pattern.<name>`` is the op computing the variable in a match.
@@ -145,7 +143,7 @@ def regions_of(ops: list[Any], records: list[Record], pattern_name: str) -> dict
             continue
         outside = [op for op in level if id(op) not in region]
         for op in outside:
-            for var in _vars_read(op):
+            for _, _, var in operands(op):
                 if var is not record.alternatives[0][1] and var.op is not None and id(var.op) in region:
                     raise PatternDefinitionError(
                         f"Pattern {pattern_name!r}: op {op.name!r} reads {var.name!r}, built inside choice "
@@ -173,12 +171,6 @@ def regions_of(ops: list[Any], records: list[Record], pattern_name: str) -> dict
     return found
 
 
-def _vars_read(op: Any) -> list[Var]:
-    return [
-        v for value in op.inputs.values() for v in (value if isinstance(value, (list, tuple)) else [value])
-    ]
-
-
 def _regions(record: Record, outside_names: set[str], pattern_name: str) -> list[Region]:
     """The alternatives of ``record`` as regions whose inputs are the choice's slots."""
     owner = {id(op): k for k, (alt_ops, _) in enumerate(record.alternatives) for op in alt_ops}
@@ -192,7 +184,7 @@ def _regions(record: Record, outside_names: set[str], pattern_name: str) -> list
                     f"{record.name!r} is also used outside the choice; rename it (only alternatives of one "
                     "choice may share names)."
                 )
-            for var in _vars_read(op):
+            for _, _, var in operands(op):
                 other = owner.get(id(var.op)) if var.op is not None else None
                 if other is None:
                     reads.setdefault(id(var), var)
@@ -227,7 +219,7 @@ def _regions(record: Record, outside_names: set[str], pattern_name: str) -> list
 def _reads(ops: list[Any], nested: list[Record], var: Var) -> int:
     """How many times one spelling of ``ops`` (nested choices at their first alternative) reads ``var``."""
     inner = {id(op) for record in nested for alt_ops, _ in record.alternatives for op in alt_ops}
-    own = sum(v is var for op in ops if id(op) not in inner for v in _vars_read(op))
+    own = sum(v is var for op in ops if id(op) not in inner for _, _, v in operands(op))
     return own + sum(_reads(r.alternatives[0][0], r.children.get(0, []), var) for r in nested)
 
 
@@ -243,14 +235,13 @@ def _label(out: Var, slots: dict[int, str]) -> str:
         if budget[0] < 0:
             return "..."
         args = []
-        for slot, value in op.inputs.items():
-            for v in value if isinstance(value, (list, tuple)) else [value]:
-                if v.op is None or v.op.op_type != "const" or id(v) in slots:
-                    args.append(text(v))
-                elif slot in ("x", "y") and v.val is not None:  # an operand; other constants are attributes
-                    value = np.asarray(v.val)
-                    if value.size == 1 and value.dtype.kind in "biuf":
-                        args.append(f"{value.reshape(()).item():g}")
+        for slot, _, v in operands(op):
+            if v.op is None or v.op.op_type != "const" or id(v) in slots:
+                args.append(text(v))
+            elif slot in ("x", "y") and v.val is not None:  # an operand; other constants are attributes
+                value = np.asarray(v.val)
+                if value.size == 1 and value.dtype.kind in "biuf":
+                    args.append(f"{value.reshape(()).item():g}")
         return f"{op.op_type}({', '.join(args)})"
 
     return text(out)

@@ -26,19 +26,9 @@ from .graph import (
     edge_positions,
 )
 from .pattern import RESERVED_NAMES
-from .variants import MAX_VARIANTS, Combo, Guard, Variant, combos, count, renamed
+from .variants import MAX_VARIANTS, Guard, Variant, combos, count, renamed
 
-__all__ = [
-    "COMMUTATIVE_OPS",
-    "RESERVED_NAMES",
-    "ConstRule",
-    "Edge",
-    "PatternNode",
-    "CompiledPattern",
-    "compile_pattern",
-    "edge_positions",
-    "require_program",
-]
+__all__ = ["compile_pattern", "pattern_name_of", "require_program"]
 
 logger = logging.getLogger(__name__)
 
@@ -203,33 +193,31 @@ def _compile(
             )
         return earlier[id(record), k]
 
-    variants = []
-    for combo in combos(records, list(func.outputs), regions):
-        compiled = _compile_graph(func, program, pattern_name, options, combo)
+    variants = combos(records, list(func.outputs), regions)
+    for variant in variants:
+        variant.compiled = _compile_graph(func, program, pattern_name, options, variant)
         guards = []
-        for record, k, out in combo.guards:
+        for record, k, out in variant.ends:
             alternatives = tuple(alternative(record, j) for j in range(k))
             spellings = [v.compiled for a in alternatives for v in a.variants]
             guards.append(
                 Guard(
                     record.name,
                     k,
-                    renamed(out, combo.renames).op.name,
+                    renamed(out, variant.renames).op.name,
                     record.fallback,
                     alternatives,
                     max(map(_depth, spellings)),
                     frozenset(t for c in spellings for n in c.final_nodes for t in c.nodes[n].op_types),
                 )
             )
-        variants.append(
-            Variant(compiled, combo.spelling(), combo.aliases, combo.groups, tuple(guards), combo.within)
-        )
+        variant.guards = tuple(guards)
     variants[0].compiled.variants = variants
     return variants[0].compiled
 
 
 def _compile_graph(
-    func: Any, program: Program, pattern_name: str, options: dict[str, Any], combo: Combo
+    func: Any, program: Program, pattern_name: str, options: dict[str, Any], combo: Variant
 ) -> CompiledPattern:
     """One spelling of a pattern function or region as a plain pattern: its ops but the alternatives not
     taken, each choice's variable read as the one the alternative taken computes."""
@@ -327,10 +315,24 @@ def _compile_graph(
                     nodes[e.index].output_uses[e.output] += 1
                     nodes[e.index].consumers.append((i, slot, pos, e.output))
 
-    final_nodes = _final_nodes(
-        pattern_name, [renamed(v, combo.renames) for v in func.outputs], nodes, op_of_output
-    )
-    _mark_fanout(pattern_name, nodes, options["fanout"], by_name)
+    outputs = [renamed(v, combo.renames) for v in func.outputs]
+    for out in outputs:
+        if id(out) not in op_of_output:
+            raise PatternDefinitionError(
+                f"Pattern {pattern_name!r} returns {out.name!r}, which no op of it computes; "
+                f"return the output of the pattern's last op."
+            )
+    final_nodes = list(dict.fromkeys(op_of_output[id(out)][0] for out in outputs))
+    stray = [n.name for n in nodes if not n.consumers and n.index not in final_nodes]
+    if stray:
+        last = [nodes[i].name for i in final_nodes]
+        raise PatternDefinitionError(
+            f"Pattern {pattern_name!r} has more than one last op: {stray + last} have no consumer in the "
+            f"pattern but only {last} is returned. To match several outputs, return every one of them from "
+            "the pattern program."
+        )
+    for i in final_nodes:
+        nodes[i].is_final = True
     compiled = CompiledPattern(
         name=pattern_name,
         program=program,
@@ -342,6 +344,7 @@ def _compile_graph(
         final_nodes=final_nodes,
         by_name=by_name,
     )
+    _mark_fanout(compiled, options["fanout"])
     reached = distances(compiled.hops(True), 0)
     if len(reached) != len(nodes):
         apart = [n.name for n in nodes if n.index not in reached]
@@ -349,7 +352,9 @@ def _compile_graph(
             f"Pattern {pattern_name!r} falls apart: ops {apart} share no variable with op "
             f"{nodes[0].name!r}. Register unrelated sequences as separate patterns."
         )
-    logger.debug("compiled %s", compiled.describe())
+    logger.debug(
+        "compiled pattern %r [%s]", pattern_name, ", ".join(f"{n.name}:{n.op_type_label}" for n in nodes)
+    )
     return compiled
 
 
@@ -383,34 +388,10 @@ def _depth(compiled: CompiledPattern) -> int:
     return max(depth)
 
 
-def _final_nodes(
-    pattern_name: str, outputs: list[Var], nodes: list[PatternNode], op_of_output: dict[int, tuple[int, int]]
-) -> list[int]:
-    for out in outputs:
-        if id(out) not in op_of_output:
-            raise PatternDefinitionError(
-                f"Pattern {pattern_name!r} returns {out.name!r}, which no op of it computes; "
-                f"return the output of the pattern's last op."
-            )
-    finals = list(dict.fromkeys(op_of_output[id(out)][0] for out in outputs))
-    stray = [n.name for n in nodes if not n.consumers and n.index not in finals]
-    if stray:
-        last = [nodes[i].name for i in finals]
-        raise PatternDefinitionError(
-            f"Pattern {pattern_name!r} has more than one last op: {stray + last} have no consumer in the "
-            f"pattern but only {last} is returned. To match several outputs, return every one of them from "
-            "the pattern program."
-        )
-    for idx in finals:
-        nodes[idx].is_final = True
-    return finals
-
-
-def _mark_fanout(
-    pattern_name: str, nodes: list[PatternNode], fanout: set[str], by_name: dict[str, int]
-) -> None:
-    for name in sorted(fanout & by_name.keys()):  # another program of a list may have the op
-        node = nodes[by_name[name]]
+def _mark_fanout(compiled: CompiledPattern, fanout: set[str]) -> None:
+    pattern_name, nodes = compiled.name, compiled.nodes
+    for name in sorted(fanout & compiled.by_name.keys()):  # another program of a list may have the op
+        node = nodes[compiled.by_name[name]]
         if not node.is_final:
             raise PatternDefinitionError(
                 f"Pattern {pattern_name!r}: fan-out op {name!r} is consumed in the pattern; "

@@ -32,16 +32,13 @@ __all__ = [
     "association_orders",
     "chain_at",
     "constant_value",
-    "reassoc_rtol",
     "with_equivalences",
 ]
 
 DIV_RTOL = 2.4e-7
-"""Relative tolerance of ``x / c`` against ``x * (1/c)`` in float32 (3 units in the last place, rounded
-up)."""
+"""Relative tolerance of ``x / c`` against ``x * (1/c)`` in float32: 3 ulp, rounded up."""
 REASSOC_RTOL = 2.4e-7
-"""Relative tolerance of ``(a * c) * b`` against ``a * (b * c)`` in float32: ``reassoc_rtol(3)`` rounded
-up."""
+"""Relative tolerance of ``(a * c) * b`` against ``a * (b * c)`` in float32: reassoc_rtol(3) rounded up."""
 RSQRT_RTOL = 1.2e-7
 """Relative tolerance of ``rsqrt(x)`` against ``1 / sqrt(x)`` in float32, beyond rsqrt's epsilon term."""
 
@@ -54,16 +51,6 @@ Tree = int | tuple["Tree", "Tree"]
 Equivalences = bool | Sequence[str] | Mapping[str, Sequence[str]]  # what equivalences= accepts
 
 Scope = ChainMap[int, Var]  # a pattern variable's id to its copy; an alternative builds in a child scope
-
-
-def reassoc_rtol(factors: int) -> float:
-    """Relative tolerance of two orders of multiplication of ``factors`` (2 or more) float32 factors, each
-    making ``factors - 1`` products: ``((1 + u) / (1 - u)) ** (factors - 1) - 1``, ``u = 2**-24``
-    (docs/LANGUAGE.md)."""
-    if factors < 2:
-        raise ValueError(f"reassoc_rtol: a chain has 2 factors or more, got {factors}.")
-    u = 2.0**-24
-    return ((1 + u) / (1 - u)) ** (factors - 1) - 1
 
 
 def constant_value(var: object) -> np.ndarray | None:
@@ -93,16 +80,24 @@ class Identity:
         return op.op_type == self.op_type and self.holds(op)
 
 
-def _const_y(op: Operation, test: Callable[[np.ndarray], bool] = lambda value: True) -> bool:
+def _const_y(op: Operation, test: Callable[[np.ndarray], bool]) -> bool:
     value = constant_value(op.inputs.get("y"))
     return value is not None and bool(test(value))
 
 
-def _with_const(op_type: str, fn: Callable[[np.ndarray], np.ndarray], x: Var, op: Operation) -> Var:
-    """``<op_type>(x, fn(c))`` for an op ``f(x, c)``, ``fn(c)`` in c's float dtype (else float32)."""
-    value = np.asarray(op.inputs["y"].val)  # a numeric const: the guard (_const_y) found it one
-    y = fn(value.astype(np.float32)).astype(value.dtype if value.dtype.kind == "f" else np.float32)
-    return getattr(mb, op_type)(x=x, y=y, name=op.name)
+def _const_identity(
+    name: str, op_type: str, other: str, fn: Callable[[np.ndarray], np.ndarray], c: str, exact: bool
+) -> Identity:
+    """``<op_type>(x, c) = <other>(x, fn(c))`` for a numeric constant ``c`` (nonzero for a reciprocal),
+    ``fn(c)`` in c's float dtype (else float32); ``c`` names ``fn(c)`` in the statement."""
+
+    def build(x: Var, op: Operation) -> Var:
+        value = np.asarray(op.inputs["y"].val)  # a numeric const: holds found it one
+        y = fn(value.astype(np.float32)).astype(value.dtype if value.dtype.kind == "f" else np.float32)
+        return getattr(mb, other)(x=x, y=y, name=op.name)
+
+    holds = partial(_const_y, test=np.all if fn is np.reciprocal else lambda value: True)
+    return Identity(name, op_type, holds, build, exact, f"{op_type}(x, c) = {other}(x, {c})")
 
 
 IDENTITIES: dict[str, Identity] = {
@@ -124,38 +119,10 @@ IDENTITIES: dict[str, Identity] = {
             True,
             "mul(x, x) = pow(x, 2)",
         ),
-        Identity(
-            "sub_const",
-            "sub",
-            _const_y,
-            partial(_with_const, "add", np.negative),
-            True,
-            "sub(x, c) = add(x, -c)",
-        ),
-        Identity(
-            "add_const",
-            "add",
-            _const_y,
-            partial(_with_const, "sub", np.negative),
-            True,
-            "add(x, c) = sub(x, -c)",
-        ),
-        Identity(
-            "div_const",
-            "real_div",
-            partial(_const_y, test=np.all),
-            partial(_with_const, "mul", np.reciprocal),
-            False,
-            "real_div(x, c) = mul(x, 1/c)",
-        ),
-        Identity(
-            "mul_const",
-            "mul",
-            partial(_const_y, test=np.all),
-            partial(_with_const, "real_div", np.reciprocal),
-            False,
-            "mul(x, c) = real_div(x, 1/c)",
-        ),
+        _const_identity("sub_const", "sub", "add", np.negative, "-c", True),
+        _const_identity("add_const", "add", "sub", np.negative, "-c", True),
+        _const_identity("div_const", "real_div", "mul", np.reciprocal, "1/c", False),
+        _const_identity("mul_const", "mul", "real_div", np.reciprocal, "1/c", False),
         Identity(
             "reassoc",
             "mul",
@@ -234,8 +201,7 @@ def _known(pattern_name: str, names: Iterable[str]) -> list[Identity]:
 
 
 def _lookup(var: Var, scope: Scope) -> Var:
-    """The copy of ``var``; a constant is copied where it is first read (inside an alternative: for it
-    alone)."""
+    """The copy of ``var``; a constant is copied where it is first read (in an alternative: for it alone)."""
     if id(var) not in scope:
         if var.op is None or var.op.op_type != "const":
             raise PatternDefinitionError(f"equivalences: variable {var.name!r} is read before it is built.")
@@ -277,26 +243,22 @@ def _replay(
         if op.op_type == "const" or id(op) in absorbed or id(record) in done:
             continue
         identities = [i for i in plan.get(op.name, []) if i.name != "reassoc"]
+        name, out = op.name, op.outputs[0]
         if record is not None:
             done.add(id(record))
-            scope[id(record.alternatives[0][1])] = one_of(
-                record.name,
-                *[
-                    partial(_alternative, alt_ops, record.children.get(k, []), out, plan, scope.new_child())
-                    for k, (alt_ops, out) in enumerate(record.alternatives)
-                ],
-            )
-        elif id(op) in chains:  # re-associated alone: the chain's ops take no other identity
-            orders = [
-                partial(_order, chains[id(op)], t, scope.new_child())
-                for t in association_orders(chains[id(op)])
+            name, out = record.name, record.alternatives[0][1]
+            builds = [
+                partial(_alternative, alt_ops, record.children.get(k, []), alt_out, plan)
+                for k, (alt_ops, alt_out) in enumerate(record.alternatives)
             ]
-            scope[id(op.outputs[0])] = one_of(op.name, *orders)
+        elif id(op) in chains:  # re-associated alone: the chain's ops take no other identity
+            builds = [partial(_order, chains[id(op)], t) for t in association_orders(chains[id(op)])]
         elif identities:
-            spellings = [partial(_spelling, op, i, scope.new_child()) for i in [None, *identities]]
-            scope[id(op.outputs[0])] = one_of(op.name, *spellings)
+            builds = [partial(_spelling, op, i) for i in [None, *identities]]
         else:
             _rebuild(op, scope)
+            continue
+        scope[id(out)] = one_of(name, *[partial(build, scope.new_child()) for build in builds])
 
 
 def _alternative(

@@ -8,7 +8,7 @@ from functools import cached_property
 from typing import Any, Literal
 
 import numpy as np
-from coremltools.converters.mil.mil import Program, Var
+from coremltools.converters.mil.mil import Operation, Program, Var
 
 from .errors import PatternDefinitionError
 
@@ -22,6 +22,7 @@ __all__ = [
     "distances",
     "edge_positions",
     "is_compressed",
+    "operands",
 ]
 
 COMMUTATIVE_OPS: frozenset[str] = frozenset(
@@ -44,8 +45,7 @@ ConstMode = Literal["any", "const", "value", "weight"]
 
 @dataclass(frozen=True)
 class ConstRule:
-    """What a pattern constant demands of the program variable in its slot (never computed inside the
-    match, whatever the mode)."""
+    """What a pattern constant demands of the program variable in its slot (never computed in the match)."""
 
     mode: ConstMode = "any"
     """``"any"``: anything; ``"const"``: a compile-time constant; ``"value"``: a constant close to the
@@ -105,11 +105,16 @@ def is_compressed(var: Var) -> bool:
     op = var.op
     if op is None or not op.op_type.startswith("constexpr_"):
         return False
-    for value in op.inputs.values():
-        for v in value if isinstance(value, (list, tuple)) else (value,):
-            if v.op is None or (v.op.op_type != "const" and not is_compressed(v)):
-                return False
-    return True
+    return all(v.op is not None and (v.op.op_type == "const" or is_compressed(v)) for _, _, v in operands(op))
+
+
+def operands(op: Operation) -> list[tuple[str, int, Var]]:
+    """Every variable ``op`` reads: (slot, position in a tuple slot or -1, variable)."""
+    return [
+        (slot, pos, v)
+        for slot, value in op.inputs.items()
+        for pos, v in (enumerate(value) if isinstance(value, (list, tuple)) else [(-1, value)])
+    ]
 
 
 def _in_dtype(expected: np.ndarray, dtype: np.dtype[Any]) -> np.ndarray:
@@ -159,8 +164,7 @@ class PatternNode:
     is_final: bool = False
     """Whether the outputs may be used outside the match."""
     fanout: bool = False
-    """Whether this node stands for *every* consumer of its input variable (all of one kind), captured as a
-    list."""
+    """Whether this node stands for *every* consumer of its input variable (all of one kind), as a list."""
     output_uses: list[int] = field(default_factory=list)
     """For each output, how many pattern edges consume it."""
     consumers: list[tuple[int, str, int, int]] = field(default_factory=list)
@@ -227,10 +231,6 @@ class CompiledPattern:
         """The names of the final nodes, in the order the pattern returns them."""
         return tuple(self.nodes[i].name for i in self.final_nodes)
 
-    def node(self, name: str) -> PatternNode:
-        """Returns the node named ``name``."""
-        return self.nodes[self.by_name[name]]
-
     def hops(self, through_roots: bool) -> list[dict[int, int]]:
         """Per node, its neighbours and how many producer/consumer steps away they are: 1 through a data
         edge, 2 through a pattern input both read (counted only ``through_roots``)."""
@@ -245,15 +245,9 @@ class CompiledPattern:
                         hops[a].setdefault(b, 2)
         return hops
 
-    def describe(self) -> str:
-        """A one-line summary, for logs and messages."""
-        ops = ", ".join(f"{n.name}:{n.op_type_label}" for n in self.nodes)
-        return f"pattern {self.name!r} [{ops}]"
-
 
 def distances(hops: list[dict[int, int]], start: int) -> dict[int, int]:
-    """Fewest steps from node ``start`` to each node it reaches over ``hops``
-    (:meth:`CompiledPattern.hops`)."""
+    """Fewest steps from node ``start`` to each node it reaches over :meth:`CompiledPattern.hops`."""
     dist = {start: 0}
     frontier = [start]
     while frontier:  # relax until nothing improves

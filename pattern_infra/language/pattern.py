@@ -13,30 +13,6 @@ from .graph import CompiledPattern
 
 __all__ = ["Order", "Pattern"]
 
-RESERVED_NAMES: frozenset[str] = frozenset(
-    {
-        "root_var",
-        "root_vars",
-        "final_op",
-        "final_ops",
-        "block",
-        "op_set",
-        "op_list",
-        "add_attribute",
-        "const_like",
-        "operand",
-        "consts",
-        "ops",
-        "groups",
-        "pattern_name",
-        "replace_output",
-        "replace_outputs",
-        "insert_before",
-        "choices",
-    }
-)
-"""Names a pattern op may not take, because :class:`Pattern` uses them."""
-
 Order = Callable[[list[Operation]], list[Operation]]
 """Sorts ops of one block into program order (``Pattern.op_list``)."""
 
@@ -73,8 +49,7 @@ class Pattern:
         order: Order | None = None,
         choices: dict[str, int] | None = None,
     ) -> None:
-        """The match the search found (``Pattern()``: an empty one); the dicts and the list become the
-        pattern's own (no copies)."""
+        """The match the search found (``Pattern()``: an empty one), owning its arguments (no copies)."""
         ops = {} if ops is None else ops
         roots = [] if roots is None else roots
         final_names = compiled.final_names if compiled is not None else ()
@@ -113,11 +88,7 @@ class Pattern:
                 f"Pattern attribute {attribute_name!r} would overwrite the captured op of that name in "
                 f"pattern {self.pattern_name!r}; choose another name."
             )
-        if (
-            attribute_name in RESERVED_NAMES
-            or attribute_name.startswith("_")
-            or hasattr(type(self), attribute_name)
-        ):
+        if attribute_name in RESERVED_NAMES or attribute_name.startswith("_"):
             raise NameError(
                 f"Pattern attribute {attribute_name!r} is reserved by Pattern; choose another name."
             )
@@ -261,3 +232,10 @@ class Pattern:
 
 def _flat(op: Operation | list[Operation]) -> list[Operation]:
     return op if isinstance(op, list) else [op]
+
+
+RESERVED_NAMES: frozenset[str] = frozenset(
+    name for name in {*vars(Pattern), *vars(Pattern())} if not name.startswith("_")
+)
+"""Names a pattern op may not take: every public method, property and field of :class:`Pattern`
+(``pattern.<op name>`` would hide it)."""

@@ -13,9 +13,9 @@ from typing import Any, NoReturn
 from coremltools.converters.mil.mil import Var
 
 from .choices import Record, Region
-from .graph import CompiledPattern
+from .graph import CompiledPattern, operands
 
-__all__ = ["MAX_VARIANTS", "Combo", "Guard", "Spelling", "Variant", "combos", "count", "renamed"]
+__all__ = ["MAX_VARIANTS", "Guard", "Spelling", "Variant", "combos", "count", "renamed"]
 
 MAX_VARIANTS = 256
 """The most spellings one pattern may stand for (the product of its choices' alternatives)."""
@@ -63,55 +63,47 @@ class Guard:
     """The op types an earlier alternative ends with."""
 
 
-@dataclass(frozen=True)
-class Variant:
-    """One spelling of a pattern, as a plain pattern."""
-
-    compiled: CompiledPattern
-    choices: Spelling
-    """``pattern.choices`` of its matches."""
-    aliases: dict[str, tuple[str, ...]]
-    """Op name to the choices whose variable it computes, innermost first (``pattern.<choice>``)."""
-    groups: dict[str, str]
-    """Op name to the outermost choice it belongs to (ops outside every choice absent)."""
-    guards: tuple[Guard, ...] = ()
-    within: dict[str, tuple[str, str]] = field(default_factory=dict)
-    """Op name to its innermost choice and the alternative taken there in words, for ``explain``."""
-
-
 @dataclass
-class Combo:
-    """One way of taking an alternative of each choice, and what it means for the pattern's ops."""
+class Variant:
+    """One spelling of a pattern: one way of taking an alternative of each choice, what it means for the
+    pattern's ops, and the plain pattern the compiler makes of it."""
 
     chosen: dict[str, int] = field(default_factory=dict)
+    """Choice name to the index of the alternative taken."""
     dropped: set[int] = field(default_factory=set)
     """``id`` of the ops of the alternatives not taken."""
     renames: dict[int, Var] = field(default_factory=dict)
     """``id`` of a choice's variable (its first alternative's) to the variable of the alternative taken."""
-    guards: list[tuple[Record, int, Var]] = field(default_factory=list)
+    ends: list[tuple[Record, int, Var]] = field(default_factory=list)
+    """The choices ending the pattern taken at a later alternative than their first: its guards to be."""
     within: dict[str, tuple[str, str]] = field(default_factory=dict)
+    """Op name to its innermost choice and the alternative taken there in words, for ``explain``."""
     groups: dict[str, str] = field(default_factory=dict)
+    """Op name to the outermost choice it belongs to (ops outside every choice absent)."""
     taken: list[tuple[str, Region]] = field(default_factory=list)
+    compiled: CompiledPattern = field(init=False)
+    """The spelling as a plain pattern (set by the compiler)."""
+    guards: tuple[Guard, ...] = ()
+    """One per ``ends`` (set by the compiler)."""
 
-    def spelling(self) -> Spelling:
-        """``pattern.choices``, with the operand holding each slot of each choice taken."""
+    @cached_property
+    def choices(self) -> Spelling:
+        """``pattern.choices`` of its matches, with the operand holding each slot of each choice taken."""
         slots = {}
         for choice, region in self.taken:
             names = {id(var): slot for slot, var in region.inputs.items()}
             held: dict[str, tuple[str, str, int]] = {}
             for op in region.operations:
                 if id(op) not in self.dropped:
-                    for op_slot, value in op.inputs.items():
-                        for pos, v in enumerate(value) if isinstance(value, (list, tuple)) else [(-1, value)]:
-                            if id(v) in names:
-                                held.setdefault(names[id(v)], (op.name, op_slot, pos))
+                    for op_slot, pos, v in operands(op):
+                        if id(v) in names:
+                            held.setdefault(names[id(v)], (op.name, op_slot, pos))
             slots[choice] = {slot: held[slot] for slot in region.inputs if slot in held}
         return Spelling(self.chosen, slots)
 
     @cached_property
     def aliases(self) -> dict[str, tuple[str, ...]]:
-        """Op name to the choices whose variable it computes, innermost first (``taken`` is outermost
-        first)."""
+        """Op name to the choices whose variable it computes, innermost first (``taken``: outermost first)."""
         aliases: dict[str, tuple[str, ...]] = {}
         for choice, region in self.taken:
             end = renamed(region.outputs[0], self.renames).op.name
@@ -119,10 +111,10 @@ class Combo:
         return aliases
 
 
-def combos(records: list[Record], outputs: list[Var], regions: Mapping[int, list[Region]]) -> list[Combo]:
+def combos(records: list[Record], outputs: list[Var], regions: Mapping[int, list[Region]]) -> list[Variant]:
     """Every way of taking one alternative of each choice of ``records`` (and of the choices nested in the
     alternatives taken), the first choice's alternatives outermost; ``outputs``: the level's outputs."""
-    result = [Combo()]
+    result = [Variant()]
     for record in (r for r in records if id(r) in regions):
         first_out = record.alternatives[0][1]
         final = any(out is first_out for out in outputs)
@@ -138,11 +130,11 @@ def combos(records: list[Record], outputs: list[Var], regions: Mapping[int, list
                     if k:
                         renames[id(first_out)] = out
                     grown.append(
-                        Combo(
+                        Variant(
                             {**combo.chosen, record.name: k, **inner.chosen},
                             combo.dropped | inner.dropped | others,
                             renames,
-                            combo.guards + inner.guards + ([(record, k, out)] if final and k else []),
+                            combo.ends + inner.ends + ([(record, k, out)] if final and k else []),
                             {
                                 **combo.within,
                                 **{op.name: (record.name, region.label) for op in ops},
