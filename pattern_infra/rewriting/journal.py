@@ -52,7 +52,7 @@ class Journal:
         self.saved.add(obj)
         if not isinstance(obj, Operation):
             self.objects.append((obj, _fields(obj)))
-        elif obj._output_vars is not None:  # else under construction: new, nothing to restore
+        elif getattr(obj, "_output_vars", None) is not None:  # else new (under construction): nothing to keep
             fields = obj.__dict__.copy()
             fields["_input_vars"] = fields["_input_vars"].copy()
             self.objects.append((obj, fields))
