@@ -157,9 +157,9 @@ def timed_passes(result: Conversion) -> Iterator[None]:
 
 
 def _non_const_ops(prog: Any) -> int:
-    from pattern_infra.rewriting.blocks import iter_blocks
+    from pattern_infra.rewriting.blocks import walk_blocks
 
-    return sum(1 for block in iter_blocks(prog) for op in block.operations if op.op_type != "const")
+    return sum(1 for _, ops in walk_blocks(prog) for op in ops if op.op_type != "const")
 
 
 def convert_timed(workload: str, build: Callable[[], Any], mode: str) -> tuple[Conversion, Any]:

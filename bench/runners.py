@@ -44,7 +44,7 @@ from coremltools.converters.mil.mil.scope import ScopeInfo, ScopeSource
 
 from pattern_infra import ConstRule, PassContainer, SubPass, find_matches, override, remove_dead_ops
 from pattern_infra.authoring.find import find_in_program
-from pattern_infra.rewriting.blocks import iter_blocks
+from pattern_infra.rewriting.blocks import walk_blocks
 
 __all__ = [
     "RUNNER_KEYS",
@@ -115,9 +115,7 @@ def _pass_scope(name: str) -> Any:
 
 def op_type_counts(prog: Program) -> Counter[str]:
     """Op types over every block, nested ones included, ``const`` ops excluded."""
-    return Counter(
-        op.op_type for block in iter_blocks(prog) for op in block.operations if op.op_type != "const"
-    )
+    return Counter(op.op_type for _, ops in walk_blocks(prog) for op in ops if op.op_type != "const")
 
 
 def name_counter_state() -> dict[str, int]:

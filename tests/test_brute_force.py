@@ -38,7 +38,7 @@ from hypothesis import strategies as st
 
 from pattern_infra import compile_pattern, find_matches, register_generic_pass
 from pattern_infra.language.compiler import COMMUTATIVE_OPS, CompiledPattern, edge_positions
-from pattern_infra.rewriting.blocks import iter_blocks
+from pattern_infra.rewriting.blocks import walk_blocks
 
 EXAMPLES = int(os.environ.get("FUZZ_EXAMPLES", "200"))
 S = (2,)
@@ -214,7 +214,7 @@ def brute_force(
     """
     found: set[frozenset[str]] = set()
     nodes = compiled.nodes
-    for block in iter_blocks(prog):
+    for block, _ in walk_blocks(prog):
         ops = list(block.operations)
         for chosen in itertools.permutations(ops, len(nodes)):
             if any(

@@ -23,7 +23,7 @@ from test_brute_force import EXAMPLES, S, _emit, _fresh_namespace, _operand_orde
 
 from pattern_infra import compile_pattern, find_matches, one_of, optional, register_generic_pass
 from pattern_infra.language.graph import edge_positions
-from pattern_infra.rewriting.blocks import iter_blocks
+from pattern_infra.rewriting.blocks import walk_blocks
 
 SPEC = [mb.TensorSpec(shape=S)]
 
@@ -162,7 +162,7 @@ def brute_force_bound(compiled: Any, prog: Any) -> list[tuple[frozenset[str], di
     out = []
     nodes = [n for n in compiled.nodes if not n.fanout]
     fan = [n for n in compiled.nodes if n.fanout]
-    for block in iter_blocks(prog):
+    for block, _ in walk_blocks(prog):
         for chosen in itertools.permutations(list(block.operations), len(nodes)):
             if any(
                 op.op_type not in n.op_types or len(op.outputs) != n.num_outputs

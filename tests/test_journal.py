@@ -17,7 +17,7 @@ from coremltools.converters.mil.mil import Block, Operation, Program, Var
 from coremltools.converters.mil.mil.scope import ScopeSource
 
 from pattern_infra import PassExecutionError, register_generic_pass
-from pattern_infra.rewriting.blocks import iter_blocks
+from pattern_infra.rewriting.blocks import walk_blocks
 from pattern_infra.rewriting.journal import Journal
 from pattern_infra.testing.passes import relu_exp, to_softplus
 
@@ -58,7 +58,7 @@ def _ids(values: Any) -> Any:
 def fingerprint(prog: Program) -> list[Any]:
     """Every block's op list and outputs, every op's fields, every variable's slots, by identity."""
     state: list[Any] = []
-    for block in iter_blocks(prog):
+    for block, _ in walk_blocks(prog):
         state.append(("block", id(block), [id(op) for op in block.operations], _ids(list(block.outputs))))
         inputs = list(block.inputs.values()) if isinstance(block.inputs, dict) else list(block.inputs)
         for op in [None, *block.operations]:
@@ -81,7 +81,7 @@ def fingerprint(prog: Program) -> list[Any]:
 
 
 def op_named(prog: Program, name: str) -> Operation:
-    for block in iter_blocks(prog):
+    for block, _ in walk_blocks(prog):
         for op in block.operations:
             if op.name == name:
                 return op
@@ -222,7 +222,7 @@ def test_the_hooks_are_gone_once_the_pass_ends(namespace, fail):
 def test_other_threads_are_not_journaled():
     mine, theirs = program(), program()
     before_theirs = fingerprint(theirs)
-    journal = Journal(list(iter_blocks(mine)))
+    journal = Journal(dict(walk_blocks(mine)))
     try:
 
         def edit_theirs():
@@ -243,7 +243,7 @@ def test_other_threads_are_not_journaled():
 def test_objects_created_during_the_pass_are_left_alone():
     prog = program()
     block = prog.functions["main"]
-    journal = Journal(list(iter_blocks(prog)))
+    journal = Journal(dict(walk_blocks(prog)))
     try:
         with block:
             new = mb.relu(x=block.inputs["x"], before_op=op_named(prog, "first"), name="new_relu")
@@ -259,10 +259,10 @@ def test_objects_created_during_the_pass_are_left_alone():
 def test_nested_journals_restore_independently():
     prog = program()
     var = op_named(prog, "first").outputs[0]
-    outer = Journal(list(iter_blocks(prog)))
+    outer = Journal(dict(walk_blocks(prog)))
     try:
         var.set_name("a")
-        inner = Journal(list(iter_blocks(prog)))
+        inner = Journal(dict(walk_blocks(prog)))
         try:
             var.set_name("b")
             inner.restore()
@@ -295,7 +295,7 @@ def _with_dead_ops() -> Program:
 def _structure(prog: Program) -> list[Any]:
     """Every block's op names and outputs, every variable's users by name: by value, not identity."""
     state: list[Any] = []
-    for block in iter_blocks(prog):
+    for block, _ in walk_blocks(prog):
         state.append(([op.name for op in block.operations], [v.name for v in block.outputs]))
         for op in block.operations:
             for var in op.outputs:
@@ -319,7 +319,7 @@ def test_dead_ops_are_unlinked_as_block_remove_ops_would(names):
     removed = [op_named(ours, n) for n in names]
     block = ours.functions["main"]
     before = fingerprint(ours)
-    journal = Journal(list(iter_blocks(ours)))
+    journal = Journal(dict(walk_blocks(ours)))
     try:
         unlink(block, removed)
         assert _structure(ours) == _structure(by_coremltools)

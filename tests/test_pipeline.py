@@ -13,7 +13,7 @@ import generic_passes  # noqa: F401  registers the project's passes
 from bench.llm_workloads import llama_decoder, synthetic_mix
 from generic_passes import CLEANUP_PASSES
 from pattern_infra import GenericSweep, PassContainer, PassRegistrationError, evaluate, pipeline, run_log
-from pattern_infra.rewriting.blocks import iter_blocks
+from pattern_infra.rewriting.blocks import walk_blocks
 from pattern_infra.testing.models import ZOO
 from pattern_infra.testing.pipelines import converted, program_signature
 
@@ -111,7 +111,7 @@ def _fused_with_pass_scope(prog) -> set[str]:
     """Generic passes named in the graph-pass scopes of the program's ops."""
     return {
         name
-        for block in iter_blocks(prog)
+        for block, _ in walk_blocks(prog)
         for op in block.operations
         for name in op.scopes.get(ScopeSource.COREMLTOOLS_GRAPH_PASS, [])
     }

@@ -28,7 +28,7 @@ from test_fuzz import plans as fragment_plans
 from pattern_infra import COMMUTATIVE_OPS, PatternInfraError, find_matches, suggest
 from pattern_infra.cli.commands import main
 from pattern_infra.cli.mlpackage import load_mlpackage
-from pattern_infra.rewriting.blocks import iter_blocks
+from pattern_infra.rewriting.blocks import walk_blocks
 
 EXAMPLES = int(os.environ.get("FUZZ_EXAMPLES", "40"))
 repeating_plans = st.tuples(plans, st.integers(min_value=1, max_value=3)).map(
@@ -173,7 +173,7 @@ def test_operand_orders_of_commutative_ops_are_one_candidate(swap):
 
 
 def _ops(prog):
-    return [op for block in iter_blocks(prog) for op in block.operations]
+    return [op for _, ops in walk_blocks(prog) for op in ops]
 
 
 def _flat(value):
@@ -278,7 +278,7 @@ def _exhaustive_best(prog) -> tuple[int, list[list[frozenset[int]]]]:
     greedy count (in program order) of the best class, and the classes reaching it."""
     position = {id(op): k for k, op in enumerate(_ops(prog))}
     classes: list[list] = []
-    for block in iter_blocks(prog):
+    for block, _ in walk_blocks(prog):
         ops = [op for op in block.operations if op.op_type != "const" and not op.blocks]
         for size in (2, 3):
             for combo in itertools.combinations(ops, size):

@@ -18,7 +18,7 @@ from coremltools.converters.mil.mil import Program, get_new_symbol
 
 from pattern_infra import PassExecutionError, register_generic_pass
 from pattern_infra.authoring.clone import clone_program
-from pattern_infra.rewriting.blocks import iter_blocks
+from pattern_infra.rewriting.blocks import walk_blocks
 from pattern_infra.verification.verify import assert_programs_equivalent
 
 N = 4
@@ -261,7 +261,7 @@ CASES = [
 
 def _state(prog: Program) -> tuple[str, list[tuple[str, str]], list[np.ndarray]]:
     """The program's text, its op list and the values of its constants (copied)."""
-    ops = [op for block in iter_blocks(prog) for op in block.operations]
+    ops = [op for _, ops in walk_blocks(prog) for op in ops]
     consts = [np.array(op.outputs[0].val, copy=True) for op in ops if op.op_type == "const"]
     return str(prog), [(op.name, op.op_type) for op in ops], consts
 

@@ -21,7 +21,7 @@ from ..language.pattern import Pattern
 from ..matching.matcher import Matcher
 from ..passes.container import PassContainer
 from ..passes.registry import generic_passes
-from ..rewriting.blocks import BlockIndex, iter_blocks
+from ..rewriting.blocks import BlockIndex, walk_blocks
 from ..rewriting.driver import run_subpasses
 from ..rewriting.subpass import Constraints, PassStats, SubPass, constraint_verdict
 
@@ -49,7 +49,7 @@ def has_fallback(compiled: CompiledPattern) -> bool:
 def anchored_blocks(prog: Program, matcher: Matcher) -> Iterator[tuple[BlockIndex, int, list[Operation]]]:
     """Each block of ``prog`` that may hold a match, freshly indexed, with its anchor and candidates
     (:meth:`BlockIndex.anchor_candidates`), outer blocks first: for searches outside a pass."""
-    for block in iter_blocks(prog):
+    for block, _ in walk_blocks(prog):
         index = BlockIndex(block)
         found = index.anchor_candidates(matcher)
         if found is not None:

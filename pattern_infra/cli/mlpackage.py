@@ -479,9 +479,9 @@ def _near_misses(refused: dict[str, dict[str, list[set[str]]]], rewrites: Trace)
 
 def op_histogram(prog: Program) -> Counter[str]:
     """Op types and their counts over every block of ``prog`` (const ops included)."""
-    from ..rewriting.blocks import iter_blocks
+    from ..rewriting.blocks import walk_blocks
 
-    return Counter(op.op_type for block in iter_blocks(prog) for op in block.operations)
+    return Counter(op.op_type for _, ops in walk_blocks(prog) for op in ops)
 
 
 @contextlib.contextmanager

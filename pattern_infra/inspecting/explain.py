@@ -30,7 +30,7 @@ from ..authoring.find import (
 from ..language.pattern import Pattern
 from ..matching.matcher import Failure, Matcher
 from ..passes.container import PassContainer
-from ..rewriting.blocks import BlockIndex, iter_blocks
+from ..rewriting.blocks import BlockIndex, walk_blocks
 
 __all__ = ["Explanation", "Explanations", "explain"]
 
@@ -172,7 +172,7 @@ def explain(
         failure = Failure(len(matcher.nodes), matcher.nodes[-1].name, reason, _names(found))
         misses.setdefault((failure.bound, failure.reason, str(sorted(failure.ops.items()))), failure)
 
-    for block in iter_blocks(prog):
+    for block, _ in walk_blocks(prog):
         st = BlockIndex(block)
         offered = distinct_matches(
             var_constraints, result.matches.append, refusal, longest=has_fallback(compiled)

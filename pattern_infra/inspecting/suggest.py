@@ -42,7 +42,7 @@ from coremltools.converters.mil.mil import Operation, Program, Var
 from ..authoring.find import find_matches
 from ..language.graph import COMMUTATIVE_OPS
 from ..passes.registry import generic_passes
-from ..rewriting.blocks import iter_blocks
+from ..rewriting.blocks import walk_blocks
 from ..rewriting.subpass import SubPass
 from .suggest_source import candidate_module, literal, pattern_source
 
@@ -93,7 +93,7 @@ class _Index:
     def __init__(self, prog: Program, barred: set[int], layers: frozenset[str]) -> None:
         self.ops: list[Operation] = []
         pos: dict[int, int] = {}
-        for block in iter_blocks(prog):
+        for block, _ in walk_blocks(prog):
             for op in block.operations:
                 pos[id(op)] = len(self.ops)
                 self.ops.append(op)

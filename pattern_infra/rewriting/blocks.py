@@ -13,7 +13,7 @@ from coremltools.converters.mil.mil.var import InternalVar
 from ..matching.matcher import Matcher
 from ..matching.plan import PassStats
 
-__all__ = ["BlockIndex", "flat_inputs", "iter_blocks", "walk_blocks"]
+__all__ = ["BlockIndex", "flat_inputs", "walk_blocks"]
 
 
 def flat_inputs(op: Operation) -> list[Var]:
@@ -28,11 +28,6 @@ def flat_inputs(op: Operation) -> list[Var]:
         elif value is not None and not isinstance(value, InternalVar):
             flat.append(value)
     return flat
-
-
-def iter_blocks(prog: Program) -> Iterator[Block]:
-    """Every block of every function, outer blocks before the blocks nested in their ops."""
-    return (block for block, _ in walk_blocks(prog))
 
 
 def walk_blocks(prog: Program) -> Iterator[tuple[Block, list[Operation]]]:
@@ -108,14 +103,12 @@ class BlockIndex:
         ``anchor``, offering each structural match to ``accept``; yields what each search returned.
         ``stats`` counts the anchors and bindings tried (default: ``matcher.stats``); ``options`` go to
         ``match_at``."""
-        block = self.block
-        match_at = matcher.match_at
-        order = self.order
+        block, match_at = self.block, matcher.match_at
         stats = matcher.stats if stats is None else stats
         for op in ops:
             if op.enclosing_block is block:
                 stats.attempts += 1
-                yield match_at(op, block, anchor, order=order, accept=accept, stats=stats, **options)
+                yield match_at(op, block, anchor, order=self.order, accept=accept, stats=stats, **options)
 
     def anchor_candidates(self, matcher: Matcher) -> tuple[int, list[Operation]] | None:
         """The anchor for ``matcher`` in this block and the ops of its type(s), in program order; None

@@ -97,18 +97,18 @@ def validate_rewrite(created: list[Operation], rewired: list[Operation], removed
 
 def revisit_candidates(
     seeds: list[Operation], block: Block, matcher: Matcher, anchor: int
-) -> tuple[list[Operation], list[tuple[Operation, int]]]:
-    """The anchor candidates a round of rewrites may have made matchable (a new match contains a seed):
-    the anchor-type ops within the anchor's radius of a seed; and, for a pattern whose parts may meet only
-    at a pattern input (:attr:`Matcher.joins_through_roots`), each seed with every other pattern op of its
-    type, to be tried as that op's anchor."""
+) -> list[tuple[int, list[Operation]]]:
+    """The searches a round of rewrites may have made succeed (a new match contains a seed), as (pattern
+    op, the ops to try as it): the anchor-type ops within the anchor's radius of a seed; and, for a pattern
+    whose parts may meet only at a pattern input (:attr:`Matcher.joins_through_roots`), each seed as every
+    other pattern op of its type."""
     seeds = [op for op in dict.fromkeys(seeds) if op.enclosing_block is block]
     candidates = near(seeds, block, matcher.nodes[anchor].op_types, matcher.radius[anchor])
-    extra: list[tuple[Operation, int]] = []
+    searches = [(anchor, candidates)] if candidates else []
     if matcher.joins_through_roots:
         by_type = matcher.anchors_by_type
-        extra = [(op, at) for op in seeds for at in by_type.get(op.op_type, ()) if at != anchor]
-    return candidates, extra
+        searches += [(at, [op]) for op in seeds for at in by_type.get(op.op_type, ()) if at != anchor]
+    return searches
 
 
 def near(seeds: list[Operation], block: Block, anchor_types: frozenset[str], radius: int) -> list[Operation]:

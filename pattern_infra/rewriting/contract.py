@@ -9,7 +9,7 @@ from collections.abc import Callable, Iterable, Sequence
 import numpy as np
 from coremltools.converters.mil.mil import Block, Function, Operation, Var
 
-from .blocks import flat_inputs
+from .blocks import BlockIndex, flat_inputs
 
 __all__ = ["USE_THE_NEW_OPS", "broken_contract", "read_only_constants", "returned_names"]
 
@@ -28,7 +28,7 @@ KEEP_THE_OUTPUTS = (
     "(the model's output names); never set the outputs in a transform."
 )
 
-Precedes = Callable[[Block, Operation, Operation], bool]  # whether an op stands before another in a block
+Indexes = Callable[[Block], BlockIndex]  # a block's index, for the order of its ops
 
 
 def returned_names(block: Block) -> tuple[str, ...] | int:
@@ -45,7 +45,7 @@ def broken_contract(
     rewired: list[Operation],
     block: Block,
     returned: tuple[str, ...] | int,
-    precedes: Precedes,
+    index: Indexes,
     replacements: Sequence[Var] = (),
 ) -> tuple[str, str] | None:
     """What one rewrite broke of its contract (docs/ARCHITECTURE.md, "The rewrite's contract"), as (the
@@ -53,16 +53,8 @@ def broken_contract(
     looked at, so the check is linear in the size of the rewrite."""
     now = returned_names(block)
     if now != returned:
-        if isinstance(now, int) or isinstance(returned, int):
-            return (
-                f"changed the number of outputs of block {block.name} from {returned} to {now}",
-                KEEP_THE_OUTPUTS,
-            )
-        return (
-            f"changed the outputs of function {block.name} from [{', '.join(returned)}] to "
-            f"[{', '.join(now)}]",
-            KEEP_THE_OUTPUTS,
-        )
+        what = "number of outputs of block" if isinstance(now, int) else "outputs of function"
+        return f"changed the {what} {block.name} from {_listed(returned)} to {_listed(now)}", KEEP_THE_OUTPUTS
     live = [op for op in created if op.enclosing_block is not None]
     unused = [
         op
@@ -82,7 +74,7 @@ def broken_contract(
                 if var._op is not None and var._op not in live and var._op.enclosing_block is not here
             ]
     for var, user in reads:
-        problem = _unseen(var, user, precedes)
+        problem = _unseen(var, user, index)
         if problem is not None:
             return problem, BEFORE_ITS_USERS
     for var in block._outputs:
@@ -92,7 +84,11 @@ def broken_contract(
     return None
 
 
-def _unseen(var: Var, user: Operation, precedes: Precedes) -> str | None:
+def _listed(returned: tuple[str, ...] | int) -> str:
+    return str(returned) if isinstance(returned, int) else f"[{', '.join(returned)}]"
+
+
+def _unseen(var: Var, user: Operation, index: Indexes) -> str | None:
     """Why ``user`` cannot read ``var`` where it stands, or None if it can."""
     producer = var._op
     if producer is None:
@@ -103,7 +99,7 @@ def _unseen(var: Var, user: Operation, precedes: Precedes) -> str | None:
     holder = _holder(home, user)
     if holder is None:
         return f"left {user.name} reading {var.name}, defined in block {home.name}, which does not enclose it"
-    if holder is producer or not precedes(home, producer, holder):
+    if holder is producer or not index(home).precedes(producer, holder):
         where = "" if holder is user else f" (it lies inside {holder.name})"
         return f"left {user.name} reading {var.name}, which is computed after it{where}"
     return None

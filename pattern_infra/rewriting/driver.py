@@ -85,9 +85,7 @@ class _Run:
         if self.journal is not None:
             self.journal.restore()
             note = "The program was restored to its state before the pass."
-        where = (
-            f"Pass {self.pass_name!r}" if sub is None else f"Pass {self.pass_name!r}, pattern {sub.name!r}"
-        )
+        where = f"Pass {self.pass_name!r}" + ("" if sub is None else f", pattern {sub.name!r}")
         if match is not None:
             text += f", on the match [{', '.join(f'{op.name} ({op.op_type})' for op in match.op_list())}]."
         return kind(" ".join(part for part in (f"{where}: {text}", fix, note) if part))
@@ -161,11 +159,10 @@ def _apply(run: _Run, sub: SubPass, into: PassStats, *, first: bool) -> PassStat
     pending = run.blocks if first else run.changes.pending(run.blocks)
     while pending:
         for block in pending:
-            if (
-                block.outer_op is None or block.outer_op.enclosing_block is not None
-            ):  # not removed with its op
-                _sweep(run, sub, run.state(block), stats, first=first)
-                run.leave(nested_only=True)
+            if block.outer_op is not None and block.outer_op.enclosing_block is None:
+                continue  # removed with its op
+            _sweep(run, sub, run.state(block), stats, first=first)
+            run.leave(nested_only=True)
         first = False
         pending = run.changes.pending(run.blocks)
     stats.seconds = time.perf_counter() - start
@@ -183,19 +180,18 @@ def _run_pass(run: _Run, entries: list[tuple[SubPass, PassStats]], total: PassSt
     """Applies each sub-pass to every block (its counters to its stats); with several, each then revisits
     the ops of its types the others changed after it ran (``run.changes.log``), in rounds until one
     rewrites nothing."""
-    subpasses = [sub for sub, _ in entries]
-    log = run.changes.log = {} if len(subpasses) > 1 else None
-    seen: list[dict[str, int]] = [{} for _ in subpasses]  # per sub-pass, how much of the log it has seen
-    limit = max(sub.max_iterations for sub in subpasses)
+    log = run.changes.log = {} if len(entries) > 1 else None
+    seen: list[dict[str, int]] = [{} for _ in entries]  # per sub-pass, how much of the log it has seen
+    limit = max(sub.max_iterations for sub, _ in entries)
     for revisit in range(limit + 1):
         rewrites = total.rewrites
-        for k, sub in enumerate(subpasses):
+        for k, (sub, sub_stats) in enumerate(entries):
             if revisit and log is not None:  # a revisit needs the log (several sub-passes)
                 for op_type in sorted(sub.seed_types) if sub.seed_types is not None else list(log):
                     for op in log.get(op_type, ())[seen[k].get(op_type, 0) :]:
                         run.changes.seed(op)
             if not revisit or run.changes.seeds:
-                total.add(_apply(run, sub, entries[k][1], first=not revisit))
+                total.add(_apply(run, sub, sub_stats, first=not revisit))
             if log is not None:
                 seen[k] = {op_type: len(ops) for op_type, ops in log.items()}
         if log is None or total.rewrites == rewrites:
@@ -203,7 +199,7 @@ def _run_pass(run: _Run, entries: list[tuple[SubPass, PassStats]], total: PassSt
     raise run.error(
         None,
         f"its sub-passes kept re-creating each other's patterns for {limit} rounds "
-        f"({', '.join(sub.name for sub in subpasses)}); make each replacement differ from the "
+        f"({', '.join(sub.name for sub, _ in entries)}); make each replacement differ from the "
         f"other patterns.",
         kind=FixpointError,
     )
@@ -217,14 +213,13 @@ def _sweep(run: _Run, sub: SubPass, st: BlockIndex, stats: PassStats, *, first: 
         found = st.anchor_candidates(matcher)
         if found is None:
             return
-        anchor, candidates = found
-        extra: list[tuple[Operation, int]] = []
-    else:
-        if not st.possible(matcher):
-            run.changes.take(block)
-            return
+        anchor, searches = found[0], [found]
+    elif st.possible(matcher):
         anchor = matcher.choose_anchor(st.counts)
-        candidates, extra = revisit_candidates(run.changes.take(block), block, matcher, anchor)
+        searches = revisit_candidates(run.changes.take(block), block, matcher, anchor)
+    else:
+        run.changes.take(block)
+        return
     constraints = sub.var_constraints
     last: Pattern | None = None  # the last match rewritten, for the fixpoint message
 
@@ -248,8 +243,8 @@ def _sweep(run: _Run, sub: SubPass, st: BlockIndex, stats: PassStats, *, first: 
         last = match
         return True
 
-    tries, rounds = st.tries, run.rounds
-    while candidates or extra:
+    rounds = run.rounds
+    while searches:
         rounds[block] = done = rounds.get(block, 0) + 1
         stats.iterations += 1
         if done > sub.max_iterations:
@@ -261,12 +256,10 @@ def _sweep(run: _Run, sub: SubPass, st: BlockIndex, stats: PassStats, *, first: 
                 f"from the pattern, or raise max_iterations.",
                 kind=FixpointError,
             )
-        for _ in tries(matcher, anchor, candidates, accept, stats):
-            pass
-        for op, at in extra:  # a seed tried as another pattern op of its type
-            for _ in tries(matcher, at, (op,), accept, stats):
+        for at, candidates in searches:
+            for _ in st.tries(matcher, at, candidates, accept, stats):
                 pass
-        candidates, extra = revisit_candidates(run.changes.take(block), block, matcher, anchor)
+        searches = revisit_candidates(run.changes.take(block), block, matcher, anchor)
 
 
 def _rewrite(run: _Run, sub: SubPass, st: BlockIndex, match: Pattern) -> bool:
@@ -274,7 +267,7 @@ def _rewrite(run: _Run, sub: SubPass, st: BlockIndex, match: Pattern) -> bool:
     and checks the rewrite (:func:`~.contract.broken_contract`); False if it declined, returning False
     before changing anything. Any other result without an op inserted or removed is an error."""
     if run.journal is None:
-        run.journal = Journal(run.blocks, run.ops_at_start)  # nothing was rewritten before
+        run.journal = Journal(run.ops_at_start)  # nothing was rewritten before
     st.observe()
     block = st.block
     matched = match.op_set
@@ -293,23 +286,21 @@ def _rewrite(run: _Run, sub: SubPass, st: BlockIndex, match: Pattern) -> bool:
     finally:
         for value in frozen:
             value.flags.writeable = True
-    n_removed_by_transform = len(st.removed)
+    created, removed = st.inserted[n_inserted:], st.removed[n_removed:]  # removed: by the transform
     if result is False:
-        if len(st.inserted) != n_inserted or n_removed_by_transform != n_removed:
+        if created or removed:
             raise run.error(
                 sub, "transform_pattern returned False (declined) after changing the program", match
             )
         return False
     dead = remove_dead(match)
-    if len(st.inserted) == n_inserted and len(st.removed) == n_removed:
+    if not (created or removed or dead):
         raise run.error(
             sub,
             f"transform_pattern returned {result!r} without changing the program (no op inserted or removed)",
             match,
             f"{USE_THE_NEW_OPS} To leave a match as it is, return False.",
         )
-    created = st.inserted[n_inserted:]
-    removed = st.removed[n_removed:n_removed_by_transform]
     inputs_of_removed = [inputs for _, inputs in dead] + [flat_inputs(op) for op in removed]
     run.changes.record(sub.seed_types, [*created, *outside_users], inputs_of_removed)
     if run.validate and run.validate != "full":
@@ -317,14 +308,7 @@ def _rewrite(run: _Run, sub: SubPass, st: BlockIndex, match: Pattern) -> bool:
             validate_rewrite(created, outside_users, removed)
         except Exception as exc:
             raise run.error(sub, f"the program is inconsistent after its rewrites: {exc}.") from exc
-    breach = broken_contract(
-        created,
-        outside_users,
-        block,
-        returned,
-        lambda home, first, second: run.state(home).precedes(first, second),
-        match.replacements(),
-    )
+    breach = broken_contract(created, outside_users, block, returned, run.state, match.replacements())
     if breach is not None:
         raise run.error(sub, f"transform_pattern {breach[0]}", match, breach[1])
     for listener in rewrite_listeners:  # a trace is open (pattern_infra.trace)

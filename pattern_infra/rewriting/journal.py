@@ -33,10 +33,8 @@ def journals_on_this_thread() -> list[Journal]:
 class Journal:
     """Saved states of what a pass touched; :meth:`restore` (before :meth:`close`) puts the program back."""
 
-    def __init__(
-        self, blocks: Iterable[Block], op_lists: Mapping[Block, list[Operation]] | None = None
-    ) -> None:
-        """``op_lists``: each block's ops in program order, where the caller has them (kept, not copied)."""
+    def __init__(self, op_lists: Mapping[Block, list[Operation]]) -> None:
+        """``op_lists``: each block to restore with its ops in program order (kept, not copied)."""
         self.thread = _get_ident()
         self.saved: set[Any] = set()  # objects saved, or created since it opened (they hash by identity)
         self.users_saved: set[Var] = set()  # variables whose user list alone is saved (in attrs)
@@ -44,30 +42,20 @@ class Journal:
         # Flat (object, attribute, value) triples, no tuple per entry, for objects not saved whole: a user
         # list, the enclosing block of an op the driver unlinks, a name a transform may write by hand.
         self.attrs: list[Any] = []
-        listed = op_lists or {}
-        self.blocks: list[tuple[Block, list[Operation], dict[str, Any]]] = [
-            (block, listed.get(block) or list(block.operations), _fields(block)) for block in blocks
-        ]
+        self.blocks = [(block, ops, _fields(block)) for block, ops in op_lists.items()]
         self.closed = False
         _open(self)
 
-    def keep_op(self, op: Operation) -> None:
-        """Saves ``op``'s state, unless it is saved already: its fields, of which the hooked methods change
-        only the input map in place (cheaper than :func:`_fields`)."""
-        if op not in self.saved:
-            self.saved.add(op)
-            if (
-                getattr(op, "_output_vars", None) is not None
-            ):  # else under construction: new, nothing to restore
-                fields = op.__dict__.copy()
-                fields["_input_vars"] = fields["_input_vars"].copy()
-                self.objects.append((op, fields))
-
-    def keep_var(self, var: Var) -> None:
-        """Saves a variable's state, unless it is saved already."""
-        if var not in self.saved:
-            self.saved.add(var)
-            self.objects.append((var, _fields(var)))
+    def keep(self, obj: Operation | Var) -> None:
+        """Saves the fields of ``obj``, an op or a variable not saved yet (its callers ask); of an op, which
+        the hooked methods change only in its input map, a copy of its dict and of that map."""
+        self.saved.add(obj)
+        if not isinstance(obj, Operation):
+            self.objects.append((obj, _fields(obj)))
+        elif getattr(obj, "_output_vars", None) is not None:  # else new (under construction): nothing to keep
+            fields = obj.__dict__.copy()
+            fields["_input_vars"] = fields["_input_vars"].copy()
+            self.objects.append((obj, fields))
 
     def keep_users(self, var: Var) -> None:
         """Saves a variable's user list, unless the variable or its user list is saved already."""
@@ -79,30 +67,29 @@ class Journal:
         """Saves every variable of ``block`` and its nested blocks, which ``Block.__exit__`` rewrites."""
         for op in block.operations:
             for var in op._output_vars or ():
-                self.keep_var(var)
+                if var not in self.saved:
+                    self.keep(var)
             for inner in op.blocks:
                 self.keep_block(inner)
 
     def keep_match(self, ops: Iterable[Operation]) -> None:
         """Saves the names of a match's ops and of their outputs, which transforms may write by hand
         (``op.name = ...``); every other change to them goes through the hooks."""
-        saved, attrs = self.saved, self.attrs
         for op in ops:
-            if op not in saved:
-                attrs += (op, "name", op.name)
+            if op not in self.saved:
+                self.attrs += (op, "name", op.name)
             for var in op._output_vars or ():
-                if var not in saved:
-                    attrs += (var, "name", var.name)
+                if var not in self.saved:
+                    self.attrs += (var, "name", var.name)
 
     def unlinked(self, block: Block, removal: list[tuple[Operation, list[Var]]]) -> None:
         """Records that the driver is about to take each op of ``removal`` out of ``block`` without the
         hooked methods (``enclosing_block`` set to None, the op taken off its inputs' user lists)."""
-        saved, attrs, keep_users = self.saved, self.attrs, self.keep_users
         for op, inputs in removal:
-            if op not in saved:
-                attrs += (op, "enclosing_block", block)
+            if op not in self.saved:
+                self.attrs += (op, "enclosing_block", block)
             for var in inputs:
-                keep_users(var)
+                self.keep_users(var)
 
     def restore(self) -> None:
         """Puts every saved op, variable and block back as it was when the journal opened."""
@@ -128,8 +115,7 @@ def _keep(objects: Iterable[Any]) -> None:
     for journal in _ACTIVE.get(_get_ident(), ()):
         for obj in objects:
             if obj not in journal.saved:
-                keep = journal.keep_op if isinstance(obj, Operation) else journal.keep_var
-                keep(obj)
+                journal.keep(obj)
 
 
 def _hook(changes: Callable[..., Iterable[Any]]) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
@@ -146,35 +132,27 @@ def _hook(changes: Callable[..., Iterable[Any]]) -> Callable[[Callable[..., Any]
     return make
 
 
-# The methods a rewrite calls have hooks of their exact signatures (``*args`` cost 37k instructions per
-# GELU instance, 2.5k per call), the three hottest with _keep's loop written out (a call cost 6k).
+# The methods a rewrite calls have hooks of their signatures (``*args, **kwargs`` cost 37k instructions
+# per GELU instance, 2.5k per call), the hottest with _keep's loop written out (a call cost 6k).
 
 
-def _hook_add_child_op(original: Callable[..., Any]) -> Callable[..., Any]:
-    def add_child_op(self: Var, new_op: Operation) -> Any:
+def _hook_users(original: Callable[..., Any]) -> Callable[..., Any]:
+    """``Var.add_child_op(op)`` and ``Var.remove_child_op(op, no_check)`` change the variable's user list."""
+
+    def change_users(self: Var, op: Operation, *no_check: bool) -> Any:
         for journal in _ACTIVE.get(_get_ident(), ()):
             if self not in journal.saved:
                 journal.keep_users(self)
-        return original(self, new_op)
+        return original(self, op, *no_check)
 
-    return add_child_op
-
-
-def _hook_remove_child_op(original: Callable[..., Any]) -> Callable[..., Any]:
-    def remove_child_op(self: Var, target_op: Operation, no_check: bool = False) -> Any:
-        for journal in _ACTIVE.get(_get_ident(), ()):
-            if self not in journal.saved:
-                journal.keep_users(self)
-        return original(self, target_op, no_check)
-
-    return remove_child_op
+    return change_users
 
 
 def _hook_set_inputs(original: Callable[..., Any]) -> Callable[..., Any]:
     def _validate_and_set_inputs(self: Operation, input_kvs: Any, no_check_var_types: bool = False) -> Any:
         for journal in _ACTIVE.get(_get_ident(), ()):
             if self not in journal.saved:
-                journal.keep_op(self)
+                journal.keep(self)
         return original(self, input_kvs, no_check_var_types)
 
     return _validate_and_set_inputs
@@ -220,8 +198,8 @@ def _hook_type_value_inference(original: Callable[..., Any]) -> Callable[..., An
 
 
 _HOOKS: list[tuple[type, str, Callable[[Any], Any]]] = [
-    (Var, "add_child_op", _hook_add_child_op),
-    (Var, "remove_child_op", _hook_remove_child_op),
+    (Var, "add_child_op", _hook_users),
+    (Var, "remove_child_op", _hook_users),
     (Operation, "_validate_and_set_inputs", _hook_set_inputs),
     (Operation, "type_value_inference", _hook_type_value_inference),
     (Var, "scopes", _hook_scopes),
@@ -250,11 +228,10 @@ def _open(journal: Journal) -> None:
 
 def _close(journal: Journal) -> None:
     with _LOCK:
-        stack = _ACTIVE.get(journal.thread, [])
-        if journal in stack:
-            stack.remove(journal)
+        stack = _ACTIVE[journal.thread]
+        stack.remove(journal)
         if not stack:
-            _ACTIVE.pop(journal.thread, None)
+            del _ACTIVE[journal.thread]
         if not _ACTIVE:
             for cls, name, _ in _HOOKS:
                 original = _originals.pop((cls, name), _ABSENT)
@@ -270,13 +247,12 @@ def _copied(value: Any) -> Any:
 
 def _fields(obj: Any) -> dict[str, Any]:
     """Every attribute of ``obj`` (slots and dict), containers copied one level deep."""
-    slots = [
-        name
+    state = {
+        name: getattr(obj, name, _ABSENT)
         for klass in type(obj).__mro__
         for name in klass.__dict__.get("__slots__", ())
         if name != "__dict__"
-    ]
-    state = {name: getattr(obj, name, _ABSENT) for name in slots}
+    }
     state.update(getattr(obj, "__dict__", {}))
     return {name: _copied(value) for name, value in state.items() if value is not _ABSENT}
 

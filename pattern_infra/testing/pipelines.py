@@ -16,7 +16,7 @@ import coremltools as ct
 from coremltools.converters.mil import Builder as mb
 from coremltools.converters.mil.mil import Program
 
-from ..rewriting.blocks import iter_blocks
+from ..rewriting.blocks import walk_blocks
 from .convert import experimental_passes
 
 __all__ = ["converted", "program_signature"]
@@ -55,7 +55,7 @@ def program_signature(prog: Program) -> tuple[str, list[tuple[str, str, Any]]]:
     text = _BLOCK.sub(lambda m: numbers.setdefault(m.group(0), f"block#{len(numbers)}"), str(prog))
     scopes = [
         (op.name, op.op_type, sorted((str(source), list(values)) for source, values in op.scopes.items()))
-        for block in iter_blocks(prog)
+        for block, _ in walk_blocks(prog)
         for op in block.operations
     ]
     return text, scopes
