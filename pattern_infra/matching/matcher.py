@@ -161,11 +161,9 @@ class Matcher:
                 "choices, where a search could start. Name the ops that correspond alike in each program."
             )
         anchors: list[Anchor] = []
-        for name in names:
+        for i, name in enumerate(names):
             ops = [self.ops[self.index[v][self._local(v, name)]] for v in range(len(self.variants))]
-            anchors.append(
-                Anchor(len(anchors), name, frozenset(t for op in ops for t in op.op_types), ops[0].fanout)
-            )
+            anchors.append(Anchor(i, name, frozenset(t for op in ops for t in op.op_types), ops[0].fanout))
         return anchors
 
     def _local(self, v: int, place: str) -> int:
@@ -206,10 +204,9 @@ class Matcher:
 
     def _choices_met(self, v: int, anchor: str) -> list[str]:
         """The choices of spelling ``v`` in the order its plan from ``anchor`` meets them."""
-        nodes, groups = self.variants[v].compiled.nodes, self.variants[v].groups
-        steps = plan(
-            self.variants[v].compiled, self._local(v, anchor), [int(n.name in groups) for n in nodes]
-        )
+        variant = self.variants[v]
+        nodes, groups = variant.compiled.nodes, variant.groups
+        steps = plan(variant.compiled, self._local(v, anchor), [int(n.name in groups) for n in nodes])
         met = dict.fromkeys(groups[nodes[st.node].name] for st in steps if nodes[st.node].name in groups)
         return [c for c in met if c != anchor]
 

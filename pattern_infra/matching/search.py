@@ -16,8 +16,6 @@ spellings' plans merged. The walk, from the anchor op:
    the longest-spelling guards hold. Then ``accept`` (the user's constraints, the transform) decides:
    anything but ``True`` backtracks, and the walk goes on to the next match at the same anchor.
 
-``explain`` walks with ``trace=True``: each failure records how far it got, and the deepest is kept.
-
 Cost per anchor candidate: an up-step is O(1), a down-step O(consumers of one variable), so a pattern of
 up-steps costs O(pattern size); a choice costs a branch, not a copy of what comes before it; the consumers
 of a variable are never permuted (each pattern op picks one at a time).
@@ -101,8 +99,8 @@ class Search:
         del trail[mark:]
 
     def fail(self, node: int, reason: str | Callable[..., str], *args: Any) -> bool:
-        """Returns False; when tracing, keeps the failure (``reason``, or ``reason(*args)``) if more ops are
-        bound than at the deepest so far."""
+        """Returns False; when tracing (``explain``), keeps the failure (``reason``, or ``reason(*args)``) if
+        more ops are bound than at the deepest so far."""
         if not self.trace:
             return False
         bound = sorted(entry for entry in self.trail if entry[3] >= 0)  # by place: one op each
@@ -293,8 +291,7 @@ class Search:
             if bound is None:
                 self.roots[edge.index] = var
                 self.trail.append((~edge.index, var, None, -1))
-                return True
-            if bound is not var:
+            elif bound is not var:
                 return self.fail(
                     node.index,
                     lambda: (
@@ -303,24 +300,21 @@ class Search:
                         f"is {bound.name}"
                     ),
                 )
-            return True
-        if edge.kind == "const":
+        elif edge.kind == "const":
             _, expected, rule = self.m.consts[edge.index]
-            if rule.mode == "any":
-                return True
-            reason = rule.accepts(var, expected)
+            reason = None if rule.mode == "any" else rule.accepts(var, expected)
             if reason is not None:
                 return self.fail(node.index, f"constant differs at {node.name}.{slot}: {reason}")
-            return True
-        producer = self.at[edge.index]
-        if producer is not None and producer[1].outputs[edge.output] is not var:
-            return self.fail(
-                node.index,
-                lambda: (
-                    f"operand slot differs at {node.name}.{slot}: "
-                    f"{var.name} is not the output of {producer[1].name}"
-                ),
-            )
+        else:
+            producer = self.at[edge.index]
+            if producer is not None and producer[1].outputs[edge.output] is not var:
+                return self.fail(
+                    node.index,
+                    lambda: (
+                        f"operand slot differs at {node.name}.{slot}: "
+                        f"{var.name} is not the output of {producer[1].name}"
+                    ),
+                )
         return True
 
     def leaf(self, leaf: Leaf) -> bool:

@@ -192,15 +192,14 @@ class PassContainer(AbstractGraphPass):
         self.pass_options = list(pass_options) if pass_options else None
         self.options = dict(self._declared_options)
         for option in self.pass_options or []:
-            known = option.option_name in self._declared_options
-            if not known and (self.replaces is None or override_enabled()):
+            if option.option_name in self._declared_options:
+                self.options[option.option_name] = option.option_val
+            elif self.replaces is None or override_enabled():
                 raise NotImplementedError(
                     f"The graph pass `{self.pass_id}` doesn't support option "
                     f"`{option.option_name}`; declare it with register_generic_pass(..., "
                     f"options={{'{option.option_name}': default}})."
                 )
-            if known:
-                self.options[option.option_name] = option.option_val
 
     def declare_options(self, options: Mapping[str, Any]) -> None:
         """Declares options the generic pass accepts, with their defaults."""
