@@ -42,21 +42,6 @@ Binding = tuple[int, Any, "dict[str, Any] | None", int]
 class Search:
     """State of one anchored walk: the trail, undone on backtracking."""
 
-    __slots__ = (
-        "m",
-        "block",
-        "stats",
-        "trace",
-        "trail",
-        "at",
-        "roots",
-        "used",
-        "failure",
-        "order",
-        "accept",
-        "result",
-    )
-
     def __init__(
         self,
         matcher: Any,
