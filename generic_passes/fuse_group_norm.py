@@ -24,8 +24,12 @@ Three group counts make one op of MIL from it, all identities of real numbers:
 
 The same normalisation written on a rank-4 ``x`` without reshapes (a hand-written group norm, or a
 converter that left them out) is ``layer_norm`` over ``[1, 2, 3]`` (the affine as for ``G = 1``) or
-``instance_norm`` over ``[2, 3]`` (the affine inside); other axes are left to
-``common::fuse_layernorm_or_instancenorm``.
+``instance_norm`` over ``[2, 3]`` (the affine inside). That is a second pass,
+``generic::fuse_group_norm_unreshaped``, which runs right after ``common::fuse_layernorm_or_instancenorm``
+and takes only what that pass leaves: the spellings it does not know (the numerator with its own mean,
+an affine of ``mul`` alone over ``[2, 3]``). Where both could take a norm, the layer-norm pass's one
+``layer_norm`` (its gamma repeated over the spatial positions) is kept: one op against this pass's
+``layer_norm`` and the affine after it. Other axes are the layer-norm pass's alone.
 
 Spellings of the normalisation (``m = reduce_mean(xr, A, keep_dims=True)``, each ``reduce_mean`` over
 the same axes; commutative operand orders are the matcher's business)::
@@ -422,19 +426,22 @@ def transform_group_norm(pattern: Pattern) -> None:
 
 
 def _register() -> None:
-    register_generic_pass(
-        ops_arrangement=[
-            group_norm_pattern(grouped, affine) for affine in (True, False) for grouped in (True, False)
-        ],
-        var_constraints=group_norm_constraints,
-        transform_pattern=transform_group_norm,
-        pass_name="fuse_group_norm",
-        namespace="generic",
-        constants="const",
-        const_rules={"square.y": ConstRule("value", rtol=0.0, atol=0.0)},
-        name="group_norm",
-        run_after="common::fuse_onehot_matmul_to_gather",
-    )
+    """The reshaped spellings before the layer-norm pass, the others after it (see the docstring)."""
+    for grouped, pass_name, leader in (
+        (True, "fuse_group_norm", "common::fuse_onehot_matmul_to_gather"),
+        (False, "fuse_group_norm_unreshaped", "common::fuse_layernorm_or_instancenorm"),
+    ):
+        register_generic_pass(
+            ops_arrangement=[group_norm_pattern(grouped, affine) for affine in (True, False)],
+            var_constraints=group_norm_constraints,
+            transform_pattern=transform_group_norm,
+            pass_name=pass_name,
+            namespace="generic",
+            constants="const",
+            const_rules={"square.y": ConstRule("value", rtol=0.0, atol=0.0)},
+            name="group_norm" if grouped else "group_norm_unreshaped",
+            run_after=leader,
+        )
 
 
 _register()

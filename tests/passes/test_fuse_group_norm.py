@@ -15,10 +15,12 @@ from coremltools.converters.mil.mil import Program, types
 import generic_passes  # noqa: F401  (registers the passes)
 from generic_passes.fuse_group_norm import AFFINE_FORMS, INV_FORMS, NUMERATOR_FORMS, SQUARE_FORMS
 from pattern_infra import assert_programs_equivalent, evaluate
-from pattern_infra.testing.convert import convert_torch_model, count_ops, op_counts
+from pattern_infra.testing.convert import convert_mil, convert_torch_model, count_ops, op_counts
 from pattern_infra.testing.passes import op_types, run_pass
 
 PASS = "generic::fuse_group_norm"
+UNRESHAPED = "generic::fuse_group_norm_unreshaped"
+"""The pass of the spellings without reshapes, which runs after the layer-norm pass."""
 N, C, H, W = 2, 8, 5, 6
 EPS = 1e-5
 RNG = np.random.default_rng(3)
@@ -119,16 +121,22 @@ def expected(groups: int | None, affine: str | None, axes: list[int] | None = No
     return ["reshape", "layer_norm", "reshape", *AFFINE_OPS[affine]]
 
 
+def pass_of(prog: Program) -> str:
+    """The pass whose spellings ``prog`` is written in: with reshapes or without."""
+    reshaped = any(op.op_type == "reshape" for op in prog.functions["main"].operations)
+    return PASS if reshaped else UNRESHAPED
+
+
 def check(prog: Program, types_after: list[str], rtol: float = 1e-5, atol: float = 1e-5) -> Program:
     """Runs the pass, demands ``types_after`` and the same outputs as before (outputs are O(1))."""
-    ours = run_pass(PASS, prog)
+    ours = run_pass(pass_of(prog), prog)
     assert op_types(ours) == types_after, op_types(ours)
     assert_programs_equivalent(prog, ours, rtol=rtol, atol=atol)
     return ours
 
 
 def unchanged(prog: Program) -> None:
-    assert op_types(run_pass(PASS, prog)) == op_types(prog)
+    assert op_types(run_pass(pass_of(prog), prog)) == op_types(prog)
 
 
 def the_op(prog: Program, op_type: str):
@@ -202,6 +210,23 @@ def test_float16(groups):
         assert {op.outputs[0].dtype for op in ops} == {types.fp16}
         norm = ops[1] if groups == 4 else ops[0]
         assert norm.epsilon.dtype == types.fp16 and (norm.gamma is None or norm.gamma.dtype == types.fp16)
+
+
+@pytest.mark.parametrize("numerator", NUMERATOR_FORMS)
+@pytest.mark.parametrize("axes", [[1, 2, 3], [2, 3]])
+def test_unreshaped_spellings_are_the_layer_norm_pass_s_first(numerator, axes):
+    """A whole conversion, override on. Without reshapes the layer-norm pass runs first: where it fuses a
+    norm over ``[1, 2, 3]`` it makes one ``layer_norm`` (gamma repeated over space), and nothing of the
+    affine is left after it; what it leaves (the numerator with its own mean), the unreshaped pass fuses
+    right after it, the affine after the norm (a ``batch_norm`` by then)."""
+    prog = group_norm(numerator, groups=None, axes=axes)
+    ours = convert_mil(prog, override=True)
+    assert_programs_equivalent(prog, ours, rtol=1e-5, atol=1e-5)
+    left = op_types(ours)
+    if axes == [2, 3]:
+        assert left == ["instance_norm"]
+    else:
+        assert left == (["layer_norm", "batch_norm"] if numerator == "own_mean" else ["layer_norm"])
 
 
 # -- left alone ---------------------------------------------------------------------------------------------
