@@ -133,19 +133,7 @@ class Matcher:
             )
             found = self._keys.setdefault(node_key, len(self._keys))
             if found == len(self.ops):
-                self.ops.append(
-                    PatternNode(
-                        found,
-                        node.name,
-                        node.op_type,
-                        node.op_types,
-                        node.num_outputs,
-                        inputs,
-                        node.commutative,
-                        node.swap_any_type,
-                        fanout=node.fanout,
-                    )
-                )
+                self.ops.append(replace(node, index=found, inputs=inputs, consumers=[]))  # consumers: below
                 self.place.append(places[node.index])
                 self.within.append(variant.within.get(node.name))
             index.append(found)
@@ -173,11 +161,9 @@ class Matcher:
                 "choices, where a search could start. Name the ops that correspond alike in each program."
             )
         anchors: list[Anchor] = []
-        for name in names:
+        for i, name in enumerate(names):
             ops = [self.ops[self.index[v][self._local(v, name)]] for v in range(len(self.variants))]
-            anchors.append(
-                Anchor(len(anchors), name, frozenset(t for op in ops for t in op.op_types), ops[0].fanout)
-            )
+            anchors.append(Anchor(i, name, frozenset(t for op in ops for t in op.op_types), ops[0].fanout))
         return anchors
 
     def _local(self, v: int, place: str) -> int:
@@ -195,17 +181,11 @@ class Matcher:
         )
         roots: list[Branch | Leaf] = []
         for v in ranked:
-            variant, index, met = self.variants[v], self.index[v], choices[self.program[v]]
-            groups = variant.groups
-            rank = [
-                -1
-                if groups.get(n.name) == anchor.name
-                else 1 + met.index(groups[n.name])
-                if n.name in groups
-                else 0
-                for n in variant.compiled.nodes
-            ]
-            steps = plan(variant.compiled, self._local(v, anchor.name), rank=rank)
+            variant, index = self.variants[v], self.index[v]
+            # the anchor's own choice first, then the ops outside choices, then the choices as met
+            level_of = {anchor.name: -1} | {c: 1 + i for i, c in enumerate(choices[self.program[v]])}
+            rank = [level_of.get(variant.groups.get(n.name, ""), 0) for n in variant.compiled.nodes]
+            steps = plan(variant.compiled, self._local(v, anchor.name), rank)
             downs = {st.node for st in steps if st.kind == DOWN}
             guards = tuple(
                 g for g in variant.guards if not (g.fallback and variant.compiled.by_name[g.end] in downs)
@@ -224,10 +204,9 @@ class Matcher:
 
     def _choices_met(self, v: int, anchor: str) -> list[str]:
         """The choices of spelling ``v`` in the order its plan from ``anchor`` meets them."""
-        nodes, groups = self.variants[v].compiled.nodes, self.variants[v].groups
-        steps = plan(
-            self.variants[v].compiled, self._local(v, anchor), [int(n.name in groups) for n in nodes]
-        )
+        variant = self.variants[v]
+        nodes, groups = variant.compiled.nodes, variant.groups
+        steps = plan(variant.compiled, self._local(v, anchor), [int(n.name in groups) for n in nodes])
         met = dict.fromkeys(groups[nodes[st.node].name] for st in steps if nodes[st.node].name in groups)
         return [c for c in met if c != anchor]
 
@@ -248,8 +227,7 @@ class Matcher:
                 end = len(matcher.nodes) - 1  # the anchor of its output: an alternative's last op is its last
                 if below.op_type not in matcher.nodes[end].op_types:
                     continue
-                accept = lambda p: op in p.op_set  # noqa: E731
-                found = matcher.match_at(below, block, end, accept=accept, stats=stats)
+                found = matcher.match_at(below, block, end, accept=lambda p: op in p.op_set, stats=stats)
                 if found is not None:
                     return True
         return False
@@ -285,21 +263,17 @@ class Matcher:
 
 def candidates_below(var: Var, depth: int, op_types: frozenset[str]) -> list[Operation]:
     """Ops of ``op_types`` at most ``depth`` consumer steps below ``var``, breadth first, each once."""
-    seen: dict[int, Operation] = {}
+    seen: dict[int, Operation] = {}  # every op reached, in the order reached
     frontier = [var]
-    out: list[Operation] = []
     for _ in range(depth):
         next_vars: list[Var] = []
         for v in frontier:
             for op in v.child_ops:
-                if id(op) in seen:
-                    continue
-                seen[id(op)] = op
-                if op.op_type in op_types:
-                    out.append(op)
-                next_vars.extend(op.outputs)
+                if id(op) not in seen:
+                    seen[id(op)] = op
+                    next_vars.extend(op.outputs)
         frontier = next_vars
-    return out
+    return [op for op in seen.values() if op.op_type in op_types]
 
 
 def _order(variant: Variant, choices: list[str]) -> tuple[int, ...]:

@@ -1,8 +1,6 @@
-"""Search plans: a list of :class:`Step` (:func:`plan`), the first binding the anchor, each further one
-reaching a pattern op *up* (the producer of a slot of an op already bound) or *down* (a consumer of a
-variable already bound); the matcher (:mod:`~pattern_infra.matching.matcher`) merges the spellings'
-plans into a tree (:class:`Branch`, :class:`Leaf`), the search (:mod:`~pattern_infra.matching.search`)
-walks it and reports a :class:`Failure` when tracing."""
+"""Search plans (:func:`plan`, a list of :class:`Step`), the tree the matcher merges a pattern's plans
+into (:class:`Branch`, :class:`Leaf`), what a tracing search reports (:class:`Failure`) and the counters
+a run fills (:class:`PassStats`)."""
 
 from __future__ import annotations
 
@@ -84,36 +82,25 @@ class Failure:
     """Pattern op name to the program op name bound at that moment."""
 
 
-def plan(compiled: CompiledPattern, anchor: int, rank: list[int] | None = None) -> list[Step]:
+def plan(compiled: CompiledPattern, anchor: int, rank: list[int]) -> list[Step]:
     """The search order anchored at pattern op ``anchor``: each further op reached *up* (the producer of
     a slot of an op placed) or *down* (a consumer of a variable bound), up-steps first, and ops of a
     lower ``rank`` before any of a higher one."""
     nodes = compiled.nodes
-    rank = rank or [0] * len(nodes)
     levels = sorted(set(rank))
     placed = {anchor}
-    roots_bound: set[int] = set()
     steps = [Step(UP, anchor, src_kind="anchor")]
-
-    def note_roots(n: int) -> None:
-        for edge in nodes[n].inputs.values():
-            for _, e in edge_positions(edge):
-                if e.kind == "root":
-                    roots_bound.add(e.index)
-
-    note_roots(anchor)
     while len(placed) < len(nodes):
         step = None
         for level in levels:
             allowed = {m for m in range(len(nodes)) if rank[m] <= level}
-            step = _next_up(nodes, placed, allowed) or _next_down(nodes, placed, roots_bound, allowed)
+            step = _next_up(nodes, placed, allowed) or _next_down(compiled, placed, allowed)
             if step is not None:
                 break
         if step is None:  # compile_pattern guarantees connectivity
             raise RuntimeError(f"pattern {compiled.name!r} could not be planned")
         steps.append(step)
         placed.add(step.node)
-        note_roots(step.node)
     return steps
 
 
@@ -126,26 +113,20 @@ def _next_up(nodes: list[PatternNode], placed: set[int], allowed: set[int]) -> S
     return None
 
 
-def _next_down(
-    nodes: list[PatternNode], placed: set[int], roots_bound: set[int], allowed: set[int]
-) -> Step | None:
-    best: tuple[int, int, Step] | None = None
-    for m, node in enumerate(nodes):
+def _next_down(compiled: CompiledPattern, placed: set[int], allowed: set[int]) -> Step | None:
+    """The first consumer of an op placed, else the first consumer of a pattern input an op placed reads."""
+    from_root = None
+    for m, node in enumerate(compiled.nodes):
         if m in placed or m not in allowed:
             continue
         for slot, edge in node.inputs.items():
             for pos, e in edge_positions(edge):
                 if e.kind == "op" and e.index in placed:
-                    step = Step(DOWN, m, "op", e.index, slot, pos, e.output)
-                    rank = (0, m)
-                elif e.kind == "root" and e.index in roots_bound:
-                    step = Step(DOWN, m, "root", e.index, slot, pos)
-                    rank = (1, m)
-                else:
-                    continue
-                if best is None or rank < best[:2]:
-                    best = (*rank, step)
-    return best[2] if best else None
+                    return Step(DOWN, m, "op", e.index, slot, pos, e.output)
+                read = e.kind == "root" and any(c in placed for c, _, _ in compiled.root_consumers[e.index])
+                if from_root is None and read:
+                    from_root = Step(DOWN, m, "root", e.index, slot, pos)
+    return from_root
 
 
 @dataclass

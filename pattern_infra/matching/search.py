@@ -16,8 +16,6 @@ spellings' plans merged. The walk, from the anchor op:
    the longest-spelling guards hold. Then ``accept`` (the user's constraints, the transform) decides:
    anything but ``True`` backtracks, and the walk goes on to the next match at the same anchor.
 
-``explain`` walks with ``trace=True``: each failure records how far it got, and the deepest is kept.
-
 Cost per anchor candidate: an up-step is O(1), a down-step O(consumers of one variable), so a pattern of
 up-steps costs O(pattern size); a choice costs a branch, not a copy of what comes before it; the consumers
 of a variable are never permuted (each pattern op picks one at a time).
@@ -33,10 +31,9 @@ from coremltools.converters.mil.mil.var import InternalVar
 
 from ..language.graph import COMMUTATIVE_OPS, Edge, PatternNode
 from ..language.pattern import Order, Pattern
-from ..language.variants import Variant
-from .plan import UP, Accept, Branch, Failure, Leaf, PassStats
+from .plan import UP, Accept, Branch, Failure, Leaf, PassStats, Step
 
-__all__ = ["Binding", "Search", "build_pattern"]
+__all__ = ["Binding", "Search"]
 
 Binding = tuple[int, Any, "dict[str, Any] | None", int]
 """One entry of the search's trail (:attr:`Search.trail`)."""
@@ -44,21 +41,6 @@ Binding = tuple[int, Any, "dict[str, Any] | None", int]
 
 class Search:
     """State of one anchored walk: the trail, undone on backtracking."""
-
-    __slots__ = (
-        "m",
-        "block",
-        "stats",
-        "trace",
-        "trail",
-        "at",
-        "roots",
-        "used",
-        "failure",
-        "order",
-        "accept",
-        "result",
-    )
 
     def __init__(
         self,
@@ -102,8 +84,8 @@ class Search:
         del trail[mark:]
 
     def fail(self, node: int, reason: str | Callable[..., str], *args: Any) -> bool:
-        """Returns False; when tracing, keeps the failure (``reason``, or ``reason(*args)``) if more ops are
-        bound than at the deepest so far."""
+        """Returns False; when tracing (``explain``), keeps the failure (``reason``, or ``reason(*args)``) if
+        more ops are bound than at the deepest so far."""
         if not self.trace:
             return False
         bound = sorted(entry for entry in self.trail if entry[3] >= 0)  # by place: one op each
@@ -137,17 +119,7 @@ class Search:
             var = slot_value(src[2], st.slot, st.pos)  # type: ignore[index, arg-type]
             producer = var.op if var is not None else None
             if producer is None or st.out >= len(producer.outputs) or producer.outputs[st.out] is not var:
-                return self.fail(
-                    st.node,
-                    lambda: (
-                        f"operand {st.slot} of {self.m.ops[src[3]].name} is "  # type: ignore[index]
-                        + (
-                            f"not output {st.out} of {producer.name}"
-                            if producer
-                            else "a graph input, not an op's output"
-                        )
-                    ),
-                )
+                return self.fail(st.node, self.unproduced, st, src, producer)
             return self.bind(st.node, producer, branch)
         if st.src_kind == "root":
             var = self.roots[st.src]
@@ -235,6 +207,11 @@ class Search:
             why = f"{op.name} is already matched by another pattern op"
         return why if var is None else f"fan-out {node.name}, consumer of {var.name}: {why}"
 
+    def unproduced(self, st: Step, src: Binding, producer: Operation | None) -> str:
+        """Why the operand an up-step follows is no output ``st.out`` of an op (``producer``, if any)."""
+        what = f"not output {st.out} of {producer.name}" if producer else "a graph input, not an op's output"
+        return f"operand {st.slot} of {self.m.ops[src[3]].name} is {what}"
+
     def assignments(self, node: PatternNode, op: Operation) -> Iterator[dict[str, Any]]:
         """Operand assignments to try: as written, then swapped for a commutative op (first the order putting
         constants in the pattern's constant slots); a wildcard constant slot an alternative op type lacks is
@@ -299,8 +276,7 @@ class Search:
             if bound is None:
                 self.roots[edge.index] = var
                 self.trail.append((~edge.index, var, None, -1))
-                return True
-            if bound is not var:
+            elif bound is not var:
                 return self.fail(
                     node.index,
                     lambda: (
@@ -309,45 +285,59 @@ class Search:
                         f"is {bound.name}"
                     ),
                 )
-            return True
-        if edge.kind == "const":
+        elif edge.kind == "const":
             _, expected, rule = self.m.consts[edge.index]
-            if rule.mode == "any":
-                return True
-            reason = rule.accepts(var, expected)
+            reason = None if rule.mode == "any" else rule.accepts(var, expected)
             if reason is not None:
                 return self.fail(node.index, f"constant differs at {node.name}.{slot}: {reason}")
-            return True
-        producer = self.at[edge.index]
-        if producer is not None and producer[1].outputs[edge.output] is not var:
-            return self.fail(
-                node.index,
-                lambda: (
-                    f"operand slot differs at {node.name}.{slot}: "
-                    f"{var.name} is not the output of {producer[1].name}"
-                ),
-            )
+        else:
+            producer = self.at[edge.index]
+            if producer is not None and producer[1].outputs[edge.output] is not var:
+                return self.fail(
+                    node.index,
+                    lambda: (
+                        f"operand slot differs at {node.name}.{slot}: "
+                        f"{var.name} is not the output of {producer[1].name}"
+                    ),
+                )
         return True
 
     def leaf(self, leaf: Leaf) -> bool:
-        """A complete spelling: its final checks, its guards, then ``accept``."""
+        """A complete spelling: its final checks, its guards, then ``accept`` offered its :class:`Pattern`
+        (the ops by name, a choice's by the choice's too; the operands after any swap; the constants)."""
         variant = self.m.variants[leaf.variant]
-        index = self.m.index[leaf.variant]
+        compiled, index = variant.compiled, self.m.index[leaf.variant]
         bound = [self.at[p] for p in self.m.state[leaf.variant]]
         ops, assign = [b[1] for b in bound], [b[2] for b in bound]
-        if not self.structure_ok(variant.compiled, index, ops, assign):
+        if not self.structure_ok(compiled, index, ops, assign):
             return False
         for guard in leaf.guards:
-            if self.m.taken_further(guard, ops[variant.compiled.by_name[guard.end]], self.block, self.stats):
+            end = compiled.by_name[guard.end]
+            if self.m.taken_further(guard, ops[end], self.block, self.stats):
                 return self.fail(
-                    index[variant.compiled.by_name[guard.end]],
-                    f"an earlier alternative of {guard.choice!r} matches further down",
+                    index[end], f"an earlier alternative of {guard.choice!r} matches further down"
                 )
-        pattern = build_pattern(variant, self.block, ops, assign, self.roots, self.order)
+        by_name: dict[str, Any] = {}
+        operands: dict[str, dict[str, Any]] = {}
+        for name, op, slots in zip(compiled.node_names, ops, assign):
+            by_name[name] = op
+            operands[name] = dict(slots)
+            for choice in variant.aliases.get(name, ()):  # pattern.<choice>: the op computing its variable
+                by_name[choice] = op
+        consts: dict[str, Var] = {}
+        for (n, slot, pos), key, cname in zip(
+            compiled.const_slots, compiled.const_keys, compiled.const_names
+        ):
+            var = slot_value(assign[n], slot, pos)
+            if var is not None:  # absent: a wildcard slot the matched alternative op type does not have
+                consts[key] = var
+                consts.setdefault(cname, var)
+        roots = self.roots[: len(compiled.root_names)]  # its program's (those of a list may have more inputs)
+        pattern = Pattern(compiled, self.block, by_name, roots, operands, consts, self.order, variant.choices)
         if self.accept is not None:
             verdict = self.accept(pattern)
             if verdict is not True:
-                last = index[variant.compiled.final_nodes[-1]]
+                last = index[compiled.final_nodes[-1]]
                 return self.fail(last, verdict if isinstance(verdict, str) else "the match was not taken")
         self.result = pattern
         return True
@@ -408,34 +398,6 @@ def _const_fit(node: PatternNode, assignment: dict[str, Any]) -> int:
         producer = assignment[slot].op
         fit += is_const_slot == (producer is not None and producer.op_type == "const")
     return fit
-
-
-def build_pattern(
-    variant: Variant,
-    block: Block,
-    ops: list[Any],
-    assign: list[dict[str, Any] | None],
-    roots: list[Var | None],
-    order: Order | None,
-) -> Pattern:
-    """The :class:`Pattern` of a complete binding of ``variant``: ``ops`` and ``assign`` (operands after any
-    swap) per op of the spelling, ``roots`` per pattern input (None where the spelling reads none)."""
-    compiled = variant.compiled
-    by_name: dict[str, Any] = {}
-    operands: dict[str, dict[str, Any]] = {}
-    for name, op, slots in zip(compiled.node_names, ops, assign):
-        by_name[name] = op
-        operands[name] = dict(slots)  # type: ignore[arg-type]
-        for choice in variant.aliases.get(name, ()):  # pattern.<choice>: the op computing its variable
-            by_name[choice] = op
-    consts: dict[str, Var] = {}
-    for (n, slot, pos), key, cname in zip(compiled.const_slots, compiled.const_keys, compiled.const_names):
-        var = slot_value(assign[n], slot, pos)  # type: ignore[arg-type]  # an op's operands: never None
-        if var is not None:  # absent: a wildcard slot the matched alternative op type does not have
-            consts[key] = var
-            consts.setdefault(cname, var)
-    mine = roots[: len(compiled.root_names)]  # its program's (those of a list may have more inputs)
-    return Pattern(compiled, block, by_name, mine, operands, consts, order, variant.choices)
 
 
 def slot_value(assigned: dict[str, Any], slot: str, pos: int) -> Any:

@@ -146,8 +146,8 @@ class PassContainer(AbstractGraphPass):
             self.passes and not isinstance(pass_function, SubPass)
         ):
             raise PassRegistrationError(
-                f"Pass {self.pass_id!r} holds {self.order}; a plain graph pass (a callable taking the "
-                f"program) stands alone: register it under another pass_name."
+                f"Pass {self.pass_id!r} already holds {self.order}; a plain graph pass (a callable taking "
+                f"the program) stands alone: register it under another pass_name."
             )
         if not isinstance(pass_function, SubPass):
             self.function = pass_function
@@ -162,7 +162,7 @@ class PassContainer(AbstractGraphPass):
             return
         enabled = override_enabled()
         # A container with nothing of its own only leads run_after followers: coremltools' pass runs.
-        empty = not self.passes and getattr(self, "function", None) is None
+        empty = not self.passes and self.function is None
         if self.replaces is not None and (not enabled or empty):
             original = self.replaces()
             original.set_options(self.pass_options)
@@ -192,15 +192,14 @@ class PassContainer(AbstractGraphPass):
         self.pass_options = list(pass_options) if pass_options else None
         self.options = dict(self._declared_options)
         for option in self.pass_options or []:
-            known = option.option_name in self._declared_options
-            if not known and (self.replaces is None or override_enabled()):
+            if option.option_name in self._declared_options:
+                self.options[option.option_name] = option.option_val
+            elif self.replaces is None or override_enabled():
                 raise NotImplementedError(
                     f"The graph pass `{self.pass_id}` doesn't support option "
                     f"`{option.option_name}`; declare it with register_generic_pass(..., "
                     f"options={{'{option.option_name}': default}})."
                 )
-            if known:
-                self.options[option.option_name] = option.option_val
 
     def declare_options(self, options: Mapping[str, Any]) -> None:
         """Declares options the generic pass accepts, with their defaults."""
@@ -234,12 +233,11 @@ def with_followers(container: PassContainer) -> list[PassContainer]:
     return order
 
 
-def run_together(prog: Program, containers: list[PassContainer], pass_name: str) -> PassStats:
+def run_together(prog: Program, containers: list[PassContainer], pass_name: str) -> None:
     """Applies ``containers`` to ``prog`` in order, as if one by one (each to its fixpoint, in its own scope,
     the counters of its run filled in one object, which :meth:`PassContainer.record` keeps), in as few
     driver runs as possible: a callable sub-pass or a change of ``validate`` splits a run. ``pass_name``
     names the whole run in messages."""
-    total = PassStats()
     plan = [(c, sub) for c in containers for sub in (c.passes if c.function is None else [c.function])]
     for _, run in groupby(plan, key=lambda p: (p[0].validate, p[0].function is None or id(p))):
         segment = list(run)
@@ -252,7 +250,7 @@ def run_together(prog: Program, containers: list[PassContainer], pass_name: str)
             container.record(PassStats())
             continue
         runs = {owner: PassStats() for owner, _ in segment}  # one run_log entry each, even if twice
-        stats = run_subpasses(
+        run_subpasses(
             prog,
             cast(list[SubPass], [sub for _, sub in segment]),  # no function in this segment: sub-passes
             pass_name,
@@ -261,10 +259,8 @@ def run_together(prog: Program, containers: list[PassContainer], pass_name: str)
             scopes={owner.pass_id: _scope_of(owner) for owner in runs},
             stats=[runs[owner] for owner, _ in segment],
         )
-        total.add(stats)
         for owner, run_stats in runs.items():
             owner.record(run_stats)
-    return total
 
 
 def _scope_of(container: PassContainer) -> ScopeInfo:

@@ -170,7 +170,10 @@ def register_generic_pass(
     if options:
         container.declare_options(options)
     if run_after is not None:
-        _follow(container, run_after)
+        leader_namespace, leader_name = run_after.split("::", 1)
+        leader = container_for(leader_name, leader_namespace)
+        if container not in leader.followers:
+            leader.followers.append(container)
     return container
 
 
@@ -204,12 +207,7 @@ def register_graph_pass(
             f"{type(apply).__name__}."
         )
     container = container_for(pass_name, namespace)
-    if container.passes or container.function not in (None, apply):
-        raise PassRegistrationError(
-            f"register_graph_pass({namespace}::{pass_name}): the id already holds {container.order}; a plain "
-            f"graph pass stands alone (choose another pass_name)."
-        )
-    container.function = apply
+    container.add(apply)
     container.validate = False
     if options:
         container.declare_options(options)
@@ -228,14 +226,6 @@ def _check_leader(pass_id: str, run_after: str) -> None:
         )
     namespace, name = run_after.split("::", 1)
     _checked_id(name, namespace)
-
-
-def _follow(container: PassContainer, run_after: str) -> None:
-    _check_leader(container.pass_id, run_after)
-    namespace, name = run_after.split("::", 1)
-    leader = container_for(name, namespace)
-    if container not in leader.followers:
-        leader.followers.append(container)
 
 
 def generic_passes() -> dict[str, PassContainer]:
