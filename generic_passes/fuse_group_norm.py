@@ -38,6 +38,7 @@ the same axes; commutative operand orders are the matcher's business)::
 
     SQUARE(d) = square(d) | pow(d, 2) | mul(d, d)
     NORM(num, v) = real_div(num, sqrt(v)) | mul(num, rsqrt(v))
+             | mul(num, rsqrt(mean_sq, epsilon=e))    (no add: the epsilon folded into rsqrt)
     num = d                                  (one subtraction: a saved package, after CSE)
         | sub(xr, m)                         (the numerator subtracted again: torch.export)
         | sub(xr, reduce_mean(xr, A))        (its own mean too: coremltools' group_norm, before CSE)
@@ -106,8 +107,9 @@ NUMERATOR_FORMS: tuple[str, ...] = ("shared", "sub2", "own_mean")
 SQUARE_FORMS: tuple[str, ...] = ("square", "pow", "mul")
 """``square(d)``, ``pow(d, 2)`` or ``mul(d, d)``."""
 
-INV_FORMS: tuple[str, ...] = ("div", "rsqrt")
-"""``real_div(num, sqrt(v))`` or ``mul(num, rsqrt(v))``."""
+INV_FORMS: tuple[str, ...] = ("div", "rsqrt", "rsqrt_eps")
+"""``real_div(num, sqrt(v))``, ``mul(num, rsqrt(v))``, or ``mul(num, rsqrt(mean_sq, epsilon=e))`` with no
+``add``: ``generic::fold_add_into_epsilon``'s form, which runs before the unreshaped pass."""
 
 AFFINE_FORMS: tuple[str, ...] = ("mul_add", "batch_norm", "mul", "add")
 """The affine after the norm when there is one (alternatives of the ``affine_op`` choice, in order)."""
@@ -129,7 +131,7 @@ def _normalization(source: Callable[[], Var], axes: list[int], numerator: str, s
     else:
         sq = mb.mul(x=d, y=d, name="square")
     mean_sq = mb.reduce_mean(x=sq, axes=axes, keep_dims=True, name="mean_sq")
-    v = mb.add(x=mean_sq, y=_PLACEHOLDER, name="add_eps")
+    v = mean_sq if inv == "rsqrt_eps" else mb.add(x=mean_sq, y=_PLACEHOLDER, name="add_eps")
     if numerator == "shared":
         num = d
     elif numerator == "sub2":
@@ -229,7 +231,7 @@ def _scalar(var: Var | None) -> float | None:
 
 def _epsilon(pattern: Pattern) -> float | str:
     """``e``: the ``add``'s constant plus ``rsqrt``'s epsilon, or why it is not a usable one."""
-    eps = _scalar(pattern.operand("add_eps", "y"))
+    eps = _scalar(pattern.operand("add_eps", "y")) if "add_eps" in pattern.ops else 0.0
     if eps is None:
         return "the epsilon added is not a one-element constant"
     if pattern.std.op_type == "rsqrt":

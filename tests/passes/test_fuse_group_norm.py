@@ -84,14 +84,18 @@ def group_norm(
             sq = mul(d, d)
         v = mb.reduce_mean(x=sq, axes=sq_axes or red, keep_dims=True)
         e = np_dtype(EPS) if e is None else e
-        v = mb.add(x=e, y=v) if swap else mb.add(x=v, y=e)
+        if inv != "rsqrt_eps":
+            v = mb.add(x=e, y=v) if swap else mb.add(x=v, y=e)
         if numerator == "shared":
             num = d
         elif numerator == "sub2":
             num = mb.sub(x=xr, y=mean)
         else:
             num = mb.sub(x=xr, y=mb.reduce_mean(x=xr, axes=red, keep_dims=True))
-        std = mb.sqrt(x=v) if inv == "div" else mb.rsqrt(x=v)
+        if inv == "rsqrt_eps":  # the epsilon folded into rsqrt (generic::fold_add_into_epsilon's form)
+            std = mb.rsqrt(x=v, epsilon=e)
+        else:
+            std = mb.sqrt(x=v) if inv == "div" else mb.rsqrt(x=v)
         n = mb.real_div(x=num, y=std) if inv == "div" else mul(num, std)
         y = n if groups is None else mb.reshape(x=n, shape=(N, C, H, W))
         g = (GAMMA.reshape(C, 1, 1) if gamma is None else gamma).astype(np_dtype)
@@ -212,14 +216,16 @@ def test_float16(groups):
         assert norm.epsilon.dtype == types.fp16 and (norm.gamma is None or norm.gamma.dtype == types.fp16)
 
 
+@pytest.mark.parametrize("inv", ["div", "rsqrt"])
 @pytest.mark.parametrize("numerator", NUMERATOR_FORMS)
 @pytest.mark.parametrize("axes", [[1, 2, 3], [2, 3]])
-def test_unreshaped_spellings_are_the_layer_norm_pass_s_first(numerator, axes):
+def test_unreshaped_spellings_are_the_layer_norm_pass_s_first(numerator, axes, inv):
     """A whole conversion, override on. Without reshapes the layer-norm pass runs first: where it fuses a
     norm over ``[1, 2, 3]`` it makes one ``layer_norm`` (gamma repeated over space), and nothing of the
     affine is left after it; what it leaves (the numerator with its own mean), the unreshaped pass fuses
-    right after it, the affine after the norm (a ``batch_norm`` by then)."""
-    prog = group_norm(numerator, groups=None, axes=axes)
+    right after it, the affine after the norm (a ``batch_norm`` by then), with ``rsqrt`` too, whose ``add``
+    ``generic::fold_add_into_epsilon`` has folded by then."""
+    prog = group_norm(numerator, inv=inv, groups=None, axes=axes)
     ours = convert_mil(prog, override=True)
     assert_programs_equivalent(prog, ours, rtol=1e-5, atol=1e-5)
     left = op_types(ours)
