@@ -24,12 +24,13 @@ Three group counts make one op of MIL from it, all identities of real numbers:
 
 The same normalisation written on a rank-4 ``x`` without reshapes (a hand-written group norm, or a
 converter that left them out) is ``layer_norm`` over ``[1, 2, 3]`` (the affine as for ``G = 1``) or
-``instance_norm`` over ``[2, 3]`` (the affine inside). That is a second pass,
-``generic::fuse_group_norm_unreshaped``, which runs right after ``common::fuse_layernorm_or_instancenorm``
-and takes only what that pass leaves: the spellings it does not know (the numerator with its own mean,
-an affine of ``mul`` alone over ``[2, 3]``). Where both could take a norm, the layer-norm pass's one
-``layer_norm`` (its gamma repeated over the spatial positions) is kept: one op against this pass's
-``layer_norm`` and the affine after it. Other axes are the layer-norm pass's alone.
+``instance_norm`` over ``[2, 3]`` (the affine inside). This pass takes such an ``instance_norm`` only
+with its affine absorbed (one op); the rest goes to ``common::fuse_layernorm_or_instancenorm`` first, and
+a second pass, ``generic::fuse_group_norm_unreshaped``, right after it, takes what that pass leaves (the
+numerator with its own mean, the ``rsqrt`` whose ``add`` is folded). Where both could take a
+``layer_norm`` over ``[1, 2, 3]``, the layer-norm pass's one op (its gamma repeated over the spatial
+positions) is kept, against this pass's ``layer_norm`` and the affine after it. Other axes are the
+layer-norm pass's alone.
 
 Spellings of the normalisation (``m = reduce_mean(xr, A, keep_dims=True)``, each ``reduce_mean`` over
 the same axes; commutative operand orders are the matcher's business)::
@@ -427,21 +428,45 @@ def transform_group_norm(pattern: Pattern) -> None:
     pattern.replace_output(out)
 
 
+def constraints_before_layer_norm(pattern: Pattern) -> bool | tuple[bool, str]:
+    """``generic::fuse_group_norm``'s constraints: :func:`group_norm_constraints`, and a norm without
+    reshapes only as an ``instance_norm`` that absorbs its affine (one op; the rest is the layer-norm
+    pass's first)."""
+    result = group_norm_constraints(pattern)
+    if result is True and "reshape_in" not in pattern.ops and pattern.group_norm_plan.kind != "instance_norm":
+        return False, (
+            "a layer_norm without reshapes is left to common::fuse_layernorm_or_instancenorm, which runs "
+            "later (then generic::fuse_group_norm_unreshaped)"
+        )
+    return result
+
+
 def _register() -> None:
-    """The reshaped spellings before the layer-norm pass, the others after it (see the docstring)."""
-    for grouped, pass_name, leader in (
-        (True, "fuse_group_norm", "common::fuse_onehot_matmul_to_gather"),
-        (False, "fuse_group_norm_unreshaped", "common::fuse_layernorm_or_instancenorm"),
+    """The reshaped spellings and the instance norms that absorb their affine before the layer-norm pass,
+    the other spellings without reshapes after it (see the docstring)."""
+    for pass_name, programs, constraints, leader in (
+        (
+            "fuse_group_norm",
+            [(True, True), (True, False), (False, True)],
+            constraints_before_layer_norm,
+            "common::fuse_onehot_matmul_to_gather",
+        ),
+        (
+            "fuse_group_norm_unreshaped",
+            [(False, True), (False, False)],
+            group_norm_constraints,
+            "common::fuse_layernorm_or_instancenorm",
+        ),
     ):
         register_generic_pass(
-            ops_arrangement=[group_norm_pattern(grouped, affine) for affine in (True, False)],
-            var_constraints=group_norm_constraints,
+            ops_arrangement=[group_norm_pattern(grouped, affine) for grouped, affine in programs],
+            var_constraints=constraints,
             transform_pattern=transform_group_norm,
             pass_name=pass_name,
             namespace="generic",
             constants="const",
             const_rules={"square.y": ConstRule("value", rtol=0.0, atol=0.0)},
-            name="group_norm" if grouped else "group_norm_unreshaped",
+            name="group_norm" if pass_name == "fuse_group_norm" else "group_norm_unreshaped",
             run_after=leader,
         )
 
