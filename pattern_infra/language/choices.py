@@ -60,8 +60,7 @@ def one_of(name: str, *alternatives: Callable[[], Var], fallback: bool = False) 
         PatternDefinitionError: Called outside a pattern program, fewer than two alternatives, or an
             alternative that does not return a variable computed by one of its own ops.
     """
-    func = _block.curr_block() if _block.BLOCK_STACK else None
-    if func is None:
+    if not _block.BLOCK_STACK:
         raise PatternDefinitionError(
             f"one_of({name!r}) must be called while an @mb.program pattern is built, "
             f"inside the decorated function."
@@ -76,6 +75,7 @@ def one_of(name: str, *alternatives: Callable[[], Var], fallback: bool = False) 
             f"one_of({name!r}) needs at least two alternatives, each a function of no "
             f"argument building ops (lambda: mb.relu(x=x)); got {len(alternatives)}."
         )
+    func = _block.curr_block()
     record = Record(name, [], fallback=fallback)
     (_ACTIVE[-1] if _ACTIVE else _RECORDS.setdefault(func, [])).append(record)
     for k, build in enumerate(alternatives):

@@ -44,13 +44,12 @@ def pattern_name_of(ops_arrangement: Any) -> str:
 
 
 def require_program(value: Any, *, where: str, what: str = "the pattern") -> None:
-    """The check of every entry point that takes a pattern (or a program): ``value`` must be a MIL
-    program, the result of ``@mb.program``, not the function it decorates nor anything else.
+    """The check of every entry point taking a pattern (or a program): ``value`` must be the MIL program
+    ``@mb.program`` returns, not the function it decorates nor anything else.
 
     Args:
         value: What the caller was given.
-        where: The entry point, for the message (``"register_generic_pass(ns::name)"``).
-        what: What ``value`` stands for in the message.
+        where: The entry point and ``what`` the value stands for, for the message.
 
     Raises:
         PatternDefinitionError: ``value`` is not a ``Program``; the message names what it is and the fix.
@@ -82,7 +81,7 @@ def compile_pattern(
     """Reads a pattern program, or several, into a :class:`CompiledPattern`, enforcing the pattern rules.
     The options, ``commutative`` to ``equivalences``, are ``register_generic_pass``'s (documented there).
     Several programs (a sequence, or a mapping of names to programs) are one pattern whose spellings are
-    theirs, in the written order: how they may differ is in docs/LANGUAGE.md ("Several programs").
+    theirs, in order (docs/LANGUAGE.md, "Several programs").
 
     Args:
         ops_arrangement: The pattern, an ``mb.program`` whose ops all carry unique names; or several.
@@ -177,8 +176,8 @@ def _compile(
     regions: dict[int, Any],
     options: dict[str, Any],
 ) -> CompiledPattern:
-    """Compiles every spelling of a pattern function, or of an alternative's region (its inputs the
-    choice's slots); returns the first spelling, holding them all in ``variants``."""
+    """Every spelling of a pattern function or an alternative's region (its inputs the choice's slots):
+    the first, holding them all in ``variants``."""
     earlier: dict[tuple[int, int], CompiledPattern] = {}
 
     def alternative(record: Any, k: int) -> CompiledPattern:  # compiled once, for the guards
@@ -378,13 +377,11 @@ def _check_options(pattern_name: str, options: dict[str, Any], spellings: list[C
 
 
 def _depth(compiled: CompiledPattern) -> int:
-    """Most ops on a path through ``compiled`` (its nodes come in program order)."""
-    depth: list[int] = []
+    """Most ops on a path through ``compiled`` (its nodes come in program order, producers first)."""
+    depth = [1] * len(compiled.nodes)
     for node in compiled.nodes:
-        preds = [
-            depth[e.index] for edge in node.inputs.values() for _, e in edge_positions(edge) if e.kind == "op"
-        ]
-        depth.append(1 + max(preds, default=0))
+        for consumer, _, _, _ in node.consumers:
+            depth[consumer] = max(depth[consumer], depth[node.index] + 1)
     return max(depth)
 
 

@@ -1,9 +1,7 @@
 """Equivalences the matcher knows: ``pow(x, 2)`` also matches ``mul(x, x)``, and so on (the identities, how
 exact each is in float32, how ``equivalences=`` declares them: docs/LANGUAGE.md). :func:`with_equivalences`
-replays the pattern program into one where every op an identity applies to is a :func:`~.choices.one_of`
-choice, of the op's name, between the op as written and its other spellings; ``reassoc`` re-associates the
-``mul`` chains of :func:`chain_at` in the ``(2k - 3)!!`` orders of :func:`association_orders` (``k`` distinct
-factors, at most :data:`MAX_FACTORS`, so a choice stays a constant number of alternatives per pattern op)."""
+replays the pattern program with every op an identity applies to made a :func:`~.choices.one_of` choice,
+of the op's name, between the op as written and its other spellings."""
 
 from __future__ import annotations
 
@@ -147,8 +145,8 @@ IDENTITIES: dict[str, Identity] = {
 
 
 def with_equivalences(program: Program, pattern_name: str, equivalences: Equivalences) -> Program:
-    """The pattern program with every op an identity applies to turned into a choice of its spellings (a
-    new program of the same names and inputs; ``program`` itself when nothing applies)."""
+    """The pattern program with every op an identity applies to a choice of its spellings (a new program of
+    the same names and inputs; ``program`` itself when nothing applies)."""
     func = program.functions["main"]
     plan = {name: ids for name, ids in _plan(func, pattern_name, equivalences).items() if ids}
     if not plan:
@@ -339,9 +337,8 @@ def chain_at(op: Operation, expandable: Callable[[Operation], bool] = lambda op:
 
 
 def association_orders(chain: Chain) -> list[Tree]:
-    """Every order of multiplication of the chain's factors, each once up to operand order: ``chain.written``
-    first (a factor that is the very same variable as another counts as that one: ``x * c * x`` has 2
-    orders)."""
+    """Every order of multiplication of the chain's factors, once up to operand order, ``chain.written``
+    first (the same variable twice counts once: ``x * c * x`` has 2 orders)."""
     same = [next(j for j, v in enumerate(chain.factors) if v is var) for var in chain.factors]
 
     def key(tree: Tree) -> str:

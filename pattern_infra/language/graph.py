@@ -26,17 +26,7 @@ __all__ = [
 ]
 
 COMMUTATIVE_OPS: frozenset[str] = frozenset(
-    {
-        "add",
-        "mul",
-        "maximum",
-        "minimum",
-        "equal",
-        "not_equal",
-        "logical_and",
-        "logical_or",
-        "logical_xor",
-    }
+    {"add", "mul", "maximum", "minimum", "equal", "not_equal", "logical_and", "logical_or", "logical_xor"}
 )
 """MIL binary ops whose ``x`` and ``y`` may be swapped; the matcher tries both orders itself."""
 

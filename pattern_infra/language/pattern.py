@@ -7,6 +7,7 @@ from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
+from coremltools.converters.mil import Builder as mb
 from coremltools.converters.mil.mil import Block, Operation, Var, types
 
 from .graph import CompiledPattern
@@ -106,8 +107,6 @@ class Pattern:
             name: The const's name (default: coremltools').
             before_op: Where to insert it (default: before the first matched op).
         """
-        from coremltools.converters.mil import Builder as mb
-
         val = np.asarray(value, dtype=types.nptype_from_builtin(like.dtype))
         kwargs = {} if name is None else {"name": name}
         return mb.const(
