@@ -42,16 +42,15 @@ _ACTIVE: list[list[Record]] = []
 def one_of(name: str, *alternatives: Callable[[], Var], fallback: bool = False) -> Var:
     """Declares, inside an ``@mb.program`` pattern, a variable computed by one of several small programs.
 
-    Alternatives are tried in the order written, the longest first; choices nest. The longest-spelling
-    rule, what alternatives may read and how a match names their ops: docs/LANGUAGE.md.
+    Alternatives are tried in the order written, the longest first; choices nest (the rules, what a
+    match holds: docs/LANGUAGE.md, "Alternatives at any point").
 
     Args:
         name: The choice's name: ``pattern.<name>`` is the op computing the variable in a match.
         *alternatives: Functions of no argument building ops with ``mb`` and returning the variable,
             computed by one of their own ops.
-        fallback: Offer a later alternative inside an earlier one's match too, after it, when the choice
-            is reached from one of its inputs (a weight the fusion cannot absorb stays an op after the
-            fused one). ``find_matches`` then reports both.
+        fallback: Offer a later alternative inside an earlier one's match too, after it (a weight the
+            fusion cannot absorb stays an op after the fused one); ``find_matches`` reports both.
 
     Returns:
         The first alternative's variable, for the rest of the pattern to use.
@@ -101,8 +100,7 @@ def one_of(name: str, *alternatives: Callable[[], Var], fallback: bool = False) 
 def optional(name: str, base: Callable[[], Var], extra: Callable[[Var], Var], fallback: bool = False) -> Var:
     """Declares an op that may be absent: ``one_of(name, lambda: extra(base()), base, fallback=fallback)``.
 
-    ``base`` is built once per alternative, its ops named the same in both. Not supported: a ``base`` of
-    no op (an optional op on a pattern input).
+    ``base`` is built once per alternative, its ops named the same in both; it must build an op.
 
     Args:
         base: Builds the ops the optional op reads from, returning their variable.
@@ -133,8 +131,8 @@ class Region:
 
 
 def regions_of(ops: list[Any], records: list[Record], pattern_name: str) -> dict[int, list[Region]]:
-    """Per choice among ``ops`` and nested in its alternatives (keyed by ``id`` of its :class:`Record`),
-    its alternatives as regions, in order; a :class:`PatternDefinitionError` where a choice rule is broken."""
+    """Per choice among ``ops`` or nested in them (keyed by ``id`` of its :class:`Record`), its alternatives
+    as regions; raises :class:`PatternDefinitionError` where a choice rule is broken."""
     found: dict[int, list[Region]] = {}
     level = [op for op in ops if op.op_type != "const"]
     for record in records:

@@ -1,6 +1,5 @@
-"""Turn a pattern written as an ``mb.program`` into plain patterns the matcher can search, one
-:class:`CompiledPattern` per spelling (:mod:`~.variants`), each rule enforced with an error naming the
-pattern, the op and the fix (docs/ARCHITECTURE.md, "The pattern graph")."""
+"""Turn a pattern ``mb.program`` into one :class:`CompiledPattern` per spelling (:mod:`~.variants`), each
+rule enforced with an error naming the pattern, the op and the fix (docs/ARCHITECTURE.md)."""
 
 from __future__ import annotations
 

@@ -87,7 +87,7 @@ def _const_identity(
     name: str, op_type: str, other: str, fn: Callable[[np.ndarray], np.ndarray], c: str, exact: bool
 ) -> Identity:
     """``<op_type>(x, c) = <other>(x, fn(c))`` for a numeric constant ``c`` (nonzero for a reciprocal),
-    ``fn(c)`` in c's float dtype (else float32); ``c`` names ``fn(c)`` in the statement."""
+    ``fn(c)`` in c's float dtype (else float32)."""
 
     def build(x: Var, op: Operation) -> Var:
         value = np.asarray(op.inputs["y"].val)  # a numeric const: holds found it one
@@ -302,9 +302,7 @@ class Chain:
 
 def chain_at(op: Operation, expandable: Callable[[Operation], bool] = lambda op: True) -> Chain | None:
     """The chain of ``mul`` ops ending at ``op`` that ``reassoc`` applies to (docs/LANGUAGE.md), else None:
-    the ``mul`` tree below ``op``, ``x`` first, an operand expanded when an ``expandable`` ``mul`` makes it
-    for the tree alone (read once, not a block output), within :data:`MAX_FACTORS` factors: 3 or more,
-    some not all numeric constants."""
+    ``x`` first, an operand expanded when an ``expandable`` ``mul`` makes it for the tree alone."""
     if op.op_type != "mul":
         return None
     factors: list[Var] = []

@@ -146,18 +146,15 @@ class Pattern:
             ) from None
 
     def replace_output(self, new_var: Var, old_var: Var | None = None, *, force: bool = False) -> None:
-        """Makes every user of a final output read ``new_var`` instead: the linear way to rewrite.
-
-        Only the users of ``old_var`` are visited; the framework removes the matched ops left without users
-        once the transform returns.
+        """Makes every user of a final output read ``new_var`` instead (visiting only those users); the
+        framework removes the matched ops left without users once the transform returns.
 
         Args:
             new_var: The replacement, already inserted in the block (e.g. by ``mb.gelu(...,
                 before_op=pattern.final_op)``).
             old_var: The output to replace; defaults to the only output of the only final op.
-            force: Replace even where ``new_var`` no longer depends on a ``constexpr_*`` op ``old_var``
-                depends on (coremltools refuses that by default): for a transform that rebuilt a
-                compressed weight as new ``constexpr_*`` ops.
+            force: Replace even where ``new_var`` drops a ``constexpr_*`` op ``old_var`` depends on
+                (coremltools refuses that by default), for a transform rebuilding a compressed weight.
 
         Raises:
             ValueError: ``old_var`` is omitted but the match has several outputs.
@@ -221,11 +218,10 @@ class Pattern:
         return f"Pattern({self.pattern_name!r}: {ops})"
 
     def _reverse_topological(self) -> list[Operation]:
-        """The captured ops, each after every captured op that reads it: the pattern's own op order
-        (a topological order of the pattern), reversed; program order reversed for hand-built matches."""
+        """The captured ops, consumers first: the pattern's op order reversed (a choice and its
+        alternative's last op are one op under two names); program order reversed for hand-built matches."""
         if self._compiled is None:
             return list(reversed(self.op_list()))
-        # a choice and its alternative's last op are one op under two names
         return list(dict.fromkeys(o for op in reversed(self._ops.values()) for o in _flat(op)))
 
 
@@ -236,5 +232,4 @@ def _flat(op: Operation | list[Operation]) -> list[Operation]:
 RESERVED_NAMES: frozenset[str] = frozenset(
     name for name in {*vars(Pattern), *vars(Pattern())} if not name.startswith("_")
 )
-"""Names a pattern op may not take: every public method, property and field of :class:`Pattern`
-(``pattern.<op name>`` would hide it)."""
+"""Names a pattern op may not take: the public attributes of :class:`Pattern` (``pattern.<name>`` hides them)."""
