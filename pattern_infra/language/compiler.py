@@ -133,8 +133,7 @@ def _compile_program(
     func = ops_arrangement.functions["main"]
     if equivalences:
         regions_of(list(func.operations), records_of(func), pattern_name)  # the choices' rules, as written
-        ops_arrangement = with_equivalences(ops_arrangement, pattern_name, equivalences)
-        func = ops_arrangement.functions["main"]
+        func = with_equivalences(func, pattern_name, equivalences)
     records = records_of(func)
     regions = regions_of(list(func.operations), records, pattern_name)
     for op in func.operations:
@@ -156,7 +155,7 @@ def _compile_program(
             f"alternatives), at most {MAX_VARIANTS} are searched (each compiles as a pattern of its own). "
             "Fix: register its parts as separate patterns (a list), or name fewer ops in equivalences=."
         )
-    compiled = _compile(func, ops_arrangement, pattern_name, records, regions, options)
+    compiled = _compile(func, pattern_name, records, regions, options)
     spellings = [v.compiled for v in compiled.variants]
     unused = [name for r, name in enumerate(func.inputs) if not any(c.root_consumers[r] for c in spellings)]
     if unused:
@@ -169,7 +168,6 @@ def _compile_program(
 
 def _compile(
     func: Any,
-    program: Program,
     pattern_name: str,
     records: list[Any],
     regions: dict[int, Any],
@@ -183,7 +181,6 @@ def _compile(
         if (id(record), k) not in earlier:
             earlier[id(record), k] = _compile(
                 regions[id(record)][k],
-                program,
                 f"{pattern_name}.{record.name}[{k}]",
                 record.children.get(k, []),
                 regions,
@@ -193,7 +190,7 @@ def _compile(
 
     variants = combos(records, list(func.outputs), regions)
     for variant in variants:
-        variant.compiled = _compile_graph(func, program, pattern_name, options, variant)
+        variant.compiled = _compile_graph(func, pattern_name, options, variant)
         guards = []
         for record, k, out in variant.ends:
             alternatives = tuple(alternative(record, j) for j in range(k))
@@ -214,9 +211,7 @@ def _compile(
     return variants[0].compiled
 
 
-def _compile_graph(
-    func: Any, program: Program, pattern_name: str, options: dict[str, Any], combo: Variant
-) -> CompiledPattern:
+def _compile_graph(func: Any, pattern_name: str, options: dict[str, Any], combo: Variant) -> CompiledPattern:
     """One spelling of a pattern function or region as a plain pattern: its ops but the alternatives not
     taken, each choice's variable read as the one the alternative taken computes."""
     all_ops = [op for op in func.operations if id(op) not in combo.dropped]
@@ -333,7 +328,6 @@ def _compile_graph(
         nodes[i].is_final = True
     compiled = CompiledPattern(
         name=pattern_name,
-        program=program,
         nodes=nodes,
         root_names=list(func.inputs),
         root_consumers=root_consumers,

@@ -12,7 +12,7 @@ from functools import partial
 
 import numpy as np
 from coremltools.converters.mil import Builder as mb
-from coremltools.converters.mil.mil import Function, Operation, Program, Var
+from coremltools.converters.mil.mil import Function, Operation, Var
 
 from .choices import Record, one_of, records_of
 from .errors import PatternDefinitionError
@@ -144,22 +144,18 @@ IDENTITIES: dict[str, Identity] = {
 }
 
 
-def with_equivalences(program: Program, pattern_name: str, equivalences: Equivalences) -> Program:
-    """The pattern program with every op an identity applies to a choice of its spellings (a new program of
-    the same names and inputs; ``program`` itself when nothing applies)."""
-    func = program.functions["main"]
+def with_equivalences(func: Function, pattern_name: str, equivalences: Equivalences) -> Function:
+    """The pattern function with every op an identity applies to a choice of its spellings (a new function
+    of the same names and inputs; ``func`` itself when nothing applies)."""
     plan = {name: ids for name, ids in _plan(func, pattern_name, equivalences).items() if ids}
     if not plan:
-        return program
+        return func
     specs = {name: mb.TensorSpec(shape=var.shape, dtype=var.dtype) for name, var in func.inputs.items()}
     with Function(specs, opset_version=func.opset_version) as new:
         scope: Scope = ChainMap({id(var): new.inputs[name] for name, var in func.inputs.items()})
         _replay(list(func.operations), records_of(func), plan, scope)
         new.set_outputs([_lookup(v, scope) for v in func.outputs])
-    result = Program()
-    result.add_function("main", new)
-    result._pattern_name = getattr(program, "_pattern_name", None) or pattern_name
-    return result
+    return new
 
 
 def _plan(func: Function, pattern_name: str, equivalences: Equivalences) -> dict[str, list[Identity]]:

@@ -8,7 +8,7 @@ from functools import cached_property
 from typing import Any, Literal
 
 import numpy as np
-from coremltools.converters.mil.mil import Operation, Program, Var
+from coremltools.converters.mil.mil import Operation, Var
 
 from .errors import PatternDefinitionError
 
@@ -168,7 +168,6 @@ class CompiledPattern:
     """A pattern program read into nodes, roots and constants; immutable once built."""
 
     name: str
-    program: Program
     nodes: list[PatternNode]
     """Pattern ops in the pattern's program order."""
     root_names: list[str]

@@ -28,10 +28,8 @@ class Pattern:
         final_ops: The program ops matched by every op the pattern returns.
         block: The block holding the match.
         op_set: The captured program ops (a set, as in the design document; see ``op_list()``).
-        consts: Pattern constant key (``"<op>.<slot>"`` and the pattern's const op name) to the program
-            variable bound there.
-        choices: Choice name to the index of the alternative that matched (see ``one_of``); read-only,
-            shared by the matches of one spelling (:class:`~pattern_infra.language.variants.Spelling`).
+        consts: Pattern constant key (``"<op>.<slot>"`` or const op name) to the program variable there.
+        choices: Choice name to the index of the alternative matched (read-only: see ``one_of``).
         pattern_name: Name of the pattern that matched.
     """
 
@@ -232,4 +230,4 @@ def _flat(op: Operation | list[Operation]) -> list[Operation]:
 RESERVED_NAMES: frozenset[str] = frozenset(
     name for name in {*vars(Pattern), *vars(Pattern())} if not name.startswith("_")
 )
-"""Names a pattern op may not take: the public attributes of :class:`Pattern` (``pattern.<name>`` hides them)."""
+"""Names a pattern op may not take: public attributes of :class:`Pattern` (``pattern.<name>`` hides it)."""

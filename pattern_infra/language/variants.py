@@ -25,8 +25,7 @@ class Spelling(dict[str, int]):
     read-only, shared by the matches of one spelling."""
 
     slots: dict[str, dict[str, tuple[str, str, int]]]
-    """Per choice: slot to the operand holding it (op name, the op's slot, position in a tuple slot or -1),
-    for ``pattern.operand(<choice>, <slot>)``."""
+    """Per choice: slot to the operand holding it (op name, op slot, tuple position or -1): ``operand()``."""
 
     def _refuse(self, *args: Any, **kwargs: Any) -> NoReturn:
         raise TypeError(
