@@ -1,6 +1,5 @@
-"""Alternatives at any point of a pattern (rules and examples: docs/LANGUAGE.md): ``one_of`` records the ops
-of each alternative, a :class:`Record` per choice; :func:`regions_of` checks the choice rules and returns each
-alternative as a :class:`Region` whose inputs (the choice's *slots*) are the outside variables it reads."""
+"""Alternatives at any point of a pattern (docs/LANGUAGE.md): :func:`one_of` records a :class:`Record` per
+choice; :func:`regions_of` checks the rules and returns each alternative as a :class:`Region`."""
 
 from __future__ import annotations
 
@@ -47,8 +46,7 @@ def one_of(name: str, *alternatives: Callable[[], Var], fallback: bool = False) 
 
     Args:
         name: The choice's name: ``pattern.<name>`` is the op computing the variable in a match.
-        *alternatives: Functions of no argument building ops with ``mb`` and returning the variable,
-            computed by one of their own ops.
+        *alternatives: Functions of no argument building ops with ``mb``, each returning one's output.
         fallback: Offer a later alternative inside an earlier one's match too, after it (a weight the
             fusion cannot absorb stays an op after the fused one); ``find_matches`` reports both.
 
@@ -151,8 +149,6 @@ def regions_of(ops: list[Any], records: list[Record], pattern_name: str) -> dict
         regions = found[id(record)] = _regions(record, {op.name for op in outside}, pattern_name)
         for k, (alt_ops, _) in enumerate(record.alternatives):
             found.update(regions_of(alt_ops, record.children.get(k, []), pattern_name))
-        # an outside op's output is read as many times by every alternative: whether it has a consumer
-        # outside the match must not depend on the alternative
         for var in regions[0].inputs.values():
             if var.op is None or var.op.op_type == "const":
                 continue

@@ -173,8 +173,7 @@ def _compile(
     regions: dict[int, Any],
     options: dict[str, Any],
 ) -> CompiledPattern:
-    """Every spelling of a pattern function or an alternative's region (its inputs the choice's slots):
-    the first, holding them all in ``variants``."""
+    """Every spelling of a pattern function or region (inputs: the choice's slots), the first holding all."""
     earlier: dict[tuple[int, int], CompiledPattern] = {}
 
     def alternative(record: Any, k: int) -> CompiledPattern:  # compiled once, for the guards
@@ -212,8 +211,7 @@ def _compile(
 
 
 def _compile_graph(func: Any, pattern_name: str, options: dict[str, Any], combo: Variant) -> CompiledPattern:
-    """One spelling of a pattern function or region as a plain pattern: its ops but the alternatives not
-    taken, each choice's variable read as the one the alternative taken computes."""
+    """One spelling of a pattern function or region as a plain pattern: the ops of ``combo``'s choices."""
     all_ops = [op for op in func.operations if id(op) not in combo.dropped]
     real_ops = [op for op in all_ops if op.op_type != "const"]
     if not real_ops:
@@ -246,6 +244,14 @@ def _compile_graph(func: Any, pattern_name: str, options: dict[str, Any], combo:
     root_index = {id(v): i for i, v in enumerate(func.inputs.values())}
     op_of_output = {id(o): (by_name[op.name], j) for op in real_ops for j, o in enumerate(op.outputs)}
     const_op_ids = {id(op) for op in all_ops if op.op_type == "const"}
+    outputs = [renamed(v, combo.renames) for v in func.outputs]
+    for out in outputs:
+        if id(out) not in op_of_output:
+            raise PatternDefinitionError(
+                f"Pattern {pattern_name!r} returns {out.name!r}, which no op of it computes; "
+                f"return the output of the pattern's last op."
+            )
+    final_nodes = list(dict.fromkeys(op_of_output[id(out)][0] for out in outputs))
     consts: list[tuple[str, np.ndarray | None, ConstRule]] = []
     const_names: list[str] = []
 
@@ -297,6 +303,7 @@ def _compile_graph(func: Any, pattern_name: str, options: dict[str, Any], combo:
                 op_types=op_types,
                 commutative=can_swap,
                 swap_any_type=can_swap and any_type,
+                is_final=i in final_nodes,
                 output_uses=[0] * len(op.outputs),
             )
         )
@@ -308,14 +315,6 @@ def _compile_graph(func: Any, pattern_name: str, options: dict[str, Any], combo:
                     nodes[e.index].output_uses[e.output] += 1
                     nodes[e.index].consumers.append((i, slot, pos, e.output))
 
-    outputs = [renamed(v, combo.renames) for v in func.outputs]
-    for out in outputs:
-        if id(out) not in op_of_output:
-            raise PatternDefinitionError(
-                f"Pattern {pattern_name!r} returns {out.name!r}, which no op of it computes; "
-                f"return the output of the pattern's last op."
-            )
-    final_nodes = list(dict.fromkeys(op_of_output[id(out)][0] for out in outputs))
     stray = [n.name for n in nodes if not n.consumers and n.index not in final_nodes]
     if stray:
         last = [nodes[i].name for i in final_nodes]
@@ -324,8 +323,6 @@ def _compile_graph(func: Any, pattern_name: str, options: dict[str, Any], combo:
             f"pattern but only {last} is returned. To match several outputs, return every one of them from "
             "the pattern program."
         )
-    for i in final_nodes:
-        nodes[i].is_final = True
     compiled = CompiledPattern(
         name=pattern_name,
         nodes=nodes,

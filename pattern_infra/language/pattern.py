@@ -216,8 +216,7 @@ class Pattern:
         return f"Pattern({self.pattern_name!r}: {ops})"
 
     def _reverse_topological(self) -> list[Operation]:
-        """The captured ops, consumers first: the pattern's op order reversed (a choice and its
-        alternative's last op are one op under two names); program order reversed for hand-built matches."""
+        """The captured ops once each, consumers first: pattern op order reversed (hand-built: program order)."""
         if self._compiled is None:
             return list(reversed(self.op_list()))
         return list(dict.fromkeys(o for op in reversed(self._ops.values()) for o in _flat(op)))
