@@ -216,7 +216,7 @@ class Pattern:
         return f"Pattern({self.pattern_name!r}: {ops})"
 
     def _reverse_topological(self) -> list[Operation]:
-        """The captured ops once each, consumers first: pattern op order reversed (hand-built: program order)."""
+        """The captured ops once each, consumers first: pattern op order reversed (else program order)."""
         if self._compiled is None:
             return list(reversed(self.op_list()))
         return list(dict.fromkeys(o for op in reversed(self._ops.values()) for o in _flat(op)))
