@@ -1,6 +1,5 @@
-"""The pattern language: a pattern program (an ``mb.program`` whose ops carry unique names, with
-``one_of``/``optional`` choices and ``equivalences=``) compiled into a :class:`CompiledPattern` graph,
-and the :class:`Pattern` a match hands to the user's callbacks. Imports nothing else of the package."""
+"""The pattern language (docs/LANGUAGE.md): a pattern program compiled into a :class:`CompiledPattern`
+graph, and the :class:`Pattern` a match hands to the user's callbacks. Imports nothing else of the package."""
 
 from .choices import one_of, optional
 from .compiler import compile_pattern

@@ -1,6 +1,5 @@
-"""Alternatives at any point of a pattern (rules and examples: docs/LANGUAGE.md): ``one_of`` records the ops
-of each alternative, a :class:`Record` per choice; :func:`regions_of` checks the choice rules and returns each
-alternative as a :class:`Region` whose inputs (the choice's *slots*) are the outside variables it reads."""
+"""Alternatives at any point of a pattern (docs/LANGUAGE.md): :func:`one_of` records a :class:`Record` per
+choice; :func:`regions_of` checks the rules and returns each alternative as a :class:`Region`."""
 
 from __future__ import annotations
 
@@ -42,16 +41,14 @@ _ACTIVE: list[list[Record]] = []
 def one_of(name: str, *alternatives: Callable[[], Var], fallback: bool = False) -> Var:
     """Declares, inside an ``@mb.program`` pattern, a variable computed by one of several small programs.
 
-    Alternatives are tried in the order written, the longest first; choices nest. The longest-spelling
-    rule, what alternatives may read and how a match names their ops: docs/LANGUAGE.md.
+    Alternatives are tried in the order written, the longest first; choices nest (the rules, what a
+    match holds: docs/LANGUAGE.md, "Alternatives at any point").
 
     Args:
         name: The choice's name: ``pattern.<name>`` is the op computing the variable in a match.
-        *alternatives: Functions of no argument building ops with ``mb`` and returning the variable,
-            computed by one of their own ops.
-        fallback: Offer a later alternative inside an earlier one's match too, after it, when the choice
-            is reached from one of its inputs (a weight the fusion cannot absorb stays an op after the
-            fused one). ``find_matches`` then reports both.
+        *alternatives: Functions of no argument building ops with ``mb``, each returning one's output.
+        fallback: Offer a later alternative inside an earlier one's match too, after it (a weight the
+            fusion cannot absorb stays an op after the fused one); ``find_matches`` reports both.
 
     Returns:
         The first alternative's variable, for the rest of the pattern to use.
@@ -60,8 +57,7 @@ def one_of(name: str, *alternatives: Callable[[], Var], fallback: bool = False) 
         PatternDefinitionError: Called outside a pattern program, fewer than two alternatives, or an
             alternative that does not return a variable computed by one of its own ops.
     """
-    func = _block.curr_block() if _block.BLOCK_STACK else None
-    if func is None:
+    if not _block.BLOCK_STACK:
         raise PatternDefinitionError(
             f"one_of({name!r}) must be called while an @mb.program pattern is built, "
             f"inside the decorated function."
@@ -76,6 +72,7 @@ def one_of(name: str, *alternatives: Callable[[], Var], fallback: bool = False) 
             f"one_of({name!r}) needs at least two alternatives, each a function of no "
             f"argument building ops (lambda: mb.relu(x=x)); got {len(alternatives)}."
         )
+    func = _block.curr_block()
     record = Record(name, [], fallback=fallback)
     (_ACTIVE[-1] if _ACTIVE else _RECORDS.setdefault(func, [])).append(record)
     for k, build in enumerate(alternatives):
@@ -101,8 +98,7 @@ def one_of(name: str, *alternatives: Callable[[], Var], fallback: bool = False) 
 def optional(name: str, base: Callable[[], Var], extra: Callable[[Var], Var], fallback: bool = False) -> Var:
     """Declares an op that may be absent: ``one_of(name, lambda: extra(base()), base, fallback=fallback)``.
 
-    ``base`` is built once per alternative, its ops named the same in both. Not supported: a ``base`` of
-    no op (an optional op on a pattern input).
+    ``base`` is built once per alternative, its ops named the same in both; it must build an op.
 
     Args:
         base: Builds the ops the optional op reads from, returning their variable.
@@ -133,8 +129,8 @@ class Region:
 
 
 def regions_of(ops: list[Any], records: list[Record], pattern_name: str) -> dict[int, list[Region]]:
-    """Per choice among ``ops`` and nested in its alternatives (keyed by ``id`` of its :class:`Record`),
-    its alternatives as regions, in order; a :class:`PatternDefinitionError` where a choice rule is broken."""
+    """Per choice among ``ops`` or nested in them (keyed by ``id`` of its :class:`Record`), its alternatives
+    as regions; raises :class:`PatternDefinitionError` where a choice rule is broken."""
     found: dict[int, list[Region]] = {}
     level = [op for op in ops if op.op_type != "const"]
     for record in records:
@@ -153,8 +149,6 @@ def regions_of(ops: list[Any], records: list[Record], pattern_name: str) -> dict
         regions = found[id(record)] = _regions(record, {op.name for op in outside}, pattern_name)
         for k, (alt_ops, _) in enumerate(record.alternatives):
             found.update(regions_of(alt_ops, record.children.get(k, []), pattern_name))
-        # an outside op's output is read as many times by every alternative: whether it has a consumer
-        # outside the match must not depend on the alternative
         for var in regions[0].inputs.values():
             if var.op is None or var.op.op_type == "const":
                 continue

@@ -1,6 +1,5 @@
-"""Turn a pattern written as an ``mb.program`` into plain patterns the matcher can search, one
-:class:`CompiledPattern` per spelling (:mod:`~.variants`), each rule enforced with an error naming the
-pattern, the op and the fix (docs/ARCHITECTURE.md, "The pattern graph")."""
+"""Turn a pattern ``mb.program`` into one :class:`CompiledPattern` per spelling (:mod:`~.variants`), each
+rule enforced with an error naming the pattern, the op and the fix (docs/ARCHITECTURE.md)."""
 
 from __future__ import annotations
 
@@ -44,13 +43,12 @@ def pattern_name_of(ops_arrangement: Any) -> str:
 
 
 def require_program(value: Any, *, where: str, what: str = "the pattern") -> None:
-    """The check of every entry point that takes a pattern (or a program): ``value`` must be a MIL
-    program, the result of ``@mb.program``, not the function it decorates nor anything else.
+    """The check of every entry point taking a pattern (or a program): ``value`` must be the MIL program
+    ``@mb.program`` returns, not the function it decorates nor anything else.
 
     Args:
         value: What the caller was given.
-        where: The entry point, for the message (``"register_generic_pass(ns::name)"``).
-        what: What ``value`` stands for in the message.
+        where: The entry point and ``what`` the value stands for, for the message.
 
     Raises:
         PatternDefinitionError: ``value`` is not a ``Program``; the message names what it is and the fix.
@@ -82,7 +80,7 @@ def compile_pattern(
     """Reads a pattern program, or several, into a :class:`CompiledPattern`, enforcing the pattern rules.
     The options, ``commutative`` to ``equivalences``, are ``register_generic_pass``'s (documented there).
     Several programs (a sequence, or a mapping of names to programs) are one pattern whose spellings are
-    theirs, in the written order: how they may differ is in docs/LANGUAGE.md ("Several programs").
+    theirs, in order (docs/LANGUAGE.md, "Several programs").
 
     Args:
         ops_arrangement: The pattern, an ``mb.program`` whose ops all carry unique names; or several.
@@ -135,8 +133,7 @@ def _compile_program(
     func = ops_arrangement.functions["main"]
     if equivalences:
         regions_of(list(func.operations), records_of(func), pattern_name)  # the choices' rules, as written
-        ops_arrangement = with_equivalences(ops_arrangement, pattern_name, equivalences)
-        func = ops_arrangement.functions["main"]
+        func = with_equivalences(func, pattern_name, equivalences)
     records = records_of(func)
     regions = regions_of(list(func.operations), records, pattern_name)
     for op in func.operations:
@@ -158,7 +155,7 @@ def _compile_program(
             f"alternatives), at most {MAX_VARIANTS} are searched (each compiles as a pattern of its own). "
             "Fix: register its parts as separate patterns (a list), or name fewer ops in equivalences=."
         )
-    compiled = _compile(func, ops_arrangement, pattern_name, records, regions, options)
+    compiled = _compile(func, pattern_name, records, regions, options)
     spellings = [v.compiled for v in compiled.variants]
     unused = [name for r, name in enumerate(func.inputs) if not any(c.root_consumers[r] for c in spellings)]
     if unused:
@@ -171,21 +168,18 @@ def _compile_program(
 
 def _compile(
     func: Any,
-    program: Program,
     pattern_name: str,
     records: list[Any],
     regions: dict[int, Any],
     options: dict[str, Any],
 ) -> CompiledPattern:
-    """Compiles every spelling of a pattern function, or of an alternative's region (its inputs the
-    choice's slots); returns the first spelling, holding them all in ``variants``."""
+    """Every spelling of a pattern function or region (inputs: the choice's slots), the first holding all."""
     earlier: dict[tuple[int, int], CompiledPattern] = {}
 
     def alternative(record: Any, k: int) -> CompiledPattern:  # compiled once, for the guards
         if (id(record), k) not in earlier:
             earlier[id(record), k] = _compile(
                 regions[id(record)][k],
-                program,
                 f"{pattern_name}.{record.name}[{k}]",
                 record.children.get(k, []),
                 regions,
@@ -195,7 +189,7 @@ def _compile(
 
     variants = combos(records, list(func.outputs), regions)
     for variant in variants:
-        variant.compiled = _compile_graph(func, program, pattern_name, options, variant)
+        variant.compiled = _compile_graph(func, pattern_name, options, variant)
         guards = []
         for record, k, out in variant.ends:
             alternatives = tuple(alternative(record, j) for j in range(k))
@@ -216,11 +210,8 @@ def _compile(
     return variants[0].compiled
 
 
-def _compile_graph(
-    func: Any, program: Program, pattern_name: str, options: dict[str, Any], combo: Variant
-) -> CompiledPattern:
-    """One spelling of a pattern function or region as a plain pattern: its ops but the alternatives not
-    taken, each choice's variable read as the one the alternative taken computes."""
+def _compile_graph(func: Any, pattern_name: str, options: dict[str, Any], combo: Variant) -> CompiledPattern:
+    """One spelling of a pattern function or region as a plain pattern: the ops of ``combo``'s choices."""
     all_ops = [op for op in func.operations if id(op) not in combo.dropped]
     real_ops = [op for op in all_ops if op.op_type != "const"]
     if not real_ops:
@@ -253,6 +244,14 @@ def _compile_graph(
     root_index = {id(v): i for i, v in enumerate(func.inputs.values())}
     op_of_output = {id(o): (by_name[op.name], j) for op in real_ops for j, o in enumerate(op.outputs)}
     const_op_ids = {id(op) for op in all_ops if op.op_type == "const"}
+    outputs = [renamed(v, combo.renames) for v in func.outputs]
+    for out in outputs:
+        if id(out) not in op_of_output:
+            raise PatternDefinitionError(
+                f"Pattern {pattern_name!r} returns {out.name!r}, which no op of it computes; "
+                f"return the output of the pattern's last op."
+            )
+    final_nodes = list(dict.fromkeys(op_of_output[id(out)][0] for out in outputs))
     consts: list[tuple[str, np.ndarray | None, ConstRule]] = []
     const_names: list[str] = []
 
@@ -304,6 +303,7 @@ def _compile_graph(
                 op_types=op_types,
                 commutative=can_swap,
                 swap_any_type=can_swap and any_type,
+                is_final=i in final_nodes,
                 output_uses=[0] * len(op.outputs),
             )
         )
@@ -315,14 +315,6 @@ def _compile_graph(
                     nodes[e.index].output_uses[e.output] += 1
                     nodes[e.index].consumers.append((i, slot, pos, e.output))
 
-    outputs = [renamed(v, combo.renames) for v in func.outputs]
-    for out in outputs:
-        if id(out) not in op_of_output:
-            raise PatternDefinitionError(
-                f"Pattern {pattern_name!r} returns {out.name!r}, which no op of it computes; "
-                f"return the output of the pattern's last op."
-            )
-    final_nodes = list(dict.fromkeys(op_of_output[id(out)][0] for out in outputs))
     stray = [n.name for n in nodes if not n.consumers and n.index not in final_nodes]
     if stray:
         last = [nodes[i].name for i in final_nodes]
@@ -331,11 +323,8 @@ def _compile_graph(
             f"pattern but only {last} is returned. To match several outputs, return every one of them from "
             "the pattern program."
         )
-    for i in final_nodes:
-        nodes[i].is_final = True
     compiled = CompiledPattern(
         name=pattern_name,
-        program=program,
         nodes=nodes,
         root_names=list(func.inputs),
         root_consumers=root_consumers,
@@ -378,13 +367,11 @@ def _check_options(pattern_name: str, options: dict[str, Any], spellings: list[C
 
 
 def _depth(compiled: CompiledPattern) -> int:
-    """Most ops on a path through ``compiled`` (its nodes come in program order)."""
-    depth: list[int] = []
+    """Most ops on a path through ``compiled`` (its nodes come in program order, producers first)."""
+    depth = [1] * len(compiled.nodes)
     for node in compiled.nodes:
-        preds = [
-            depth[e.index] for edge in node.inputs.values() for _, e in edge_positions(edge) if e.kind == "op"
-        ]
-        depth.append(1 + max(preds, default=0))
+        for consumer, _, _, _ in node.consumers:
+            depth[consumer] = max(depth[consumer], depth[node.index] + 1)
     return max(depth)
 
 

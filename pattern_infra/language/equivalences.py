@@ -1,9 +1,7 @@
 """Equivalences the matcher knows: ``pow(x, 2)`` also matches ``mul(x, x)``, and so on (the identities, how
 exact each is in float32, how ``equivalences=`` declares them: docs/LANGUAGE.md). :func:`with_equivalences`
-replays the pattern program into one where every op an identity applies to is a :func:`~.choices.one_of`
-choice, of the op's name, between the op as written and its other spellings; ``reassoc`` re-associates the
-``mul`` chains of :func:`chain_at` in the ``(2k - 3)!!`` orders of :func:`association_orders` (``k`` distinct
-factors, at most :data:`MAX_FACTORS`, so a choice stays a constant number of alternatives per pattern op)."""
+replays the pattern program with every op an identity applies to made a :func:`~.choices.one_of` choice,
+of the op's name, between the op as written and its other spellings."""
 
 from __future__ import annotations
 
@@ -14,7 +12,7 @@ from functools import partial
 
 import numpy as np
 from coremltools.converters.mil import Builder as mb
-from coremltools.converters.mil.mil import Function, Operation, Program, Var
+from coremltools.converters.mil.mil import Function, Operation, Var
 
 from .choices import Record, one_of, records_of
 from .errors import PatternDefinitionError
@@ -89,7 +87,7 @@ def _const_identity(
     name: str, op_type: str, other: str, fn: Callable[[np.ndarray], np.ndarray], c: str, exact: bool
 ) -> Identity:
     """``<op_type>(x, c) = <other>(x, fn(c))`` for a numeric constant ``c`` (nonzero for a reciprocal),
-    ``fn(c)`` in c's float dtype (else float32); ``c`` names ``fn(c)`` in the statement."""
+    ``fn(c)`` in c's float dtype (else float32)."""
 
     def build(x: Var, op: Operation) -> Var:
         value = np.asarray(op.inputs["y"].val)  # a numeric const: holds found it one
@@ -146,22 +144,18 @@ IDENTITIES: dict[str, Identity] = {
 }
 
 
-def with_equivalences(program: Program, pattern_name: str, equivalences: Equivalences) -> Program:
-    """The pattern program with every op an identity applies to turned into a choice of its spellings (a
-    new program of the same names and inputs; ``program`` itself when nothing applies)."""
-    func = program.functions["main"]
+def with_equivalences(func: Function, pattern_name: str, equivalences: Equivalences) -> Function:
+    """The pattern function with every op an identity applies to a choice of its spellings (a new function
+    of the same names and inputs; ``func`` itself when nothing applies)."""
     plan = {name: ids for name, ids in _plan(func, pattern_name, equivalences).items() if ids}
     if not plan:
-        return program
+        return func
     specs = {name: mb.TensorSpec(shape=var.shape, dtype=var.dtype) for name, var in func.inputs.items()}
     with Function(specs, opset_version=func.opset_version) as new:
         scope: Scope = ChainMap({id(var): new.inputs[name] for name, var in func.inputs.items()})
         _replay(list(func.operations), records_of(func), plan, scope)
         new.set_outputs([_lookup(v, scope) for v in func.outputs])
-    result = Program()
-    result.add_function("main", new)
-    result._pattern_name = getattr(program, "_pattern_name", None) or pattern_name
-    return result
+    return new
 
 
 def _plan(func: Function, pattern_name: str, equivalences: Equivalences) -> dict[str, list[Identity]]:
@@ -304,9 +298,7 @@ class Chain:
 
 def chain_at(op: Operation, expandable: Callable[[Operation], bool] = lambda op: True) -> Chain | None:
     """The chain of ``mul`` ops ending at ``op`` that ``reassoc`` applies to (docs/LANGUAGE.md), else None:
-    the ``mul`` tree below ``op``, ``x`` first, an operand expanded when an ``expandable`` ``mul`` makes it
-    for the tree alone (read once, not a block output), within :data:`MAX_FACTORS` factors: 3 or more,
-    some not all numeric constants."""
+    ``x`` first, an operand expanded when an ``expandable`` ``mul`` makes it for the tree alone."""
     if op.op_type != "mul":
         return None
     factors: list[Var] = []
@@ -339,9 +331,8 @@ def chain_at(op: Operation, expandable: Callable[[Operation], bool] = lambda op:
 
 
 def association_orders(chain: Chain) -> list[Tree]:
-    """Every order of multiplication of the chain's factors, each once up to operand order: ``chain.written``
-    first (a factor that is the very same variable as another counts as that one: ``x * c * x`` has 2
-    orders)."""
+    """Every order of multiplication of the chain's factors, once up to operand order, ``chain.written``
+    first (the same variable twice counts once: ``x * c * x`` has 2 orders)."""
     same = [next(j for j, v in enumerate(chain.factors) if v is var) for var in chain.factors]
 
     def key(tree: Tree) -> str:

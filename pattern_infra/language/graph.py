@@ -8,7 +8,7 @@ from functools import cached_property
 from typing import Any, Literal
 
 import numpy as np
-from coremltools.converters.mil.mil import Operation, Program, Var
+from coremltools.converters.mil.mil import Operation, Var
 
 from .errors import PatternDefinitionError
 
@@ -26,17 +26,7 @@ __all__ = [
 ]
 
 COMMUTATIVE_OPS: frozenset[str] = frozenset(
-    {
-        "add",
-        "mul",
-        "maximum",
-        "minimum",
-        "equal",
-        "not_equal",
-        "logical_and",
-        "logical_or",
-        "logical_xor",
-    }
+    {"add", "mul", "maximum", "minimum", "equal", "not_equal", "logical_and", "logical_or", "logical_xor"}
 )
 """MIL binary ops whose ``x`` and ``y`` may be swapped; the matcher tries both orders itself."""
 
@@ -62,10 +52,8 @@ class ConstRule:
             )
 
     def accepts(self, var: Var, expected: np.ndarray | None) -> str | None:
-        """Returns None when ``var`` satisfies the rule, else the reason it does not.
-
-        ``"value"`` compares in the program constant's dtype: the pattern's value is first rounded to it
-        (a float16 program holds the float16 rounding of the pattern's value)."""
+        """Returns None when ``var`` satisfies the rule, else the reason it does not. ``"value"`` compares
+        in the program constant's dtype, the pattern's value rounded to it (float16 in a float16 program)."""
         if self.mode == "any":
             return None
         if self.mode == "weight":
@@ -99,9 +87,8 @@ class ConstRule:
 
 
 def is_compressed(var: Var) -> bool:
-    """Whether ``var`` is a compressed weight: the output of a ``constexpr_*`` op whose inputs are
-    ``const`` ops or, in turn, compressed (a chain such as a ``constexpr_lut_to_dense`` whose LUT a
-    ``constexpr_blockwise_shift_scale`` dequantizes). Such a var has no value at compile time."""
+    """Whether ``var`` is a compressed weight (no value at compile time): the output of a ``constexpr_*``
+    op reading only ``const`` ops or, in turn, compressed weights (a LUT dequantized by another)."""
     op = var.op
     if op is None or not op.op_type.startswith("constexpr_"):
         return False
@@ -181,7 +168,6 @@ class CompiledPattern:
     """A pattern program read into nodes, roots and constants; immutable once built."""
 
     name: str
-    program: Program
     nodes: list[PatternNode]
     """Pattern ops in the pattern's program order."""
     root_names: list[str]
@@ -232,8 +218,8 @@ class CompiledPattern:
         return tuple(self.nodes[i].name for i in self.final_nodes)
 
     def hops(self, through_roots: bool) -> list[dict[int, int]]:
-        """Per node, its neighbours and how many producer/consumer steps away they are: 1 through a data
-        edge, 2 through a pattern input both read (counted only ``through_roots``)."""
+        """Per node, its neighbours and their distance: 1 through a data edge, 2 through a pattern input
+        both read (only ``through_roots``)."""
         hops: list[dict[int, int]] = [{} for _ in self.nodes]
         for node in self.nodes:
             for consumer, _, _, _ in node.consumers:

@@ -7,6 +7,7 @@ from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
+from coremltools.converters.mil import Builder as mb
 from coremltools.converters.mil.mil import Block, Operation, Var, types
 
 from .graph import CompiledPattern
@@ -27,10 +28,8 @@ class Pattern:
         final_ops: The program ops matched by every op the pattern returns.
         block: The block holding the match.
         op_set: The captured program ops (a set, as in the design document; see ``op_list()``).
-        consts: Pattern constant key (``"<op>.<slot>"`` and the pattern's const op name) to the program
-            variable bound there.
-        choices: Choice name to the index of the alternative that matched (see ``one_of``); read-only,
-            shared by the matches of one spelling (:class:`~pattern_infra.language.variants.Spelling`).
+        consts: Pattern constant key (``"<op>.<slot>"`` or const op name) to the program variable there.
+        choices: Choice name to the index of the alternative matched (read-only: see ``one_of``).
         pattern_name: Name of the pattern that matched.
     """
 
@@ -106,8 +105,6 @@ class Pattern:
             name: The const's name (default: coremltools').
             before_op: Where to insert it (default: before the first matched op).
         """
-        from coremltools.converters.mil import Builder as mb
-
         val = np.asarray(value, dtype=types.nptype_from_builtin(like.dtype))
         kwargs = {} if name is None else {"name": name}
         return mb.const(
@@ -147,18 +144,15 @@ class Pattern:
             ) from None
 
     def replace_output(self, new_var: Var, old_var: Var | None = None, *, force: bool = False) -> None:
-        """Makes every user of a final output read ``new_var`` instead: the linear way to rewrite.
-
-        Only the users of ``old_var`` are visited; the framework removes the matched ops left without users
-        once the transform returns.
+        """Makes every user of a final output read ``new_var`` instead (visiting only those users); the
+        framework removes the matched ops left without users once the transform returns.
 
         Args:
             new_var: The replacement, already inserted in the block (e.g. by ``mb.gelu(...,
                 before_op=pattern.final_op)``).
             old_var: The output to replace; defaults to the only output of the only final op.
-            force: Replace even where ``new_var`` no longer depends on a ``constexpr_*`` op ``old_var``
-                depends on (coremltools refuses that by default): for a transform that rebuilt a
-                compressed weight as new ``constexpr_*`` ops.
+            force: Replace even where ``new_var`` drops a ``constexpr_*`` op ``old_var`` depends on
+                (coremltools refuses that by default), for a transform rebuilding a compressed weight.
 
         Raises:
             ValueError: ``old_var`` is omitted but the match has several outputs.
@@ -222,11 +216,9 @@ class Pattern:
         return f"Pattern({self.pattern_name!r}: {ops})"
 
     def _reverse_topological(self) -> list[Operation]:
-        """The captured ops, each after every captured op that reads it: the pattern's own op order
-        (a topological order of the pattern), reversed; program order reversed for hand-built matches."""
+        """The captured ops once each, consumers first: pattern op order reversed (else program order)."""
         if self._compiled is None:
             return list(reversed(self.op_list()))
-        # a choice and its alternative's last op are one op under two names
         return list(dict.fromkeys(o for op in reversed(self._ops.values()) for o in _flat(op)))
 
 
@@ -237,5 +229,4 @@ def _flat(op: Operation | list[Operation]) -> list[Operation]:
 RESERVED_NAMES: frozenset[str] = frozenset(
     name for name in {*vars(Pattern), *vars(Pattern())} if not name.startswith("_")
 )
-"""Names a pattern op may not take: every public method, property and field of :class:`Pattern`
-(``pattern.<op name>`` would hide it)."""
+"""Names a pattern op may not take: public attributes of :class:`Pattern` (``pattern.<name>`` hides it)."""

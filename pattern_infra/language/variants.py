@@ -1,6 +1,5 @@
-"""A pattern's spellings, each a plain pattern: every choice (``one_of``, ``optional``, ``equivalences=``)
-expanded when the pattern compiles, :func:`combos` listing the ways of taking one alternative of each,
-a :class:`Guard` keeping the longest spelling (docs/ARCHITECTURE.md, "Alternatives")."""
+"""A pattern's spellings: :func:`combos` lists the ways of taking one alternative of each choice, a
+:class:`Guard` keeps the longest spelling (docs/ARCHITECTURE.md, "Alternatives")."""
 
 from __future__ import annotations
 
@@ -22,12 +21,11 @@ MAX_VARIANTS = 256
 
 
 class Spelling(dict[str, int]):
-    """``pattern.choices``: choice name (nested ones included) to the index of the alternative that
-    matched; shared by every match of one spelling, so read-only (copy it with ``dict(pattern.choices)``)."""
+    """``pattern.choices``: choice name (nested ones included) to the index of the alternative matched;
+    read-only, shared by the matches of one spelling."""
 
     slots: dict[str, dict[str, tuple[str, str, int]]]
-    """Per choice: slot to the operand holding it (op name, the op's slot, position in a tuple slot or -1),
-    for ``pattern.operand(<choice>, <slot>)``."""
+    """Per choice: slot to the operand holding it (op name, op slot, tuple position or -1): ``operand()``."""
 
     def _refuse(self, *args: Any, **kwargs: Any) -> NoReturn:
         raise TypeError(
@@ -65,8 +63,7 @@ class Guard:
 
 @dataclass
 class Variant:
-    """One spelling of a pattern: one way of taking an alternative of each choice, what it means for the
-    pattern's ops, and the plain pattern the compiler makes of it."""
+    """One spelling of a pattern: one alternative of each choice, and the plain pattern it compiles to."""
 
     chosen: dict[str, int] = field(default_factory=dict)
     """Choice name to the index of the alternative taken."""
