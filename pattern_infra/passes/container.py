@@ -141,8 +141,7 @@ class PassContainer(AbstractGraphPass):
             self.function = pass_function
             return
         self.passes.append(pass_function)
-        # Higher priority first; the sort is stable, so equal priorities keep registration order.
-        self.passes.sort(key=lambda p: -p.priority)
+        self.passes.sort(key=lambda p: -p.priority)  # a stable sort: equal priorities keep registration order
 
     def __call__(self, prog: Program) -> None:
         """Runs the pass on ``prog``: under coremltools' id, the generic sub-passes with the override on,

@@ -14,14 +14,8 @@ __all__ = ["remove_dead", "remove_dead_ops", "unlink"]
 
 
 def remove_dead_ops(match: Pattern) -> list[Operation]:
-    """Removes the matched ops still in the block whose outputs nothing uses.
-
-    A transform then only builds the replacement and redirects the outputs. An op is dead when no output
-    is a block output or read by an op outside the dead ones (consumers first: a chain dies in one visit).
-
-    Returns:
-        The removed ops.
-    """
+    """Removes and returns the matched ops still in the block whose outputs are no block output and read
+    by no op but dead ones (consumers first: a chain dies in one visit)."""
     return [op for op, _ in remove_dead(match)]
 
 
