@@ -80,12 +80,9 @@ def override(enabled: bool = True) -> Iterator[None]:
 
 
 def run_log(clear: bool = False) -> list[tuple[str, bool, PassStats]]:
-    """Runs of generic passes since the log was last cleared: (pass id, generic?, stats of the run).
-    After a ``coremltools.convert``, the passes that changed the program have ``stats.rewrites > 0``.
-
-    Args:
-        clear: Empty the log after reading it.
-    """
+    """Runs of generic passes since the log was last cleared (``clear``: empty it after reading), as (pass
+    id, generic?, stats of the run): after a ``coremltools.convert``, the passes that changed the program
+    have ``stats.rewrites > 0``."""
     entries = list(_RUN_LOG)
     if clear:
         _RUN_LOG.clear()

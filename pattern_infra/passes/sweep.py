@@ -20,13 +20,10 @@ __all__ = ["GenericSweep", "pipeline"]
 
 
 class GenericSweep(AbstractGraphPass):
-    """A graph pass applying several passes in one pipeline entry, in the order given.
-
-    Consecutive generic passes (with their ``run_after`` followers) run in one driver run; any other
-    pass runs as coremltools' pipeline runs it, without a whole-program validation after it (after
-    ``common::dead_code_elimination``, the scopes are checked as the pipeline does). A sweep runs the
-    generic passes whatever ``ENABLE_EXPERIMENTAL_PASSES`` says: choosing :func:`pipeline` is choosing them.
-    """
+    """A graph pass applying several passes in one pipeline entry, in the order given: consecutive generic
+    passes (with their ``run_after`` followers) in one driver run, whatever ``ENABLE_EXPERIMENTAL_PASSES``
+    says (choosing :func:`pipeline` is choosing them); any other pass as coremltools' pipeline runs it,
+    without a whole-program validation after it."""
 
     def __init__(
         self, pass_ids: Sequence[str], options: Mapping[str, list[PassOption]] | None = None
