@@ -1,10 +1,6 @@
-"""A generic pass as coremltools sees it: :class:`PassContainer`, the override, and the log of runs.
-
-A :class:`PassContainer` is a coremltools graph pass holding sub-passes, stored in ``PASS_REGISTRY``
-under ``namespace::pass_name``. Under the id of one of coremltools' own passes it decides *each time it
-runs*: with ``ENABLE_EXPERIMENTAL_PASSES=1`` in the environment then, the generic sub-passes run;
-otherwise coremltools' pass runs, with the same options. Under a new id it always runs.
-"""
+"""A generic pass as coremltools sees it: :class:`PassContainer`, a graph pass of sub-passes stored in
+``PASS_REGISTRY`` under ``namespace::pass_name``; the override (:func:`override_enabled`), read each time
+a pass runs; and the log of runs."""
 
 from __future__ import annotations
 
@@ -49,11 +45,9 @@ _warned_values: set[str] = set()
 
 
 def override_enabled() -> bool:
-    """Whether generic passes replace coremltools' passes right now (``ENABLE_EXPERIMENTAL_PASSES=1``).
-
-    ``1``, ``true``, ``yes``, ``on`` (any case) turn it on; unset, empty, ``0``, ``false``, ``no``,
-    ``off`` leave it off; any other value leaves it off with a ``RuntimeWarning`` (once per value).
-    """
+    """Whether generic passes replace coremltools' passes right now: ``ENABLE_EXPERIMENTAL_PASSES`` is
+    ``1``, ``true``, ``yes`` or ``on`` (any case); a value that is none of those nor unset, ``0``, ``false``,
+    ``no``, ``off`` warns, once per value."""
     value = os.environ.get(ENV_VAR, "")
     folded = value.strip().lower()
     if folded in _ON:
@@ -86,12 +80,9 @@ def override(enabled: bool = True) -> Iterator[None]:
 
 
 def run_log(clear: bool = False) -> list[tuple[str, bool, PassStats]]:
-    """Runs of generic passes since the log was last cleared: (pass id, generic?, stats of the run).
-    After a ``coremltools.convert``, the passes that changed the program have ``stats.rewrites > 0``.
-
-    Args:
-        clear: Empty the log after reading it.
-    """
+    """Runs of generic passes since the log was last cleared (``clear``: empty it after reading), as (pass
+    id, generic?, stats of the run): after a ``coremltools.convert``, the passes that changed the program
+    have ``stats.rewrites > 0``."""
     entries = list(_RUN_LOG)
     if clear:
         _RUN_LOG.clear()
@@ -103,13 +94,8 @@ class PassContainer(AbstractGraphPass):
     in order of priority (higher first), then registration order (``order``), on every block."""
 
     def __init__(self, pass_name: str, namespace: str = "", replaces: type | None = None) -> None:
-        """Creates an empty pass.
-
-        Args:
-            pass_name: The pass's name (the part after ``::``).
-            namespace: Its namespace, e.g. ``"common"``.
-            replaces: The coremltools pass class this one stands in for under the override.
-        """
+        """An empty pass ``namespace::pass_name``, standing in for the coremltools pass class ``replaces``
+        under the override."""
         if not isinstance(pass_name, str) or not pass_name:
             raise PassRegistrationError(f"A pass needs a non-empty name, got {pass_name!r}.")
         self.pass_name = pass_name
@@ -118,8 +104,7 @@ class PassContainer(AbstractGraphPass):
         self.passes: list[SubPass] = []
         """The sub-passes, in the order they run."""
         self.function: Callable[[Program], Any] | None = None
-        """A plain graph pass, a function taking the program (``register_graph_pass``, or ``add`` given a
-        callable): then the container's only entry."""
+        """A plain graph pass, a function taking the program: then the container's only entry."""
         self.stats = PassStats()
         """Counters summed over its runs: ``stats.rewrites``, ``stats.rejections`` (constraints' reasons)."""
         self.validate: bool | str = True
@@ -153,11 +138,11 @@ class PassContainer(AbstractGraphPass):
             self.function = pass_function
             return
         self.passes.append(pass_function)
-        # Higher priority first; the sort is stable, so equal priorities keep registration order.
-        self.passes.sort(key=lambda p: -p.priority)
+        self.passes.sort(key=lambda p: -p.priority)  # a stable sort: equal priorities keep registration order
 
     def __call__(self, prog: Program) -> None:
-        """Runs the pass on ``prog``: the generic sub-passes, or coremltools' pass it replaces."""
+        """Runs the pass on ``prog``: under coremltools' id, the generic sub-passes with the override on,
+        else coremltools' pass with the same options; under a new id, always the generic sub-passes."""
         if getattr(prog, "skip_all_passes", False):
             return
         enabled = override_enabled()

@@ -65,12 +65,12 @@ def _checked_id(pass_name: str, namespace: str) -> tuple[Any, type | None]:
 
 def _coremltools_ids(namespace: str) -> list[str]:
     """Ids of coremltools' own passes in ``namespace`` (also those a generic pass replaces)."""
-    ids = []
-    for pass_id, value in PASS_REGISTRY.passes.items():
-        own = value.replaces is not None if isinstance(value, PassContainer) else isinstance(value, type)
-        if own and pass_id.split("::", 1)[0] == namespace and "::" in pass_id:
-            ids.append(pass_id)
-    return sorted(ids)
+    return sorted(
+        pass_id
+        for pass_id, value in PASS_REGISTRY.passes.items()
+        if pass_id.startswith(f"{namespace}::")
+        and (value.replaces is not None if isinstance(value, PassContainer) else isinstance(value, type))
+    )
 
 
 def register_generic_pass(
@@ -96,39 +96,33 @@ def register_generic_pass(
 
     Calls with the same id group into one :class:`PassContainer`, which replaces coremltools' pass of that id
     while ``ENABLE_EXPERIMENTAL_PASSES=1``. All or nothing: a call that raises leaves the registry as it was.
-    :func:`~pattern_infra.find_matches` and :func:`~pattern_infra.explain` take the same pattern options.
+    :func:`~pattern_infra.find_matches` and :func:`~pattern_infra.explain` take the same pattern options;
+    docs/LANGUAGE.md ("Options of register_generic_pass") shows each with an example.
 
     Args:
-        ops_arrangement: The pattern, an ``mb.program`` with uniquely named ops; or several (a sequence,
-            or a mapping of names to programs), one pattern of their spellings in the written order.
+        ops_arrangement: The pattern, an ``mb.program`` with uniquely named ops; or several spellings of it
+            (a sequence, or a mapping of names to programs), tried in the written order.
         var_constraints: ``f(pattern)``, before the transform (None accepts all). Accepts: ``True``, any
-            true value but a string (``numpy.True_``, ``(True, "...")``). Refuses: a false value, a pair
-            ``(False, "reason")``, or a string, the reason itself (``""``: none); reasons are counted in
-            ``stats.rejections`` and shown by :func:`~pattern_infra.explain`. ``None`` (no ``return``)
+            true value but a string (``numpy.True_``). Refuses: a false value, ``(False, "reason")``,
+            or a string, the reason itself (counted in ``stats.rejections``). ``None`` (no ``return``)
             raises :class:`~pattern_infra.PassExecutionError`.
-        transform_pattern: ``f(pattern)``: builds the replacement (``mb.<op>(..., before_op=...)``) and
-            calls ``pattern.replace_output(new_var)``; returning ``False`` before any change declines.
+        transform_pattern: ``f(pattern)``: builds the replacement, calls ``pattern.replace_output(new_var)``;
+            returning ``False`` before any change declines.
         pass_name: Pass name, e.g. ``"fuse_gelu_exact"``.
         namespace: Namespace, e.g. ``"common"`` (coremltools' namespaces take only its own pass ids).
         commutative: ``True``: the ops of :data:`~pattern_infra.COMMUTATIVE_OPS` in either operand order;
             ``False``: as written; pattern op names: those in both orders, whatever type matched.
-        alternatives: Pattern op name to the op types accepted there (``{"r": ["reduce_mean",
-            "reduce_sum"]}``), its own type among them.
-        constants: The rule of every pattern constant: ``"any"`` (anything the match does not compute),
-            ``"const"`` (a compile-time constant), ``"value"`` (the pattern's value, rtol 1e-5, atol 1e-6,
-            in the program's dtype), ``"weight"`` (a constant or a ``constexpr_*`` chain) or a
-            :class:`ConstRule`.
-        const_rules: Rules per constant, keyed ``"<op>.<slot>"`` or by const op name (``{"pow.y": "value"}``).
-        fanout: Pattern ops standing for every consumer of their input (the list ``pattern.<name>``); each
-            a last op reading one pattern input or op output.
-        equivalences: Identities also matched: ``True`` (all), names (``"pow2"``, ``"rsqrt"``, ``"reassoc"``,
-            ...: docs/LANGUAGE.md) or ``{"<op>": [names]}``.
+        alternatives: Pattern op name to the op types accepted there, its own type among them.
+        constants: The rule of every pattern constant: ``"any"``, ``"const"``, ``"value"``, ``"weight"`` or
+            a :class:`ConstRule`.
+        const_rules: Rules per constant, keyed ``"<op>.<slot>"`` or by const op name.
+        fanout: Pattern ops standing for every consumer of their input (the list ``pattern.<name>``).
+        equivalences: Identities also matched: ``True`` (all), their names, or ``{"<op>": [names]}``.
         priority: Sub-passes with higher priority run first within the pass.
         max_iterations: Re-visit rounds before :class:`~pattern_infra.language.errors.FixpointError`.
         options: Pipeline options the pass accepts, with defaults (read as ``container.options``).
         name: Name for messages and ``container.order`` (default: the pattern's last op name).
-        run_after: A pass id of coremltools' pipeline (``"common::fuse_linear_bias"``) this new pass runs
-            right after while the override is on, taking part in ``coremltools.convert``.
+        run_after: A pass id of coremltools' pipeline this new pass runs right after, override on.
 
     Returns:
         The container the sub-pass was added to.
@@ -185,15 +179,14 @@ def register_graph_pass(
     options: Mapping[str, Any] | None = None,
 ) -> PassContainer:
     """Registers a plain graph pass (a function rewriting a whole program, not a pattern) under
-    ``namespace::pass_name``: its container behaves as a pattern pass's (the override, the sweeps); the
-    program is validated by the pipeline after the entry, as after coremltools' passes.
+    ``namespace::pass_name``: its container behaves as a pattern pass's (the override, the sweeps), and
+    the pipeline validates the program after the entry, as after coremltools' passes.
 
     Args:
-        apply: ``f(prog)``, changing ``prog`` in place.
+        apply: ``f(prog)``, changing ``prog`` in place; it reads ``container.options``.
         pass_name: Pass name, e.g. ``"topological_reorder"``.
         namespace: Namespace, e.g. ``"common"``.
-        options: Pipeline options the pass accepts, with defaults (``apply`` reads
-            ``container.options``, or the options as given, ``container.pass_options``).
+        options: Pipeline options the pass accepts, with defaults.
 
     Returns:
         The container holding ``apply`` as its only sub-pass.

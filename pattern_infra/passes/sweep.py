@@ -1,9 +1,6 @@
-"""Runs of passes as single pipeline entries: :func:`pipeline`, for ``coremltools.convert``.
-
-coremltools validates the whole program after every entry of a pipeline. In :func:`pipeline`'s, a run of
-passes is one :class:`GenericSweep` entry, validated once (each rewrite of ours is still validated as it
-happens); the program is the same as the pass-by-pass pipeline's with the override on.
-"""
+"""Runs of passes as single pipeline entries (:class:`GenericSweep`), which coremltools validates once,
+not after each pass: :func:`pipeline`, for ``coremltools.convert``; the program is the same as the
+pass-by-pass pipeline's with the override on."""
 
 from __future__ import annotations
 
@@ -23,22 +20,15 @@ __all__ = ["GenericSweep", "pipeline"]
 
 
 class GenericSweep(AbstractGraphPass):
-    """A graph pass applying several passes in one pipeline entry, in the order given.
-
-    Consecutive generic passes (with their ``run_after`` followers) run in one driver run; any other
-    pass runs as coremltools' pipeline runs it, without a whole-program validation after it (after
-    ``common::dead_code_elimination``, the scopes are checked as the pipeline does). A sweep runs the
-    generic passes whatever ``ENABLE_EXPERIMENTAL_PASSES`` says: choosing :func:`pipeline` is choosing them.
-    """
+    """A graph pass applying several passes in one pipeline entry, in the order given: consecutive generic
+    passes (with their ``run_after`` followers) in one driver run, whatever ``ENABLE_EXPERIMENTAL_PASSES``
+    says (choosing :func:`pipeline` is choosing them); any other pass as coremltools' pipeline runs it,
+    without a whole-program validation after it."""
 
     def __init__(
         self, pass_ids: Sequence[str], options: Mapping[str, list[PassOption]] | None = None
     ) -> None:
-        """Creates the sweep.
-
-        Args:
-            pass_ids: Registered pass ids, in run order.
-            options: Options per pass id (a generic pass takes only the options it declares).
+        """A sweep of ``pass_ids``, registered pass ids in run order, with ``options`` per pass id.
 
         Raises:
             PassRegistrationError: An id is not registered, or a generic pass is given options it does
@@ -54,18 +44,16 @@ class GenericSweep(AbstractGraphPass):
                     f"GenericSweep: {pass_id!r} is not a registered pass; `import generic_passes` (or "
                     f"register it) first, or leave it out of the sweep."
                 )
-            undeclared = (
-                [o.option_name for o in options.get(pass_id) or [] if o.option_name not in entry.options]
-                if isinstance(entry, PassContainer)
-                else []
-            )
+            generic = isinstance(entry, PassContainer)
+            given = options.get(pass_id) or [] if generic else []
+            undeclared = [o.option_name for o in given if o.option_name not in entry.options]
             if undeclared:
                 raise PassRegistrationError(
                     f"GenericSweep: options {undeclared} are set for the generic pass {pass_id!r}, which "
                     f"does not declare them; declare them (register_generic_pass(..., options=...)) or "
                     f"leave them out of the pipeline."
                 )
-            self.steps.append(entry if isinstance(entry, PassContainer) else pass_id)
+            self.steps.append(entry if generic else pass_id)
         self.pass_ids = tuple(pass_ids)
         self.options = {k: list(v) for k, v in options.items() if v and k in self.pass_ids}
         """Options of the passes, by id (a generic pass's only those it declares)."""
@@ -89,7 +77,7 @@ class GenericSweep(AbstractGraphPass):
             )
 
     def __call__(self, prog: Program) -> None:
-        """Runs :meth:`apply` outside any scope of its own: each op created carries its own pass's scope."""
+        """:meth:`apply`, outside any scope of its own: each op created carries its own pass's scope."""
         if not getattr(prog, "skip_all_passes", False):
             self.apply(prog)
 
@@ -124,17 +112,14 @@ def pipeline(base: PassPipeline | None = None, *, group: Literal["all", "generic
     """A copy of a coremltools pipeline in which runs of passes are single entries (sweeps).
 
     Pass the result to ``coremltools.convert(..., pass_pipeline=pattern_infra.pipeline())``, once per
-    conversion (``convert`` edits the pipeline it gets). The generic passes of the sweeps run whatever
-    ``ENABLE_EXPERIMENTAL_PASSES`` says; it still decides for those outside them (the backend's passes,
-    which ``convert`` runs after the main pipeline).
+    conversion (``convert`` edits the pipeline it gets). ``ENABLE_EXPERIMENTAL_PASSES`` still decides for
+    the generic passes outside the sweeps (the backend's passes, which ``convert`` runs after it).
 
     Args:
         base: The pipeline to copy (default: ``PassPipeline.DEFAULT``).
-        group: ``"all"`` (default): every run of passes between the entries ``convert`` must find by id
-            is one entry (those are ``add_fp16_cast``, ``add_int16_cast`` and one entry of each pass
-            the frontend and backend pipelines share with ``base``, which then follows
-            ``ENABLE_EXPERIMENTAL_PASSES``). ``"generic"``: only runs of consecutive generic passes are
-            grouped; coremltools' passes keep their entries and their validations.
+        group: ``"all"``: every run of passes between the entries ``convert`` looks up by id
+            (``add_fp16_cast``, ``add_int16_cast``, the first entry of each pass the frontend and backend
+            pipelines share with ``base``) is one entry. ``"generic"``: only runs of generic passes are.
 
     Returns:
         A new ``PassPipeline`` named ``"pattern_infra"``.

@@ -99,10 +99,9 @@ class BlockIndex:
         stats: PassStats | None = None,
         **options: Any,
     ) -> Iterator[Any]:
-        """The anchor loop: runs ``matcher.match_at`` at each of ``ops`` still in the block, as pattern op
-        ``anchor``, offering each structural match to ``accept``; yields what each search returned.
-        ``stats`` counts the anchors and bindings tried (default: ``matcher.stats``); ``options`` go to
-        ``match_at``."""
+        """The anchor loop: runs ``matcher.match_at`` with ``options`` at each of ``ops`` still in the block,
+        as pattern op ``anchor``, offering each structural match to ``accept``; yields what each search
+        returned. ``stats`` (default: ``matcher.stats``) counts the anchors and bindings tried."""
         block, match_at = self.block, matcher.match_at
         stats = matcher.stats if stats is None else stats
         for op in ops:

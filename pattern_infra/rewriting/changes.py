@@ -67,9 +67,8 @@ class Changes:
 
 
 def validate_rewrite(created: list[Operation], rewired: list[Operation], removed: list[Operation]) -> None:
-    """Raises ValueError where ``Block.validate``'s invariants fail on the ops one rewrite changed: a
-    removed op still a user of its inputs; a created or rewired op listed by a variable it reads not as
-    often as it reads it, an output read by an op out of its block or not returned by a block it claims."""
+    """Raises ValueError where ``Block.validate``'s invariants fail on the ops one rewrite changed (the
+    messages say which)."""
     for op in removed:
         for var in flat_inputs(op):
             if op in var._child_ops:
@@ -98,10 +97,9 @@ def validate_rewrite(created: list[Operation], rewired: list[Operation], removed
 def revisit_candidates(
     seeds: list[Operation], block: Block, matcher: Matcher, anchor: int
 ) -> list[tuple[int, list[Operation]]]:
-    """The searches a round of rewrites may have made succeed (a new match contains a seed), as (pattern
-    op, the ops to try as it): the anchor-type ops within the anchor's radius of a seed; and, for a pattern
-    whose parts may meet only at a pattern input (:attr:`Matcher.joins_through_roots`), each seed as every
-    other pattern op of its type."""
+    """The searches (pattern op, the ops to try as it) that a round of rewrites may have made succeed:
+    the anchor-type ops within the anchor's radius of a seed; and, if :attr:`Matcher.joins_through_roots`,
+    each seed as every other pattern op of its type."""
     seeds = [op for op in dict.fromkeys(seeds) if op.enclosing_block is block]
     candidates = near(seeds, block, matcher.nodes[anchor].op_types, matcher.radius[anchor])
     searches = [(anchor, candidates)] if candidates else []

@@ -34,10 +34,9 @@ Indexes = Callable[[Block], BlockIndex]  # a block's index, for the order of its
 def returned_names(block: Block) -> tuple[str, ...] | int:
     """What a rewrite must keep of ``block``'s outputs: their names for a function (the model's outputs),
     their number for a nested block (its op's outputs)."""
-    outputs = block._outputs
     if isinstance(block, Function):
-        return tuple(var.name for var in outputs)
-    return len(outputs)
+        return tuple(var.name for var in block._outputs)
+    return len(block._outputs)
 
 
 def broken_contract(
@@ -48,9 +47,8 @@ def broken_contract(
     index: Indexes,
     replacements: Sequence[Var] = (),
 ) -> tuple[str, str] | None:
-    """What one rewrite broke of its contract (docs/ARCHITECTURE.md, "The rewrite's contract"), as (the
-    mistake, its fix); None when it kept it. Only the ops it ``created`` and those it ``rewired`` are
-    looked at, so the check is linear in the size of the rewrite."""
+    """What one rewrite broke of its contract, as (the mistake, its fix), or None; linear in the size of
+    the rewrite: only the ops it ``created`` and those it ``rewired`` are looked at."""
     now = returned_names(block)
     if now != returned:
         what = "number of outputs of block" if isinstance(now, int) else "outputs of function"
@@ -124,9 +122,9 @@ def _encloses(home: Block | None, block: Block) -> bool:
 
 
 def read_only_constants(ops: Iterable[Operation]) -> list[np.ndarray]:
-    """Makes the constant tensors ``ops`` read read-only (shared by other ops and not copied by the undo
-    journal: a transform writing into one raises), returning them to make them writable again; only arrays
-    that own their memory (numpy may refuse to make a view writable again)."""
+    """Makes the constant tensors ``ops`` read read-only (a transform writing into one raises), returning
+    them to make them writable again; only arrays that own their memory (numpy may refuse to make a view
+    writable again)."""
     frozen: list[np.ndarray] = []
     for op in ops:
         for operand in op._input_vars.values():  # flat_inputs' walk, without building its list

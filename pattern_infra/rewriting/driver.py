@@ -264,8 +264,7 @@ def _sweep(run: _Run, sub: SubPass, st: BlockIndex, stats: PassStats, *, first: 
 
 def _rewrite(run: _Run, sub: SubPass, st: BlockIndex, match: Pattern) -> bool:
     """Runs the transform (the constants the match reads read-only), removes the matched ops it left dead
-    and checks the rewrite (:func:`~.contract.broken_contract`); False if it declined, returning False
-    before changing anything. Any other result without an op inserted or removed is an error."""
+    and checks the rewrite (:func:`~.contract.broken_contract`); False if the transform declined."""
     if run.journal is None:
         run.journal = Journal(run.ops_at_start)  # nothing was rewritten before
     st.observe()

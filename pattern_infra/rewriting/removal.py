@@ -14,14 +14,8 @@ __all__ = ["remove_dead", "remove_dead_ops", "unlink"]
 
 
 def remove_dead_ops(match: Pattern) -> list[Operation]:
-    """Removes the matched ops still in the block whose outputs nothing uses.
-
-    A transform then only builds the replacement and redirects the outputs. An op is dead when no output
-    is a block output or read by an op outside the dead ones (consumers first: a chain dies in one visit).
-
-    Returns:
-        The removed ops.
-    """
+    """Removes and returns the matched ops still in the block whose outputs are no block output and read
+    by no op but dead ones (consumers first: a chain dies in one visit)."""
     return [op for op, _ in remove_dead(match)]
 
 
@@ -46,15 +40,11 @@ def unlink(block: Block, ops: list[Operation]) -> list[tuple[Operation, list[Var
     """Takes ``ops``, dead ops of ``block``, out of it: ``Block.remove_ops`` without its checks and copies
     (ops with nested blocks or internal inputs go through it). Each open journal records the removal."""
     removal = [(op, flat_inputs(op)) for op in ops]
-    ops_list = block.operations
     for op in ops:
-        if op.blocks:
+        if op.blocks or InternalVar in map(type, op._input_vars.values()):  # no subclass of it exists
             block.remove_ops(ops)
             return removal
-        for value in op._input_vars.values():
-            if isinstance(value, InternalVar):
-                block.remove_ops(ops)
-                return removal
+    ops_list = block.operations
     for journal in journals_on_this_thread():
         journal.unlinked(block, removal)
     for op, inputs in removal:

@@ -55,11 +55,8 @@ class SubPass:
 
 
 def constraint_verdict(result: Any) -> str | None:
-    """None when a ``var_constraints`` result accepts, else the reason it refuses.
-
-    Accepts: ``True``, ``numpy.True_`` or any other true value that is not a string. Refuses: a false
-    value (``False``, ``numpy.False_``, 0), a ``(False, "reason")`` pair, or a string, which is the reason
-    itself (``"rank 3, not 2"``; the empty string refuses without a reason).
+    """None when a ``var_constraints`` result accepts (a true value but a string), else the reason it
+    refuses: a false value, a ``(False, "reason")`` pair, or a string, the reason itself (``""``: none).
 
     Raises:
         PassExecutionError: ``None`` (a constraint that forgot its ``return``), or an array of several
