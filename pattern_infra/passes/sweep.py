@@ -45,7 +45,7 @@ class GenericSweep(AbstractGraphPass):
                     f"register it) first, or leave it out of the sweep."
                 )
             generic = isinstance(entry, PassContainer)
-            given = options.get(pass_id) or [] if generic else []
+            given = (options.get(pass_id) or []) if generic else []
             undeclared = [o.option_name for o in given if o.option_name not in entry.options]
             if undeclared:
                 raise PassRegistrationError(

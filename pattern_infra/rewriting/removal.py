@@ -41,7 +41,7 @@ def unlink(block: Block, ops: list[Operation]) -> list[tuple[Operation, list[Var
     (ops with nested blocks or internal inputs go through it). Each open journal records the removal."""
     removal = [(op, flat_inputs(op)) for op in ops]
     for op in ops:
-        if op.blocks or InternalVar in map(type, op._input_vars.values()):  # no subclass of it exists
+        if op.blocks or any(isinstance(value, InternalVar) for value in op._input_vars.values()):
             block.remove_ops(ops)
             return removal
     ops_list = block.operations
